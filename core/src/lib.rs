@@ -1,1 +1,18 @@
-//! Core library (in progress).
+//! perago's shared, wire-independent core: the task manifest, the attempt snapshot and fence,
+//! input/output shapes, the runtime result, worker identity, execution mode and worker count,
+//! durations and byte sizes, the environment variables, and the Conductor TaskDef a manifest
+//! describes.
+//!
+//! This crate depends on no other perago crate: the broker, the executors and the supervisor
+//! all build on it.
+
+pub mod attempt;
+pub mod command;
+pub mod env;
+pub mod identity;
+pub mod manifest;
+pub mod mode;
+pub mod result;
+pub mod shape;
+pub mod taskdef;
+pub mod units;

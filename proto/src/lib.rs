@@ -1,1 +1,33 @@
-//! Generated protocol code (in progress).
+//! The wire protocols of perago, generated from the `.proto` files beside this crate.
+//!
+//! - [`slot::v1`]: broker ⇄ executor (`Slot.Attach`, `Slot.ReloadAttempt`) and supervisor →
+//!   broker (`Control`). The message sequence is documented at the top of
+//!   `perago/slot/v1/slot.proto`.
+//! - [`admin::v1`]: `Admin.Status` and `Admin.Drain`, for operators and `perago-supervisor status`.
+//!
+//! [`FILE_DESCRIPTOR_SET`] is the encoded descriptor set of both files, for gRPC server
+//! reflection. Code generation runs in `build.rs` with protox; see `README.md`.
+
+/// The slot protocol.
+pub mod slot {
+    /// Version 1 of the slot protocol.
+    #[allow(missing_debug_implementations, unreachable_pub, clippy::all)]
+    pub mod v1 {
+        tonic::include_proto!("perago.slot.v1");
+    }
+}
+
+/// The admin protocol.
+pub mod admin {
+    /// Version 1 of the admin protocol.
+    #[allow(missing_debug_implementations, unreachable_pub, clippy::all)]
+    pub mod v1 {
+        tonic::include_proto!("perago.admin.v1");
+    }
+}
+
+/// The encoded `FileDescriptorSet` of every perago `.proto` file, for tonic-reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("perago_descriptor");
+
+/// The metadata key that carries the control token on `Control` calls.
+pub const CONTROL_TOKEN_METADATA: &str = "x-perago-control-token";

@@ -1,0 +1,504 @@
+//! The attempt snapshot: the fields of a polled Conductor task that perago relies on, checked
+//! once at the boundary (SPEC §5), and the attempt fence that compares a fresh read against it.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::fmt;
+
+/// Conductor's `Task.Status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TaskStatus {
+    /// Polled and running.
+    InProgress,
+    /// Canceled.
+    Canceled,
+    /// Failed, retriable.
+    Failed,
+    /// Failed, not retriable.
+    FailedWithTerminalError,
+    /// Completed.
+    Completed,
+    /// Optional task failed with no retries left.
+    CompletedWithErrors,
+    /// Queued.
+    Scheduled,
+    /// Timed out.
+    TimedOut,
+    /// Skipped.
+    Skipped,
+}
+
+impl TaskStatus {
+    /// Every status.
+    pub const ALL: [Self; 9] = [
+        Self::InProgress,
+        Self::Canceled,
+        Self::Failed,
+        Self::FailedWithTerminalError,
+        Self::Completed,
+        Self::CompletedWithErrors,
+        Self::Scheduled,
+        Self::TimedOut,
+        Self::Skipped,
+    ];
+
+    /// Conductor's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InProgress => "IN_PROGRESS",
+            Self::Canceled => "CANCELED",
+            Self::Failed => "FAILED",
+            Self::FailedWithTerminalError => "FAILED_WITH_TERMINAL_ERROR",
+            Self::Completed => "COMPLETED",
+            Self::CompletedWithErrors => "COMPLETED_WITH_ERRORS",
+            Self::Scheduled => "SCHEDULED",
+            Self::TimedOut => "TIMED_OUT",
+            Self::Skipped => "SKIPPED",
+        }
+    }
+
+    /// Parses Conductor's spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|v| v.as_str() == s)
+    }
+}
+
+impl fmt::Display for TaskStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One Conductor task attempt as perago sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptSnapshot {
+    /// `workflowInstanceId`.
+    pub workflow_instance_id: String,
+    /// `taskId`.
+    pub task_id: String,
+    /// `retryCount`.
+    pub retry_count: u32,
+    /// `taskDefName` (Conductor falls back to `taskType` when it is empty).
+    pub task_def_name: String,
+    /// `referenceTaskName`.
+    pub reference_task_name: String,
+    /// `seq`.
+    pub seq: i64,
+    /// `iteration`, 0 when absent.
+    pub iteration: u32,
+    /// `status`.
+    pub status: TaskStatus,
+    /// `inputData`, a JSON object.
+    pub input_data: Map<String, Value>,
+    /// `retriedTaskId`.
+    pub retried_task_id: Option<String>,
+    /// `responseTimeoutSeconds`.
+    pub response_timeout_seconds: Option<u64>,
+}
+
+/// A Conductor task that cannot become an attempt.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AttemptError {
+    /// Without `taskId` and `workflowInstanceId` Conductor cannot even be told: log and drop.
+    #[error("task cannot be identified: {field} is missing or not a non-empty string")]
+    Unidentifiable {
+        /// `taskId` or `workflowInstanceId`.
+        field: &'static str,
+    },
+    /// A required field is missing: fail the task naming it.
+    #[error("malformed task: required field {field} is missing")]
+    Missing {
+        /// The Conductor field name.
+        field: &'static str,
+    },
+    /// A field has the wrong type or value: fail the task naming it.
+    #[error("malformed task: {field} {problem}")]
+    Invalid {
+        /// The Conductor field name.
+        field: &'static str,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The input was offloaded to external payload storage, which perago does not read.
+    #[error("external payload storage is not supported (task input at {path})")]
+    ExternalPayload {
+        /// `externalInputPayloadStoragePath`.
+        path: String,
+    },
+}
+
+/// The identity of a task that could not be mapped, so it can still be failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskRef {
+    /// `taskId`.
+    pub task_id: String,
+    /// `workflowInstanceId`.
+    pub workflow_instance_id: String,
+}
+
+fn nonempty_str<'a>(task: &'a Map<String, Value>, field: &str) -> Option<&'a str> {
+    task.get(field)
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+}
+
+/// The `taskId` and `workflowInstanceId` of a polled task, if it has both.
+pub fn task_ref(task: &Value) -> Result<TaskRef, AttemptError> {
+    let map = task
+        .as_object()
+        .ok_or(AttemptError::Unidentifiable { field: "taskId" })?;
+    let task_id =
+        nonempty_str(map, "taskId").ok_or(AttemptError::Unidentifiable { field: "taskId" })?;
+    let workflow = nonempty_str(map, "workflowInstanceId").ok_or(AttemptError::Unidentifiable {
+        field: "workflowInstanceId",
+    })?;
+    Ok(TaskRef {
+        task_id: task_id.to_owned(),
+        workflow_instance_id: workflow.to_owned(),
+    })
+}
+
+impl AttemptSnapshot {
+    /// Maps a Conductor `Task` JSON object. An error other than
+    /// [`AttemptError::Unidentifiable`] is reported to Conductor as FAILED with its message.
+    pub fn from_conductor(task: &Value) -> Result<Self, AttemptError> {
+        let ids = task_ref(task)?;
+        let map = task.as_object().expect("task_ref checked it is an object");
+
+        let string = |field: &'static str| -> Result<String, AttemptError> {
+            match map.get(field) {
+                None | Some(Value::Null) => Err(AttemptError::Missing { field }),
+                Some(Value::String(s)) => Ok(s.clone()),
+                Some(_) => Err(AttemptError::Invalid {
+                    field,
+                    problem: "must be a string".to_owned(),
+                }),
+            }
+        };
+        let integer = |field: &'static str| -> Result<Option<i64>, AttemptError> {
+            match map.get(field) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => v.as_i64().map(Some).ok_or(AttemptError::Invalid {
+                    field,
+                    problem: "must be an integer".to_owned(),
+                }),
+            }
+        };
+        let non_negative = |field: &'static str, v: i64| -> Result<u64, AttemptError> {
+            u64::try_from(v).map_err(|_| AttemptError::Invalid {
+                field,
+                problem: format!("must not be negative, found {v}"),
+            })
+        };
+        let small = |field: &'static str, v: u64| -> Result<u32, AttemptError> {
+            u32::try_from(v).map_err(|_| AttemptError::Invalid {
+                field,
+                problem: format!("is out of range: {v}"),
+            })
+        };
+
+        if let Some(path) = nonempty_str(map, "externalInputPayloadStoragePath") {
+            return Err(AttemptError::ExternalPayload {
+                path: path.to_owned(),
+            });
+        }
+        let retry_count = integer("retryCount")?.ok_or(AttemptError::Missing {
+            field: "retryCount",
+        })?;
+        let retry_count = small("retryCount", non_negative("retryCount", retry_count)?)?;
+        let task_def_name = match nonempty_str(map, "taskDefName") {
+            Some(name) => name.to_owned(),
+            None => match nonempty_str(map, "taskType") {
+                Some(name) => name.to_owned(),
+                None => {
+                    return Err(AttemptError::Missing {
+                        field: "taskDefName",
+                    });
+                }
+            },
+        };
+        let reference_task_name = string("referenceTaskName")?;
+        let seq = integer("seq")?.ok_or(AttemptError::Missing { field: "seq" })?;
+        let iteration = match integer("iteration")? {
+            None => 0,
+            Some(v) => small("iteration", non_negative("iteration", v)?)?,
+        };
+        let status_text = string("status")?;
+        let status = TaskStatus::parse(&status_text).ok_or_else(|| AttemptError::Invalid {
+            field: "status",
+            problem: format!("has unknown value {status_text:?}"),
+        })?;
+        let input_data = match map.get("inputData") {
+            None | Some(Value::Null) => return Err(AttemptError::Missing { field: "inputData" }),
+            Some(Value::Object(o)) => o.clone(),
+            Some(_) => {
+                return Err(AttemptError::Invalid {
+                    field: "inputData",
+                    problem: "must be a JSON object".to_owned(),
+                });
+            }
+        };
+        let retried_task_id = match map.get("retriedTaskId") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if s.is_empty() => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => {
+                return Err(AttemptError::Invalid {
+                    field: "retriedTaskId",
+                    problem: "must be a string".to_owned(),
+                });
+            }
+        };
+        let response_timeout_seconds = integer("responseTimeoutSeconds")?
+            .map(|v| non_negative("responseTimeoutSeconds", v))
+            .transpose()?;
+
+        Ok(Self {
+            workflow_instance_id: ids.workflow_instance_id,
+            task_id: ids.task_id,
+            retry_count,
+            task_def_name,
+            reference_task_name,
+            seq,
+            iteration,
+            status,
+            input_data,
+            retried_task_id,
+            response_timeout_seconds,
+        })
+    }
+
+    /// The attempt fence: a `fresh` read of this attempt's task passes only if it is still
+    /// IN_PROGRESS and the same workflow, task and retry.
+    pub fn fence(&self, fresh: &AttemptSnapshot) -> Result<(), FenceError> {
+        if fresh.workflow_instance_id != self.workflow_instance_id {
+            return Err(FenceError::Changed {
+                field: "workflowInstanceId",
+                polled: self.workflow_instance_id.clone(),
+                fresh: fresh.workflow_instance_id.clone(),
+            });
+        }
+        if fresh.task_id != self.task_id {
+            return Err(FenceError::Changed {
+                field: "taskId",
+                polled: self.task_id.clone(),
+                fresh: fresh.task_id.clone(),
+            });
+        }
+        if fresh.retry_count != self.retry_count {
+            return Err(FenceError::Changed {
+                field: "retryCount",
+                polled: self.retry_count.to_string(),
+                fresh: fresh.retry_count.to_string(),
+            });
+        }
+        if fresh.status != TaskStatus::InProgress {
+            return Err(FenceError::NotInProgress {
+                status: fresh.status,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Why the attempt fence refused: the attempt is stale.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FenceError {
+    /// The task is no longer running (timed out, canceled, …).
+    #[error("stale attempt: task status is {status}, expected IN_PROGRESS")]
+    NotInProgress {
+        /// The fresh status.
+        status: TaskStatus,
+    },
+    /// The fresh read is another attempt.
+    #[error("stale attempt: {field} changed from {polled} to {fresh}")]
+    Changed {
+        /// The field that differs.
+        field: &'static str,
+        /// As polled.
+        polled: String,
+        /// As read now.
+        fresh: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn polled() -> Value {
+        json!({
+            "taskType": "features.build", "status": "IN_PROGRESS",
+            "inputData": {"params": {"n": 1}}, "referenceTaskName": "build_ref",
+            "retryCount": 1, "seq": 3, "taskDefName": "features.build",
+            "workflowInstanceId": "wf-1", "taskId": "t-1", "retriedTaskId": "t-0",
+            "responseTimeoutSeconds": 120, "iteration": 2, "pollCount": 1
+        })
+    }
+
+    fn without(field: &str) -> Value {
+        let mut v = polled();
+        v.as_object_mut().unwrap().remove(field);
+        v
+    }
+
+    fn with(field: &str, value: Value) -> Value {
+        let mut v = polled();
+        v[field] = value;
+        v
+    }
+
+    #[test]
+    fn maps_every_field() {
+        let a = AttemptSnapshot::from_conductor(&polled()).unwrap();
+        assert_eq!(
+            a,
+            AttemptSnapshot {
+                workflow_instance_id: "wf-1".into(),
+                task_id: "t-1".into(),
+                retry_count: 1,
+                task_def_name: "features.build".into(),
+                reference_task_name: "build_ref".into(),
+                seq: 3,
+                iteration: 2,
+                status: TaskStatus::InProgress,
+                input_data: json!({"params": {"n": 1}}).as_object().unwrap().clone(),
+                retried_task_id: Some("t-0".into()),
+                response_timeout_seconds: Some(120),
+            }
+        );
+    }
+
+    #[test]
+    fn optional_fields_default() {
+        let mut v = polled();
+        for f in ["iteration", "retriedTaskId", "responseTimeoutSeconds"] {
+            v.as_object_mut().unwrap().remove(f);
+        }
+        let a = AttemptSnapshot::from_conductor(&v).unwrap();
+        assert_eq!(a.iteration, 0);
+        assert_eq!(a.retried_task_id, None);
+        assert_eq!(a.response_timeout_seconds, None);
+        // Conductor's getter falls back to taskType when taskDefName is empty.
+        let a = AttemptSnapshot::from_conductor(&with("taskDefName", json!(""))).unwrap();
+        assert_eq!(a.task_def_name, "features.build");
+    }
+
+    #[test]
+    fn missing_required_fields_are_named() {
+        let msg = |v: Value| AttemptSnapshot::from_conductor(&v).unwrap_err().to_string();
+        for field in [
+            "retryCount",
+            "referenceTaskName",
+            "seq",
+            "status",
+            "inputData",
+        ] {
+            assert_eq!(
+                msg(without(field)),
+                format!("malformed task: required field {field} is missing"),
+            );
+        }
+        let mut v = without("taskDefName");
+        v.as_object_mut().unwrap().remove("taskType");
+        assert_eq!(
+            msg(v),
+            "malformed task: required field taskDefName is missing"
+        );
+    }
+
+    #[test]
+    fn invalid_fields_are_named() {
+        let msg = |v: Value| AttemptSnapshot::from_conductor(&v).unwrap_err().to_string();
+        assert_eq!(
+            msg(with("inputData", json!([1]))),
+            "malformed task: inputData must be a JSON object"
+        );
+        assert_eq!(
+            msg(with("retryCount", json!("1"))),
+            "malformed task: retryCount must be an integer"
+        );
+        assert_eq!(
+            msg(with("retryCount", json!(-1))),
+            "malformed task: retryCount must not be negative, found -1"
+        );
+        assert_eq!(
+            msg(with("status", json!("RUNNING"))),
+            "malformed task: status has unknown value \"RUNNING\""
+        );
+        assert_eq!(
+            msg(with(
+                "externalInputPayloadStoragePath",
+                json!("s3://b/k.json")
+            )),
+            "external payload storage is not supported (task input at s3://b/k.json)"
+        );
+    }
+
+    #[test]
+    fn unidentifiable_tasks_are_told_apart() {
+        let err = AttemptSnapshot::from_conductor(&without("taskId")).unwrap_err();
+        assert_eq!(err, AttemptError::Unidentifiable { field: "taskId" });
+        let err =
+            AttemptSnapshot::from_conductor(&with("workflowInstanceId", json!(""))).unwrap_err();
+        assert_eq!(
+            err,
+            AttemptError::Unidentifiable {
+                field: "workflowInstanceId"
+            }
+        );
+        assert!(AttemptSnapshot::from_conductor(&json!([])).is_err());
+        // A task that is identifiable but malformed can still be failed.
+        let ids = task_ref(&without("seq")).unwrap();
+        assert_eq!(ids.task_id, "t-1");
+        assert_eq!(ids.workflow_instance_id, "wf-1");
+    }
+
+    #[test]
+    fn fence_passes_only_the_same_running_attempt() {
+        let polled = AttemptSnapshot::from_conductor(&polled()).unwrap();
+        assert_eq!(polled.fence(&polled.clone()), Ok(()));
+
+        let mut timed_out = polled.clone();
+        timed_out.status = TaskStatus::TimedOut;
+        assert_eq!(
+            polled.fence(&timed_out).unwrap_err().to_string(),
+            "stale attempt: task status is TIMED_OUT, expected IN_PROGRESS"
+        );
+        let mut retried = polled.clone();
+        retried.retry_count = 2;
+        assert_eq!(
+            polled.fence(&retried).unwrap_err().to_string(),
+            "stale attempt: retryCount changed from 1 to 2"
+        );
+        let mut other_wf = polled.clone();
+        other_wf.workflow_instance_id = "wf-2".into();
+        assert!(matches!(
+            polled.fence(&other_wf),
+            Err(FenceError::Changed {
+                field: "workflowInstanceId",
+                ..
+            })
+        ));
+        let mut other_task = polled.clone();
+        other_task.task_id = "t-2".into();
+        assert!(matches!(
+            polled.fence(&other_task),
+            Err(FenceError::Changed {
+                field: "taskId",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn status_spellings_round_trip() {
+        for s in TaskStatus::ALL {
+            assert_eq!(TaskStatus::parse(s.as_str()), Some(s));
+            assert_eq!(serde_json::to_value(s).unwrap(), json!(s.as_str()));
+        }
+        assert_eq!(TaskStatus::parse("completed"), None);
+    }
+}

@@ -1,0 +1,77 @@
+//! The environment variables perago reads, in one place. Every name an operator can set is a
+//! constant here, so the docs, the preflight and the tests agree on spelling.
+
+use crate::units::{DurationError, parse_duration};
+use std::time::Duration;
+
+/// Conductor API base URL including `/api`, as the SDKs take it.
+pub const CONDUCTOR_SERVER_URL: &str = "CONDUCTOR_SERVER_URL";
+/// lakeFS endpoint URL.
+pub const LAKEFS_ENDPOINT: &str = "LAKEFS_ENDPOINT";
+/// lakeFS access key id.
+pub const LAKEFS_ACCESS_KEY_ID: &str = "LAKEFS_ACCESS_KEY_ID";
+/// lakeFS secret access key. Never logged.
+pub const LAKEFS_SECRET_ACCESS_KEY: &str = "LAKEFS_SECRET_ACCESS_KEY";
+/// `process` or `thread`; the `--execution-mode` flag wins.
+pub const PERAGO_EXECUTION_MODE: &str = "PERAGO_EXECUTION_MODE";
+/// Worker id prefix; default: the task name's ASCII alphanumerics.
+pub const PERAGO_WORKER_ID_PREFIX: &str = "PERAGO_WORKER_ID_PREFIX";
+/// Set by the supervisor for each executor: prefix + 4-digit slot.
+pub const PERAGO_WORKER_ID: &str = "PERAGO_WORKER_ID";
+/// Root of the attempt workspaces, the runtime dir and the supervisor lock.
+pub const PERAGO_WORKSPACE_ROOT: &str = "PERAGO_WORKSPACE_ROOT";
+/// Root of the JSONL logs.
+pub const PERAGO_LOG_ROOT: &str = "PERAGO_LOG_ROOT";
+/// How often the workspace GC runs (default 5m).
+pub const PERAGO_WORKSPACE_GC_INTERVAL: &str = "PERAGO_WORKSPACE_GC_INTERVAL";
+/// Age after which an unowned attempt dir is removed (default 24h).
+pub const PERAGO_WORKSPACE_GC_TTL: &str = "PERAGO_WORKSPACE_GC_TTL";
+/// Kill children still alive this long after the first stop signal; unset = never.
+pub const PERAGO_SHUTDOWN_FORCE_KILL_AFTER: &str = "PERAGO_SHUTDOWN_FORCE_KILL_AFTER";
+
+/// An environment value that is set but not usable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{name}: {source}")]
+pub struct EnvDurationError {
+    /// The variable's name.
+    pub name: &'static str,
+    /// Why its value is rejected.
+    #[source]
+    pub source: DurationError,
+}
+
+/// Reads a duration variable from `value` (the variable's value, if set), naming the variable
+/// in the error. Unset or empty means `None`.
+pub fn duration_var(
+    name: &'static str,
+    value: Option<&str>,
+) -> Result<Option<Duration>, EnvDurationError> {
+    match value {
+        None => Ok(None),
+        Some(v) if v.trim().is_empty() => Ok(None),
+        Some(v) => parse_duration(v)
+            .map(Some)
+            .map_err(|source| EnvDurationError { name, source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duration_var_names_the_variable() {
+        assert_eq!(
+            duration_var(PERAGO_SHUTDOWN_FORCE_KILL_AFTER, Some("30s")),
+            Ok(Some(Duration::from_secs(30)))
+        );
+        assert_eq!(duration_var(PERAGO_WORKSPACE_GC_TTL, None), Ok(None));
+        assert_eq!(duration_var(PERAGO_WORKSPACE_GC_TTL, Some("")), Ok(None));
+        assert_eq!(
+            duration_var(PERAGO_WORKSPACE_GC_INTERVAL, Some("0"))
+                .unwrap_err()
+                .to_string(),
+            r#"PERAGO_WORKSPACE_GC_INTERVAL: invalid duration "0": must be greater than zero"#
+        );
+    }
+}

@@ -1,0 +1,434 @@
+//! Loading a manifest: TOML syntax, then every table and cross-field rule, reporting all
+//! problems at once with the file and dotted key.
+
+use super::{
+    errors::ManifestError,
+    model::*,
+    reader::{Problems, Section, type_name},
+    schemas::Schemas,
+};
+use crate::units::parse_byte_size;
+use std::{collections::BTreeMap, fs, path::Path};
+use toml::{Table, Value};
+
+/// Conductor's default `retryCount`.
+pub const DEFAULT_RETRY_COUNT: u32 = 3;
+/// Conductor's default `retryDelaySeconds`.
+pub const DEFAULT_RETRY_DELAY_SECONDS: u32 = 60;
+/// Conductor's default `responseTimeoutSeconds`.
+pub const DEFAULT_RESPONSE_TIMEOUT_SECONDS: u64 = 3600;
+/// Merge timeout without a publish budget.
+pub const DEFAULT_MERGE_TIMEOUT_SECONDS: u64 = 300;
+
+const MAX_SECONDS: i64 = i32::MAX as i64;
+
+impl Manifest {
+    /// Reads and validates the manifest at `path`, and compiles its schemas.
+    pub fn load(path: &Path) -> Result<Self, ManifestError> {
+        let text = fs::read_to_string(path).map_err(|source| ManifestError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let parent = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let dir = fs::canonicalize(parent).map_err(|source| ManifestError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(path, &dir, &text)
+    }
+
+    /// Validates manifest text; `path` is used in messages and `dir` resolves relative paths.
+    pub fn parse(path: &Path, dir: &Path, text: &str) -> Result<Self, ManifestError> {
+        let root: Table = toml::from_str(text).map_err(|e| ManifestError::Syntax {
+            path: path.to_owned(),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        let mut p = Problems::default();
+        let manifest = read_manifest(&mut p, path, dir, &root);
+        match manifest {
+            Some(m) if p.0.is_empty() => Ok(m),
+            _ => Err(ManifestError::Invalid {
+                path: path.to_owned(),
+                problems: p.0,
+            }),
+        }
+    }
+}
+
+fn read_manifest(p: &mut Problems, path: &Path, dir: &Path, root: &Table) -> Option<Manifest> {
+    let mut top = Section::new("", root);
+    let task = match top.get("task") {
+        None => {
+            p.add(
+                "task",
+                "missing [task] table: a manifest defines exactly one task",
+            );
+            None
+        }
+        Some(Value::Table(t)) => Some(t),
+        Some(Value::Array(tasks)) => {
+            p.add(
+                "task",
+                format!(
+                    "a manifest defines exactly one task in a [task] table, found {} [[task]] entries; run one supervisor per task",
+                    tasks.len()
+                ),
+            );
+            None
+        }
+        Some(other) => {
+            p.add(
+                "task",
+                format!("expected a table, found {}", type_name(other)),
+            );
+            None
+        }
+    };
+    let task = task.and_then(|t| read_task(p, dir, Section::new("task", t)));
+    let body = match top.table(p, "body") {
+        Some(s) => read_body(p, dir, s),
+        None => {
+            if !top.has("body") {
+                p.add(
+                    "body",
+                    "missing [body] table: set body.command (or body.executor)",
+                );
+            }
+            None
+        }
+    };
+    let guardrails = match top.table(p, "guardrails") {
+        Some(mut s) => {
+            let g = Guardrails {
+                pre: s.argv(p, "pre"),
+                post: s.argv(p, "post"),
+            };
+            s.finish(p);
+            g
+        }
+        None => Guardrails::default(),
+    };
+    let workspace_section = top.table(p, "workspace");
+    top.finish(p);
+
+    let task = task?;
+    let workspace = match (task.kind, workspace_section) {
+        (TaskKind::Workspace, Some(s)) => read_workspace(p, s),
+        (TaskKind::Workspace, None) => Some(WorkspaceSpec {
+            prefix: String::new(),
+            merge_timeout_seconds: DEFAULT_MERGE_TIMEOUT_SECONDS,
+            publish_budget: None,
+        }),
+        (TaskKind::WorkspaceFree, Some(_)) => {
+            p.add(
+                "workspace",
+                "only workspace tasks (task.kind = \"workspace\") have a [workspace] table",
+            );
+            None
+        }
+        (TaskKind::WorkspaceFree, None) => None,
+    };
+    let mut task = task;
+    apply_timeouts(p, &mut task, workspace.as_ref());
+    let body = body?;
+    let schemas = Schemas::load(p, &task);
+    if !p.0.is_empty() {
+        return None;
+    }
+    Some(Manifest {
+        path: path.to_owned(),
+        dir: dir.to_owned(),
+        task,
+        body,
+        guardrails,
+        workspace,
+        schemas,
+    })
+}
+
+/// `[task]` as written; `response_timeout_seconds` is settled by [`apply_timeouts`].
+fn read_task(p: &mut Problems, dir: &Path, mut s: Section<'_>) -> Option<TaskSpec> {
+    let before = p.0.len();
+    let name = s.required_string(p, "name", "the Conductor TaskDef name");
+    if let Some(name) = &name {
+        check_task_name(p, name);
+    }
+    let kind = if s.has("kind") {
+        s.choice(
+            p,
+            "kind",
+            &[
+                ("workspace", TaskKind::Workspace),
+                ("workspace-free", TaskKind::WorkspaceFree),
+            ],
+        )
+    } else {
+        s.required_string(p, "kind", "\"workspace\" or \"workspace-free\"");
+        None
+    };
+    let description = s.string(p, "description");
+    let owner_email = s.string(p, "owner_email");
+    if let Some(email) = &owner_email {
+        let ok = email
+            .split_once('@')
+            .is_some_and(|(user, host)| !user.is_empty() && !host.is_empty());
+        if !ok {
+            p.add(
+                "task.owner_email",
+                format!("{email:?} is not an email address"),
+            );
+        }
+    }
+    let timeout_seconds = if s.has("timeout_seconds") {
+        s.integer(p, "timeout_seconds", 0, MAX_SECONDS)
+    } else {
+        s.required_string(
+            p,
+            "timeout_seconds",
+            "seconds the body may run, Conductor's timeoutSeconds; 0 = no limit",
+        );
+        None
+    };
+    let response_timeout = s.integer(p, "response_timeout_seconds", 1, MAX_SECONDS);
+    let retry_count = s.integer(p, "retry_count", 0, i64::from(i32::MAX));
+    let retry_logic = s.choice(p, "retry_logic", &RetryLogic::ALL.map(|v| (v.as_str(), v)));
+    let retry_delay = s.integer(p, "retry_delay_seconds", 0, i64::from(i32::MAX));
+    let timeout_policy = s.choice(
+        p,
+        "timeout_policy",
+        &TimeoutPolicy::ALL.map(|v| (v.as_str(), v)),
+    );
+    let params_schema = s.string(p, "params_schema").map(|f| dir.join(f));
+    let result_schema = s.string(p, "result_schema").map(|f| dir.join(f));
+    s.finish(p);
+    if p.0.len() > before {
+        return None;
+    }
+    Some(TaskSpec {
+        name: name?,
+        kind: kind?,
+        description,
+        owner_email,
+        timeout_seconds: timeout_seconds? as u64,
+        // 0 marks "not set"; apply_timeouts fills it in.
+        response_timeout_seconds: response_timeout.map_or(0, |n| n as u64),
+        retry_count: retry_count.map_or(DEFAULT_RETRY_COUNT, |n| n as u32),
+        retry_logic: retry_logic.unwrap_or(RetryLogic::Fixed),
+        retry_delay_seconds: retry_delay.map_or(DEFAULT_RETRY_DELAY_SECONDS, |n| n as u32),
+        timeout_policy: timeout_policy.unwrap_or(TimeoutPolicy::TimeOutWorkflow),
+        params_schema,
+        result_schema,
+    })
+}
+
+/// Task names become Conductor queue names, log folders and workspace folders.
+fn check_task_name(p: &mut Problems, name: &str) {
+    let problem = if name.is_empty() {
+        Some("must not be empty")
+    } else if name.contains('/') {
+        Some("must not contain '/' (the name becomes a folder name)")
+    } else if name.contains("..") {
+        Some("must not contain '..' (the name becomes a folder name)")
+    } else if name.contains('\0') {
+        Some("must not contain a NUL character")
+    } else if name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        Some("must not contain whitespace or control characters")
+    } else {
+        None
+    };
+    if let Some(problem) = problem {
+        p.add("task.name", format!("{name:?} {problem}"));
+    }
+}
+
+/// Settles `responseTimeoutSeconds`: from the publish budget, as set, or the default capped
+/// at `timeoutSeconds`; and checks Conductor's rule `timeoutSeconds ≥ responseTimeoutSeconds`.
+fn apply_timeouts(p: &mut Problems, task: &mut TaskSpec, workspace: Option<&WorkspaceSpec>) {
+    let budget_seconds = workspace
+        .and_then(|w| w.publish_budget)
+        .and_then(|b| b.seconds);
+    let (response, source) = match (budget_seconds, task.response_timeout_seconds) {
+        (Some(_), set) if set > 0 => {
+            p.add(
+                "task.response_timeout_seconds",
+                "cannot be set together with workspace.publish_budget.seconds, which derives it",
+            );
+            return;
+        }
+        (Some(budget), _) => (budget, "workspace.publish_budget.seconds"),
+        (None, set) if set > 0 => (set, "task.response_timeout_seconds"),
+        (None, _) if task.timeout_seconds > 0 => (
+            DEFAULT_RESPONSE_TIMEOUT_SECONDS.min(task.timeout_seconds),
+            "the default",
+        ),
+        (None, _) => (DEFAULT_RESPONSE_TIMEOUT_SECONDS, "the default"),
+    };
+    if task.timeout_seconds > 0 && task.timeout_seconds < response {
+        p.add(
+            "task.timeout_seconds",
+            format!(
+                "{} is less than the response timeout {response} (from {source}); Conductor rejects a TaskDef whose timeoutSeconds is below responseTimeoutSeconds",
+                task.timeout_seconds
+            ),
+        );
+    }
+    task.response_timeout_seconds = response;
+}
+
+fn read_body(p: &mut Problems, dir: &Path, mut s: Section<'_>) -> Option<BodySpec> {
+    let before = p.0.len();
+    let command = s.argv(p, "command");
+    let executor = s.string(p, "executor");
+    let protocol = s.choice(
+        p,
+        "protocol",
+        &[("exec", BodyProtocol::Exec), ("jsonl", BodyProtocol::Jsonl)],
+    );
+    let env = s.table(p, "env").map(|env| read_env(p, &env));
+    let has_command = s.has("command");
+    let has_executor = s.has("executor");
+    let has_protocol = s.has("protocol");
+    s.finish(p);
+    let kind = match (has_command, has_executor) {
+        (true, true) => {
+            p.add("body", "set either body.command or body.executor, not both");
+            None
+        }
+        (false, false) => {
+            p.add(
+                "body.command",
+                "missing (the command that runs the task, e.g. [\"python3\", \"-u\", \"task.py\"]; or set body.executor)",
+            );
+            None
+        }
+        (true, false) => command.map(|argv| BodyKind::Command {
+            argv,
+            protocol: protocol.unwrap_or(BodyProtocol::Exec),
+        }),
+        (false, true) => {
+            if has_protocol {
+                p.add(
+                    "body.protocol",
+                    "applies only to body.command; an executor binary speaks the slot protocol itself",
+                );
+            }
+            match executor {
+                Some(e) if e.is_empty() => {
+                    p.add("body.executor", "must not be empty");
+                    None
+                }
+                Some(e) => Some(BodyKind::Executor(dir.join(e))),
+                None => None,
+            }
+        }
+    };
+    if p.0.len() > before {
+        return None;
+    }
+    Some(BodySpec {
+        kind: kind?,
+        env: env.unwrap_or_default(),
+    })
+}
+
+fn read_env(p: &mut Problems, env: &Section<'_>) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (name, value) in env.entries() {
+        let key = env.key(name);
+        if name.is_empty() || name.contains(['=', '\0']) {
+            p.add(key, "is not a valid environment variable name");
+        } else if name.starts_with("PERAGO_") {
+            p.add(
+                key,
+                "PERAGO_* variables are set by the runtime and cannot be overridden",
+            );
+        } else {
+            match value {
+                Value::String(v) if v.contains('\0') => p.add(key, "contains a NUL character"),
+                Value::String(v) => {
+                    out.insert(name.clone(), v.clone());
+                }
+                other => p.add(
+                    key,
+                    format!("expected a string, found {}", type_name(other)),
+                ),
+            }
+        }
+    }
+    out
+}
+
+fn read_workspace(p: &mut Problems, mut s: Section<'_>) -> Option<WorkspaceSpec> {
+    let before = p.0.len();
+    let prefix = s.string(p, "prefix").unwrap_or_default();
+    let prefix = match super::super::shape::normalize_prefix(&prefix) {
+        Ok(prefix) => prefix,
+        Err(problem) => {
+            p.add("workspace.prefix", problem);
+            String::new()
+        }
+    };
+    let merge_timeout = s.integer(p, "merge_timeout_seconds", 1, MAX_SECONDS);
+    let budget = s.table(p, "publish_budget").map(|mut b| {
+        let max_objects = b.integer(p, "max_objects", 1, i64::MAX).map(|n| n as u64);
+        let max_bytes = match b.get("max_bytes") {
+            None => None,
+            Some(Value::Integer(n)) if *n >= 1 => Some(*n as u64),
+            Some(Value::Integer(n)) => {
+                p.add(
+                    "workspace.publish_budget.max_bytes",
+                    format!("must be at least 1, found {n}"),
+                );
+                None
+            }
+            Some(Value::String(text)) => match parse_byte_size(text) {
+                Ok(0) => {
+                    p.add(
+                        "workspace.publish_budget.max_bytes",
+                        "must be at least 1 byte",
+                    );
+                    None
+                }
+                Ok(n) => Some(n),
+                Err(e) => {
+                    p.add("workspace.publish_budget.max_bytes", e.to_string());
+                    None
+                }
+            },
+            Some(other) => {
+                p.add(
+                    "workspace.publish_budget.max_bytes",
+                    format!(
+                        "expected a byte count or a size such as \"2GiB\", found {}",
+                        type_name(other)
+                    ),
+                );
+                None
+            }
+        };
+        let seconds = b.integer(p, "seconds", 1, MAX_SECONDS).map(|n| n as u64);
+        b.finish(p);
+        PublishBudget {
+            max_objects,
+            max_bytes,
+            seconds,
+        }
+    });
+    s.finish(p);
+    if p.0.len() > before {
+        return None;
+    }
+    let merge_timeout_seconds = merge_timeout.map(|n| n as u64).unwrap_or_else(|| {
+        budget
+            .and_then(|b| b.seconds)
+            .unwrap_or(DEFAULT_MERGE_TIMEOUT_SECONDS)
+    });
+    Some(WorkspaceSpec {
+        prefix,
+        merge_timeout_seconds,
+        publish_budget: budget,
+    })
+}

@@ -1,0 +1,589 @@
+//! Every manifest rule, with its exact message.
+
+use super::*;
+use std::path::{Path, PathBuf};
+
+const MINIMAL: &str = r#"
+[task]
+name = "features.build"
+kind = "workspace-free"
+timeout_seconds = 600
+
+[body]
+command = ["python3", "-u", "build.py"]
+"#;
+
+fn dir() -> PathBuf {
+    PathBuf::from("/srv/tasks")
+}
+
+fn parse(text: &str) -> Result<Manifest, ManifestError> {
+    Manifest::parse(Path::new("task.toml"), &dir(), text)
+}
+
+/// The error lines, without the `manifest task.toml: ` prefix.
+fn problems(text: &str) -> Vec<String> {
+    match parse(text) {
+        Ok(_) => panic!("manifest unexpectedly valid:\n{text}"),
+        Err(ManifestError::Invalid { problems, .. }) => {
+            problems.iter().map(ToString::to_string).collect()
+        }
+        Err(other) => vec![other.to_string()],
+    }
+}
+
+fn one_problem(text: &str) -> String {
+    let mut all = problems(text);
+    assert_eq!(all.len(), 1, "expected one problem, got {all:#?}");
+    all.remove(0)
+}
+
+/// MINIMAL with `line` added to the table `table`.
+fn with(table: &str, line: &str) -> String {
+    MINIMAL.replacen(&format!("[{table}]\n"), &format!("[{table}]\n{line}\n"), 1)
+}
+
+#[test]
+fn minimal_manifest_gets_conductor_defaults() {
+    let m = parse(MINIMAL).unwrap();
+    assert_eq!(m.dir, dir());
+    assert_eq!(
+        m.task,
+        TaskSpec {
+            name: "features.build".into(),
+            kind: TaskKind::WorkspaceFree,
+            description: None,
+            owner_email: None,
+            timeout_seconds: 600,
+            response_timeout_seconds: 600,
+            retry_count: 3,
+            retry_logic: RetryLogic::Fixed,
+            retry_delay_seconds: 60,
+            timeout_policy: TimeoutPolicy::TimeOutWorkflow,
+            params_schema: None,
+            result_schema: None,
+        }
+    );
+    assert_eq!(
+        m.body,
+        BodySpec {
+            kind: BodyKind::Command {
+                argv: vec!["python3".into(), "-u".into(), "build.py".into()],
+                protocol: BodyProtocol::Exec,
+            },
+            env: Default::default(),
+        }
+    );
+    assert_eq!(m.guardrails, Guardrails::default());
+    assert_eq!(m.workspace, None);
+}
+
+#[test]
+fn full_workspace_manifest() {
+    let text = r#"
+[task]
+name = "features.build"
+kind = "workspace"
+description = "Build features"
+owner_email = "data@example.com"
+timeout_seconds = 3600
+retry_count = 5
+retry_logic = "EXPONENTIAL_BACKOFF"
+retry_delay_seconds = 5
+timeout_policy = "RETRY"
+
+[body]
+command = ["./build.sh"]
+protocol = "jsonl"
+env = { MODE = "fast" }
+
+[guardrails]
+pre = ["./check_inputs.sh", "--strict"]
+post = ["./check_outputs.sh"]
+
+[workspace]
+prefix = "features"
+
+[workspace.publish_budget]
+max_objects = 10000
+max_bytes = "2GiB"
+seconds = 300
+"#;
+    let m = parse(text).unwrap();
+    assert_eq!(m.task.kind, TaskKind::Workspace);
+    assert_eq!(
+        m.task.response_timeout_seconds, 300,
+        "derived from the budget"
+    );
+    assert_eq!(m.task.retry_logic, RetryLogic::ExponentialBackoff);
+    assert_eq!(m.task.timeout_policy, TimeoutPolicy::Retry);
+    assert_eq!(m.task.owner_email.as_deref(), Some("data@example.com"));
+    assert_eq!(
+        m.body.kind,
+        BodyKind::Command {
+            argv: vec!["./build.sh".into()],
+            protocol: BodyProtocol::Jsonl
+        }
+    );
+    assert_eq!(m.body.env["MODE"], "fast");
+    assert_eq!(
+        m.guardrails.pre,
+        Some(vec!["./check_inputs.sh".into(), "--strict".into()])
+    );
+    assert_eq!(
+        m.workspace,
+        Some(WorkspaceSpec {
+            prefix: "features/".into(),
+            merge_timeout_seconds: 300,
+            publish_budget: Some(PublishBudget {
+                max_objects: Some(10_000),
+                max_bytes: Some(2 << 30),
+                seconds: Some(300),
+            }),
+        })
+    );
+}
+
+#[test]
+fn workspace_defaults_without_a_workspace_table() {
+    let m = parse(&MINIMAL.replace("workspace-free", "workspace")).unwrap();
+    assert_eq!(
+        m.workspace,
+        Some(WorkspaceSpec {
+            prefix: String::new(),
+            merge_timeout_seconds: DEFAULT_MERGE_TIMEOUT_SECONDS,
+            publish_budget: None,
+        })
+    );
+}
+
+#[test]
+fn default_response_timeout_is_capped_by_timeout() {
+    let m = parse(&MINIMAL.replace("timeout_seconds = 600", "timeout_seconds = 0")).unwrap();
+    assert_eq!(m.task.response_timeout_seconds, 3600);
+    let m = parse(&MINIMAL.replace("timeout_seconds = 600", "timeout_seconds = 7200")).unwrap();
+    assert_eq!(m.task.response_timeout_seconds, 3600);
+    let m = parse(&with("task", "response_timeout_seconds = 30")).unwrap();
+    assert_eq!(m.task.response_timeout_seconds, 30);
+}
+
+#[test]
+fn executor_body_resolves_against_the_folder() {
+    let text = MINIMAL.replace(
+        r#"command = ["python3", "-u", "build.py"]"#,
+        r#"executor = "target/release/my-task"
+env = { RUST_LOG = "info" }"#,
+    );
+    let m = parse(&text).unwrap();
+    assert_eq!(
+        m.body.kind,
+        BodyKind::Executor(dir().join("target/release/my-task"))
+    );
+}
+
+#[test]
+fn syntax_errors_carry_line_and_column() {
+    let err = parse("[task]\nname = \n").unwrap_err().to_string();
+    assert!(
+        err.starts_with(
+            "manifest task.toml is not valid TOML: TOML parse error at line 2, column 8"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn exactly_one_task() {
+    assert_eq!(
+        problems("[body]\ncommand = [\"x\"]\n"),
+        ["task: missing [task] table: a manifest defines exactly one task"]
+    );
+    let two = r#"
+[[task]]
+name = "a"
+[[task]]
+name = "b"
+[body]
+command = ["x"]
+"#;
+    assert_eq!(
+        one_problem(two),
+        "task: a manifest defines exactly one task in a [task] table, found 2 [[task]] entries; run one supervisor per task"
+    );
+    assert_eq!(
+        one_problem("task = \"features.build\"\n[body]\ncommand = [\"x\"]\n"),
+        "task: expected a table, found a string"
+    );
+}
+
+#[test]
+fn required_task_keys() {
+    let text = "[task]\n[body]\ncommand = [\"x\"]\n";
+    assert_eq!(
+        problems(text),
+        [
+            "task.name: missing (the Conductor TaskDef name)",
+            "task.kind: missing (\"workspace\" or \"workspace-free\")",
+            "task.timeout_seconds: missing (seconds the body may run, Conductor's timeoutSeconds; 0 = no limit)",
+        ]
+    );
+}
+
+#[test]
+fn task_key_types_and_ranges() {
+    let cases = [
+        (
+            "retry_count = -1",
+            "task.retry_count: must be at least 0, found -1",
+        ),
+        (
+            "retry_count = \"3\"",
+            "task.retry_count: expected an integer, found a string",
+        ),
+        (
+            "retry_delay_seconds = 1.5",
+            "task.retry_delay_seconds: expected an integer, found a float",
+        ),
+        (
+            "response_timeout_seconds = 0",
+            "task.response_timeout_seconds: must be at least 1, found 0",
+        ),
+        (
+            "retry_logic = \"fixed\"",
+            "task.retry_logic: unknown value \"fixed\" (expected one of FIXED, EXPONENTIAL_BACKOFF, LINEAR_BACKOFF)",
+        ),
+        (
+            "timeout_policy = \"NEVER\"",
+            "task.timeout_policy: unknown value \"NEVER\" (expected one of RETRY, TIME_OUT_WF, ALERT_ONLY)",
+        ),
+        (
+            "owner_email = \"nobody\"",
+            "task.owner_email: \"nobody\" is not an email address",
+        ),
+        (
+            "description = 5",
+            "task.description: expected a string, found an integer",
+        ),
+        (
+            "retries = 3",
+            "task.retries: unknown key (keys of [task]: description, kind, name, owner_email, params_schema, response_timeout_seconds, result_schema, retry_count, retry_delay_seconds, retry_logic, timeout_policy, timeout_seconds)",
+        ),
+    ];
+    for (line, expected) in cases {
+        assert_eq!(one_problem(&with("task", line)), expected, "{line}");
+    }
+    assert_eq!(
+        one_problem(&MINIMAL.replace("workspace-free", "free")),
+        "task.kind: unknown value \"free\" (expected one of workspace, workspace-free)"
+    );
+    assert_eq!(
+        one_problem(&MINIMAL.replace("timeout_seconds = 600", "timeout_seconds = -5")),
+        "task.timeout_seconds: must be at least 0, found -5"
+    );
+}
+
+#[test]
+fn task_names_that_would_become_bad_paths() {
+    for (name, problem) in [
+        ("", "must not be empty"),
+        (
+            "a/b",
+            "must not contain '/' (the name becomes a folder name)",
+        ),
+        (
+            "a..b",
+            "must not contain '..' (the name becomes a folder name)",
+        ),
+        ("a b", "must not contain whitespace or control characters"),
+        ("a\\u0000b", "must not contain a NUL character"),
+    ] {
+        let text = MINIMAL.replace("\"features.build\"", &format!("\"{name}\""));
+        let shown = name.replace("\\u0000", "\\0");
+        assert_eq!(
+            one_problem(&text),
+            format!("task.name: \"{shown}\" {problem}"),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn timeout_below_response_timeout_is_rejected() {
+    assert_eq!(
+        one_problem(&with("task", "response_timeout_seconds = 900")),
+        "task.timeout_seconds: 600 is less than the response timeout 900 (from task.response_timeout_seconds); Conductor rejects a TaskDef whose timeoutSeconds is below responseTimeoutSeconds"
+    );
+    let text = MINIMAL.replace("workspace-free", "workspace")
+        + "[workspace.publish_budget]\nseconds = 1200\n";
+    assert_eq!(
+        one_problem(&text),
+        "task.timeout_seconds: 600 is less than the response timeout 1200 (from workspace.publish_budget.seconds); Conductor rejects a TaskDef whose timeoutSeconds is below responseTimeoutSeconds"
+    );
+}
+
+#[test]
+fn budget_seconds_and_response_timeout_are_exclusive() {
+    let text = with("task", "response_timeout_seconds = 60").replace("workspace-free", "workspace")
+        + "[workspace.publish_budget]\nseconds = 300\n";
+    assert_eq!(
+        one_problem(&text),
+        "task.response_timeout_seconds: cannot be set together with workspace.publish_budget.seconds, which derives it"
+    );
+}
+
+#[test]
+fn body_rules() {
+    let no_body = "[task]\nname = \"t\"\nkind = \"workspace-free\"\ntimeout_seconds = 1\n";
+    assert_eq!(
+        one_problem(no_body),
+        "body: missing [body] table: set body.command (or body.executor)"
+    );
+    let body = |b: &str| format!("{no_body}[body]\n{b}\n");
+    let cases = [
+        (
+            "",
+            "body.command: missing (the command that runs the task, e.g. [\"python3\", \"-u\", \"task.py\"]; or set body.executor)",
+        ),
+        (
+            "command = []",
+            "body.command: must name a command: the array is empty",
+        ),
+        (
+            "command = \"python3 build.py\"",
+            "body.command: expected an array of strings (a command and its arguments), found a string",
+        ),
+        (
+            "command = [\"python3\", 1]",
+            "body.command[1]: expected a string, found an integer",
+        ),
+        (
+            "command = [\"\"]",
+            "body.command[0]: the command name is empty",
+        ),
+        (
+            "command = [\"x\"]\nexecutor = \"bin/x\"",
+            "body: set either body.command or body.executor, not both",
+        ),
+        (
+            "executor = \"bin/x\"\nprotocol = \"exec\"",
+            "body.protocol: applies only to body.command; an executor binary speaks the slot protocol itself",
+        ),
+        ("executor = \"\"", "body.executor: must not be empty"),
+        (
+            "command = [\"x\"]\nprotocol = \"grpc\"",
+            "body.protocol: unknown value \"grpc\" (expected one of exec, jsonl)",
+        ),
+        (
+            "command = [\"x\"]\nenv = { PERAGO_WORKER_ID = \"w\" }",
+            "body.env.PERAGO_WORKER_ID: PERAGO_* variables are set by the runtime and cannot be overridden",
+        ),
+        (
+            "command = [\"x\"]\nenv = { \"A=B\" = \"w\" }",
+            "body.env.A=B: is not a valid environment variable name",
+        ),
+        (
+            "command = [\"x\"]\nenv = { N = 1 }",
+            "body.env.N: expected a string, found an integer",
+        ),
+        (
+            "command = [\"x\"]\nenv = \"A=1\"",
+            "body.env: expected a table, found a string",
+        ),
+        (
+            "command = [\"x\"]\ncwd = \"/tmp\"",
+            "body.cwd: unknown key (keys of [body]: command, env, executor, protocol)",
+        ),
+    ];
+    for (b, expected) in cases {
+        assert_eq!(one_problem(&body(b)), expected, "{b}");
+    }
+}
+
+#[test]
+fn guardrail_rules() {
+    assert_eq!(
+        one_problem(&format!("{MINIMAL}[guardrails]\npre = \"./check.sh\"\n")),
+        "guardrails.pre: expected an array of strings (a command and its arguments), found a string"
+    );
+    assert_eq!(
+        one_problem(&format!("{MINIMAL}[guardrails]\npost = []\n")),
+        "guardrails.post: must name a command: the array is empty"
+    );
+    assert_eq!(
+        one_problem(&format!("{MINIMAL}[guardrails]\nduring = [\"x\"]\n")),
+        "guardrails.during: unknown key (keys of [guardrails]: post, pre)"
+    );
+}
+
+#[test]
+fn workspace_rules() {
+    assert_eq!(
+        one_problem(&format!("{MINIMAL}[workspace]\nprefix = \"a\"\n")),
+        "workspace: only workspace tasks (task.kind = \"workspace\") have a [workspace] table"
+    );
+    let ws = MINIMAL.replace("workspace-free", "workspace");
+    let cases = [
+        (
+            "[workspace]\nprefix = \"../up\"",
+            "workspace.prefix: \"../up\" must not contain '.' or '..' segments",
+        ),
+        (
+            "[workspace]\nprefix = \"/abs\"",
+            "workspace.prefix: \"/abs\" must be relative (no leading '/')",
+        ),
+        (
+            "[workspace]\nmerge_timeout_seconds = 0",
+            "workspace.merge_timeout_seconds: must be at least 1, found 0",
+        ),
+        (
+            "[workspace]\nrepo = \"x\"",
+            "workspace.repo: unknown key (keys of [workspace]: merge_timeout_seconds, prefix, publish_budget)",
+        ),
+        (
+            "[workspace.publish_budget]\nmax_objects = 0",
+            "workspace.publish_budget.max_objects: must be at least 1, found 0",
+        ),
+        (
+            "[workspace.publish_budget]\nmax_bytes = \"2 gigs\"",
+            "workspace.publish_budget.max_bytes: invalid byte size \"2 gigs\": unknown unit (use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)",
+        ),
+        (
+            "[workspace.publish_budget]\nmax_bytes = 0",
+            "workspace.publish_budget.max_bytes: must be at least 1, found 0",
+        ),
+        (
+            "[workspace.publish_budget]\nmax_bytes = \"0GiB\"",
+            "workspace.publish_budget.max_bytes: must be at least 1 byte",
+        ),
+        (
+            "[workspace.publish_budget]\nmax_bytes = 1.5",
+            "workspace.publish_budget.max_bytes: expected a byte count or a size such as \"2GiB\", found a float",
+        ),
+        (
+            "[workspace.publish_budget]\nseconds = 0",
+            "workspace.publish_budget.seconds: must be at least 1, found 0",
+        ),
+        (
+            "[workspace.publish_budget]\nmax_files = 3",
+            "workspace.publish_budget.max_files: unknown key (keys of [workspace.publish_budget]: max_bytes, max_objects, seconds)",
+        ),
+    ];
+    for (table, expected) in cases {
+        assert_eq!(one_problem(&format!("{ws}{table}\n")), expected, "{table}");
+    }
+    let m = parse(&format!(
+        "{ws}[workspace]\nmerge_timeout_seconds = 90\n[workspace.publish_budget]\nmax_bytes = 4096\n"
+    ))
+    .unwrap();
+    let w = m.workspace.unwrap();
+    assert_eq!(w.merge_timeout_seconds, 90);
+    assert_eq!(w.publish_budget.unwrap().max_bytes, Some(4096));
+}
+
+#[test]
+fn unknown_top_level_tables_are_rejected() {
+    assert_eq!(
+        one_problem(&format!("{MINIMAL}[tasks]\nname = \"x\"\n")),
+        "tasks: unknown key (keys of the manifest: body, guardrails, task, workspace)"
+    );
+}
+
+#[test]
+fn every_problem_is_reported_at_once_with_the_path() {
+    let text = "[task]\nname = \"a/b\"\nkind = \"x\"\ntimeout_seconds = 1\n[body]\ncommand = []\n";
+    let err = parse(text).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "manifest task.toml: task.name: \"a/b\" must not contain '/' (the name becomes a folder name)\n\
+         manifest task.toml: task.kind: unknown value \"x\" (expected one of workspace, workspace-free)\n\
+         manifest task.toml: body.command: must name a command: the array is empty"
+    );
+}
+
+mod files {
+    use super::*;
+    use std::fs;
+
+    fn write(dir: &Path, name: &str, text: &str) {
+        fs::write(dir.join(name), text).unwrap();
+    }
+
+    #[test]
+    fn load_reads_the_file_and_compiles_schemas() {
+        let tmp = tempfile::tempdir().unwrap();
+        write(
+            tmp.path(),
+            "params.json",
+            r#"{"type":"object","required":["n"],"properties":{"n":{"type":"integer"}}}"#,
+        );
+        let text = with("task", "params_schema = \"params.json\"");
+        write(tmp.path(), "task.toml", &text);
+        let m = Manifest::load(&tmp.path().join("task.toml")).unwrap();
+        assert_eq!(m.dir, fs::canonicalize(tmp.path()).unwrap());
+        let schema = m.schemas.params.as_ref().unwrap();
+        assert_eq!(
+            schema.validate("params", &serde_json::json!({"n": 1})),
+            Ok(())
+        );
+        assert_eq!(
+            schema.validate("params", &serde_json::json!({"n": "x"})),
+            Err("params/n: \"x\" is not of type \"integer\"".to_owned())
+        );
+        assert_eq!(
+            schema.validate("params", &serde_json::json!({})),
+            Err("params: \"n\" is a required property".to_owned())
+        );
+        assert!(m.schemas.result.is_none());
+    }
+
+    #[test]
+    fn schema_problems_name_the_key_and_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        write(tmp.path(), "bad.json", "{not json");
+        write(tmp.path(), "wrong.json", r#"{"type": 12}"#);
+        let load = |line: &str| {
+            let text = with("task", line);
+            write(tmp.path(), "task.toml", &text);
+            Manifest::load(&tmp.path().join("task.toml"))
+                .unwrap_err()
+                .to_string()
+        };
+        let dir = fs::canonicalize(tmp.path()).unwrap();
+        let manifest = tmp.path().join("task.toml");
+        assert_eq!(
+            load("params_schema = \"missing.json\""),
+            format!(
+                "manifest {}: task.params_schema: cannot read {}: No such file or directory (os error 2)",
+                manifest.display(),
+                dir.join("missing.json").display()
+            )
+        );
+        let bad = load("result_schema = \"bad.json\"");
+        assert!(
+            bad.starts_with(&format!(
+                "manifest {}: task.result_schema: {} is not valid JSON: key must be a string",
+                manifest.display(),
+                dir.join("bad.json").display()
+            )),
+            "{bad}"
+        );
+        let wrong = load("params_schema = \"wrong.json\"");
+        assert!(
+            wrong.starts_with(&format!(
+                "manifest {}: task.params_schema: {} is not a valid JSON Schema: ",
+                manifest.display(),
+                dir.join("wrong.json").display()
+            )),
+            "{wrong}"
+        );
+    }
+
+    #[test]
+    fn unreadable_manifest() {
+        let err = Manifest::load(Path::new("/nonexistent/task.toml")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "cannot read manifest /nonexistent/task.toml: No such file or directory (os error 2)"
+        );
+    }
+}

@@ -1,0 +1,370 @@
+//! Input and output shapes (SPEC §5): a workspace task's input is exactly
+//! `{"workspace": {...}, "params": {...}}`, a workspace-free task's exactly `{"params": {...}}`;
+//! outputs are `{"workspace": …, "result": …}` and `{"result": …}`.
+
+use crate::manifest::TaskKind;
+use serde_json::{Map, Value};
+
+/// What is wrong with a task's input. The message names the key first, since it becomes the
+/// start of `reasonForIncompletion`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bad input: {key}: {problem}")]
+pub struct InputError {
+    /// The offending key, e.g. `workspace.branch`.
+    pub key: String,
+    /// What is wrong.
+    pub problem: String,
+}
+
+fn input_error(key: impl Into<String>, problem: impl Into<String>) -> InputError {
+    InputError {
+        key: key.into(),
+        problem: problem.into(),
+    }
+}
+
+/// Where a workspace task's files come from and go back to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkspaceInput {
+    /// lakeFS repository.
+    pub repository: String,
+    /// Branch to publish to.
+    pub branch: String,
+    /// Path prefix within the branch (normalized: empty, or ending with `/`).
+    pub prefix: String,
+    /// Ref to download from; `None` means the branch.
+    pub source_ref: Option<String>,
+}
+
+/// A task input that passed the shape rules.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskInput {
+    /// `params`, a JSON object.
+    pub params: Map<String, Value>,
+    /// `workspace`, for workspace tasks.
+    pub workspace: Option<WorkspaceInput>,
+}
+
+fn json_type(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Checks `input` against the shape of `kind`. `allowed_prefix` is the manifest's
+/// `[workspace] prefix`: a workspace input may only narrow within it.
+pub fn parse_input(
+    kind: TaskKind,
+    input: &Map<String, Value>,
+    allowed_prefix: &str,
+) -> Result<TaskInput, InputError> {
+    let expected = kind.input_keys();
+    let expected_text = || {
+        let quoted: Vec<String> = expected.iter().map(|k| format!("'{k}'")).collect();
+        format!("a {} task takes exactly {}", kind, quoted.join(" and "))
+    };
+    let mut unexpected: Vec<&String> = input
+        .keys()
+        .filter(|k| !expected.contains(&k.as_str()))
+        .collect();
+    unexpected.sort();
+    if let Some(key) = unexpected.first() {
+        return Err(input_error(
+            key.as_str(),
+            format!("unexpected key; {}", expected_text()),
+        ));
+    }
+    for key in expected {
+        if !input.contains_key(*key) {
+            return Err(input_error(*key, format!("missing; {}", expected_text())));
+        }
+    }
+    let params = match &input["params"] {
+        Value::Object(map) => map.clone(),
+        other => {
+            return Err(input_error(
+                "params",
+                format!("must be a JSON object, found {}", json_type(other)),
+            ));
+        }
+    };
+    let workspace = match kind {
+        TaskKind::WorkspaceFree => None,
+        TaskKind::Workspace => Some(parse_workspace(&input["workspace"], allowed_prefix)?),
+    };
+    Ok(TaskInput { params, workspace })
+}
+
+fn parse_workspace(value: &Value, allowed_prefix: &str) -> Result<WorkspaceInput, InputError> {
+    const KEYS: [&str; 4] = ["repository", "branch", "prefix", "ref"];
+    let Value::Object(map) = value else {
+        return Err(input_error(
+            "workspace",
+            format!(
+                "must be a JSON object with repository, branch and prefix, found {}",
+                json_type(value)
+            ),
+        ));
+    };
+    let mut unknown: Vec<&String> = map.keys().filter(|k| !KEYS.contains(&k.as_str())).collect();
+    unknown.sort();
+    if let Some(key) = unknown.first() {
+        return Err(input_error(
+            format!("workspace.{key}"),
+            "unknown key; workspace takes repository, branch, prefix and ref",
+        ));
+    }
+    let string = |key: &str, required: bool| -> Result<Option<String>, InputError> {
+        match map.get(key) {
+            None | Some(Value::Null) if required => {
+                Err(input_error(format!("workspace.{key}"), "missing"))
+            }
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(input_error(
+                format!("workspace.{key}"),
+                format!("must be a string, found {}", json_type(other)),
+            )),
+        }
+    };
+    let repository = string("repository", true)?.unwrap_or_default();
+    let branch = string("branch", true)?.unwrap_or_default();
+    let prefix = string("prefix", true)?.unwrap_or_default();
+    let source_ref = string("ref", false)?;
+    for (key, value) in [("repository", &repository), ("branch", &branch)] {
+        if value.is_empty() {
+            return Err(input_error(format!("workspace.{key}"), "must not be empty"));
+        }
+        if value.contains(['/', '\0']) || value.chars().any(char::is_whitespace) {
+            return Err(input_error(
+                format!("workspace.{key}"),
+                format!("{value:?} is not a valid lakeFS {key} name"),
+            ));
+        }
+    }
+    if source_ref.as_deref() == Some("") {
+        return Err(input_error("workspace.ref", "must not be empty when set"));
+    }
+    let prefix = normalize_prefix(&prefix).map_err(|p| input_error("workspace.prefix", p))?;
+    if !prefix_within(&prefix, allowed_prefix) {
+        return Err(input_error(
+            "workspace.prefix",
+            format!("{prefix:?} is outside the task's workspace prefix {allowed_prefix:?}"),
+        ));
+    }
+    Ok(WorkspaceInput {
+        repository,
+        branch,
+        prefix,
+        source_ref,
+    })
+}
+
+/// Checks a lakeFS path prefix and normalizes it to `""` or `a/b/`. Absolute paths, `.` or
+/// `..` segments, empty segments and NUL are refused: the prefix maps onto local folders.
+pub fn normalize_prefix(prefix: &str) -> Result<String, String> {
+    if prefix.is_empty() {
+        return Ok(String::new());
+    }
+    if prefix.contains('\0') {
+        return Err("must not contain a NUL character".to_owned());
+    }
+    if prefix.starts_with('/') {
+        return Err(format!("{prefix:?} must be relative (no leading '/')"));
+    }
+    let trimmed = prefix.strip_suffix('/').unwrap_or(prefix);
+    for segment in trimmed.split('/') {
+        match segment {
+            "" => return Err(format!("{prefix:?} has an empty path segment")),
+            "." | ".." => {
+                return Err(format!("{prefix:?} must not contain '.' or '..' segments"));
+            }
+            _ => {}
+        }
+    }
+    Ok(format!("{trimmed}/"))
+}
+
+/// Whether normalized `prefix` lies within normalized `allowed` (both `""` or ending in `/`).
+pub fn prefix_within(prefix: &str, allowed: &str) -> bool {
+    prefix.starts_with(allowed)
+}
+
+/// The output of a completed workspace-free task.
+pub fn workspace_free_output(result: Value) -> Map<String, Value> {
+    let mut out = Map::new();
+    out.insert("result".to_owned(), result);
+    out
+}
+
+/// The output of a completed workspace task.
+pub fn workspace_output(workspace: Value, result: Value) -> Map<String, Value> {
+    let mut out = Map::new();
+    out.insert("workspace".to_owned(), workspace);
+    out.insert("result".to_owned(), result);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    fn free(v: Value) -> Result<TaskInput, String> {
+        parse_input(TaskKind::WorkspaceFree, &obj(v), "").map_err(|e| e.to_string())
+    }
+
+    fn ws(v: Value, allowed: &str) -> Result<TaskInput, String> {
+        parse_input(TaskKind::Workspace, &obj(v), allowed).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn workspace_free_takes_exactly_params() {
+        let input = free(json!({"params": {"n": 1}})).unwrap();
+        assert_eq!(input.params["n"], 1);
+        assert_eq!(input.workspace, None);
+        assert_eq!(
+            free(json!({})).unwrap_err(),
+            "bad input: params: missing; a workspace-free task takes exactly 'params'"
+        );
+        assert_eq!(
+            free(json!({"params": {}, "extra": 1})).unwrap_err(),
+            "bad input: extra: unexpected key; a workspace-free task takes exactly 'params'"
+        );
+        assert_eq!(
+            free(json!({"params": {}, "workspace": {}})).unwrap_err(),
+            "bad input: workspace: unexpected key; a workspace-free task takes exactly 'params'"
+        );
+        assert_eq!(
+            free(json!({"params": [1]})).unwrap_err(),
+            "bad input: params: must be a JSON object, found an array"
+        );
+        assert_eq!(
+            free(json!({"params": null})).unwrap_err(),
+            "bad input: params: must be a JSON object, found null"
+        );
+    }
+
+    #[test]
+    fn workspace_takes_exactly_workspace_and_params() {
+        let input = ws(
+            json!({"params": {}, "workspace": {"repository": "repo", "branch": "main", "prefix": "data/in"}}),
+            "",
+        )
+        .unwrap();
+        assert_eq!(
+            input.workspace,
+            Some(WorkspaceInput {
+                repository: "repo".into(),
+                branch: "main".into(),
+                prefix: "data/in/".into(),
+                source_ref: None,
+            })
+        );
+        assert_eq!(
+            ws(json!({"params": {}}), "").unwrap_err(),
+            "bad input: workspace: missing; a workspace task takes exactly 'workspace' and 'params'"
+        );
+        assert_eq!(
+            ws(json!({"params": {}, "workspace": "repo"}), "").unwrap_err(),
+            "bad input: workspace: must be a JSON object with repository, branch and prefix, found a string"
+        );
+    }
+
+    #[test]
+    fn workspace_fields_are_checked() {
+        let base = |w: Value| ws(json!({"params": {}, "workspace": w}), "");
+        assert_eq!(
+            base(json!({"repository": "r", "branch": "main"})).unwrap_err(),
+            "bad input: workspace.prefix: missing"
+        );
+        assert_eq!(
+            base(json!({"repository": "r", "branch": "main", "prefix": "", "token": "x"}))
+                .unwrap_err(),
+            "bad input: workspace.token: unknown key; workspace takes repository, branch, prefix and ref"
+        );
+        assert_eq!(
+            base(json!({"repository": "", "branch": "main", "prefix": ""})).unwrap_err(),
+            "bad input: workspace.repository: must not be empty"
+        );
+        assert_eq!(
+            base(json!({"repository": "r", "branch": 5, "prefix": ""})).unwrap_err(),
+            "bad input: workspace.branch: must be a string, found a number"
+        );
+        assert_eq!(
+            base(json!({"repository": "r", "branch": "a/b", "prefix": ""})).unwrap_err(),
+            "bad input: workspace.branch: \"a/b\" is not a valid lakeFS branch name"
+        );
+        assert_eq!(
+            base(json!({"repository": "r", "branch": "main", "prefix": "../etc"})).unwrap_err(),
+            "bad input: workspace.prefix: \"../etc\" must not contain '.' or '..' segments"
+        );
+        assert_eq!(
+            base(json!({"repository": "r", "branch": "main", "prefix": "/etc"})).unwrap_err(),
+            "bad input: workspace.prefix: \"/etc\" must be relative (no leading '/')"
+        );
+        assert_eq!(
+            base(json!({"repository": "r", "branch": "main", "prefix": "", "ref": ""}))
+                .unwrap_err(),
+            "bad input: workspace.ref: must not be empty when set"
+        );
+        let with_ref =
+            base(json!({"repository": "r", "branch": "main", "prefix": "", "ref": "abc123"}))
+                .unwrap();
+        assert_eq!(
+            with_ref.workspace.unwrap().source_ref.as_deref(),
+            Some("abc123")
+        );
+    }
+
+    #[test]
+    fn input_prefix_narrows_within_the_manifest_prefix() {
+        let at = |prefix: &str| {
+            ws(
+                json!({"params": {}, "workspace": {"repository": "r", "branch": "main", "prefix": prefix}}),
+                "features/",
+            )
+        };
+        assert!(at("features").is_ok());
+        assert!(at("features/2026/").is_ok());
+        assert_eq!(
+            at("featuresX/a").unwrap_err(),
+            "bad input: workspace.prefix: \"featuresX/a/\" is outside the task's workspace prefix \"features/\""
+        );
+        assert_eq!(
+            at("").unwrap_err(),
+            "bad input: workspace.prefix: \"\" is outside the task's workspace prefix \"features/\""
+        );
+    }
+
+    #[test]
+    fn prefixes_normalize() {
+        assert_eq!(normalize_prefix(""), Ok(String::new()));
+        assert_eq!(normalize_prefix("a"), Ok("a/".into()));
+        assert_eq!(normalize_prefix("a/b/"), Ok("a/b/".into()));
+        assert!(normalize_prefix("a//b").is_err());
+        assert!(normalize_prefix("a/./b").is_err());
+        assert!(normalize_prefix("a\0").is_err());
+    }
+
+    #[test]
+    fn outputs_have_the_documented_keys() {
+        assert_eq!(
+            Value::Object(workspace_free_output(json!(1))),
+            json!({"result": 1})
+        );
+        assert_eq!(
+            Value::Object(workspace_output(json!({"commit_id": "c"}), json!(null))),
+            json!({"workspace": {"commit_id": "c"}, "result": null})
+        );
+    }
+}

@@ -1,0 +1,30 @@
+//! Compiles the .proto files with protox (a pure-Rust protobuf compiler, so no system `protoc`
+//! is needed), generates the tonic/prost code from the descriptor set, and writes the encoded
+//! descriptor set to OUT_DIR for gRPC server reflection.
+
+use prost::Message as _;
+use std::{env, fs, path::PathBuf};
+
+const PROTOS: &[&str] = &["perago/slot/v1/slot.proto", "perago/admin/v1/admin.proto"];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    for proto in PROTOS {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    // Source info keeps the comments: they become rustdoc on the generated types, and
+    // `grpcurl describe` shows them through reflection.
+    let fds = protox::Compiler::new(["."])?
+        .include_source_info(true)
+        .include_imports(true)
+        .open_files(PROTOS.iter().copied())?
+        .file_descriptor_set();
+
+    let out_dir = PathBuf::from(env::var("OUT_DIR")?);
+    fs::write(out_dir.join("perago_descriptor.bin"), fds.encode_to_vec())?;
+
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(fds)?;
+    Ok(())
+}
