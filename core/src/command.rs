@@ -45,7 +45,12 @@ pub fn resolve_program(
     path_var: Option<&OsStr>,
 ) -> Result<PathBuf, CommandError> {
     if program.contains('/') {
-        let path = dir.join(program);
+        // `./run.sh` → `<dir>/run.sh`: drop `.` components so messages show a clean path.
+        let path: PathBuf = dir
+            .join(program)
+            .components()
+            .filter(|c| !matches!(c, std::path::Component::CurDir))
+            .collect();
         return match is_executable_file(&path) {
             None => Err(CommandError::NotFound {
                 program: program.to_owned(),
@@ -80,20 +85,20 @@ mod tests {
         assert_eq!(
             resolve_program("./run.sh", dir.path(), None),
             Err(CommandError::NotExecutable {
-                path: dir.path().join("./run.sh")
+                path: dir.path().join("run.sh")
             })
         );
         fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
         assert_eq!(
             resolve_program("./run.sh", dir.path(), None),
-            Ok(dir.path().join("./run.sh"))
+            Ok(dir.path().join("run.sh"))
         );
         let missing = resolve_program("./gone.sh", dir.path(), None).unwrap_err();
         assert_eq!(
             missing.to_string(),
             format!(
                 "\"./gone.sh\" not found (looked for {})",
-                dir.path().join("./gone.sh").display()
+                dir.path().join("gone.sh").display()
             )
         );
         // A folder is not a program.

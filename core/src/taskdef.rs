@@ -109,3 +109,103 @@ pub fn task_def(manifest: &Manifest) -> Value {
     }
     def
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::{fs, path::Path};
+
+    fn load(dir: &Path, manifest: &str) -> Manifest {
+        fs::write(dir.join("task.toml"), manifest).unwrap();
+        Manifest::load(&dir.join("task.toml")).unwrap()
+    }
+
+    const FREE: &str = r#"
+[task]
+name = "echo.params"
+kind = "workspace-free"
+owner_email = "data@example.com"
+timeout_seconds = 120
+response_timeout_seconds = 30
+retry_count = 2
+retry_logic = "LINEAR_BACKOFF"
+retry_delay_seconds = 1
+[body]
+command = ["cat"]
+"#;
+
+    #[test]
+    fn workspace_free_task_def() {
+        let tmp = tempfile::tempdir().unwrap();
+        let def = task_def(&load(tmp.path(), FREE));
+        assert_eq!(
+            def,
+            json!({
+                "name": "echo.params",
+                "description": "echo.params (workspace-free task run by perago)",
+                "ownerEmail": "data@example.com",
+                "retryCount": 2,
+                "retryLogic": "LINEAR_BACKOFF",
+                "retryDelaySeconds": 1,
+                "timeoutSeconds": 120,
+                "responseTimeoutSeconds": 30,
+                "timeoutPolicy": "TIME_OUT_WF",
+                "inputKeys": ["params"],
+                "outputKeys": ["result"],
+            })
+        );
+    }
+
+    #[test]
+    fn workspace_task_def_derives_response_timeout_and_wraps_schemas() {
+        let tmp = tempfile::tempdir().unwrap();
+        // A schema with an internal reference: embedding must keep it resolvable.
+        fs::write(
+            tmp.path().join("params.json"),
+            r##"{"type":"object","properties":{"day":{"$ref":"#/$defs/day"}},"required":["day"],"$defs":{"day":{"type":"string","pattern":"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}}}"##,
+        )
+        .unwrap();
+        fs::write(
+            tmp.path().join("result.json"),
+            r#"{"type":"object","required":["rows"]}"#,
+        )
+        .unwrap();
+        let manifest = load(
+            tmp.path(),
+            r#"
+[task]
+name = "features.build"
+kind = "workspace"
+timeout_seconds = 3600
+params_schema = "params.json"
+result_schema = "result.json"
+[body]
+command = ["./build.sh"]
+[workspace.publish_budget]
+seconds = 300
+"#,
+        );
+        let def = task_def(&manifest);
+        assert_eq!(def["responseTimeoutSeconds"], 300);
+        assert_eq!(def["inputKeys"], json!(["workspace", "params"]));
+        assert_eq!(def["outputKeys"], json!(["workspace", "result"]));
+        assert_eq!(def["enforceSchema"], false);
+        assert_eq!(def["inputSchema"]["name"], "features.build.input");
+        assert_eq!(def["inputSchema"]["type"], "JSON");
+        assert_eq!(def["outputSchema"]["name"], "features.build.output");
+        assert!(def.get("ownerEmail").is_none());
+
+        // The exported schemas are themselves valid and describe the whole input/output.
+        let input = jsonschema::validator_for(&def["inputSchema"]["data"]).unwrap();
+        let ws = json!({"repository": "r", "branch": "main", "prefix": "p/"});
+        assert!(input.is_valid(&json!({"workspace": ws, "params": {"day": "2026-11-30"}})));
+        assert!(!input.is_valid(&json!({"workspace": ws, "params": {"day": "yesterday"}})));
+        assert!(!input.is_valid(&json!({"params": {"day": "2026-11-30"}})));
+        assert!(
+            !input.is_valid(&json!({"workspace": ws, "params": {"day": "2026-11-30"}, "x": 1}))
+        );
+        let output = jsonschema::validator_for(&def["outputSchema"]["data"]).unwrap();
+        assert!(output.is_valid(&json!({"workspace": {}, "result": {"rows": 3}})));
+        assert!(!output.is_valid(&json!({"workspace": {}, "result": {}})));
+    }
+}

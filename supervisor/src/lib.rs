@@ -1,6 +1,63 @@
-//! The perago command line (in progress).
+//! The perago command line: `check`, `extract` and `start` (so far). `main` calls [`run`],
+//! which parses the arguments, runs the command and maps every expected error to its exit
+//! code (see [`errors::exit_codes`]).
 
-/// Runs the command line and returns the process exit code.
+mod check;
+pub mod cli;
+pub mod errors;
+mod extract;
+mod start;
+
+use clap::Parser as _;
+use cli::{Cli, Command};
+use errors::{ExpectedError, exit_codes};
+use std::collections::BTreeMap;
+
+/// Runs the command line with the process's arguments and environment; returns the exit code.
 pub fn run() -> i32 {
-    0
+    let vars: BTreeMap<String, String> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect();
+    run_with(std::env::args_os(), &vars)
+}
+
+/// Runs the command line with the given arguments (argv[0] first) and environment.
+pub fn run_with<I, T>(args: I, vars: &BTreeMap<String, String>) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // clap prints help/version to stdout with exit 0, usage errors to stderr with 2.
+            let _ = e.print();
+            return e.exit_code();
+        }
+    };
+    match dispatch(cli, vars) {
+        Ok(()) => exit_codes::OK,
+        Err(e) => {
+            for line in e.to_string().lines() {
+                eprintln!("error: {line}");
+            }
+            e.process_exit_code()
+        }
+    }
+}
+
+fn dispatch(cli: Cli, vars: &BTreeMap<String, String>) -> Result<(), ExpectedError> {
+    match cli.command {
+        Command::Check(args) => {
+            let path = vars.get("PATH").map(std::ffi::OsString::from);
+            print!("{}", check::check(&args.manifest, path.as_ref())?);
+        }
+        Command::Extract(args) => {
+            if let Some(note) = extract::extract(&args.manifest, &args.output)? {
+                eprintln!("{note}");
+            }
+        }
+        Command::Start(args) => start::start(&args, vars)?,
+    }
+    Ok(())
 }

@@ -1,0 +1,86 @@
+//! The command line. Doc comments are the help text.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use perago_core::mode::ExecutionMode;
+use std::path::PathBuf;
+
+/// Run one Conductor task type with a broker and N executor processes.
+#[derive(Debug, Parser)]
+#[command(name = "perago-supervisor", version, max_term_width = 100)]
+#[deny(missing_docs)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+#[deny(missing_docs)]
+pub enum Command {
+    /// Validate a task manifest locally, without network: the manifest, its schemas, and that
+    /// the body and guardrail commands exist.
+    Check(CheckArgs),
+    /// Write the Conductor TaskDef JSON a manifest describes, for registering before `start`.
+    Extract(ExtractArgs),
+    /// Run the task: a broker polling Conductor and N executor processes.
+    Start(StartArgs),
+}
+
+/// `check`.
+#[derive(Debug, Args)]
+#[deny(missing_docs)]
+pub struct CheckArgs {
+    /// The task manifest (TOML).
+    pub manifest: PathBuf,
+}
+
+/// `extract`.
+#[derive(Debug, Args)]
+#[deny(missing_docs)]
+pub struct ExtractArgs {
+    /// The task manifest (TOML).
+    pub manifest: PathBuf,
+    /// Where to write the TaskDef JSON; `-` for standard output. Parent folders are created.
+    #[arg(long, short)]
+    pub output: PathBuf,
+}
+
+/// `start`.
+#[derive(Debug, Args)]
+#[deny(missing_docs)]
+pub struct StartArgs {
+    /// The task manifest (TOML).
+    pub manifest: PathBuf,
+    /// Number of executor processes (slots), at least 1.
+    #[arg(
+        short = 'j',
+        long = "jobs",
+        value_name = "N",
+        default_value_t = 1,
+        allow_negative_numbers = true
+    )]
+    pub jobs: i64,
+    /// `process` (a broker and N executor processes) or `thread` (one process). Default: the
+    /// PERAGO_EXECUTION_MODE environment variable, else `process`.
+    #[arg(long, value_enum)]
+    pub execution_mode: Option<ModeArg>,
+}
+
+/// The `--execution-mode` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModeArg {
+    /// A broker process and N executor processes.
+    Process,
+    /// Broker and executor slots in the supervisor process; bodies are still subprocesses.
+    Thread,
+}
+
+impl From<ModeArg> for ExecutionMode {
+    fn from(m: ModeArg) -> Self {
+        match m {
+            ModeArg::Process => Self::Process,
+            ModeArg::Thread => Self::Thread,
+        }
+    }
+}

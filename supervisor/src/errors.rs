@@ -1,0 +1,56 @@
+//! Errors the command line expects, and the exit code of each.
+
+use perago_core::{manifest::ManifestError, mode::ExecutionModeError, mode::WorkerCountError};
+use std::{io, path::PathBuf};
+
+/// Exit codes, documented in the README.
+pub mod exit_codes {
+    /// Success, or a clean drain.
+    pub const OK: i32 = 0;
+    /// Preflight, validation, lock or runtime failure.
+    pub const FAILURE: i32 = 1;
+    /// Bad command-line usage.
+    pub const USAGE: i32 = 2;
+}
+
+/// An error the command line reports as `error: <message>` and exits with.
+#[derive(Debug, thiserror::Error)]
+pub enum ExpectedError {
+    /// The manifest does not load.
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    /// `check` found problems beyond the manifest itself (commands that do not exist).
+    #[error("{}", .0.join("\n"))]
+    CheckFailed(Vec<String>),
+    /// `-j` out of range.
+    #[error(transparent)]
+    WorkerCount(#[from] WorkerCountError),
+    /// A bad `PERAGO_EXECUTION_MODE`.
+    #[error(transparent)]
+    ExecutionMode(#[from] ExecutionModeError),
+    /// Required configuration is missing or invalid, one line per problem.
+    #[error("{}", .0.join("\n"))]
+    Config(Vec<String>),
+    /// The TaskDef file could not be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The output path.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// A part of the product that does not exist yet.
+    #[error("{0}")]
+    NotYetAvailable(&'static str),
+}
+
+impl ExpectedError {
+    /// The exit code for this error.
+    pub fn process_exit_code(&self) -> i32 {
+        match self {
+            Self::WorkerCount(_) => exit_codes::USAGE,
+            _ => exit_codes::FAILURE,
+        }
+    }
+}

@@ -1,0 +1,354 @@
+//! The `perago-supervisor` command line as a user meets it: help, `check`, `extract`, and the
+//! argument and configuration checks of `start`.
+
+use perago_tests::{Run, command, workspace_root};
+use std::{fs, path::Path, process::Command};
+
+const SUPERVISOR: &str = env!("CARGO_BIN_EXE_perago-supervisor");
+const PERAGO: &str = env!("CARGO_BIN_EXE_perago");
+
+fn supervisor(args: &[&str]) -> Command {
+    let mut cmd = command(SUPERVISOR);
+    cmd.args(args).current_dir(workspace_root());
+    cmd
+}
+
+fn run(args: &[&str]) -> Run {
+    Run::of(&mut supervisor(args))
+}
+
+#[test]
+fn help_texts() {
+    for args in [
+        &["--help"][..],
+        &["check", "--help"],
+        &["extract", "--help"],
+        &["start", "--help"],
+    ] {
+        let out = run(args);
+        out.expect_code(0);
+        insta::assert_snapshot!(
+            format!("help_{}", args.join("_").replace("--", "")),
+            out.stdout
+        );
+    }
+}
+
+#[test]
+fn perago_is_the_same_command() {
+    let out = Run::of(
+        command(PERAGO)
+            .args(["check", "examples/greet/task.toml"])
+            .current_dir(workspace_root()),
+    );
+    out.expect_code(0);
+    assert!(
+        out.stdout
+            .starts_with("ok: examples.greet is a valid workspace-free task\n"),
+        "{out}"
+    );
+}
+
+#[test]
+fn check_accepts_the_examples() {
+    let greet = run(&["check", "examples/greet/task.toml"]);
+    greet.expect_code(0);
+    let lines: Vec<&str> = greet.stdout.lines().collect();
+    assert_eq!(
+        lines[0], "ok: examples.greet is a valid workspace-free task",
+        "{greet}"
+    );
+    assert!(
+        lines[1].starts_with("  body: python3 -u greet.py (exec protocol; /"),
+        "{greet}"
+    );
+    assert!(
+        greet
+            .stdout
+            .contains("/examples/greet/schemas/params.json (compiled)"),
+        "{greet}"
+    );
+    assert!(
+        greet
+            .stdout
+            .contains("  pre guardrail: ./check_params.sh\n"),
+        "{greet}"
+    );
+    assert_eq!(greet.stderr, "");
+
+    let build = run(&["check", "examples/features-build/task.toml"]);
+    build.expect_code(0);
+    assert!(
+        build
+            .stdout
+            .starts_with("ok: features.build is a valid workspace task\n"),
+        "{build}"
+    );
+    assert!(
+        build.stdout.contains(
+            "  timeouts: 900s total, 300s response; retries: 3 (EXPONENTIAL_BACKOFF, 5s delay)\n"
+        ),
+        "{build}"
+    );
+}
+
+/// A temp folder holding `task.toml` with `text`.
+fn manifest_dir(text: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("task.toml"), text).unwrap();
+    dir
+}
+
+fn check_in(dir: &Path) -> Run {
+    Run::of(supervisor(&["check", "task.toml"]).current_dir(dir))
+}
+
+#[test]
+fn check_reports_every_manifest_problem() {
+    let dir = manifest_dir(
+        "[task]\nname = \"a/b\"\nkind = \"workspace-free\"\ntimeout_seconds = 10\nretry_logic = \"SOMETIMES\"\n\n[body]\ncommand = []\n",
+    );
+    let out = check_in(dir.path());
+    out.expect_code(1);
+    assert_eq!(
+        out.stderr,
+        "error: manifest task.toml: task.name: \"a/b\" must not contain '/' (the name becomes a folder name)\n\
+         error: manifest task.toml: task.retry_logic: unknown value \"SOMETIMES\" (expected one of FIXED, EXPONENTIAL_BACKOFF, LINEAR_BACKOFF)\n\
+         error: manifest task.toml: body.command: must name a command: the array is empty\n"
+    );
+    assert_eq!(out.stdout, "");
+}
+
+#[test]
+fn check_rejects_two_tasks_in_one_manifest() {
+    let dir = manifest_dir(
+        "[[task]]\nname = \"a\"\n[[task]]\nname = \"b\"\n[body]\ncommand = [\"true\"]\n",
+    );
+    let out = check_in(dir.path());
+    out.expect_code(1);
+    assert_eq!(
+        out.stderr,
+        "error: manifest task.toml: task: a manifest defines exactly one task in a [task] table, found 2 [[task]] entries; run one supervisor per task\n"
+    );
+}
+
+#[test]
+fn check_reports_toml_syntax_with_position() {
+    let dir = manifest_dir("[task\nname = 1\n");
+    let out = check_in(dir.path());
+    out.expect_code(1);
+    assert!(
+        out.stderr.starts_with(
+            "error: manifest task.toml is not valid TOML: TOML parse error at line 1, column 6"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
+fn check_finds_missing_commands() {
+    let dir = manifest_dir(
+        "[task]\nname = \"t\"\nkind = \"workspace-free\"\ntimeout_seconds = 10\n\
+         [body]\ncommand = [\"perago-no-such-program\"]\n\
+         [guardrails]\npre = [\"./pre.sh\"]\npost = [\"./post.sh\"]\n",
+    );
+    fs::write(dir.path().join("post.sh"), "#!/bin/sh\n").unwrap();
+    let out = check_in(dir.path());
+    out.expect_code(1);
+    let root = fs::canonicalize(dir.path()).unwrap();
+    assert_eq!(
+        out.stderr,
+        format!(
+            "error: manifest task.toml: body.command: \"perago-no-such-program\" not found on PATH\n\
+             error: manifest task.toml: guardrails.pre: \"./pre.sh\" not found (looked for {root}/pre.sh)\n\
+             error: manifest task.toml: guardrails.post: {root}/post.sh is not an executable file\n",
+            root = root.display()
+        )
+    );
+}
+
+#[test]
+fn check_finds_a_missing_executor_binary() {
+    let dir = manifest_dir(
+        "[task]\nname = \"t\"\nkind = \"workspace-free\"\ntimeout_seconds = 10\n[body]\nexecutor = \"target/release/my-task\"\n",
+    );
+    let out = check_in(dir.path());
+    out.expect_code(1);
+    let root = fs::canonicalize(dir.path()).unwrap();
+    assert_eq!(
+        out.stderr,
+        format!(
+            "error: manifest task.toml: body.executor: {}/target/release/my-task not found (build it first, e.g. cargo build --release)\n",
+            root.display()
+        )
+    );
+}
+
+#[test]
+fn check_of_a_missing_file() {
+    let out = run(&["check", "no/such/task.toml"]);
+    out.expect_code(1);
+    assert_eq!(
+        out.stderr,
+        "error: cannot read manifest no/such/task.toml: No such file or directory (os error 2)\n"
+    );
+}
+
+#[test]
+fn extract_writes_the_task_def() {
+    let out_dir = tempfile::tempdir().unwrap();
+    let target = out_dir.path().join("generated/greet.json");
+    let target_text = target.to_str().unwrap();
+    let out = run(&[
+        "extract",
+        "examples/greet/task.toml",
+        "--output",
+        target_text,
+    ]);
+    out.expect_code(0);
+    assert_eq!(
+        out.stderr,
+        format!("wrote TaskDef examples.greet to {target_text}\n")
+    );
+    let text = fs::read_to_string(&target).unwrap();
+    let def: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(def["name"], "examples.greet");
+    assert_eq!(def["ownerEmail"], "examples@perago.invalid");
+    assert_eq!(def["timeoutSeconds"], 60);
+    assert_eq!(def["responseTimeoutSeconds"], 30);
+    assert_eq!(def["retryCount"], 2);
+    assert_eq!(def["retryLogic"], "FIXED");
+    assert_eq!(def["inputKeys"], serde_json::json!(["params"]));
+    assert_eq!(def["outputKeys"], serde_json::json!(["result"]));
+    assert_eq!(
+        def["inputSchema"]["data"]["properties"]["params"]["required"],
+        serde_json::json!(["name"])
+    );
+    // Nothing but the file itself is left in the folder (no temporary file).
+    let names: Vec<_> = fs::read_dir(target.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["greet.json"]);
+
+    let stdout = run(&["extract", "examples/greet/task.toml", "-o", "-"]);
+    stdout.expect_code(0);
+    assert_eq!(
+        stdout.stdout, text,
+        "stdout and file carry the same TaskDef"
+    );
+}
+
+#[test]
+fn extract_reports_an_unwritable_output() {
+    let out = run(&[
+        "extract",
+        "examples/greet/task.toml",
+        "--output",
+        "/proc/perago/x.json",
+    ]);
+    out.expect_code(1);
+    assert!(
+        out.stderr
+            .starts_with("error: cannot write /proc/perago/x.json: "),
+        "{out}"
+    );
+}
+
+#[test]
+fn extract_of_an_invalid_manifest_writes_nothing() {
+    let dir = manifest_dir("[task]\nname = \"t\"\n");
+    let out =
+        Run::of(supervisor(&["extract", "task.toml", "-o", "out.json"]).current_dir(dir.path()));
+    out.expect_code(1);
+    assert!(!dir.path().join("out.json").exists());
+}
+
+#[test]
+fn start_rejects_a_worker_count_below_one() {
+    for jobs in ["0", "-1"] {
+        let out = run(&["start", "examples/greet/task.toml", "-j", jobs]);
+        out.expect_code(2);
+        assert_eq!(
+            out.stderr, "error: worker process count must be at least 1\n",
+            "{out}"
+        );
+    }
+    let out = run(&["start", "examples/greet/task.toml", "-j", "many"]);
+    out.expect_code(2);
+    assert!(
+        out.stderr.contains("invalid value 'many' for '--jobs <N>'"),
+        "{out}"
+    );
+}
+
+#[test]
+fn start_resolves_the_execution_mode() {
+    let bad_env = Run::of(
+        supervisor(&["start", "examples/greet/task.toml"]).env("PERAGO_EXECUTION_MODE", "fork"),
+    );
+    bad_env.expect_code(1);
+    assert_eq!(
+        bad_env.stderr,
+        "error: invalid execution mode \"fork\" in PERAGO_EXECUTION_MODE: expected process or thread\n"
+    );
+    // The flag wins over the environment, so the bad env value is never read.
+    let flag = Run::of(
+        supervisor(&[
+            "start",
+            "examples/greet/task.toml",
+            "--execution-mode",
+            "thread",
+        ])
+        .env("PERAGO_EXECUTION_MODE", "fork"),
+    );
+    assert!(!flag.stderr.contains("PERAGO_EXECUTION_MODE"), "{flag}");
+    let bad_flag = run(&[
+        "start",
+        "examples/greet/task.toml",
+        "--execution-mode",
+        "fork",
+    ]);
+    bad_flag.expect_code(2);
+    assert!(
+        bad_flag
+            .stderr
+            .contains("invalid value 'fork' for '--execution-mode"),
+        "{bad_flag}"
+    );
+}
+
+#[test]
+fn start_preflight_names_missing_configuration() {
+    let out = run(&["start", "examples/greet/task.toml"]);
+    out.expect_code(1);
+    assert_eq!(
+        out.stderr,
+        "error: CONDUCTOR_SERVER_URL is required for perago start\n"
+    );
+
+    let out = Run::of(
+        supervisor(&["start", "examples/features-build/task.toml"])
+            .env("LAKEFS_ACCESS_KEY_ID", "AKIA"),
+    );
+    out.expect_code(1);
+    assert_eq!(
+        out.stderr,
+        "error: CONDUCTOR_SERVER_URL is required for perago start\n\
+         error: LakeFS config is required for workspace tasks: missing LAKEFS_ENDPOINT, LAKEFS_SECRET_ACCESS_KEY\n"
+    );
+}
+
+#[test]
+fn start_says_plainly_that_the_runtime_is_not_built() {
+    let out = Run::of(
+        supervisor(&["start", "examples/greet/task.toml", "-j", "2"])
+            .env("CONDUCTOR_SERVER_URL", "http://127.0.0.1:9/api"),
+    );
+    out.expect_code(1);
+    assert!(
+        out.stderr
+            .starts_with("error: perago start cannot run tasks yet"),
+        "{out}"
+    );
+}

@@ -1,0 +1,3 @@
+//! End-to-end tests that run the real perago binaries as separate processes.
+
+mod cli;
