@@ -14,7 +14,7 @@ proptest! {
     fn reasons_are_nonempty_and_bounded(head in ".{0,700}", tail in ".{0,2000}") {
         let r = Reason::with_tail(&head, &tail);
         let n = r.as_str().chars().count();
-        prop_assert!(n >= 1 && n <= MAX_REASON_CHARS, "{n} chars");
+        prop_assert!((1..=MAX_REASON_CHARS).contains(&n), "{n} chars");
         let r = Reason::new(head);
         prop_assert!(r.as_str().chars().count() <= MAX_REASON_CHARS);
     }
