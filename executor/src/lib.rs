@@ -1,5 +1,11 @@
 //! The executor: attaches to its slot on the broker socket and runs each assignment — input
 //! shape, params schema, pre guardrail, body, result schema, post guardrail — and sends the
-//! completion back. Rust task authors implement a `Task` trait here and ship their own binary.
+//! completion back.
 //!
-//! Only the crate exists so far; the runtime lands with issue #4.
+//! What exists so far: [`command`] (running a body or guardrail in its own process group with
+//! a time limit) and [`assignment`] (one assignment of a workspace-free `exec` body, start to
+//! result). The slot client, the `Task` trait, the `jsonl` protocol and workspaces come next.
+
+pub mod assignment;
+pub mod command;
+mod unix;

@@ -1,0 +1,297 @@
+//! Running one assignment of a command-body task: input shape → params schema → pre guardrail
+//! → body → result schema → post guardrail → result. Every failure becomes a result whose
+//! reason names the check first and ends with the tail of the failing command's stderr.
+
+use crate::command::{self, CommandSpec, Ended, Finished, RunLimits};
+use perago_core::{
+    attempt::AttemptSnapshot,
+    command::{CommandError, resolve_program},
+    manifest::{BodyKind, BodyProtocol, Manifest, TaskKind},
+    result::{Reason, RuntimeResult},
+    shape::{parse_input, workspace_free_output},
+};
+use serde_json::Value;
+use std::{ffi::OsStr, sync::Arc, time::Duration};
+
+/// Conductor externalizes task output above 3 MB (and fails it above 10 MB); perago fails
+/// earlier and says why.
+pub const MAX_OUTPUT_BYTES: usize = 3 * 1024 * 1024;
+
+/// A manifest this runner cannot execute.
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError {
+    /// A body or guardrail program is missing.
+    #[error("{key}: {source}")]
+    Program {
+        /// `body.command`, `guardrails.pre`, `guardrails.post`.
+        key: &'static str,
+        /// Why.
+        #[source]
+        source: CommandError,
+    },
+    /// A body kind or task kind this runner does not handle.
+    #[error("{0}")]
+    Unsupported(&'static str),
+}
+
+#[derive(Debug, Clone)]
+struct Program {
+    label: String,
+    spec: CommandSpec,
+}
+
+/// Executes assignments of one manifest for one worker id.
+#[derive(Debug, Clone)]
+pub struct AssignmentRunner {
+    manifest: Arc<Manifest>,
+    worker_id: String,
+    body: Program,
+    pre: Option<Program>,
+    post: Option<Program>,
+    kill_grace: Duration,
+}
+
+impl AssignmentRunner {
+    /// Resolves the body and guardrail programs (against the manifest folder and `path_var`).
+    pub fn new(
+        manifest: Arc<Manifest>,
+        worker_id: String,
+        path_var: Option<&OsStr>,
+    ) -> Result<Self, RunnerError> {
+        if manifest.task.kind == TaskKind::Workspace {
+            return Err(RunnerError::Unsupported(
+                "workspace tasks need the lakeFS workspace runtime, which this executor does not have yet",
+            ));
+        }
+        let argv = match &manifest.body.kind {
+            BodyKind::Command {
+                argv,
+                protocol: BodyProtocol::Exec,
+            } => argv,
+            BodyKind::Command {
+                protocol: BodyProtocol::Jsonl,
+                ..
+            } => {
+                return Err(RunnerError::Unsupported(
+                    "body.protocol = \"jsonl\" is not supported by this executor yet; use \"exec\"",
+                ));
+            }
+            BodyKind::Executor(_) => {
+                return Err(RunnerError::Unsupported(
+                    "a body.executor binary runs in place of the stock executor",
+                ));
+            }
+        };
+        let env: Vec<(String, String)> = manifest
+            .body
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let program = |key: &'static str, argv: &[String]| -> Result<Program, RunnerError> {
+            let path = resolve_program(&argv[0], &manifest.dir, path_var)
+                .map_err(|source| RunnerError::Program { key, source })?;
+            Ok(Program {
+                label: argv.join(" "),
+                spec: CommandSpec {
+                    program: path,
+                    args: argv[1..].to_vec(),
+                    dir: manifest.dir.clone(),
+                    env: env.clone(),
+                },
+            })
+        };
+        let body = program("body.command", argv)?;
+        let pre = manifest
+            .guardrails
+            .pre
+            .as_deref()
+            .map(|a| program("guardrails.pre", a))
+            .transpose()?;
+        let post = manifest
+            .guardrails
+            .post
+            .as_deref()
+            .map(|a| program("guardrails.post", a))
+            .transpose()?;
+        Ok(Self {
+            manifest,
+            worker_id,
+            body,
+            pre,
+            post,
+            kill_grace: Duration::from_secs(10),
+        })
+    }
+
+    /// Sets the time between SIGTERM and SIGKILL when the body overruns (default 10 s).
+    pub fn with_kill_grace(mut self, grace: Duration) -> Self {
+        self.kill_grace = grace;
+        self
+    }
+
+    /// Runs one assignment to its result. Never panics on bad input or a failing body: every
+    /// path ends in a result for Conductor.
+    pub async fn execute(&self, execution_id: &str, attempt: &AttemptSnapshot) -> RuntimeResult {
+        match self.try_execute(execution_id, attempt).await {
+            Ok(result) => RuntimeResult::completed(&self.worker_id, workspace_free_output(result)),
+            Err(Failure::Retriable(reason)) => RuntimeResult::failed(&self.worker_id, reason),
+            Err(Failure::Terminal(reason)) => {
+                RuntimeResult::failed_terminal(&self.worker_id, reason)
+            }
+        }
+    }
+
+    async fn try_execute(
+        &self,
+        execution_id: &str,
+        attempt: &AttemptSnapshot,
+    ) -> Result<Value, Failure> {
+        let task = &self.manifest.task;
+        let input = parse_input(task.kind, &attempt.input_data, "")
+            .map_err(|e| Failure::Retriable(Reason::new(e.to_string())))?;
+        let params = Value::Object(input.params);
+        if let Some(schema) = &self.manifest.schemas.params {
+            schema.validate("params", &params).map_err(|v| {
+                Failure::Retriable(Reason::new(format!(
+                    "bad input: params do not match the params schema: {v}"
+                )))
+            })?;
+        }
+        let params_json = serde_json::to_vec(&params).expect("a Value always serializes");
+        let env = [
+            ("PERAGO_TASK_ID", attempt.task_id.as_str()),
+            ("PERAGO_EXECUTION_ID", execution_id),
+            ("PERAGO_WORKER_ID", self.worker_id.as_str()),
+            ("PERAGO_WORKFLOW_ID", attempt.workflow_instance_id.as_str()),
+        ];
+        let guardrail_limits = RunLimits {
+            timeout: self.time_limit(),
+            kill_grace: self.kill_grace,
+            ..RunLimits::default()
+        };
+
+        if let Some(pre) = &self.pre {
+            let run = self
+                .run(pre, &env, params_json.clone(), guardrail_limits)
+                .await
+                .map_err(|e| {
+                    Failure::Retriable(Reason::new(format!(
+                        "pre guardrail {} could not start: {e}",
+                        pre.label
+                    )))
+                })?;
+            if run.ended != Ended::Exited(0) {
+                // A pre guardrail says the input can never succeed: no retry.
+                return Err(Failure::Terminal(Reason::with_tail(
+                    &format!(
+                        "pre guardrail {} failed ({})",
+                        pre.label,
+                        run.ended.describe()
+                    ),
+                    &run.stderr_tail,
+                )));
+            }
+        }
+
+        let limits = RunLimits {
+            timeout: self.time_limit(),
+            kill_grace: self.kill_grace,
+            max_stdout: MAX_OUTPUT_BYTES,
+            ..RunLimits::default()
+        };
+        let run = self
+            .run(&self.body, &env, params_json, limits)
+            .await
+            .map_err(|e| Failure::Retriable(Reason::new(format!("body could not start: {e}"))))?;
+        let result = body_result(&run, task.timeout_seconds)?;
+
+        if let Some(schema) = &self.manifest.schemas.result {
+            schema.validate("result", &result).map_err(|v| {
+                Failure::Retriable(Reason::new(format!(
+                    "result does not match the result schema: {v}"
+                )))
+            })?;
+        }
+        if let Some(post) = &self.post {
+            let result_json = serde_json::to_vec(&result).expect("a Value always serializes");
+            let run = self
+                .run(post, &env, result_json, guardrail_limits)
+                .await
+                .map_err(|e| {
+                    Failure::Retriable(Reason::new(format!(
+                        "post guardrail {} could not start: {e}",
+                        post.label
+                    )))
+                })?;
+            if run.ended != Ended::Exited(0) {
+                return Err(Failure::Retriable(Reason::with_tail(
+                    &format!(
+                        "post guardrail {} failed ({})",
+                        post.label,
+                        run.ended.describe()
+                    ),
+                    &run.stderr_tail,
+                )));
+            }
+        }
+        Ok(result)
+    }
+
+    fn time_limit(&self) -> Option<Duration> {
+        match self.manifest.task.timeout_seconds {
+            0 => None,
+            s => Some(Duration::from_secs(s)),
+        }
+    }
+
+    async fn run(
+        &self,
+        program: &Program,
+        env: &[(&str, &str)],
+        stdin: Vec<u8>,
+        limits: RunLimits,
+    ) -> std::io::Result<Finished> {
+        let mut spec = program.spec.clone();
+        spec.env
+            .extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        command::run(&spec, stdin, limits).await
+    }
+}
+
+#[derive(Debug)]
+enum Failure {
+    Retriable(Reason),
+    Terminal(Reason),
+}
+
+/// The body's result document, or why there is none.
+fn body_result(run: &Finished, timeout_seconds: u64) -> Result<Value, Failure> {
+    let fail = |head: String| {
+        Err(Failure::Retriable(Reason::with_tail(
+            &head,
+            &run.stderr_tail,
+        )))
+    };
+    match run.ended {
+        Ended::Exited(0) => {}
+        Ended::TimedOut => {
+            return fail(format!(
+                "body timed out after {timeout_seconds}s (task.timeout_seconds) and was stopped"
+            ));
+        }
+        ended => return fail(format!("body failed ({})", ended.describe())),
+    }
+    if run.stdout_overflow {
+        return fail(format!(
+            "body result is larger than {} MiB; Conductor cannot take it inline",
+            MAX_OUTPUT_BYTES >> 20
+        ));
+    }
+    let text = String::from_utf8_lossy(&run.stdout);
+    if text.trim().is_empty() {
+        return fail("body printed no result on stdout (expected one JSON document)".to_owned());
+    }
+    serde_json::from_str(&text)
+        .or_else(|e| fail(format!("body result on stdout is not valid JSON: {e}")))
+}

@@ -1,0 +1,223 @@
+//! Running one command to completion the way bodies and guardrails run: in its own process
+//! group, JSON on stdin, stdout captured up to a cap, the tail of stderr kept for the failure
+//! reason, and a time limit enforced with SIGTERM, a grace period, then SIGKILL.
+
+use crate::unix;
+use std::{
+    io,
+    path::PathBuf,
+    process::{ExitStatus, Stdio},
+    time::{Duration, Instant},
+};
+use tokio::{
+    io::{AsyncRead, AsyncReadExt, AsyncWriteExt},
+    task::JoinHandle,
+};
+
+/// How long the pipes may stay open after the process group is gone (a grandchild that left
+/// the group may hold them); past this the output read so far is used.
+const PIPE_DRAIN_LIMIT: Duration = Duration::from_secs(1);
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct CommandSpec {
+    /// The program, already resolved.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// The working directory.
+    pub dir: PathBuf,
+    /// Environment added to the executor's own.
+    pub env: Vec<(String, String)>,
+}
+
+/// Bounds on one run.
+#[derive(Debug, Clone, Copy)]
+pub struct RunLimits {
+    /// Time limit; `None` = none.
+    pub timeout: Option<Duration>,
+    /// Between SIGTERM and SIGKILL when the time limit is hit.
+    pub kill_grace: Duration,
+    /// Most stdout bytes kept; beyond that the output is drained and flagged as overflowing.
+    pub max_stdout: usize,
+    /// How many bytes of the end of stderr are kept.
+    pub stderr_tail: usize,
+}
+
+impl Default for RunLimits {
+    fn default() -> Self {
+        Self {
+            timeout: None,
+            kill_grace: Duration::from_secs(10),
+            max_stdout: 3 * 1024 * 1024,
+            stderr_tail: 2048,
+        }
+    }
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Exited with a code.
+    Exited(i32),
+    /// Killed by a signal it did not ask for.
+    Signaled(i32),
+    /// Hit the time limit and was stopped.
+    TimedOut,
+}
+
+impl Ended {
+    fn from_status(status: ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt as _;
+        match (status.code(), status.signal()) {
+            (Some(code), _) => Self::Exited(code),
+            (None, Some(signal)) => Self::Signaled(signal),
+            (None, None) => Self::Exited(-1),
+        }
+    }
+
+    /// `exit status 3`, `signal 9 (SIGKILL)`, `timed out`.
+    pub fn describe(self) -> String {
+        match self {
+            Self::Exited(code) => format!("exit status {code}"),
+            Self::Signaled(signal) => format!("signal {signal} ({})", unix::signal_name(signal)),
+            Self::TimedOut => "timed out".to_owned(),
+        }
+    }
+}
+
+/// A finished run.
+#[derive(Debug)]
+pub struct Finished {
+    /// How it ended.
+    pub ended: Ended,
+    /// Stdout, at most `max_stdout` bytes.
+    pub stdout: Vec<u8>,
+    /// Stdout was longer than `max_stdout`.
+    pub stdout_overflow: bool,
+    /// The end of stderr (lossy UTF-8).
+    pub stderr_tail: String,
+    /// Wall time.
+    pub elapsed: Duration,
+}
+
+/// Runs `spec` with `stdin` as its standard input, within `limits`.
+pub async fn run(spec: &CommandSpec, stdin: Vec<u8>, limits: RunLimits) -> io::Result<Finished> {
+    let started = Instant::now();
+    let mut cmd = tokio::process::Command::new(&spec.program);
+    cmd.args(&spec.args)
+        .current_dir(&spec.dir)
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    unix::isolate(&mut cmd);
+    let mut child = cmd.spawn()?;
+    let pgid = child.id().expect("a just-spawned child has a pid");
+
+    let writer = child.stdin.take().map(|mut pipe| {
+        tokio::spawn(async move {
+            // A body that does not read its input closes the pipe early: not an error.
+            let _ = pipe.write_all(&stdin).await;
+            let _ = pipe.shutdown().await;
+        })
+    });
+    let stdout = child
+        .stdout
+        .take()
+        .map(|pipe| tokio::spawn(read_capped(pipe, limits.max_stdout)));
+    let stderr = child
+        .stderr
+        .take()
+        .map(|pipe| tokio::spawn(read_tail(pipe, limits.stderr_tail)));
+
+    let ended = match limits.timeout {
+        None => Ended::from_status(child.wait().await?),
+        Some(limit) => match tokio::time::timeout(limit, child.wait()).await {
+            Ok(status) => Ended::from_status(status?),
+            Err(_) => {
+                tracing::warn!(pgid, ?limit, "command hit its time limit; sending SIGTERM");
+                unix::signal_group(pgid, unix::SIGTERM)?;
+                if tokio::time::timeout(limits.kill_grace, child.wait())
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(pgid, grace = ?limits.kill_grace, "command ignored SIGTERM; sending SIGKILL");
+                    unix::signal_group(pgid, unix::SIGKILL)?;
+                    child.wait().await?;
+                }
+                Ended::TimedOut
+            }
+        },
+    };
+    // Whatever the body left running in its group is an orphan now: end it, so its pipes
+    // close and nothing outlives the assignment.
+    unix::signal_group(pgid, unix::SIGKILL)?;
+
+    if let Some(writer) = writer {
+        writer.abort();
+    }
+    let (stdout, stdout_overflow) = join_pipe(stdout).await.unwrap_or_default();
+    let stderr_tail = join_pipe(stderr).await.unwrap_or_default();
+    Ok(Finished {
+        ended,
+        stdout,
+        stdout_overflow,
+        stderr_tail,
+        elapsed: started.elapsed(),
+    })
+}
+
+async fn join_pipe<T: Default>(task: Option<JoinHandle<T>>) -> Option<T> {
+    let mut task = task?;
+    match tokio::time::timeout(PIPE_DRAIN_LIMIT, &mut task).await {
+        Ok(result) => result.ok(),
+        Err(_) => {
+            tracing::warn!(
+                "a pipe stayed open after the command's process group ended (a process escaped the group)"
+            );
+            task.abort();
+            None
+        }
+    }
+}
+
+async fn read_capped(mut pipe: impl AsyncRead + Unpin, cap: usize) -> (Vec<u8>, bool) {
+    let mut kept = Vec::new();
+    let mut overflow = false;
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = cap.saturating_sub(kept.len());
+                if n > room {
+                    overflow = true;
+                }
+                kept.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+    (kept, overflow)
+}
+
+async fn read_tail(mut pipe: impl AsyncRead + Unpin, keep: usize) -> String {
+    let mut tail: Vec<u8> = Vec::new();
+    let mut buf = [0u8; 8 * 1024];
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                tail.extend_from_slice(&buf[..n]);
+                if tail.len() > keep * 2 {
+                    tail.drain(..tail.len() - keep);
+                }
+            }
+        }
+    }
+    if tail.len() > keep {
+        tail.drain(..tail.len() - keep);
+    }
+    String::from_utf8_lossy(&tail).into_owned()
+}

@@ -1,0 +1,325 @@
+//! One assignment, start to result, with real shell bodies and guardrails: every failure kind
+//! of SPEC §5 produces its status and a reason a person can act on.
+
+use perago_core::{
+    attempt::AttemptSnapshot,
+    manifest::Manifest,
+    result::{Outcome, ResultStatus, RuntimeResult},
+};
+use perago_executor::assignment::AssignmentRunner;
+use serde_json::{Value, json};
+use std::{
+    fs,
+    path::Path,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+const WORKER: &str = "testtask0003";
+
+struct Task {
+    dir: tempfile::TempDir,
+}
+
+impl Task {
+    /// A workspace-free task whose body is `body.sh`; `extra` is appended to the manifest.
+    fn new(body: &str, extra: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("body.sh"), body).unwrap();
+        let manifest = format!(
+            "[task]\nname = \"test.task\"\nkind = \"workspace-free\"\ntimeout_seconds = 5\n\
+             [body]\ncommand = [\"sh\", \"body.sh\"]\nenv = {{ GREETING = \"hi\" }}\n{extra}"
+        );
+        fs::write(dir.path().join("task.toml"), manifest).unwrap();
+        Self { dir }
+    }
+
+    fn file(self, name: &str, text: &str) -> Self {
+        fs::write(self.dir.path().join(name), text).unwrap();
+        self
+    }
+
+    fn runner(&self) -> AssignmentRunner {
+        let manifest = Manifest::load(&self.dir.path().join("task.toml")).unwrap();
+        let path = std::env::var_os("PATH");
+        AssignmentRunner::new(Arc::new(manifest), WORKER.to_owned(), path.as_deref())
+            .unwrap()
+            .with_kill_grace(Duration::from_millis(300))
+    }
+
+    async fn run(&self, input: Value) -> RuntimeResult {
+        let attempt = AttemptSnapshot::from_conductor(&json!({
+            "taskId": "task-1", "workflowInstanceId": "wf-1", "retryCount": 0,
+            "taskDefName": "test.task", "referenceTaskName": "ref", "seq": 1,
+            "status": "IN_PROGRESS", "inputData": input
+        }))
+        .unwrap();
+        self.runner().execute("exec-1", &attempt).await
+    }
+}
+
+fn output(result: &RuntimeResult) -> &serde_json::Map<String, Value> {
+    match result.outcome() {
+        Outcome::Completed(out) => out,
+        other => panic!("expected COMPLETED, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn reason(result: &RuntimeResult, status: ResultStatus) -> String {
+    assert_eq!(result.status(), status, "{result:?}");
+    match result.outcome() {
+        Outcome::Failed(r) | Outcome::FailedTerminal(r) => r.as_str().to_owned(),
+        Outcome::Completed(_) => unreachable!(),
+    }
+}
+
+#[tokio::test]
+async fn body_result_becomes_the_output() {
+    let task = Task::new(
+        r#"read params
+printf '{"params": %s, "worker": "%s", "task": "%s", "execution": "%s", "greeting": "%s", "cwd": "%s"}' \
+  "$params" "$PERAGO_WORKER_ID" "$PERAGO_TASK_ID" "$PERAGO_EXECUTION_ID" "$GREETING" "$(pwd)"
+"#,
+        "",
+    );
+    let result = task.run(json!({"params": {"n": 7}})).await;
+    assert_eq!(result.worker_id(), WORKER);
+    let cwd = fs::canonicalize(task.dir.path()).unwrap();
+    assert_eq!(
+        Value::Object(output(&result).clone()),
+        json!({"result": {
+            "params": {"n": 7}, "worker": WORKER, "task": "task-1", "execution": "exec-1",
+            "greeting": "hi", "cwd": cwd.to_str().unwrap()
+        }})
+    );
+}
+
+#[tokio::test]
+async fn bad_input_shape_fails_naming_the_key() {
+    let task = Task::new("echo '{}'", "");
+    let r = task.run(json!({"params": {}, "workspace": {}})).await;
+    assert_eq!(
+        reason(&r, ResultStatus::Failed),
+        "bad input: workspace: unexpected key; a workspace-free task takes exactly 'params'"
+    );
+    let r = task.run(json!({"params": "n=1"})).await;
+    assert_eq!(
+        reason(&r, ResultStatus::Failed),
+        "bad input: params: must be a JSON object, found a string"
+    );
+}
+
+#[tokio::test]
+async fn params_schema_violation_fails_naming_the_field() {
+    let task = Task::new("echo '{}'", "")
+        .file(
+            "params.json",
+            r#"{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]}"#,
+        )
+        .file(
+            "task.toml",
+            "[task]\nname = \"test.task\"\nkind = \"workspace-free\"\ntimeout_seconds = 5\nparams_schema = \"params.json\"\n[body]\ncommand = [\"sh\", \"body.sh\"]\n",
+        );
+    let r = task.run(json!({"params": {"n": "seven"}})).await;
+    assert_eq!(
+        reason(&r, ResultStatus::Failed),
+        "bad input: params do not match the params schema: params/n: \"seven\" is not of type \"integer\""
+    );
+}
+
+#[tokio::test]
+async fn pre_guardrail_failure_is_terminal_and_the_body_never_runs() {
+    let task = Task::new(
+        "touch body-ran; echo '{}'",
+        "[guardrails]\npre = [\"sh\", \"pre.sh\"]\n",
+    )
+    .file(
+        "pre.sh",
+        "cat > pre-input.json\necho 'params.name is empty' >&2\nexit 4\n",
+    );
+    let r = task.run(json!({"params": {"name": ""}})).await;
+    assert_eq!(
+        reason(&r, ResultStatus::FailedWithTerminalError),
+        "pre guardrail sh pre.sh failed (exit status 4): params.name is empty"
+    );
+    assert!(!task.dir.path().join("body-ran").exists());
+    // The guardrail read the params on stdin.
+    let seen = fs::read_to_string(task.dir.path().join("pre-input.json")).unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(&seen).unwrap(),
+        json!({"name": ""})
+    );
+}
+
+#[tokio::test]
+async fn body_failure_carries_the_stderr_tail() {
+    let task = Task::new(
+        "i=0; while [ $i -lt 400 ]; do echo \"progress line $i\" >&2; i=$((i+1)); done\necho 'Traceback: KeyError: name' >&2\nexit 3\n",
+        "",
+    );
+    let r = task.run(json!({"params": {}})).await;
+    let text = reason(&r, ResultStatus::Failed);
+    assert!(text.starts_with("body failed (exit status 3): …"), "{text}");
+    assert!(text.ends_with("Traceback: KeyError: name"), "{text}");
+    assert!(text.chars().count() <= 500);
+}
+
+#[tokio::test]
+async fn killed_body_names_the_signal() {
+    let task = Task::new("kill -9 $$\n", "");
+    let r = task.run(json!({"params": {}})).await;
+    assert_eq!(
+        reason(&r, ResultStatus::Failed),
+        "body failed (signal 9 (SIGKILL))"
+    );
+}
+
+#[tokio::test]
+async fn body_output_must_be_one_json_document() {
+    let r = Task::new("echo 'done!'", "")
+        .run(json!({"params": {}}))
+        .await;
+    let text = reason(&r, ResultStatus::Failed);
+    assert!(
+        text.starts_with("body result on stdout is not valid JSON: "),
+        "{text}"
+    );
+    let r = Task::new("echo nothing to say >&2", "")
+        .run(json!({"params": {}}))
+        .await;
+    assert_eq!(
+        reason(&r, ResultStatus::Failed),
+        "body printed no result on stdout (expected one JSON document): nothing to say"
+    );
+    let r = Task::new("head -c 4000000 /dev/zero | tr '\\0' 'a'", "")
+        .run(json!({"params": {}}))
+        .await;
+    assert_eq!(
+        reason(&r, ResultStatus::Failed),
+        "body result is larger than 3 MiB; Conductor cannot take it inline"
+    );
+}
+
+#[tokio::test]
+async fn result_schema_and_post_guardrail() {
+    let task = Task::new(
+        "echo '{\"rows\": \"many\"}'",
+        "[guardrails]\npost = [\"sh\", \"post.sh\"]\n",
+    )
+    .file(
+        "result.json",
+        r#"{"type":"object","properties":{"rows":{"type":"integer"}}}"#,
+    )
+    .file(
+        "post.sh",
+        "cat > post-input.json\necho 'rows missing' >&2\nexit 1\n",
+    );
+    let r = task.run(json!({"params": {}})).await;
+    assert_eq!(
+        reason(&r, ResultStatus::Failed),
+        "post guardrail sh post.sh failed (exit status 1): rows missing"
+    );
+    let seen = fs::read_to_string(task.dir.path().join("post-input.json")).unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(&seen).unwrap(),
+        json!({"rows": "many"})
+    );
+
+    fs::write(
+        task.dir.path().join("task.toml"),
+        "[task]\nname = \"test.task\"\nkind = \"workspace-free\"\ntimeout_seconds = 5\nresult_schema = \"result.json\"\n[body]\ncommand = [\"sh\", \"body.sh\"]\n",
+    )
+    .unwrap();
+    let r = task.run(json!({"params": {}})).await;
+    assert_eq!(
+        reason(&r, ResultStatus::Failed),
+        "result does not match the result schema: result/rows: \"many\" is not of type \"integer\""
+    );
+}
+
+#[tokio::test]
+async fn overrunning_body_is_stopped_at_the_timeout() {
+    let task = Task::new("echo started >&2\nexec sleep 60\n", "")
+        .file(
+            "task.toml",
+            "[task]\nname = \"test.task\"\nkind = \"workspace-free\"\ntimeout_seconds = 1\n[body]\ncommand = [\"sh\", \"body.sh\"]\n",
+        );
+    let started = Instant::now();
+    let r = task.run(json!({"params": {}})).await;
+    assert_eq!(
+        reason(&r, ResultStatus::Failed),
+        "body timed out after 1s (task.timeout_seconds) and was stopped: started"
+    );
+    // Stopped by SIGTERM, long before the 60 s sleep would have ended.
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+#[tokio::test]
+async fn body_ignoring_sigterm_is_killed_after_the_grace() {
+    let task = Task::new("trap '' TERM\necho stubborn >&2\nsleep 60\n", "").file(
+        "task.toml",
+        "[task]\nname = \"test.task\"\nkind = \"workspace-free\"\ntimeout_seconds = 1\n[body]\ncommand = [\"sh\", \"body.sh\"]\n",
+    );
+    let started = Instant::now();
+    let r = task.run(json!({"params": {}})).await;
+    assert!(reason(&r, ResultStatus::Failed).starts_with("body timed out after 1s"));
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+/// Whether `pid` is still a live (non-zombie) process.
+fn alive(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => false,
+        Ok(stat) => {
+            // The state follows the parenthesized command name.
+            let state = stat.rsplit(") ").next().and_then(|s| s.chars().next());
+            state != Some('Z')
+        }
+    }
+}
+
+#[tokio::test]
+async fn processes_left_behind_by_the_body_are_ended() {
+    let task = Task::new("sleep 300 &\necho $! > orphan.pid\necho '{}'\n", "");
+    let r = task.run(json!({"params": {}})).await;
+    assert_eq!(r.status(), ResultStatus::Completed);
+    let pid: u32 = fs::read_to_string(task.dir.path().join("orphan.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SIGKILL is delivered before execute returns; give the kernel a bounded moment to tear
+    // the process down.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(pid) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !alive(pid),
+        "the body's background process {pid} outlived the assignment"
+    );
+}
+
+#[test]
+fn unsupported_manifests_are_refused_with_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let load = |text: &str| {
+        fs::write(dir.path().join("task.toml"), text).unwrap();
+        let m = Manifest::load(&dir.path().join("task.toml")).unwrap();
+        AssignmentRunner::new(
+            Arc::new(m),
+            WORKER.into(),
+            std::env::var_os("PATH").as_deref(),
+        )
+        .unwrap_err()
+        .to_string()
+    };
+    assert_eq!(
+        load(
+            "[task]\nname = \"t\"\nkind = \"workspace-free\"\ntimeout_seconds = 5\n[body]\ncommand = [\"perago-no-such-body\"]\n"
+        ),
+        "body.command: \"perago-no-such-body\" not found on PATH"
+    );
+    assert!(Path::new(dir.path()).exists());
+}
