@@ -2,4 +2,7 @@
 //! type, dispatches each task to a free executor slot over the slot protocol, serves the
 //! attempt fence (`ReloadAttempt`), extends leases and reports results.
 //!
-//! Only the crate exists so far; the runtime lands with issue #4.
+//! What exists so far: [`wire`], the conversions between slot-protocol messages and the core
+//! types. The poll loop, slot server and result updates come with the runtime.
+
+pub mod wire;

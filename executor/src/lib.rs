@@ -9,3 +9,4 @@
 pub mod assignment;
 pub mod command;
 mod unix;
+pub mod wire;
