@@ -7,7 +7,9 @@
 //! all build on it.
 
 pub mod attempt;
+pub mod backoff;
 pub mod command;
+pub mod conductor;
 pub mod env;
 pub mod identity;
 pub mod manifest;

@@ -1,0 +1,73 @@
+//! Conductor client errors, classified for retry decisions.
+
+/// A Conductor request that did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConductorError {
+    /// The request never got an answer (connect, timeout, reset).
+    #[error("{method} {url}: {source}")]
+    Transport {
+        /// HTTP method.
+        method: &'static str,
+        /// Request URL.
+        url: String,
+        /// The transport error.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The server answered with an error status.
+    #[error("{method} {url}: HTTP {status}{}", body_suffix(.body))]
+    Status {
+        /// HTTP method.
+        method: &'static str,
+        /// Request URL.
+        url: String,
+        /// The status code.
+        status: u16,
+        /// The response body (Conductor's ErrorResponse JSON, usually), cut short.
+        body: String,
+    },
+    /// The answer was not what the API promises.
+    #[error("{method} {url}: unexpected response: {message}")]
+    Decode {
+        /// HTTP method.
+        method: &'static str,
+        /// Request URL.
+        url: String,
+        /// What was wrong.
+        message: String,
+    },
+}
+
+fn body_suffix(body: &str) -> String {
+    let body = body.trim();
+    if body.is_empty() {
+        String::new()
+    } else {
+        format!(": {body}")
+    }
+}
+
+impl ConductorError {
+    /// Whether trying again may succeed: transport errors, 5xx and 429. A 4xx other than 429
+    /// means the request itself is wrong or the task is gone.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Transport { .. } => true,
+            Self::Status { status, .. } => *status >= 500 || *status == 429,
+            Self::Decode { .. } => false,
+        }
+    }
+
+    /// The HTTP status, if the server answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Self::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// A 404 (or, on older servers, 204 for a read).
+    pub fn is_not_found(&self) -> bool {
+        self.status() == Some(404)
+    }
+}
