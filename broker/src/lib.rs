@@ -2,7 +2,135 @@
 //! type, dispatches each task to a free executor slot over the slot protocol, serves the
 //! attempt fence (`ReloadAttempt`), extends leases and reports results.
 //!
-//! What exists so far: [`wire`], the conversions between slot-protocol messages and the core
-//! types. The poll loop, slot server and result updates come with the runtime.
+//! Process tree position: a child of `perago-supervisor`, shown as `perago-conductor-broker`.
+//! Inside: one actor ([`state`]) owns every slot; the poller, the gRPC services and the
+//! reporters talk to it by message. See `docs/runtime.md`.
 
+pub mod cli;
+mod counters;
+mod poller;
+mod report;
+mod service;
+mod socket;
+mod state;
 pub mod wire;
+
+use perago_core::{backoff::Backoff, conductor::ConductorClient, identity::WorkerPrefix};
+use perago_proto::{admin::v1::admin_server::AdminServer, slot::v1 as proto};
+use std::{future::Future, path::PathBuf, sync::Arc, time::Duration, time::SystemTime};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::UnixListenerStream;
+
+/// Everything the broker needs; the supervisor passes it through the environment.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    /// The Conductor task type polled.
+    pub task_name: String,
+    /// The worker id prefix (the broker polls as prefix + `Broker`).
+    pub prefix: WorkerPrefix,
+    /// The number of executor slots.
+    pub slots: u32,
+    /// The Conductor client.
+    pub conductor: ConductorClient,
+    /// Where to serve gRPC.
+    pub socket: PathBuf,
+    /// The secret the supervisor presents on `Control` calls.
+    pub control_token: String,
+    /// Long-poll wait per batch poll (at most 5 s).
+    pub poll_wait: Duration,
+}
+
+/// Why the broker stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    /// The socket could not be bound.
+    #[error("cannot serve on {}: {source}", path.display())]
+    Socket {
+        /// The socket path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The gRPC server failed.
+    #[error("the slot server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// Serves until a drain completes (every executor gone, every result reported). A drain
+/// starts on `Admin.Drain` or when `stop` resolves.
+pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result<(), BrokerError> {
+    let (listener, _socket_guard) =
+        socket::bind(&config.socket)
+            .await
+            .map_err(|source| BrokerError::Socket {
+                path: config.socket.clone(),
+                source,
+            })?;
+    let counters = Arc::new(counters::Counters::default());
+    let backoff = Backoff::default_remote();
+    let (events, rx) = mpsc::channel(1024);
+    let (drained_tx, drained_rx) = oneshot::channel();
+    let reporter = report::Reporter::new(config.conductor.clone(), Arc::clone(&counters), backoff);
+    let broker = state::Broker::new(
+        config.task_name.clone(),
+        &config.prefix,
+        config.slots,
+        reporter,
+        Arc::clone(&counters),
+        events.clone(),
+        drained_tx,
+        SystemTime::now(),
+    );
+    let actor = tokio::spawn(broker.run(rx));
+    let poller = poller::Poller {
+        client: config.conductor.clone(),
+        task_name: config.task_name.clone(),
+        broker_id: config.prefix.broker_id(),
+        wait: config.poll_wait,
+        backoff,
+        counters: Arc::clone(&counters),
+    };
+    tokio::spawn(poller.run(events.clone()));
+
+    tracing::info!(
+        task = %config.task_name, slots = config.slots, socket = %config.socket.display(),
+        broker_id = %config.prefix.broker_id(), conductor = config.conductor.base_url(),
+        "broker serving"
+    );
+    let drain_events = events.clone();
+    let shutdown = async move {
+        let mut drained_rx = drained_rx;
+        tokio::select! {
+            // A drain requested over Admin completed by itself...
+            _ = &mut drained_rx => {}
+            // ...or an outside stop (a signal) starts one, and we wait for it to complete.
+            () = stop => {
+                let (reply, _) = oneshot::channel();
+                let _ = drain_events.send(state::Event::Drain { reply }).await;
+                let _ = drained_rx.await;
+            }
+        }
+    };
+    let slot = proto::slot_server::SlotServer::new(service::SlotService {
+        events: events.clone(),
+        conductor: config.conductor.clone(),
+    });
+    let control = proto::control_server::ControlServer::new(service::ControlService {
+        events: events.clone(),
+        token: config.control_token.clone(),
+    });
+    let admin = AdminServer::new(service::AdminService {
+        events: events.clone(),
+    });
+    drop(events);
+    tonic::transport::Server::builder()
+        .add_service(slot)
+        .add_service(control)
+        .add_service(admin)
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .await?;
+    actor.abort();
+    tracing::info!("broker stopped");
+    Ok(())
+}

@@ -12,6 +12,7 @@ pub mod command;
 pub mod conductor;
 pub mod env;
 pub mod identity;
+pub mod logging;
 pub mod manifest;
 pub mod mode;
 pub mod result;

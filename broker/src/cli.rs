@@ -1,0 +1,103 @@
+//! The broker binary's entry: configuration from the environment the supervisor sets.
+
+use crate::{BrokerConfig, run};
+use perago_core::{conductor::ConductorClient, env, identity::WorkerPrefix};
+use std::{path::PathBuf, time::Duration};
+
+/// The socket path.
+pub const PERAGO_SOCKET: &str = "PERAGO_SOCKET";
+/// The number of slots.
+pub const PERAGO_SLOTS: &str = "PERAGO_SLOTS";
+/// The supervisor's control secret.
+pub const PERAGO_CONTROL_TOKEN: &str = "PERAGO_CONTROL_TOKEN";
+/// The task name.
+pub const PERAGO_TASK_NAME: &str = "PERAGO_TASK_NAME";
+/// Long-poll wait in milliseconds (default 5000).
+pub const PERAGO_POLL_WAIT_MS: &str = "PERAGO_POLL_WAIT_MS";
+
+fn config() -> Result<BrokerConfig, String> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let missing: Vec<&str> = [
+        env::CONDUCTOR_SERVER_URL,
+        PERAGO_SOCKET,
+        PERAGO_SLOTS,
+        PERAGO_CONTROL_TOKEN,
+        PERAGO_TASK_NAME,
+        env::PERAGO_WORKER_ID_PREFIX,
+    ]
+    .into_iter()
+    .filter(|n| var(n).is_none())
+    .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "perago-broker is started by perago-supervisor, which sets its environment; missing {}",
+            missing.join(", ")
+        ));
+    }
+    let get = |name: &str| var(name).expect("checked above");
+    let task_name = get(PERAGO_TASK_NAME);
+    let prefix = WorkerPrefix::explicit(&get(env::PERAGO_WORKER_ID_PREFIX)).map_err(|e| e.to_string())?;
+    let slots: u32 = get(PERAGO_SLOTS)
+        .parse()
+        .map_err(|_| format!("{PERAGO_SLOTS} must be a positive integer"))?;
+    let conductor = ConductorClient::new(&get(env::CONDUCTOR_SERVER_URL)).map_err(|e| e.to_string())?;
+    let poll_wait = match var(PERAGO_POLL_WAIT_MS) {
+        None => Duration::from_secs(5),
+        Some(ms) => Duration::from_millis(
+            ms.parse()
+                .map_err(|_| format!("{PERAGO_POLL_WAIT_MS} must be milliseconds"))?,
+        ),
+    };
+    Ok(BrokerConfig {
+        task_name,
+        prefix,
+        slots,
+        conductor,
+        socket: PathBuf::from(get(PERAGO_SOCKET)),
+        control_token: get(PERAGO_CONTROL_TOKEN),
+        poll_wait,
+    })
+}
+
+/// Runs the broker process; returns the exit code.
+pub fn main() -> i32 {
+    perago_core::logging::init_stderr("perago-conductor-broker");
+    let config = match config() {
+        Ok(c) => c,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return 2;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    let result = runtime.block_on(async {
+        let stop = async {
+            use tokio::signal::unix::{SignalKind, signal};
+            let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+            let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM: draining"),
+                _ = int.recv() => tracing::info!("SIGINT: draining"),
+            }
+        };
+        run(config, stop).await
+    });
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!(error = %e, "broker failed");
+            eprintln!("error: {e}");
+            1
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! The poll loop: asks the actor how many slots are free, long-polls Conductor for at most
+//! that many tasks, hands them to the actor. Errors back off (capped, jittered) and are logged
+//! when the state changes, not at every retry; they never stop the broker.
+
+use crate::{counters::Counters, state::Event};
+use perago_core::{backoff::Backoff, conductor::ConductorClient};
+use std::{sync::Arc, time::Duration};
+use tokio::sync::{mpsc, oneshot};
+
+#[derive(Debug)]
+pub(crate) struct Poller {
+    pub(crate) client: ConductorClient,
+    pub(crate) task_name: String,
+    pub(crate) broker_id: String,
+    pub(crate) wait: Duration,
+    pub(crate) backoff: Backoff,
+    pub(crate) counters: Arc<Counters>,
+}
+
+impl Poller {
+    /// Runs until the actor answers a poll request with 0 (drain) or goes away.
+    pub(crate) async fn run(self, events: mpsc::Sender<Event>) {
+        let mut failures = 0u32;
+        loop {
+            let (reply, answer) = oneshot::channel();
+            if events.send(Event::PollRequest { reply }).await.is_err() {
+                return;
+            }
+            let count = match answer.await {
+                Ok(0) | Err(_) => {
+                    tracing::info!("poll loop stopped");
+                    return;
+                }
+                Ok(n) => n,
+            };
+            self.counters.polls.inc();
+            match self
+                .client
+                .batch_poll(&self.task_name, &self.broker_id, count, self.wait)
+                .await
+            {
+                Ok(tasks) => {
+                    if failures > 0 {
+                        tracing::info!(failures, "polling recovered");
+                        failures = 0;
+                    }
+                    if tasks.is_empty() {
+                        self.counters.empty_polls.inc();
+                    }
+                    let polled = Event::Polled {
+                        tasks,
+                        reserved: count,
+                    };
+                    if events.send(polled).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    self.counters.poll_errors.inc();
+                    let delay = self.backoff.delay(failures);
+                    if failures == 0 {
+                        tracing::warn!(error = %e, "poll failed; backing off until Conductor answers again");
+                    }
+                    failures = failures.saturating_add(1);
+                    if events
+                        .send(Event::PollFailed { reserved: count })
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+}

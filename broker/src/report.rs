@@ -1,0 +1,251 @@
+//! Talking to Conductor about tasks already handed out: result updates (update-v2 when the
+//! server has it, else v1) with retries off the slot, lease extensions with a read-back to
+//! notice a lost lease, and hand-backs of tasks the broker will not run.
+
+use crate::{counters::Counters, state::Event};
+use perago_core::{
+    attempt::{AttemptSnapshot, TaskRef, TaskStatus},
+    backoff::Backoff,
+    conductor::{ConductorClient, ConductorError},
+    result::{ResultStatus, RuntimeResult},
+};
+use serde_json::{Value, json};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+use tokio::{sync::mpsc, task::AbortHandle};
+
+/// How long a result update is retried before it is given up as lost. The lease keeps being
+/// extended meanwhile, so Conductor does not time the task out under us.
+const MAX_UPDATE_RETRY: Duration = Duration::from_secs(600);
+
+/// One result to deliver.
+#[derive(Debug)]
+pub(crate) struct Update {
+    pub(crate) workflow_instance_id: String,
+    pub(crate) task_id: String,
+    pub(crate) execution_id: String,
+    pub(crate) result: RuntimeResult,
+    pub(crate) use_v2: bool,
+    /// The lease extender of the execution, stopped once the update is acknowledged.
+    pub(crate) lease: Option<AbortHandle>,
+    /// The slot waiting for update-v2's next task.
+    pub(crate) slot: Option<u32>,
+}
+
+/// Delivers updates; cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct Reporter {
+    client: ConductorClient,
+    v2: Arc<AtomicBool>,
+    counters: Arc<Counters>,
+    backoff: Backoff,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// update-v2 is missing on this server: 405, or a 404 that is not about a task or workflow.
+fn v2_unsupported(e: &ConductorError) -> bool {
+    match e {
+        ConductorError::Status { status: 405, .. } => true,
+        ConductorError::Status {
+            status: 404, body, ..
+        } => !(body.contains("No such task") || body.contains("No such workflow")),
+        _ => false,
+    }
+}
+
+impl Reporter {
+    pub(crate) fn new(client: ConductorClient, counters: Arc<Counters>, backoff: Backoff) -> Self {
+        Self {
+            client,
+            v2: Arc::new(AtomicBool::new(true)),
+            counters,
+            backoff,
+        }
+    }
+
+    pub(crate) fn v2_enabled(&self) -> bool {
+        self.v2.load(Ordering::Relaxed)
+    }
+
+    /// From now on every update goes through v1 (drain; or the server lacks update-v2).
+    pub(crate) fn disable_v2(&self) {
+        self.v2.store(false, Ordering::Relaxed);
+    }
+
+    /// Delivers `update` in a task of its own and reports back with `UpdateDone`.
+    pub(crate) fn spawn(&self, update: Update, events: mpsc::Sender<Event>) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let slot = update.slot;
+            let next_task = this.deliver(update).await;
+            let _ = events.send(Event::UpdateDone { slot, next_task }).await;
+        });
+    }
+
+    async fn deliver(&self, update: Update) -> Option<Value> {
+        let body = update.result.to_conductor(
+            &update.workflow_instance_id,
+            &update.task_id,
+            &update.execution_id,
+            now_ms(),
+        );
+        let status = update.result.status();
+        let outcome = self
+            .send_with_retries(&body, update.use_v2, &update.task_id, &update.execution_id)
+            .await;
+        if let Some(lease) = &update.lease {
+            lease.abort();
+        }
+        match outcome {
+            Some(next) => {
+                match status {
+                    ResultStatus::Completed => self.counters.completed.inc(),
+                    ResultStatus::Failed => self.counters.failed.inc(),
+                    ResultStatus::FailedWithTerminalError => self.counters.failed_terminal.inc(),
+                }
+                tracing::info!(task_id = %update.task_id, execution_id = %update.execution_id, status = status.as_str(), "result reported");
+                next
+            }
+            None => None,
+        }
+    }
+
+    /// Sends one update; `Some(next task)` once acknowledged, `None` when given up.
+    async fn send_with_retries(
+        &self,
+        body: &Value,
+        use_v2: bool,
+        task_id: &str,
+        execution_id: &str,
+    ) -> Option<Option<Value>> {
+        let started = Instant::now();
+        let mut attempt = 0u32;
+        loop {
+            let v2 = use_v2 && self.v2_enabled();
+            let sent = if v2 {
+                self.client.update_task_v2(body).await
+            } else {
+                self.client.update_task(body).await.map(|()| None)
+            };
+            match sent {
+                Ok(next) => {
+                    if attempt > 0 {
+                        tracing::info!(task_id, execution_id, attempts = attempt + 1, "result update went through after retries");
+                    }
+                    return Some(next);
+                }
+                Err(e) if v2 && v2_unsupported(&e) => {
+                    tracing::warn!(error = %e, "the Conductor server has no usable update-v2; using v1 from now on");
+                    self.disable_v2();
+                }
+                Err(e) if e.is_retryable() && started.elapsed() < MAX_UPDATE_RETRY => {
+                    self.counters.update_retries.inc();
+                    if attempt == 0 {
+                        tracing::warn!(task_id, execution_id, error = %e, "result update failed; retrying with backoff");
+                    }
+                    tokio::time::sleep(self.backoff.delay(attempt)).await;
+                    attempt += 1;
+                }
+                Err(e) => {
+                    self.counters.results_lost.inc();
+                    tracing::error!(task_id, execution_id, error = %e, attempts = attempt + 1, "task result lost: Conductor did not take the update; its timeout and retry policy decide what happens to the task");
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Gives a polled task back to the queue without spending a retry.
+    pub(crate) fn spawn_hand_back(
+        &self,
+        ids: TaskRef,
+        broker_id: String,
+        events: mpsc::Sender<Event>,
+    ) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let body = json!({
+                "workflowInstanceId": ids.workflow_instance_id,
+                "taskId": ids.task_id,
+                "workerId": broker_id,
+                "status": "IN_PROGRESS",
+                "callbackAfterSeconds": 0,
+            });
+            this.send_with_retries(&body, false, &ids.task_id, "-").await;
+            let _ = events
+                .send(Event::UpdateDone {
+                    slot: None,
+                    next_task: None,
+                })
+                .await;
+        });
+    }
+
+    /// Extends the lease of a dispatched attempt at half its `responseTimeoutSeconds` until
+    /// aborted, reading the task back after each extension: Conductor silently accepts
+    /// extensions for a task it already timed out, so only a read shows a lost lease.
+    pub(crate) fn spawn_lease(
+        &self,
+        attempt: &AttemptSnapshot,
+        execution_id: &str,
+    ) -> Option<AbortHandle> {
+        let rto = attempt.response_timeout_seconds.filter(|&s| s > 0)?;
+        let every = Duration::from_millis((rto * 1000 / 2).max(250));
+        let this = self.clone();
+        let workflow = attempt.workflow_instance_id.clone();
+        let task_id = attempt.task_id.clone();
+        let retry_count = attempt.retry_count;
+        let execution_id = execution_id.to_owned();
+        let handle = tokio::spawn(async move {
+            let body = json!({
+                "workflowInstanceId": workflow,
+                "taskId": task_id,
+                "status": "IN_PROGRESS",
+                "extendLease": true,
+            });
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(e) = this.client.update_task(&body).await {
+                    tracing::warn!(task_id = %task_id, execution_id = %execution_id, error = %e, "lease extension failed");
+                    continue;
+                }
+                this.counters.lease_extensions.inc();
+                match this.client.get_task(&task_id).await {
+                    Ok(task) => {
+                        let status = task
+                            .get("status")
+                            .and_then(Value::as_str)
+                            .and_then(TaskStatus::parse);
+                        let retry = task.get("retryCount").and_then(Value::as_u64);
+                        if status != Some(TaskStatus::InProgress)
+                            || retry != Some(u64::from(retry_count))
+                        {
+                            this.counters.leases_lost.inc();
+                            tracing::warn!(task_id = %task_id, execution_id = %execution_id, status = ?status, "lease lost: Conductor no longer has this attempt in progress; its result will be ignored");
+                            return;
+                        }
+                    }
+                    Err(e) if e.is_not_found() => {
+                        this.counters.leases_lost.inc();
+                        tracing::warn!(task_id = %task_id, execution_id = %execution_id, "lease lost: Conductor no longer knows the task");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(task_id = %task_id, error = %e, "cannot read the task back after a lease extension");
+                    }
+                }
+            }
+        });
+        Some(handle.abort_handle())
+    }
+}

@@ -1,0 +1,212 @@
+//! The gRPC services on the broker socket: `Slot` (executors), `Control` (the supervisor) and
+//! `Admin` (operators). They translate requests into actor events; the actor decides.
+
+use crate::{state::Event, wire};
+use perago_core::{attempt::AttemptSnapshot, conductor::ConductorClient};
+use perago_proto::{
+    CONTROL_TOKEN_METADATA,
+    admin::v1::{self as admin, admin_server::Admin},
+    slot::v1::{
+        self as proto, control_server::Control, executor_message::Message as Inbound,
+        slot_server::Slot,
+    },
+};
+use std::{pin::Pin, time::Duration};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::{Stream, StreamExt as _, wrappers::ReceiverStream};
+use tonic::{Request, Response, Status, Streaming};
+
+/// An executor must say hello this soon after opening its stream.
+const HELLO_DEADLINE: Duration = Duration::from_secs(10);
+
+async fn ask<T>(
+    events: &mpsc::Sender<Event>,
+    make: impl FnOnce(oneshot::Sender<T>) -> Event,
+) -> Result<T, Status> {
+    let (reply, answer) = oneshot::channel();
+    events
+        .send(make(reply))
+        .await
+        .map_err(|_| Status::unavailable("the broker is shutting down"))?;
+    answer
+        .await
+        .map_err(|_| Status::unavailable("the broker is shutting down"))
+}
+
+/// `perago.slot.v1.Slot`.
+#[derive(Debug, Clone)]
+pub(crate) struct SlotService {
+    pub(crate) events: mpsc::Sender<Event>,
+    pub(crate) conductor: ConductorClient,
+}
+
+type AttachStream = Pin<Box<dyn Stream<Item = Result<proto::BrokerMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Slot for SlotService {
+    type AttachStream = AttachStream;
+
+    async fn attach(
+        &self,
+        request: Request<Streaming<proto::ExecutorMessage>>,
+    ) -> Result<Response<Self::AttachStream>, Status> {
+        let mut inbound = request.into_inner();
+        let first = tokio::time::timeout(HELLO_DEADLINE, inbound.next())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no hello within 10 s"))?;
+        let hello = match first {
+            Some(Ok(proto::ExecutorMessage {
+                message: Some(Inbound::Hello(hello)),
+            })) => hello,
+            Some(Ok(_)) => return Err(Status::invalid_argument("the first message must be Hello")),
+            Some(Err(status)) => return Err(status),
+            None => return Err(Status::cancelled("stream closed before hello")),
+        };
+        let (tx, rx) = mpsc::channel(16);
+        let (slot, generation) = ask(&self.events, |reply| Event::Hello { hello, tx, reply }).await??;
+
+        // Read the executor's side in a task of its own, so a dropped peer shows up at once.
+        let events = self.events.clone();
+        tokio::spawn(async move {
+            while let Some(message) = inbound.next().await {
+                let event = match message {
+                    Ok(proto::ExecutorMessage {
+                        message: Some(Inbound::Completion(completion)),
+                    }) => Event::Completion {
+                        slot,
+                        generation,
+                        completion,
+                    },
+                    Ok(proto::ExecutorMessage {
+                        message: Some(Inbound::Progress(progress)),
+                    }) => Event::Progress {
+                        slot,
+                        generation,
+                        progress,
+                    },
+                    Ok(_) => {
+                        tracing::warn!(slot, generation, "ignored an unexpected message on an attached stream");
+                        continue;
+                    }
+                    Err(status) => {
+                        tracing::debug!(slot, generation, %status, "attach stream error");
+                        break;
+                    }
+                };
+                if events.send(event).await.is_err() {
+                    return;
+                }
+            }
+            let _ = events.send(Event::StreamEnded { slot, generation }).await;
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn reload_attempt(
+        &self,
+        request: Request<proto::ReloadAttemptRequest>,
+    ) -> Result<Response<proto::ReloadAttemptResponse>, Status> {
+        let request = request.into_inner();
+        let credentials = request
+            .credentials
+            .ok_or_else(|| Status::unauthenticated("no credentials"))?;
+        let execution_id = request.execution_id;
+        let task_id = ask(&self.events, |reply| Event::FenceTarget {
+            credentials,
+            execution_id,
+            reply,
+        })
+        .await??;
+        let task = self.conductor.get_task(&task_id).await.map_err(|e| {
+            if e.is_not_found() {
+                Status::not_found(format!("Conductor no longer knows task {task_id}"))
+            } else {
+                Status::unavailable(format!("cannot read task {task_id}: {e}"))
+            }
+        })?;
+        let attempt = AttemptSnapshot::from_conductor(&task)
+            .map_err(|e| Status::unavailable(format!("task {task_id} read back malformed: {e}")))?;
+        Ok(Response::new(proto::ReloadAttemptResponse {
+            attempt: Some(wire::attempt_to_wire(&attempt)),
+        }))
+    }
+}
+
+/// `perago.slot.v1.Control`.
+#[derive(Debug, Clone)]
+pub(crate) struct ControlService {
+    pub(crate) events: mpsc::Sender<Event>,
+    pub(crate) token: String,
+}
+
+impl ControlService {
+    fn authorize<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let given = request
+            .metadata()
+            .get(CONTROL_TOKEN_METADATA)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        let ok = given.len() == self.token.len()
+            && given
+                .bytes()
+                .zip(self.token.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0;
+        if ok {
+            Ok(())
+        } else {
+            Err(Status::unauthenticated("wrong or missing control token"))
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Control for ControlService {
+    async fn slot_started(
+        &self,
+        request: Request<proto::SlotStarted>,
+    ) -> Result<Response<proto::ControlAck>, Status> {
+        self.authorize(&request)?;
+        self.events
+            .send(Event::SlotStarted(request.into_inner()))
+            .await
+            .map_err(|_| Status::unavailable("the broker is shutting down"))?;
+        Ok(Response::new(proto::ControlAck {}))
+    }
+
+    async fn slot_exited(
+        &self,
+        request: Request<proto::SlotExited>,
+    ) -> Result<Response<proto::ControlAck>, Status> {
+        self.authorize(&request)?;
+        self.events
+            .send(Event::SlotExited(request.into_inner()))
+            .await
+            .map_err(|_| Status::unavailable("the broker is shutting down"))?;
+        Ok(Response::new(proto::ControlAck {}))
+    }
+}
+
+/// `perago.admin.v1.Admin`.
+#[derive(Debug, Clone)]
+pub(crate) struct AdminService {
+    pub(crate) events: mpsc::Sender<Event>,
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn status(
+        &self,
+        _request: Request<admin::StatusRequest>,
+    ) -> Result<Response<admin::StatusResponse>, Status> {
+        Ok(Response::new(ask(&self.events, |reply| Event::Status { reply }).await?))
+    }
+
+    async fn drain(
+        &self,
+        _request: Request<admin::DrainRequest>,
+    ) -> Result<Response<admin::DrainResponse>, Status> {
+        let already_draining = ask(&self.events, |reply| Event::Drain { reply }).await?;
+        Ok(Response::new(admin::DrainResponse { already_draining }))
+    }
+}
