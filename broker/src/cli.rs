@@ -36,11 +36,13 @@ fn config() -> Result<BrokerConfig, String> {
     }
     let get = |name: &str| var(name).expect("checked above");
     let task_name = get(PERAGO_TASK_NAME);
-    let prefix = WorkerPrefix::explicit(&get(env::PERAGO_WORKER_ID_PREFIX)).map_err(|e| e.to_string())?;
+    let prefix =
+        WorkerPrefix::explicit(&get(env::PERAGO_WORKER_ID_PREFIX)).map_err(|e| e.to_string())?;
     let slots: u32 = get(PERAGO_SLOTS)
         .parse()
         .map_err(|_| format!("{PERAGO_SLOTS} must be a positive integer"))?;
-    let conductor = ConductorClient::new(&get(env::CONDUCTOR_SERVER_URL)).map_err(|e| e.to_string())?;
+    let conductor =
+        ConductorClient::new(&get(env::CONDUCTOR_SERVER_URL)).map_err(|e| e.to_string())?;
     let poll_wait = match var(PERAGO_POLL_WAIT_MS) {
         None => Duration::from_secs(5),
         Some(ms) => Duration::from_millis(

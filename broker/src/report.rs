@@ -140,7 +140,12 @@ impl Reporter {
             match sent {
                 Ok(next) => {
                     if attempt > 0 {
-                        tracing::info!(task_id, execution_id, attempts = attempt + 1, "result update went through after retries");
+                        tracing::info!(
+                            task_id,
+                            execution_id,
+                            attempts = attempt + 1,
+                            "result update went through after retries"
+                        );
                     }
                     return Some(next);
                 }
@@ -181,7 +186,8 @@ impl Reporter {
                 "status": "IN_PROGRESS",
                 "callbackAfterSeconds": 0,
             });
-            this.send_with_retries(&body, false, &ids.task_id, "-").await;
+            this.send_with_retries(&body, false, &ids.task_id, "-")
+                .await;
             let _ = events
                 .send(Event::UpdateDone {
                     slot: None,

@@ -63,7 +63,8 @@ impl Slot for SlotService {
             None => return Err(Status::cancelled("stream closed before hello")),
         };
         let (tx, rx) = mpsc::channel(16);
-        let (slot, generation) = ask(&self.events, |reply| Event::Hello { hello, tx, reply }).await??;
+        let (slot, generation) =
+            ask(&self.events, |reply| Event::Hello { hello, tx, reply }).await??;
 
         // Read the executor's side in a task of its own, so a dropped peer shows up at once.
         let events = self.events.clone();
@@ -85,7 +86,11 @@ impl Slot for SlotService {
                         progress,
                     },
                     Ok(_) => {
-                        tracing::warn!(slot, generation, "ignored an unexpected message on an attached stream");
+                        tracing::warn!(
+                            slot,
+                            generation,
+                            "ignored an unexpected message on an attached stream"
+                        );
                         continue;
                     }
                     Err(status) => {
@@ -199,7 +204,9 @@ impl Admin for AdminService {
         &self,
         _request: Request<admin::StatusRequest>,
     ) -> Result<Response<admin::StatusResponse>, Status> {
-        Ok(Response::new(ask(&self.events, |reply| Event::Status { reply }).await?))
+        Ok(Response::new(
+            ask(&self.events, |reply| Event::Status { reply }).await?,
+        ))
     }
 
     async fn drain(

@@ -137,11 +137,18 @@ fn unix_ms(t: SystemTime) -> i64 {
 
 /// Compares secrets without an early exit on the first differing byte.
 fn same_secret(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
 }
 
 impl Broker {
-    #[expect(clippy::too_many_arguments, reason = "one constructor call site, all fields named")]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one constructor call site, all fields named"
+    )]
     pub(crate) fn new(
         task_name: String,
         prefix: &WorkerPrefix,
@@ -225,8 +232,8 @@ impl Broker {
                     && let Work::Busy(run) = &mut s.work
                     && run.execution_id == progress.execution_id
                 {
-                    run.phase = proto::Phase::try_from(progress.phase)
-                        .unwrap_or(proto::Phase::Unspecified);
+                    run.phase =
+                        proto::Phase::try_from(progress.phase).unwrap_or(proto::Phase::Unspecified);
                 }
             }
             Event::StreamEnded { slot, generation } => {
@@ -300,17 +307,29 @@ impl Broker {
         let draining = self.draining;
         let broker_id = self.broker_id.clone();
         let Some(slot) = self.slot_mut(creds.slot) else {
-            return Err(Status::unauthenticated(format!("unknown slot {}", creds.slot)));
+            return Err(Status::unauthenticated(format!(
+                "unknown slot {}",
+                creds.slot
+            )));
         };
         if slot.generation == 0 || creds.generation != slot.generation {
-            tracing::warn!(slot = creds.slot, generation = creds.generation, current = slot.generation, "refused an attach of a stale or unknown generation");
+            tracing::warn!(
+                slot = creds.slot,
+                generation = creds.generation,
+                current = slot.generation,
+                "refused an attach of a stale or unknown generation"
+            );
             return Err(Status::unauthenticated(format!(
                 "generation {} of slot {} is not current",
                 creds.generation, creds.slot
             )));
         }
         if !same_secret(&creds.token, &slot.token) {
-            tracing::warn!(slot = creds.slot, generation = creds.generation, "refused an attach with a wrong token");
+            tracing::warn!(
+                slot = creds.slot,
+                generation = creds.generation,
+                "refused an attach with a wrong token"
+            );
             return Err(Status::unauthenticated("wrong slot token"));
         }
         if slot.conn.is_some() {
@@ -333,7 +352,9 @@ impl Broker {
             })),
         };
         if tx.try_send(Ok(welcome)).is_err() {
-            return Err(Status::unavailable("the attach stream closed during the handshake"));
+            return Err(Status::unavailable(
+                "the attach stream closed during the handshake",
+            ));
         }
         slot.pid = hello.pid;
         slot.conn = Some(tx);
@@ -361,11 +382,19 @@ impl Broker {
     fn slot_started(&mut self, started: proto::SlotStarted) {
         let number = started.slot;
         let Some(slot) = self.slot_mut(number) else {
-            tracing::warn!(slot = number, "SlotStarted for a slot this broker does not have");
+            tracing::warn!(
+                slot = number,
+                "SlotStarted for a slot this broker does not have"
+            );
             return;
         };
         if started.generation <= slot.generation {
-            tracing::warn!(slot = number, generation = started.generation, current = slot.generation, "ignored SlotStarted of an old generation");
+            tracing::warn!(
+                slot = number,
+                generation = started.generation,
+                current = slot.generation,
+                "ignored SlotStarted of an old generation"
+            );
             return;
         }
         let previous = slot.generation;
@@ -466,10 +495,9 @@ impl Broker {
                 )),
             ),
             Some(Err(e)) => RuntimeResult::failed(worker_id, Reason::new(e.to_string())),
-            None => RuntimeResult::failed(
-                worker_id,
-                Reason::new("malformed completion: no result"),
-            ),
+            None => {
+                RuntimeResult::failed(worker_id, Reason::new("malformed completion: no result"))
+            }
         };
         tracing::info!(slot = number, task_id = %run.attempt.task_id, execution_id = %run.execution_id, status = result.status().as_str(), "execution finished");
         self.report(v2.then_some(number), *run, result, v2);
@@ -510,13 +538,17 @@ impl Broker {
         let attempt = match AttemptSnapshot::from_conductor(&task) {
             Ok(a) => a,
             Err(AttemptError::Unidentifiable { field }) => {
-                tracing::error!(field, "dropped a polled task that cannot be identified: {field} is missing");
+                tracing::error!(
+                    field,
+                    "dropped a polled task that cannot be identified: {field} is missing"
+                );
                 return;
             }
             Err(e) => {
                 let ids = task_ref(&task).expect("identifiable: checked by from_conductor");
                 tracing::warn!(task_id = %ids.task_id, "failing a malformed task: {e}");
-                let result = RuntimeResult::failed(self.broker_id.clone(), Reason::new(e.to_string()));
+                let result =
+                    RuntimeResult::failed(self.broker_id.clone(), Reason::new(e.to_string()));
                 self.updates_in_flight += 1;
                 self.reporter.spawn(
                     Update {
@@ -604,7 +636,9 @@ impl Broker {
             return;
         }
         self.draining = true;
-        tracing::info!("draining: polling stops; idle executors are told to stop, busy ones finish first");
+        tracing::info!(
+            "draining: polling stops; idle executors are told to stop, busy ones finish first"
+        );
         self.reporter.disable_v2();
         for slot in &mut self.slots {
             Self::send_stop(slot, "drain");

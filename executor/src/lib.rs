@@ -7,6 +7,8 @@
 //! result). The slot client, the `Task` trait, the `jsonl` protocol and workspaces come next.
 
 pub mod assignment;
+pub mod cli;
 pub mod command;
+pub mod slot;
 mod unix;
 pub mod wire;

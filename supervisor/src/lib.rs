@@ -8,26 +8,32 @@ pub mod errors;
 mod extract;
 mod start;
 
-use clap::Parser as _;
 use cli::{Cli, Command};
 use errors::{ExpectedError, exit_codes};
 use std::collections::BTreeMap;
 
 /// Runs the command line with the process's arguments and environment; returns the exit code.
-pub fn run() -> i32 {
+/// `bin_name` is the name help and usage show (`perago-supervisor` or `perago`).
+pub fn run(bin_name: &'static str) -> i32 {
     let vars: BTreeMap<String, String> = std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
         .collect();
-    run_with(std::env::args_os(), &vars)
+    run_with(bin_name, std::env::args_os(), &vars)
 }
 
 /// Runs the command line with the given arguments (argv[0] first) and environment.
-pub fn run_with<I, T>(args: I, vars: &BTreeMap<String, String>) -> i32
+pub fn run_with<I, T>(bin_name: &'static str, args: I, vars: &BTreeMap<String, String>) -> i32
 where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let cli = match Cli::try_parse_from(args) {
+    use clap::{CommandFactory as _, FromArgMatches as _};
+    let parsed = Cli::command()
+        .name(bin_name)
+        .bin_name(bin_name)
+        .try_get_matches_from(args)
+        .and_then(|matches| Cli::from_arg_matches(&matches));
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => {
             // clap prints help/version to stdout with exit 0, usage errors to stderr with 2.

@@ -1,3 +1,3 @@
 fn main() {
-    std::process::exit(perago_supervisor::run());
+    std::process::exit(perago_supervisor::run("perago-supervisor"));
 }

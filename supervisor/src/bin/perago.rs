@@ -1,3 +1,4 @@
+//! `perago`: the same program as `perago-supervisor`, under the name the seed's messages use.
 fn main() {
-    std::process::exit(perago_supervisor::run());
+    std::process::exit(perago_supervisor::run("perago"));
 }

@@ -4,8 +4,8 @@
 use perago_tests::{Run, command, workspace_root};
 use std::{fs, path::Path, process::Command};
 
-const SUPERVISOR: &str = env!("CARGO_BIN_EXE_perago-supervisor");
-const PERAGO: &str = env!("CARGO_BIN_EXE_perago");
+const SUPERVISOR: &str = env!("CARGO_BIN_EXE_perago-supervisor-dup");
+const PERAGO: &str = env!("CARGO_BIN_EXE_perago-dup");
 
 fn supervisor(args: &[&str]) -> Command {
     let mut cmd = command(SUPERVISOR);

@@ -1,0 +1,132 @@
+//! The stock executor binary: identity from the environment the supervisor sets, the manifest,
+//! a current-thread runtime (the slot round trip is fastest there, see SPEC §4), and the slot
+//! loop.
+
+use crate::{
+    assignment::AssignmentRunner,
+    slot::{SlotIdentity, serve},
+};
+use perago_core::{env, manifest::Manifest};
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+/// The slot number.
+pub const PERAGO_SLOT: &str = "PERAGO_SLOT";
+/// The slot's generation.
+pub const PERAGO_GENERATION: &str = "PERAGO_GENERATION";
+/// The generation's secret token.
+pub const PERAGO_SLOT_TOKEN: &str = "PERAGO_SLOT_TOKEN";
+/// The broker socket.
+pub const PERAGO_SOCKET: &str = "PERAGO_SOCKET";
+/// The task manifest.
+pub const PERAGO_MANIFEST: &str = "PERAGO_MANIFEST";
+
+fn identity() -> Result<(SlotIdentity, PathBuf), String> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let missing: Vec<&str> = [
+        env::PERAGO_WORKER_ID,
+        PERAGO_SLOT,
+        PERAGO_GENERATION,
+        PERAGO_SLOT_TOKEN,
+        PERAGO_SOCKET,
+        PERAGO_MANIFEST,
+    ]
+    .into_iter()
+    .filter(|n| var(n).is_none())
+    .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "perago-executor is started by perago-supervisor, which sets its identity; missing {}",
+            missing.join(", ")
+        ));
+    }
+    let get = |name: &str| var(name).expect("checked above");
+    let slot = get(PERAGO_SLOT)
+        .parse()
+        .map_err(|_| format!("{PERAGO_SLOT} must be a slot number"))?;
+    let generation = get(PERAGO_GENERATION)
+        .parse()
+        .map_err(|_| format!("{PERAGO_GENERATION} must be a generation number"))?;
+    Ok((
+        SlotIdentity {
+            worker_id: get(env::PERAGO_WORKER_ID),
+            slot,
+            generation,
+            token: get(PERAGO_SLOT_TOKEN),
+            socket: PathBuf::from(get(PERAGO_SOCKET)),
+        },
+        PathBuf::from(get(PERAGO_MANIFEST)),
+    ))
+}
+
+/// Runs the executor process; returns the exit code.
+pub fn main() -> i32 {
+    perago_core::logging::init_stderr("perago-executor");
+    let (identity, manifest_path) = match identity() {
+        Ok(v) => v,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return 2;
+        }
+    };
+    let manifest = match Manifest::load(&manifest_path) {
+        Ok(m) => Arc::new(m),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 1;
+        }
+    };
+    let runner = match AssignmentRunner::new(
+        manifest,
+        identity.worker_id.clone(),
+        std::env::var_os("PATH").as_deref(),
+    ) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 1;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    runtime.block_on(async {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (wake_tx, wake_rx) = tokio::sync::mpsc::channel(1);
+        let flag = Arc::clone(&stop);
+        // The signal handler only sets a flag (and wakes an idle loop to look at it).
+        tokio::spawn(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+            let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+            loop {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+                flag.store(true, Ordering::SeqCst);
+                let _ = wake_tx.try_send(());
+            }
+        });
+        match serve(&identity, &runner, stop, wake_rx).await {
+            Ok(()) => 0,
+            Err(e) => {
+                tracing::error!(error = %e, "slot loop ended");
+                eprintln!("error: {e}");
+                1
+            }
+        }
+    })
+}

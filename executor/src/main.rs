@@ -1,0 +1,5 @@
+//! `perago-executor`, shown as `perago-executor-000N`: started by `perago-supervisor`.
+
+fn main() {
+    std::process::exit(perago_executor::cli::main());
+}

@@ -1,0 +1,207 @@
+//! The slot client: attach to the broker with this generation's credentials, then run
+//! assignments one at a time until told to stop.
+//!
+//! ```text
+//! connect (retrying briefly) → Attach: Hello → Welcome
+//!   ← Assignment → Progress… → run → Completion →
+//!   ← Stop: exit once idle (0)        stream ends: the broker is gone (exit 1)
+//! ```
+//!
+//! SIGTERM/SIGINT only set a flag: an assignment in progress always finishes and its
+//! completion is sent; the executor exits at the next idle point.
+
+use crate::{assignment::AssignmentRunner, wire};
+use hyper_util::rt::TokioIo;
+use perago_core::{
+    backoff::Backoff,
+    result::{Reason, RuntimeResult},
+};
+use perago_proto::slot::v1::{
+    self as proto, broker_message::Message as FromBroker, executor_message::Message as ToBroker,
+    slot_client::SlotClient,
+};
+use std::{
+    path::{Path, PathBuf},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// How long to keep trying to reach the broker socket at start.
+const CONNECT_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Who this executor is, as the supervisor set it up.
+#[derive(Debug, Clone)]
+pub struct SlotIdentity {
+    /// `PERAGO_WORKER_ID`.
+    pub worker_id: String,
+    /// Slot number.
+    pub slot: u32,
+    /// Generation.
+    pub generation: u64,
+    /// Per-generation secret.
+    pub token: String,
+    /// The broker socket.
+    pub socket: PathBuf,
+}
+
+/// Why the slot loop ended abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum SlotError {
+    /// The broker socket could not be reached.
+    #[error("cannot reach the broker at {}: {source}", path.display())]
+    Connect {
+        /// The socket.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The broker refused the attach or the stream failed.
+    #[error("the broker refused or dropped the slot stream: {0}")]
+    Stream(#[from] tonic::Status),
+    /// The broker closed the stream without a stop.
+    #[error("the broker closed the slot stream")]
+    BrokerGone,
+}
+
+/// A channel to the broker over its Unix socket.
+pub async fn connect(socket: &Path) -> Result<Channel, tonic::transport::Error> {
+    let path = socket.to_owned();
+    // The URI is required by the API but unused: every connection goes to the socket.
+    Endpoint::from_static("http://perago.broker")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
+        }))
+        .await
+}
+
+async fn connect_patiently(socket: &Path) -> Result<Channel, SlotError> {
+    let backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1), 0.2)
+        .expect("valid constants");
+    let deadline = tokio::time::Instant::now() + CONNECT_PATIENCE;
+    let mut attempt = 0;
+    loop {
+        match connect(socket).await {
+            Ok(channel) => return Ok(channel),
+            Err(source) if tokio::time::Instant::now() >= deadline => {
+                return Err(SlotError::Connect {
+                    path: socket.to_owned(),
+                    source,
+                });
+            }
+            Err(_) => {
+                tokio::time::sleep(backoff.delay(attempt)).await;
+                attempt += 1;
+            }
+        }
+    }
+}
+
+fn message(m: ToBroker) -> proto::ExecutorMessage {
+    proto::ExecutorMessage { message: Some(m) }
+}
+
+/// Attaches and serves assignments until `Stop` (returns `Ok`) or the broker goes away.
+/// `stop_requested` is the signal flag: checked whenever the executor is idle.
+pub async fn serve(
+    identity: &SlotIdentity,
+    runner: &AssignmentRunner,
+    stop_requested: Arc<AtomicBool>,
+    mut signalled: mpsc::Receiver<()>,
+) -> Result<(), SlotError> {
+    let channel = connect_patiently(&identity.socket).await?;
+    let mut client = SlotClient::new(channel.clone());
+    let (tx, rx) = mpsc::channel(8);
+    let credentials = proto::SlotCredentials {
+        slot: identity.slot,
+        generation: identity.generation,
+        token: identity.token.clone(),
+    };
+    tx.send(message(ToBroker::Hello(proto::Hello {
+        protocol_version: proto::ProtocolVersion::ProtocolVersion1 as i32,
+        credentials: Some(credentials.clone()),
+        pid: std::process::id(),
+        worker_id: identity.worker_id.clone(),
+    })))
+    .await
+    .map_err(|_| SlotError::BrokerGone)?;
+    let mut inbound = client.attach(ReceiverStream::new(rx)).await?.into_inner();
+    match inbound.message().await? {
+        Some(proto::BrokerMessage {
+            message: Some(FromBroker::Welcome(welcome)),
+        }) => {
+            tracing::info!(worker_id = %welcome.worker_id, broker = %welcome.broker_worker_id, generation = identity.generation, "attached to the broker");
+        }
+        _ => return Err(SlotError::BrokerGone),
+    }
+
+    loop {
+        if stop_requested.load(Ordering::SeqCst) {
+            tracing::info!("stop requested by signal; exiting while idle");
+            return Ok(());
+        }
+        let next = tokio::select! {
+            next = inbound.message() => next?,
+            Some(()) = signalled.recv() => continue,
+        };
+        let Some(proto::BrokerMessage {
+            message: Some(next),
+        }) = next
+        else {
+            return Err(SlotError::BrokerGone);
+        };
+        match next {
+            FromBroker::Stop(stop) => {
+                tracing::info!(reason = %stop.reason, "stop from the broker; exiting while idle");
+                return Ok(());
+            }
+            FromBroker::Welcome(_) => {}
+            FromBroker::Assignment(assignment) => {
+                let execution_id = assignment.execution_id.clone();
+                let (task_id, result) = match assignment.attempt.map(wire::attempt_from_wire) {
+                    Some(Ok(attempt)) => {
+                        let _ = tx
+                            .send(message(ToBroker::Progress(proto::Progress {
+                                execution_id: execution_id.clone(),
+                                phase: proto::Phase::Body as i32,
+                            })))
+                            .await;
+                        tracing::info!(task_id = %attempt.task_id, execution_id = %execution_id, "assignment started");
+                        let result = runner.execute(&execution_id, &attempt).await;
+                        tracing::info!(task_id = %attempt.task_id, execution_id = %execution_id, status = result.status().as_str(), "assignment finished");
+                        (attempt.task_id, result)
+                    }
+                    Some(Err(e)) => (
+                        String::new(),
+                        RuntimeResult::failed(&identity.worker_id, Reason::new(e.to_string())),
+                    ),
+                    None => (
+                        String::new(),
+                        RuntimeResult::failed(
+                            &identity.worker_id,
+                            Reason::new("malformed assignment: no attempt"),
+                        ),
+                    ),
+                };
+                let completion = proto::Completion {
+                    task_id,
+                    execution_id,
+                    result: Some(wire::result_to_wire(&result)),
+                };
+                tx.send(message(ToBroker::Completion(completion)))
+                    .await
+                    .map_err(|_| SlotError::BrokerGone)?;
+            }
+        }
+    }
+}

@@ -1,0 +1,4 @@
+//! The real `perago-executor`, built for the tests.
+fn main() {
+    std::process::exit(perago_executor::cli::main());
+}
