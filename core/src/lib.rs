@@ -15,6 +15,7 @@ pub mod identity;
 pub mod logging;
 pub mod manifest;
 pub mod mode;
+pub mod process;
 pub mod result;
 pub mod shape;
 pub mod taskdef;

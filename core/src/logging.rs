@@ -11,6 +11,7 @@ pub fn init_stderr(process: &str) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     tracing::debug!(process, "logging to stderr");
 }

@@ -2,7 +2,7 @@
 //! group, JSON on stdin, stdout captured up to a cap, the tail of stderr kept for the failure
 //! reason, and a time limit enforced with SIGTERM, a grace period, then SIGKILL.
 
-use crate::unix;
+use perago_core::process as unix;
 use std::{
     io,
     path::PathBuf,
@@ -112,7 +112,7 @@ pub async fn run(spec: &CommandSpec, stdin: Vec<u8>, limits: RunLimits) -> io::R
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    unix::isolate(&mut cmd);
+    unix::isolate(&mut cmd, unix::SIGKILL);
     let mut child = cmd.spawn()?;
     let pgid = child.id().expect("a just-spawned child has a pid");
 

@@ -10,5 +10,4 @@ pub mod assignment;
 pub mod cli;
 pub mod command;
 pub mod slot;
-mod unix;
 pub mod wire;

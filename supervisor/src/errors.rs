@@ -43,6 +43,27 @@ pub enum ExpectedError {
     /// A part of the product that does not exist yet.
     #[error("{0}")]
     NotYetAvailable(&'static str),
+    /// The TaskDef is not registered on the Conductor server.
+    #[error(
+        "Conductor TaskDef '{0}' is not registered; run perago extract and register it before start"
+    )]
+    TaskDefMissing(String),
+    /// The TaskDef could not be checked.
+    #[error("cannot check TaskDef '{name}' at {url}: {cause}")]
+    TaskDefCheck {
+        /// The task name.
+        name: String,
+        /// The Conductor base URL.
+        url: String,
+        /// What went wrong.
+        cause: String,
+    },
+    /// The workspace root is locked or cannot be prepared.
+    #[error("{0}")]
+    Root(String),
+    /// The runtime failed (e.g. the broker died).
+    #[error("{0}")]
+    Runtime(String),
 }
 
 impl ExpectedError {

@@ -6,6 +6,7 @@ mod check;
 pub mod cli;
 pub mod errors;
 mod extract;
+mod runtime;
 mod start;
 
 use cli::{Cli, Command};

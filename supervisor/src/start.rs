@@ -1,13 +1,19 @@
-//! `start`: argument resolution and preflight. The runtime itself (broker, executors,
-//! restarts, drain) is not built yet, and `start` says so instead of pretending.
+//! `start`: argument resolution, preflight (configuration, TaskDef, workspace-root lock), then
+//! the process runtime.
 
+use crate::runtime::{
+    root,
+    supervise::{RuntimeSpec, supervise},
+};
 use crate::{cli::StartArgs, errors::ExpectedError};
 use perago_core::{
+    conductor::ConductorClient,
     env,
-    manifest::{Manifest, TaskKind},
+    identity::WorkerPrefix,
+    manifest::{BodyKind, Manifest, TaskKind},
     mode::{ExecutionMode, WorkerCount},
 };
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, path::PathBuf};
 
 /// What `start` resolved from its arguments and environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,16 +68,121 @@ pub(crate) fn preflight_config(
     }
 }
 
+/// A child binary: `env_override` if set, else `name` beside the running executable.
+fn sibling_binary(vars: &BTreeMap<String, String>, env_override: &str, name: &str) -> PathBuf {
+    if let Some(path) = vars.get(env_override).filter(|v| !v.is_empty()) {
+        return PathBuf::from(path);
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join(name)))
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
 pub(crate) fn start(
     args: &StartArgs,
     vars: &BTreeMap<String, String>,
 ) -> Result<(), ExpectedError> {
-    let _plan = resolve_args(args, vars)?;
+    let plan = resolve_args(args, vars)?;
     let manifest = Manifest::load(&args.manifest)?;
     preflight_config(&manifest, vars)?;
-    Err(ExpectedError::NotYetAvailable(
-        "perago start cannot run tasks yet: the broker and executor runtime is not built (the manifest and configuration above were checked)",
-    ))
+    if plan.mode == ExecutionMode::Thread {
+        return Err(ExpectedError::NotYetAvailable(
+            "--execution-mode thread is not available yet; use process",
+        ));
+    }
+    if manifest.task.kind == TaskKind::Workspace {
+        return Err(ExpectedError::NotYetAvailable(
+            "workspace tasks cannot run yet: the lakeFS workspace runtime is not built",
+        ));
+    }
+    let mut problems = Vec::new();
+    let prefix = WorkerPrefix::resolve(
+        &manifest.task.name,
+        vars.get(env::PERAGO_WORKER_ID_PREFIX).map(String::as_str),
+    )
+    .map_err(|e| problems.push(e.to_string()))
+    .ok();
+    let force_kill_after = env::duration_var(
+        env::PERAGO_SHUTDOWN_FORCE_KILL_AFTER,
+        vars.get(env::PERAGO_SHUTDOWN_FORCE_KILL_AFTER)
+            .map(String::as_str),
+    )
+    .map_err(|e| problems.push(e.to_string()))
+    .ok()
+    .flatten();
+    for name in [
+        env::PERAGO_WORKSPACE_GC_INTERVAL,
+        env::PERAGO_WORKSPACE_GC_TTL,
+    ] {
+        if let Err(e) = env::duration_var(name, vars.get(name).map(String::as_str)) {
+            problems.push(e.to_string());
+        }
+    }
+    let url = vars
+        .get(env::CONDUCTOR_SERVER_URL)
+        .map(String::as_str)
+        .unwrap_or_default();
+    let conductor = ConductorClient::new(url)
+        .map_err(|e| problems.push(e.to_string()))
+        .ok();
+    if !problems.is_empty() {
+        return Err(ExpectedError::Config(problems));
+    }
+    let (prefix, conductor) = (
+        prefix.expect("no problems"),
+        conductor.expect("no problems"),
+    );
+
+    perago_core::logging::init_stderr("perago-supervisor");
+    // A current-thread runtime: children are spawned from the main thread, which lives as long
+    // as the supervisor, so their parent-death signal fires only when the supervisor dies.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ExpectedError::Runtime(format!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(async {
+        let name = &manifest.task.name;
+        match conductor.get_task_def(name).await {
+            Ok(Some(_)) => {}
+            Ok(None) => return Err(ExpectedError::TaskDefMissing(name.clone())),
+            Err(e) => {
+                return Err(ExpectedError::TaskDefCheck {
+                    name: name.clone(),
+                    url: conductor.base_url().to_owned(),
+                    cause: e.to_string(),
+                });
+            }
+        }
+        let root_path = vars
+            .get(env::PERAGO_WORKSPACE_ROOT)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root::default_root(name, vars));
+        let locked = root::lock(&root_path, vars).map_err(|e| ExpectedError::Root(e.to_string()))?;
+        tracing::info!(root = %locked.root.display(), runtime_dir = %locked.runtime_dir.display(), "workspace root locked");
+        let executor_bin = match &manifest.body.kind {
+            BodyKind::Executor(path) => path.clone(),
+            BodyKind::Command { .. } => sibling_binary(vars, "PERAGO_EXECUTOR_BIN", "perago-executor"),
+        };
+        let manifest_path = std::fs::canonicalize(&args.manifest)
+            .unwrap_or_else(|_| args.manifest.clone());
+        let spec = RuntimeSpec {
+            task_name: name.clone(),
+            manifest_path,
+            workers: plan.workers.get(),
+            prefix,
+            conductor_url: conductor.base_url().to_owned(),
+            broker_bin: sibling_binary(vars, "PERAGO_BROKER_BIN", "perago-broker"),
+            executor_bin,
+            socket: locked.socket.clone(),
+            force_kill_after,
+            child_env: Vec::new(),
+        };
+        let result = supervise(spec).await;
+        drop(locked);
+        result.map_err(|e| ExpectedError::Runtime(e.to_string()))
+    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,6 @@
+//! The process runtime of `start`: the workspace root and its lock, the child processes and
+//! the dispatcher loop that supervises them.
+
+pub(crate) mod children;
+pub(crate) mod root;
+pub(crate) mod supervise;

@@ -1,0 +1,505 @@
+//! The supervisor's dispatcher: one loop over child exits, restart timers, signals and the
+//! force-kill deadline. It alone starts and reaps processes; it tells the broker about every
+//! executor generation over `Control`, and starts a drain over `Admin`.
+//!
+//! ```text
+//! broker up (socket answers) → per slot: SlotStarted(gen, token) → spawn executor
+//! executor exits, not draining → SlotExited → restart after 1, 2, 4, 8, 16, 30, 30… s
+//! SIGINT/SIGTERM → Admin.Drain; the broker stops executors and exits once all is reported
+//! broker exits unexpectedly → SIGTERM executors, wait, exit 1
+//! ```
+
+use super::children::{self, ChildExit, ChildKind};
+use perago_core::{identity::Slot as SlotNumber, identity::WorkerPrefix, process};
+use perago_proto::{
+    CONTROL_TOKEN_METADATA,
+    admin::v1::{self as admin, admin_client::AdminClient},
+    slot::v1::{self as proto, control_client::ControlClient},
+};
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::mpsc,
+    time::sleep_until,
+};
+use tonic::{service::Interceptor, transport::Channel};
+
+/// How long the broker has to start serving its socket.
+const BROKER_START_DEADLINE: Duration = Duration::from_secs(15);
+/// After the executors are force-killed, the broker gets this long to report their failures.
+const BROKER_KILL_DELAY: Duration = Duration::from_secs(2);
+/// A replacement that has run this long resets its slot's restart backoff.
+const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
+
+/// The restart delay before the `n`-th consecutive restart of a slot (0-based).
+pub(crate) fn restart_delay(n: u32) -> Duration {
+    const STEPS: [u64; 6] = [1, 2, 4, 8, 16, 30];
+    Duration::from_secs(STEPS[(n as usize).min(STEPS.len() - 1)])
+}
+
+/// What the runtime needs to start.
+#[derive(Debug)]
+pub(crate) struct RuntimeSpec {
+    pub(crate) task_name: String,
+    pub(crate) manifest_path: PathBuf,
+    pub(crate) workers: u32,
+    pub(crate) prefix: WorkerPrefix,
+    pub(crate) conductor_url: String,
+    pub(crate) broker_bin: PathBuf,
+    pub(crate) executor_bin: PathBuf,
+    pub(crate) socket: PathBuf,
+    pub(crate) force_kill_after: Option<Duration>,
+    /// Extra environment for every child (tests: a shorter long-poll).
+    pub(crate) child_env: Vec<(String, String)>,
+}
+
+/// Why the runtime ended with a failure.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RuntimeError {
+    #[error("cannot start {what}: {source}")]
+    Spawn {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the broker did not start serving on {} within {}s", socket.display(), BROKER_START_DEADLINE.as_secs())]
+    BrokerStart { socket: PathBuf },
+    #[error("the broker exited during start-up ({status})")]
+    BrokerDiedAtStart { status: String },
+    #[error("cannot reach the broker's control service: {0}")]
+    Control(#[from] tonic::Status),
+    #[error("the broker exited ({status}) while the runtime was running")]
+    BrokerDied { status: String },
+}
+
+#[derive(Debug, Clone)]
+struct TokenInterceptor(tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
+
+impl Interceptor for TokenInterceptor {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        req.metadata_mut()
+            .insert(CONTROL_TOKEN_METADATA, self.0.clone());
+        Ok(req)
+    }
+}
+
+type Control =
+    ControlClient<tonic::service::interceptor::InterceptedService<Channel, TokenInterceptor>>;
+
+fn secret() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+#[derive(Debug)]
+struct SlotProc {
+    worker_id: String,
+    generation: u64,
+    pid: Option<u32>,
+    started_at: Instant,
+    restarts: u32,
+    restart_at: Option<Instant>,
+}
+
+struct Supervisor {
+    spec: RuntimeSpec,
+    exits: mpsc::UnboundedSender<ChildExit>,
+    slots: BTreeMap<u32, SlotProc>,
+    broker_pid: Option<u32>,
+    control: Option<Control>,
+    admin: Option<AdminClient<Channel>>,
+    draining: bool,
+    broker_failed: Option<String>,
+}
+
+impl Supervisor {
+    fn base_env(&self) -> Vec<(String, String)> {
+        let mut env = vec![
+            (
+                "CONDUCTOR_SERVER_URL".to_owned(),
+                self.spec.conductor_url.clone(),
+            ),
+            ("PERAGO_TASK_NAME".to_owned(), self.spec.task_name.clone()),
+            (
+                "PERAGO_MANIFEST".to_owned(),
+                self.spec.manifest_path.display().to_string(),
+            ),
+            (
+                "PERAGO_SOCKET".to_owned(),
+                self.spec.socket.display().to_string(),
+            ),
+            (
+                "PERAGO_WORKER_ID_PREFIX".to_owned(),
+                self.spec.prefix.as_str().to_owned(),
+            ),
+        ];
+        env.extend(self.spec.child_env.iter().cloned());
+        env
+    }
+
+    async fn start_executor(&mut self, slot: u32) -> Result<(), RuntimeError> {
+        let token = secret();
+        let proc = self.slots.get_mut(&slot).expect("known slot");
+        proc.generation += 1;
+        proc.restart_at = None;
+        let generation = proc.generation;
+        let worker_id = proc.worker_id.clone();
+        // The broker learns the generation and token before the process exists, so the
+        // executor can never attach before it is expected.
+        if let Some(control) = &mut self.control {
+            control
+                .slot_started(proto::SlotStarted {
+                    slot,
+                    generation,
+                    token: token.clone(),
+                    pid: 0,
+                })
+                .await?;
+        }
+        let mut env = self.base_env();
+        env.extend([
+            ("PERAGO_WORKER_ID".to_owned(), worker_id.clone()),
+            ("PERAGO_SLOT".to_owned(), slot.to_string()),
+            ("PERAGO_GENERATION".to_owned(), generation.to_string()),
+            ("PERAGO_SLOT_TOKEN".to_owned(), token),
+        ]);
+        let argv0 = format!(
+            "perago-executor-{}",
+            SlotNumber::new(u64::from(slot)).expect("slot in range")
+        );
+        let pid = children::spawn(
+            &self.spec.executor_bin,
+            &argv0,
+            &env,
+            ChildKind::Executor { slot, generation },
+            &self.exits,
+        )
+        .map_err(|source| RuntimeError::Spawn {
+            what: format!(
+                "executor {worker_id} ({})",
+                self.spec.executor_bin.display()
+            ),
+            source,
+        })?;
+        let proc = self.slots.get_mut(&slot).expect("known slot");
+        proc.pid = Some(pid);
+        proc.started_at = Instant::now();
+        tracing::info!(worker_id = %worker_id, slot, generation, pid, "executor started");
+        Ok(())
+    }
+
+    async fn on_exit(&mut self, exit: ChildExit) {
+        let status = children::describe(&exit.status);
+        match exit.kind {
+            ChildKind::Broker => {
+                self.broker_pid = None;
+                self.control = None;
+                self.admin = None;
+                let clean = self.draining && matches!(&exit.status, Ok(s) if s.success());
+                if clean {
+                    tracing::info!(pid = exit.pid, "broker finished its drain");
+                    return;
+                }
+                tracing::error!(pid = exit.pid, status = %status, "broker exited; stopping the runtime");
+                self.broker_failed = Some(status);
+                self.draining = true;
+                for proc in self.slots.values_mut() {
+                    proc.restart_at = None;
+                    if let Some(pid) = proc.pid {
+                        // Executors finish or fail their assignment, then exit.
+                        let _ = process::signal_group(pid, process::SIGTERM);
+                    }
+                }
+            }
+            ChildKind::Executor { slot, generation } => {
+                let Some(proc) = self.slots.get_mut(&slot) else {
+                    return;
+                };
+                if proc.generation != generation {
+                    return;
+                }
+                proc.pid = None;
+                let ran = proc.started_at.elapsed();
+                let worker_id = proc.worker_id.clone();
+                if let Some(control) = &mut self.control {
+                    let report = proto::SlotExited {
+                        slot,
+                        generation,
+                        pid: exit.pid,
+                        status: status.clone(),
+                    };
+                    if let Err(e) = control.slot_exited(report).await {
+                        tracing::warn!(error = %e, "cannot tell the broker about an executor exit");
+                    }
+                }
+                let proc = self.slots.get_mut(&slot).expect("checked above");
+                if self.draining {
+                    tracing::info!(worker_id = %worker_id, pid = exit.pid, generation, status = %status, "executor exited");
+                    return;
+                }
+                if ran >= BACKOFF_RESET_AFTER {
+                    proc.restarts = 0;
+                }
+                let delay = restart_delay(proc.restarts);
+                proc.restarts += 1;
+                proc.restart_at = Some(Instant::now() + delay);
+                tracing::warn!(
+                    worker_id = %worker_id, pid = exit.pid, generation, status = %status,
+                    restart_in_s = delay.as_secs(), "executor exited; restarting the slot"
+                );
+            }
+        }
+    }
+
+    async fn start_drain(&mut self, why: &str) {
+        if self.draining {
+            tracing::warn!(
+                "{why} during drain: ignored; the drain goes on (set PERAGO_SHUTDOWN_FORCE_KILL_AFTER to bound it)"
+            );
+            return;
+        }
+        tracing::info!("{why}: draining (no new tasks; running ones finish and are reported)");
+        self.draining = true;
+        for proc in self.slots.values_mut() {
+            proc.restart_at = None;
+        }
+        if let Some(admin) = &mut self.admin
+            && let Err(e) = admin.drain(admin::DrainRequest {}).await
+        {
+            tracing::warn!(error = %e, "cannot ask the broker to drain; stopping it with SIGTERM");
+            if let Some(pid) = self.broker_pid {
+                let _ = process::signal_group(pid, process::SIGTERM);
+            }
+        }
+    }
+
+    async fn force_kill(&mut self, deadline: Duration) {
+        let phases = self.phases().await;
+        for (slot, proc) in &self.slots {
+            if let Some(pid) = proc.pid {
+                let phase = phases.get(slot).map_or("unknown", String::as_str);
+                tracing::error!(worker_id = %proc.worker_id, pid, phase, deadline_s = deadline.as_secs(), "force-killing an executor still running after the shutdown deadline");
+                let _ = process::signal_group(pid, process::SIGKILL);
+            }
+        }
+    }
+
+    async fn phases(&mut self) -> BTreeMap<u32, String> {
+        let Some(admin) = &mut self.admin else {
+            return BTreeMap::new();
+        };
+        match tokio::time::timeout(
+            Duration::from_secs(1),
+            admin.status(admin::StatusRequest {}),
+        )
+        .await
+        {
+            Ok(Ok(status)) => status
+                .into_inner()
+                .slots
+                .into_iter()
+                .map(|s| {
+                    let phase = if s.phase.is_empty() {
+                        "idle".to_owned()
+                    } else {
+                        s.phase
+                    };
+                    (s.slot, phase)
+                })
+                .collect(),
+            _ => BTreeMap::new(),
+        }
+    }
+
+    fn alive_executors(&self) -> usize {
+        self.slots.values().filter(|p| p.pid.is_some()).count()
+    }
+
+    fn next_restart(&self) -> Option<(u32, Instant)> {
+        self.slots
+            .iter()
+            .filter_map(|(slot, p)| p.restart_at.map(|at| (*slot, at)))
+            .min_by_key(|(_, at)| *at)
+    }
+}
+
+async fn wait_for_broker(
+    spec: &RuntimeSpec,
+    exits: &mut mpsc::UnboundedReceiver<ChildExit>,
+) -> Result<Channel, RuntimeError> {
+    let deadline = tokio::time::Instant::now() + BROKER_START_DEADLINE;
+    loop {
+        if let Ok(exit) = exits.try_recv() {
+            return Err(RuntimeError::BrokerDiedAtStart {
+                status: children::describe(&exit.status),
+            });
+        }
+        if let Ok(channel) = perago_executor::slot::connect(&spec.socket).await {
+            return Ok(channel);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(RuntimeError::BrokerStart {
+                socket: spec.socket.clone(),
+            });
+        }
+        tokio::select! {
+            exit = exits.recv() => {
+                let status = exit.map_or_else(|| "unknown".to_owned(), |e| children::describe(&e.status));
+                return Err(RuntimeError::BrokerDiedAtStart { status });
+            }
+            () = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
+}
+
+/// Runs the process runtime until a drain completes (Ok) or the broker dies (Err).
+pub(crate) async fn supervise(spec: RuntimeSpec) -> Result<(), RuntimeError> {
+    let (exits_tx, mut exits) = mpsc::unbounded_channel();
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+
+    let control_token = secret();
+    let mut broker_env = vec![
+        ("PERAGO_SLOTS".to_owned(), spec.workers.to_string()),
+        ("PERAGO_CONTROL_TOKEN".to_owned(), control_token.clone()),
+    ];
+    let slots = (1..=spec.workers)
+        .map(|n| {
+            let worker_id = spec
+                .prefix
+                .worker_id(SlotNumber::new(u64::from(n)).expect("1..=N"));
+            (
+                n,
+                SlotProc {
+                    worker_id,
+                    generation: 0,
+                    pid: None,
+                    started_at: Instant::now(),
+                    restarts: 0,
+                    restart_at: None,
+                },
+            )
+        })
+        .collect();
+    let mut sup = Supervisor {
+        spec,
+        exits: exits_tx,
+        slots,
+        broker_pid: None,
+        control: None,
+        admin: None,
+        draining: false,
+        broker_failed: None,
+    };
+    broker_env.extend(sup.base_env());
+    let broker_pid = children::spawn(
+        &sup.spec.broker_bin,
+        "perago-conductor-broker",
+        &broker_env,
+        ChildKind::Broker,
+        &sup.exits,
+    )
+    .map_err(|source| RuntimeError::Spawn {
+        what: format!("the broker ({})", sup.spec.broker_bin.display()),
+        source,
+    })?;
+    sup.broker_pid = Some(broker_pid);
+    tracing::info!(pid = broker_pid, "broker started");
+    let channel = match wait_for_broker(&sup.spec, &mut exits).await {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = process::signal_group(broker_pid, process::SIGKILL);
+            return Err(e);
+        }
+    };
+    let token = control_token
+        .parse()
+        .expect("a hex token is valid metadata");
+    sup.control = Some(ControlClient::with_interceptor(
+        channel.clone(),
+        TokenInterceptor(token),
+    ));
+    sup.admin = Some(AdminClient::new(channel));
+
+    let slot_numbers: Vec<u32> = sup.slots.keys().copied().collect();
+    for slot in slot_numbers {
+        if let Err(e) = sup.start_executor(slot).await {
+            tracing::error!(error = %e, "cannot start an executor; stopping");
+            sup.start_drain("start-up failure").await;
+            sup.broker_failed.get_or_insert_with(|| e.to_string());
+            break;
+        }
+    }
+
+    let mut force_kill_at: Option<tokio::time::Instant> = None;
+    let mut broker_kill_at: Option<tokio::time::Instant> = None;
+    loop {
+        if sup.broker_pid.is_none() && sup.alive_executors() == 0 {
+            break;
+        }
+        let restart = sup.next_restart();
+        let far = tokio::time::Instant::now() + Duration::from_secs(3600);
+        tokio::select! {
+            // Exits first: a burst of signals must not starve reaping.
+            biased;
+            Some(exit) = exits.recv() => sup.on_exit(exit).await,
+            _ = term.recv() => {
+                sup.start_drain("SIGTERM").await;
+                if force_kill_at.is_none() && let Some(after) = sup.spec.force_kill_after {
+                    force_kill_at = Some(tokio::time::Instant::now() + after);
+                }
+            }
+            _ = int.recv() => {
+                sup.start_drain("SIGINT").await;
+                if force_kill_at.is_none() && let Some(after) = sup.spec.force_kill_after {
+                    force_kill_at = Some(tokio::time::Instant::now() + after);
+                }
+            }
+            () = sleep_until(restart.map_or(far, |(_, at)| at.into())), if restart.is_some() => {
+                let (slot, _) = restart.expect("guarded");
+                if let Err(e) = sup.start_executor(slot).await {
+                    tracing::error!(error = %e, "cannot restart an executor; retrying with backoff");
+                    let proc = sup.slots.get_mut(&slot).expect("known slot");
+                    proc.restart_at = Some(Instant::now() + restart_delay(proc.restarts));
+                    proc.restarts += 1;
+                }
+            }
+            () = sleep_until(force_kill_at.unwrap_or(far)), if force_kill_at.is_some() => {
+                force_kill_at = None;
+                let after = sup.spec.force_kill_after.unwrap_or_default();
+                sup.force_kill(after).await;
+                broker_kill_at = Some(tokio::time::Instant::now() + BROKER_KILL_DELAY);
+            }
+            () = sleep_until(broker_kill_at.unwrap_or(far)), if broker_kill_at.is_some() => {
+                broker_kill_at = None;
+                if let Some(pid) = sup.broker_pid {
+                    tracing::error!(pid, "force-killing the broker after the shutdown deadline");
+                    let _ = process::signal_group(pid, process::SIGKILL);
+                }
+            }
+        }
+    }
+    match sup.broker_failed {
+        Some(status) => Err(RuntimeError::BrokerDied { status }),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restart_backoff_steps() {
+        let delays: Vec<u64> = (0..9).map(|n| restart_delay(n).as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 30, 30, 30, 30]);
+        assert_eq!(restart_delay(u32::MAX).as_secs(), 30);
+    }
+}
