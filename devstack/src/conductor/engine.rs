@@ -1,6 +1,6 @@
 //! The decider for linear workflows of SIMPLE tasks: starting a workflow, scheduling the next
-//! task when one completes, retrying failed attempts (§4.6) and ending the workflow with its
-//! output or failure reason.
+//! task when one completes, handing failed attempts to `retry.rs` (§4.6), and ending the
+//! workflow with its output or failure reason.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::error::ApiError;
 use super::expr::{self, Scope};
-use super::model::{RetryLogic, Task, TaskDef, TaskStatus, Workflow, WorkflowDef, WorkflowStatus};
+use super::model::{Task, TaskDef, TaskStatus, Workflow, WorkflowDef, WorkflowStatus};
 use super::queue::queue_name;
 use super::store::State;
 use super::sweeper::deadline;
@@ -171,7 +171,7 @@ impl State {
     }
 
     /// Stores a new task instance, appends it to its workflow and queues it.
-    fn add_task(&mut self, mut task: Task, due_ms: i64) {
+    pub(super) fn add_task(&mut self, mut task: Task, due_ms: i64) {
         let Some(workflow) = self.workflows.get_mut(&task.workflow_instance_id) else {
             return;
         };
@@ -231,43 +231,6 @@ impl State {
                 now,
             );
         }
-    }
-
-    /// Schedules a new attempt of `failed` after the TaskDef's retry delay (§4.6).
-    fn retry(&mut self, failed: &Task, now: i64) {
-        let def = &failed.task_definition;
-        let delay_secs = retry_delay_secs(def, failed.retry_count);
-        let jitter_ms = match def.backoff_jitter_ms {
-            j if j > 0 => i64::from(Uuid::new_v4().as_u128() as u32 % (j as u32 + 1)),
-            _ => 0,
-        };
-        if let Some(old) = self.tasks.get_mut(&failed.task_id) {
-            old.retried = true;
-        }
-        let mut task = failed.clone();
-        task.task_id = Uuid::new_v4().to_string();
-        task.retried_task_id = Some(failed.task_id.clone());
-        task.retry_count = failed.retry_count + 1;
-        task.status = TaskStatus::Scheduled;
-        task.poll_count = 0;
-        task.scheduled_time = now;
-        task.start_time = 0;
-        task.end_time = 0;
-        task.update_time = now;
-        task.worker_id = None;
-        task.output_data = Map::new();
-        task.start_delay_in_seconds = delay_secs;
-        task.callback_after_seconds = i64::from(delay_secs);
-        task.retried = false;
-        task.executed = false;
-        task.alerted = false;
-        task.queue_wait_time = 0;
-        tracing::info!(
-            failed_task_id = %failed.task_id, task_id = %task.task_id,
-            retry_count = task.retry_count, delay_secs, "task retry scheduled"
-        );
-        let due = now + self.scale.secs_to_ms(i64::from(delay_secs)) + self.scale.ms(jitter_ms);
-        self.add_task(task, due);
     }
 
     fn complete_workflow(&mut self, workflow_id: &str, now: i64) {
@@ -336,26 +299,6 @@ impl State {
     }
 }
 
-/// Retry delay in seconds before attempt `retry_count + 1` (§4.6), capped as the server does.
-pub(crate) fn retry_delay_secs(def: &TaskDef, retry_count: i32) -> i32 {
-    let d = i64::from(def.retry_delay_seconds.max(0));
-    let r = i64::from(retry_count.max(0));
-    let delay = match def.retry_logic {
-        RetryLogic::Fixed => d,
-        RetryLogic::LinearBackoff => d
-            .saturating_mul(i64::from(def.backoff_scale_factor.max(1)))
-            .saturating_mul(r + 1),
-        RetryLogic::ExponentialBackoff => {
-            d.saturating_mul(1_i64.checked_shl(r.min(62) as u32).unwrap_or(i64::MAX))
-        }
-    };
-    let mut delay = i32::try_from(delay).unwrap_or(i32::MAX);
-    if def.max_retry_delay_seconds > 0 {
-        delay = delay.min(def.max_retry_delay_seconds);
-    }
-    delay
-}
-
 /// The upper-case wire name of a workflow status.
 pub(crate) fn status_name(status: WorkflowStatus) -> &'static str {
     match status {
@@ -389,39 +332,5 @@ impl State {
             }
             None => self.workflow_def(name, version),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn def(logic: RetryLogic, delay: i32) -> TaskDef {
-        let mut def = TaskDef::with_defaults("t");
-        def.retry_logic = logic;
-        def.retry_delay_seconds = delay;
-        def
-    }
-
-    #[test]
-    fn retry_delays_follow_the_retry_logic() {
-        assert_eq!(retry_delay_secs(&def(RetryLogic::Fixed, 5), 3), 5);
-        let mut linear = def(RetryLogic::LinearBackoff, 5);
-        linear.backoff_scale_factor = 2;
-        assert_eq!(retry_delay_secs(&linear, 0), 10);
-        assert_eq!(retry_delay_secs(&linear, 2), 30);
-        assert_eq!(
-            retry_delay_secs(&def(RetryLogic::ExponentialBackoff, 5), 3),
-            40
-        );
-    }
-
-    #[test]
-    fn retry_delays_saturate_and_respect_the_cap() {
-        let exp = def(RetryLogic::ExponentialBackoff, 60);
-        assert_eq!(retry_delay_secs(&exp, 40), i32::MAX);
-        let mut capped = exp;
-        capped.max_retry_delay_seconds = 100;
-        assert_eq!(retry_delay_secs(&capped, 5), 100);
     }
 }

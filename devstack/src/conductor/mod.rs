@@ -12,6 +12,7 @@ mod error;
 mod expr;
 pub mod model;
 mod queue;
+mod retry;
 mod routes;
 mod server;
 mod store;

@@ -103,3 +103,23 @@ async fn health_is_always_healthy() {
         .await;
     assert_eq!(root.json(), expected);
 }
+
+#[tokio::test]
+async fn nulls_for_primitive_fields_and_any_case_booleans_are_accepted() {
+    let dev = Dev::start().await;
+    let def = json!({"name": "wf", "tasks": [{"name": "work", "taskReferenceName": "w"}]});
+    assert_eq!(
+        dev.post("/metadata/workflow?overwrite=True", &def)
+            .await
+            .status,
+        StatusCode::OK
+    );
+    let workflow_id = dev.start_workflow("wf", json!({})).await;
+    let task = dev.poll_one("work").await;
+    let body = json!({"workflowInstanceId": workflow_id, "taskId": task["taskId"],
+                      "status": "COMPLETED", "callbackAfterSeconds": null, "extendLease": null,
+                      "outputData": null, "logs": null});
+    let reply = dev.post("/tasks", &body).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert_eq!(dev.workflow(&workflow_id).await["status"], "COMPLETED");
+}

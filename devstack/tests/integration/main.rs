@@ -7,6 +7,7 @@ mod faults;
 mod metadata;
 mod poll;
 mod python_sdk;
+mod server;
 mod support;
 mod timeouts;
 mod update;

@@ -217,3 +217,44 @@ async fn task_timeout_with_time_out_wf_ends_the_workflow_without_retry() {
         "TIMED_OUT"
     );
 }
+
+#[tokio::test]
+async fn poll_timeout_with_retry_policy_replaces_an_unpolled_task() {
+    let dev = Dev::scaled(0.02).await;
+    dev.task_def(
+        "unpolled",
+        json!({"pollTimeoutSeconds": 10, "retryCount": 1, "retryDelaySeconds": 0,
+               "timeoutPolicy": "RETRY"}),
+    )
+    .await;
+    dev.linear_workflow("wf", &["unpolled"]).await;
+    let workflow_id = dev.start_workflow("wf", json!({"x": 1})).await;
+    let workflow = crate::support::eventually("the unpolled task is retried", || async {
+        let workflow = dev.workflow(&workflow_id).await;
+        (workflow["tasks"].as_array().unwrap().len() == 2).then_some(workflow)
+    })
+    .await;
+    assert_eq!(workflow["tasks"][0]["status"], "TIMED_OUT");
+    let reason = workflow["tasks"][0]["reasonForIncompletion"]
+        .as_str()
+        .unwrap();
+    assert!(reason.starts_with("Task poll timed out"), "{reason}");
+    let retry = dev.poll_one("unpolled").await;
+    assert_eq!(retry["retryCount"], 1);
+}
+
+#[tokio::test]
+async fn concurrency_limit_postpones_extra_tasks() {
+    // The 60 s postponement takes 600 ms.
+    let dev = Dev::scaled(0.01).await;
+    dev.task_def("single", json!({"concurrentExecLimit": 1}))
+        .await;
+    dev.linear_workflow("wf", &["single"]).await;
+    dev.start_workflow("wf", json!({"x": 1})).await;
+    dev.start_workflow("wf", json!({"x": 2})).await;
+    let first = dev.poll("single", 2, 0).await;
+    assert_eq!(first.len(), 1, "only one may run at a time");
+    dev.update(&first[0], "COMPLETED", json!({})).await;
+    let second = dev.poll_one("single").await;
+    assert_eq!(second["inputData"], json!({"x": 2}));
+}

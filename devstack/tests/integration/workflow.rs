@@ -113,3 +113,24 @@ async fn terminate_cancels_pending_tasks() {
     assert_eq!(workflow["tasks"][0]["status"], "CANCELED");
     assert!(dev.poll("work", 1, 0).await.is_empty());
 }
+
+#[tokio::test]
+async fn an_optional_task_that_fails_completes_with_errors_and_the_workflow_goes_on() {
+    let dev = Dev::start().await;
+    dev.task_def("maybe", json!({"retryCount": 0})).await;
+    let def = json!({"name": "opt", "tasks": [
+        {"name": "maybe", "taskReferenceName": "m", "optional": true},
+        {"name": "work", "taskReferenceName": "w"}]});
+    assert_eq!(
+        dev.post("/metadata/workflow", &def).await.status,
+        StatusCode::OK
+    );
+    let workflow_id = dev.start_workflow("opt", json!({})).await;
+    let task = dev.poll_one("maybe").await;
+    dev.update(&task, "FAILED", json!({})).await;
+    let next = dev.poll_one("work").await;
+    dev.update(&next, "COMPLETED", json!({"done": true})).await;
+    let workflow = dev.workflow(&workflow_id).await;
+    assert_eq!(workflow["status"], "COMPLETED");
+    assert_eq!(workflow["tasks"][0]["status"], "COMPLETED_WITH_ERRORS");
+}

@@ -44,6 +44,7 @@ pub struct TaskResult {
     pub workflow_instance_id: Option<String>,
     pub task_id: Option<String>,
     pub reason_for_incompletion: Option<String>,
+    #[serde(deserialize_with = "null_as_default")]
     pub callback_after_seconds: i64,
     pub worker_id: Option<String>,
     pub status: Option<TaskResultStatus>,
@@ -51,7 +52,18 @@ pub struct TaskResult {
     pub logs: Option<Vec<TaskExecLog>>,
     pub external_output_payload_storage_path: Option<String>,
     pub sub_workflow_id: Option<String>,
+    #[serde(deserialize_with = "null_as_default")]
     pub extend_lease: bool,
+}
+
+/// Jackson on the server accepts `null` for primitive fields and leaves them at their default;
+/// a client that serializes unset options as `null` must not get a 500 for it.
+fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
 }
 
 /// Body of `POST /api/workflow`.

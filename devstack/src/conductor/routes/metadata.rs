@@ -70,7 +70,7 @@ async fn create_workflow_def(
     body: Bytes,
 ) -> Result<(), ApiError> {
     let def: WorkflowDef = parse_json(&body)?;
-    let overwrite = params.parse::<bool>("overwrite")?.unwrap_or(false);
+    let overwrite = params.flag("overwrite")?.unwrap_or(false);
     c.with(|s| s.register_workflow_def(def, overwrite, now_ms()))
 }
 

@@ -92,6 +92,19 @@ impl Params {
             .transpose()
     }
 
+    /// A boolean parameter, case-insensitive as Spring's conversion is.
+    fn flag(&self, name: &str) -> Result<Option<bool>, ApiError> {
+        self.non_empty(name)
+            .map(|v| match v.to_ascii_lowercase().as_str() {
+                "true" => Ok(true),
+                "false" => Ok(false),
+                _ => Err(ApiError::Internal(format!(
+                    "Failed to convert value '{v}' of parameter {name}"
+                ))),
+            })
+            .transpose()
+    }
+
     fn required(&self, name: &str) -> Result<&str, ApiError> {
         self.get(name).ok_or_else(|| {
             ApiError::Internal(format!(

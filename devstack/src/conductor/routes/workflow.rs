@@ -88,7 +88,7 @@ async fn get_workflow(
     Path(id): Path<String>,
     params: Params,
 ) -> Result<Response, ApiError> {
-    let include_tasks = params.parse::<bool>("includeTasks")?.unwrap_or(true);
+    let include_tasks = params.flag("includeTasks")?.unwrap_or(true);
     c.with(|s| {
         let workflow = s.workflow(&id)?;
         let tasks = if include_tasks {
