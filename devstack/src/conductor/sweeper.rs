@@ -69,7 +69,9 @@ impl State {
             .iter()
             .filter_map(|id| {
                 let task = self.tasks.get(id)?;
-                [Expired::Response, Expired::Task, Expired::Poll]
+                // The decider's order: task timeout, poll timeout, then response timeout, so a
+                // task timeout with TIME_OUT_WF wins over a simultaneous response timeout.
+                [Expired::Task, Expired::Poll, Expired::Response]
                     .into_iter()
                     .find(|c| check_deadline(task, *c, self.scale).is_some_and(|d| d <= now))
                     .map(|c| (id.clone(), c))

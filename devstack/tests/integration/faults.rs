@@ -46,16 +46,16 @@ async fn a_status_fault_fails_the_next_n_matching_requests() {
 #[tokio::test]
 async fn a_latency_fault_delays_then_serves() {
     let dev = Dev::start().await;
-    let rule = json!({"path": "/api/health", "latencyMs": 300});
+    let rule = json!({"path": "/api/health", "latencyMs": 500});
     dev.send(dev.http.post(admin(&dev)).json(&rule)).await;
     let started = Instant::now();
     assert_eq!(dev.get("/health").await.status, StatusCode::OK);
-    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert!(started.elapsed() >= Duration::from_millis(500));
     let cleared = dev.send(dev.http.delete(admin(&dev))).await;
     assert_eq!(cleared.status, StatusCode::OK);
     let started = Instant::now();
     dev.get("/health").await;
-    assert!(started.elapsed() < Duration::from_millis(300));
+    assert!(started.elapsed() < Duration::from_millis(500));
 }
 
 #[tokio::test]

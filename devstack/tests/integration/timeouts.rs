@@ -50,8 +50,8 @@ async fn response_timeout_times_the_task_out_and_schedules_a_retry() {
 
 #[tokio::test]
 async fn extend_lease_resets_the_response_timeout() {
-    // A 10 s response timeout is 500 ms real.
-    let dev = Dev::scaled(0.05).await;
+    // A 10 s response timeout is 1 s real; heartbeats come every 100 ms.
+    let dev = Dev::scaled(0.1).await;
     dev.task_def(
         "leased",
         json!({"responseTimeoutSeconds": 10, "retryCount": 0}),
@@ -62,12 +62,12 @@ async fn extend_lease_resets_the_response_timeout() {
     let task = dev.poll_one("leased").await;
     let task_id = task["taskId"].as_str().unwrap();
 
-    // Heartbeat every 150 ms for 1.2 s, well past the 500 ms timeout.
+    // Heartbeat for 1.5 s, well past the 1 s timeout.
     let heartbeat = json!({"workflowInstanceId": task["workflowInstanceId"], "taskId": task_id,
                            "status": "IN_PROGRESS", "extendLease": true});
     let started = Instant::now();
-    let mut ticks = tokio::time::interval(Duration::from_millis(150));
-    while started.elapsed() < Duration::from_millis(1200) {
+    let mut ticks = tokio::time::interval(Duration::from_millis(100));
+    while started.elapsed() < Duration::from_millis(1500) {
         ticks.tick().await;
         let reply = dev.post("/tasks", &heartbeat).await;
         assert_eq!(reply.status, StatusCode::OK);
@@ -95,10 +95,11 @@ async fn extend_lease_resets_the_response_timeout() {
 
 #[tokio::test]
 async fn failed_is_retried_after_the_delay_and_terminal_error_is_not() {
-    let dev = Dev::scaled(0.02).await;
+    // A 20 s retry delay takes 1 s: long enough to see the retry invisible even on a busy machine.
+    let dev = Dev::scaled(0.05).await;
     dev.task_def(
         "flaky",
-        json!({"retryCount": 2, "retryDelaySeconds": 10, "retryLogic": "FIXED"}),
+        json!({"retryCount": 2, "retryDelaySeconds": 20, "retryLogic": "FIXED"}),
     )
     .await;
     dev.linear_workflow("wf", &["flaky"]).await;
@@ -108,7 +109,7 @@ async fn failed_is_retried_after_the_delay_and_terminal_error_is_not() {
     let mut failed = result(&first, "FAILED", json!({}));
     failed["reasonForIncompletion"] = json!("disk full");
     dev.post("/tasks", &failed).await;
-    // The retry is queued but invisible for the 10 s (200 ms) delay.
+    // The retry is queued but invisible for the delay.
     assert_eq!(
         dev.get("/tasks/queue/size?taskType=flaky").await.json(),
         json!(1)
