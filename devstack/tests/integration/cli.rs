@@ -66,3 +66,18 @@ async fn binary_refuses_a_bad_time_scale() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn help_is_stable() {
+    let output = Command::new(env!("CARGO_BIN_EXE_perago-devstack"))
+        .arg("--help")
+        .env("COLUMNS", "100")
+        // Clap shows an env var's current value in the help; keep the snapshot independent of it.
+        .env_remove(perago_devstack::cli::ENV_CONDUCTOR)
+        .env_remove(perago_devstack::cli::ENV_TIME_SCALE)
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success());
+    insta::assert_snapshot!(String::from_utf8_lossy(&output.stdout));
+}

@@ -107,3 +107,26 @@ async fn official_python_sdk_runs_workers_and_workflows_unchanged() {
     }
     assert!(stdout.contains("[sdk-conformance] OK"), "{report}");
 }
+
+#[tokio::test]
+async fn a_missing_interpreter_fails_the_conformance_test_with_a_hint() {
+    // Run the conformance test in a child test process whose PERAGO_TEST_PYTHON is bogus: it
+    // must fail, and say how to get the interpreter.
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "python_sdk::official_python_sdk_runs_workers_and_workflows_unchanged",
+            "--exact",
+            "--nocapture",
+        ])
+        .env("PERAGO_TEST_PYTHON", "/nonexistent/python")
+        .output()
+        .await
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(!output.status.success(), "{text}");
+    assert!(text.contains("run scripts/test"), "{text}");
+}
