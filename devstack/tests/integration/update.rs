@@ -188,3 +188,24 @@ async fn task_logs_come_from_the_log_route_and_from_results() {
         "the client's createdTime is kept"
     );
 }
+
+#[tokio::test]
+async fn large_outputs_are_accepted() {
+    let dev = Dev::start().await;
+    dev.linear_workflow("wf", &["work"]).await;
+    dev.start_workflow("wf", json!({"x": 1})).await;
+    let task = dev.poll_one("work").await;
+    let big = "x".repeat(4 * 1024 * 1024);
+    let reply = dev.update(&task, "COMPLETED", json!({"blob": big})).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::OK,
+        "{}",
+        &reply.text[..reply.text.len().min(200)]
+    );
+    let stored = dev.task(task["taskId"].as_str().unwrap()).await;
+    assert_eq!(
+        stored["outputData"]["blob"].as_str().unwrap().len(),
+        4 * 1024 * 1024
+    );
+}

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
-use axum::extract::{FromRequestParts, Query};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Query};
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -20,6 +20,9 @@ use super::store::Conductor;
 
 pub(crate) type Shared = Arc<Conductor>;
 
+/// Largest request body accepted.
+const BODY_LIMIT: usize = 64 * 1024 * 1024;
+
 /// All Conductor routes.
 pub(crate) fn router(conductor: Shared) -> Router {
     Router::new()
@@ -28,6 +31,9 @@ pub(crate) fn router(conductor: Shared) -> Router {
         .merge(workflow::routes())
         .route("/health", get(health))
         .route("/api/health", get(health))
+        // axum's default 2 MB body limit would refuse results the real server accepts (it only
+        // externalizes task output above 3 MB and fails it above 10 MB).
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(conductor)
