@@ -40,6 +40,12 @@ impl TimeScale {
         self.ms(seconds.saturating_mul(1000))
     }
 
+    /// The real time (epoch ms) `seconds` Conductor seconds after `from_ms`, saturating: absurd
+    /// values from clients (`callbackAfterSeconds: 9223372036854775807`) must not overflow.
+    pub(crate) fn after(self, from_ms: i64, seconds: i64) -> i64 {
+        from_ms.saturating_add(self.secs_to_ms(seconds))
+    }
+
     /// Real milliseconds for `ms` Conductor milliseconds.
     pub(crate) fn ms(self, ms: i64) -> i64 {
         // Saturating float-to-int cast: absurd durations clamp instead of wrapping.
@@ -53,7 +59,11 @@ impl Default for TimeScale {
     }
 }
 
-/// A non-negative millisecond count as a `Duration`.
+/// Longest wait [`ms_duration`] returns; far enough for any deadline, short enough that adding
+/// it to an `Instant` cannot overflow.
+const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A millisecond count as a `Duration`: negative counts are zero, huge ones are capped.
 pub(crate) fn ms_duration(ms: i64) -> Duration {
-    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0)).min(MAX_WAIT)
 }

@@ -166,8 +166,8 @@ impl State {
             def_index: index,
             alerted: false,
         };
-        let delay_ms = self.scale.secs_to_ms(task.callback_after_seconds);
-        self.add_task(task, now + delay_ms);
+        let due = self.scale.after(now, task.callback_after_seconds);
+        self.add_task(task, due);
     }
 
     /// Stores a new task instance, appends it to its workflow and queues it.

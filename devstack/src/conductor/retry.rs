@@ -40,7 +40,10 @@ impl State {
             failed_task_id = %failed.task_id, task_id = %task.task_id,
             retry_count = task.retry_count, delay_secs, "task retry scheduled"
         );
-        let due = now + self.scale.secs_to_ms(i64::from(delay_secs)) + self.scale.ms(jitter_ms);
+        let due = self
+            .scale
+            .after(now, i64::from(delay_secs))
+            .saturating_add(self.scale.ms(jitter_ms));
         self.add_task(task, due);
     }
 }

@@ -46,16 +46,26 @@ fn check_deadline(task: &Task, check: Expired, scale: TimeScale) -> Option<i64> 
         Expired::Response => (task.status == TaskStatus::InProgress
             && task.response_timeout_seconds > 0)
             .then(|| {
-                task.update_time
-                    + scale.secs_to_ms(task.response_timeout_seconds + task.callback_after_seconds)
+                let wait = task
+                    .response_timeout_seconds
+                    .saturating_add(task.callback_after_seconds);
+                scale.after(task.update_time, wait)
             }),
-        Expired::Task => (def.timeout_seconds > 0 && task.start_time > 0 && !task.alerted)
-            .then(|| task.start_time + scale.secs_to_ms(start_delay + def.timeout_seconds)),
+        Expired::Task => {
+            (def.timeout_seconds > 0 && task.start_time > 0 && !task.alerted).then(|| {
+                scale.after(
+                    task.start_time,
+                    start_delay.saturating_add(def.timeout_seconds),
+                )
+            })
+        }
         Expired::Poll => {
             let poll_timeout = i64::from(def.poll_timeout_seconds.unwrap_or(0));
             (task.status == TaskStatus::Scheduled && poll_timeout > 0 && !task.alerted).then(|| {
-                task.scheduled_time
-                    + scale.secs_to_ms(start_delay + poll_timeout + task.callback_after_seconds)
+                let wait = start_delay
+                    .saturating_add(poll_timeout)
+                    .saturating_add(task.callback_after_seconds);
+                scale.after(task.scheduled_time, wait)
             })
         }
     }
@@ -164,7 +174,7 @@ pub(crate) async fn run(conductor: Arc<Conductor>, mut shutdown: watch::Receiver
         let sleep = if next == i64::MAX {
             IDLE_SLEEP
         } else {
-            ms_duration(next - now_ms())
+            ms_duration(next.saturating_sub(now_ms()))
         };
         tokio::select! {
             () = conductor.sweeper_wake.notified() => {}

@@ -91,7 +91,7 @@ impl State {
                 })
                 .count();
             if running >= usize::try_from(limit).unwrap_or(usize::MAX) {
-                let due = now + self.scale.secs_to_ms(POSTPONE_SECS);
+                let due = self.scale.after(now, POSTPONE_SECS);
                 self.queues.push(queue, id, due);
                 return None;
             }
@@ -204,7 +204,7 @@ impl State {
         if terminal {
             task.end_time = now;
         } else {
-            let due = now + self.scale.secs_to_ms(task.callback_after_seconds);
+            let due = self.scale.after(now, task.callback_after_seconds);
             self.queues.push(&queue, &task_id, due);
         }
         let d = deadline(&self.tasks[&task_id], self.scale);

@@ -123,3 +123,40 @@ async fn nulls_for_primitive_fields_and_any_case_booleans_are_accepted() {
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
     assert_eq!(dev.workflow(&workflow_id).await["status"], "COMPLETED");
 }
+
+#[tokio::test]
+async fn absurd_numbers_do_not_panic_the_server() {
+    let dev = Dev::start().await;
+    dev.linear_workflow("wf", &["work"]).await;
+    dev.start_workflow("wf", json!({"x": 1})).await;
+    let task = dev.poll_one("work").await;
+    for callback in [i64::MAX, i64::MIN, -5] {
+        let body = json!({"workflowInstanceId": task["workflowInstanceId"], "taskId": task["taskId"],
+                          "status": "IN_PROGRESS", "callbackAfterSeconds": callback});
+        assert_eq!(dev.post("/tasks", &body).await.status, StatusCode::OK);
+        // Polling computes the wait until the message is due.
+        dev.poll("work", 1, 10).await;
+    }
+    let reply = dev
+        .get(&format!(
+            "/tasks/poll/batch/work?count={}&timeout=10",
+            i64::MAX
+        ))
+        .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    dev.post("/metadata/taskdefs", &json!([{"name": "huge", "responseTimeoutSeconds": i64::MAX,
+                                            "retryDelaySeconds": i32::MAX, "retryLogic": "EXPONENTIAL_BACKOFF"}]))
+        .await;
+    dev.linear_workflow("huge_wf", &["huge"]).await;
+    dev.start_workflow("huge_wf", json!({"x": 1})).await;
+    let huge = dev.poll_one("huge").await;
+    assert_eq!(
+        dev.update(&huge, "FAILED", json!({})).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        dev.get("/tasks/queue/size?taskType=huge").await.json(),
+        json!(1)
+    );
+    assert_eq!(dev.get("/health").await.status, StatusCode::OK);
+}

@@ -70,7 +70,7 @@ pub(crate) async fn poll_wait(
             return tasks;
         }
         let wake = next_due.map_or(deadline, |due| {
-            deadline.min(Instant::now() + ms_duration(due - now_ms()))
+            deadline.min(Instant::now() + ms_duration(due.saturating_sub(now_ms())))
         });
         tokio::select! {
             () = &mut notified => {}
