@@ -31,8 +31,9 @@ use crate::http::ConnectionControl;
 /// Where the admin routes live.
 pub const ADMIN_PATH: &str = "/__devstack/faults";
 
-/// A rule as posted by a test.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+/// A rule as posted by a test. In-process:
+/// `FaultSpec { path: "/api/tasks".into(), status: Some(503), count: Some(1), ..Default::default() }`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FaultSpec {
     /// HTTP method to match (any when absent), e.g. `"POST"`.
@@ -53,6 +54,11 @@ pub struct FaultSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
 }
+
+/// A rule that cannot be applied.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("invalid fault rule: {0}")]
+pub struct InvalidFault(String);
 
 /// A stored rule with its id and counters.
 #[derive(Debug, Clone, Serialize)]
@@ -93,22 +99,28 @@ impl Faults {
     }
 
     /// Adds a rule and returns its id.
-    pub fn add(&self, spec: FaultSpec) -> Result<u64, String> {
+    pub fn add(&self, spec: FaultSpec) -> Result<u64, InvalidFault> {
         if spec.status.is_none() && spec.latency_ms.is_none() && !spec.drop {
-            return Err("a fault needs status, latencyMs or drop".to_owned());
+            return Err(InvalidFault(
+                "a fault needs status, latencyMs or drop".to_owned(),
+            ));
         }
         if spec.status.is_some() && spec.drop {
-            return Err("status and drop exclude each other".to_owned());
+            return Err(InvalidFault(
+                "status and drop exclude each other".to_owned(),
+            ));
         }
         if let Some(status) = spec.status
             && StatusCode::from_u16(status).is_err()
         {
-            return Err(format!("invalid status {status}"));
+            return Err(InvalidFault(format!(
+                "status {status} is not an HTTP status"
+            )));
         }
         if let Some(method) = &spec.method
             && Method::from_bytes(method.as_bytes()).is_err()
         {
-            return Err(format!("invalid method {method}"));
+            return Err(InvalidFault(format!("{method} is not an HTTP method")));
         }
         let mut table = self.table();
         table.next_id += 1;
@@ -120,6 +132,14 @@ impl Faults {
             hits: 0,
         });
         Ok(id)
+    }
+
+    /// Removes one rule; false if there was no rule with that id.
+    pub fn remove(&self, id: u64) -> bool {
+        let mut table = self.table();
+        let before = table.rules.len();
+        table.rules.retain(|r| r.id != id);
+        table.rules.len() != before
     }
 
     /// Removes every rule.
@@ -203,7 +223,7 @@ async fn add(State(faults): State<Faults>, body: Bytes) -> Response {
     };
     match faults.add(spec) {
         Ok(id) => Json(serde_json::json!({ "id": id })).into_response(),
-        Err(message) => error_body(StatusCode::BAD_REQUEST, &message),
+        Err(error) => error_body(StatusCode::BAD_REQUEST, &error.to_string()),
     }
 }
 
@@ -213,11 +233,9 @@ async fn clear(State(faults): State<Faults>) -> StatusCode {
 }
 
 async fn remove(State(faults): State<Faults>, Path(id): Path<u64>) -> Response {
-    let mut table = faults.table();
-    let before = table.rules.len();
-    table.rules.retain(|r| r.id != id);
-    if table.rules.len() == before {
-        return error_body(StatusCode::NOT_FOUND, &format!("no fault with id {id}"));
+    if faults.remove(id) {
+        Response::new(Body::empty())
+    } else {
+        error_body(StatusCode::NOT_FOUND, &format!("no fault with id {id}"))
     }
-    Response::new(Body::empty())
 }

@@ -6,6 +6,8 @@ use reqwest::StatusCode;
 use serde_json::json;
 use tokio::time::Instant;
 
+use perago_devstack::faults::FaultSpec;
+
 use crate::support::Dev;
 
 fn admin(dev: &Dev) -> String {
@@ -103,4 +105,22 @@ async fn invalid_fault_rules_are_refused() {
             reply.text
         );
     }
+}
+
+#[tokio::test]
+async fn faults_can_be_set_in_process() {
+    let dev = Dev::start().await;
+    let spec = FaultSpec {
+        path: "/api/health".into(),
+        status: Some(500),
+        count: Some(1),
+        ..Default::default()
+    };
+    let id = dev.server.faults().add(spec).unwrap();
+    dev.get("/health").await.assert_error(500, "fault injected");
+    assert_eq!(dev.get("/health").await.status, StatusCode::OK);
+    assert!(dev.server.faults().remove(id));
+    assert!(!dev.server.faults().remove(id));
+    let error = dev.server.faults().add(FaultSpec::default()).unwrap_err();
+    assert!(error.to_string().contains("needs status"), "{error}");
 }
