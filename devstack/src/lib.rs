@@ -2,7 +2,8 @@
 //! REST API) well enough for the official clients, with fault injection for tests. This crate
 //! stands apart from the rest of perago: it knows Conductor and lakeFS, not perago.
 //!
-//! See `devstack/README.md` for the endpoints, the time scale and the fault-injection API.
+//! The README below is the crate documentation; its examples are compiled as doctests.
+#![doc = include_str!("../README.md")]
 
 pub mod cli;
 pub mod conductor;
