@@ -25,6 +25,9 @@ use tracing::Instrument;
 /// How long shutdown waits for in-flight requests (long polls last at most 5 s).
 pub(crate) const DRAIN_GRACE: Duration = Duration::from_secs(6);
 
+/// Pause after a failed accept.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
 /// Lets a handler drop the connection its request arrived on.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ConnectionControl {
@@ -54,8 +57,12 @@ pub(crate) async fn serve(
                     let task = serve_connection(stream, peer, router.clone(), shutdown.clone());
                     connections.spawn(task.instrument(span));
                 }
-                // Accept errors (e.g. too many open files) concern one connection; keep serving.
-                Err(error) => tracing::warn!(server = name, %error, "accept failed"),
+                // Accept errors (e.g. too many open files) concern one connection; keep serving,
+                // after a pause so a persistent error does not spin the loop (as axum::serve).
+                Err(error) => {
+                    tracing::warn!(server = name, %error, "accept failed");
+                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                }
             },
             // Reap finished connections so the set does not grow with every client.
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
