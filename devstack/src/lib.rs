@@ -1,5 +1,15 @@
 //! In-memory development servers that speak the Conductor OSS REST API (and, later, the lakeFS
-//! REST API) well enough for the official clients. This crate stands apart from the rest of
-//! perago: it knows Conductor and lakeFS, not perago.
+//! REST API) well enough for the official clients, with fault injection for tests. This crate
+//! stands apart from the rest of perago: it knows Conductor and lakeFS, not perago.
 //!
-//! Nothing is implemented yet; see issue #3.
+//! The README below is the crate documentation; its examples are compiled as doctests.
+#![doc = include_str!("../README.md")]
+
+pub mod cli;
+pub mod conductor;
+mod errors;
+pub mod faults;
+mod http;
+
+pub use cli::run;
+pub use errors::DevstackError;

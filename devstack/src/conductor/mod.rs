@@ -1,0 +1,25 @@
+//! The Conductor half of devstack: an in-memory server speaking the Conductor OSS REST API
+//! (v3.32 semantics) well enough for the official SDKs.
+//!
+//! Modules, one concept each: `model` (wire JSON), `store` (the state and its lock), `engine`
+//! (workflow decider and retries), `worker_ops` (poll and update), `sweeper` (timeouts),
+//! `queue` (delayed queues with long-poll wake-ups), `expr` (`${…}` inputs), `routes` (HTTP),
+//! `server` (builder and handle).
+
+mod clock;
+mod engine;
+mod error;
+mod expr;
+pub mod model;
+mod queue;
+mod retry;
+mod routes;
+mod server;
+mod store;
+mod sweeper;
+mod worker_ops;
+
+pub use clock::TimeScale;
+pub(crate) use error::INSTANCE;
+pub use error::{ErrorResponse, ValidationError};
+pub use server::{ConductorHandle, ConductorServer, ConductorServerBuilder};

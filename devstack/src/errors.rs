@@ -1,0 +1,40 @@
+//! Errors of the devstack library and binary.
+
+/// A devstack server could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum DevstackError {
+    /// The listening socket could not be bound.
+    #[error("failed to bind the listening socket")]
+    Bind {
+        #[source]
+        source: std::io::Error,
+    },
+    /// `--time-scale` was zero, negative or not finite.
+    #[error("time scale must be a finite number greater than 0, got {0}")]
+    InvalidTimeScale(f64),
+    /// No server was asked for.
+    #[error("nothing to serve: pass --conductor ADDR")]
+    NothingToServe,
+    /// Installing the signal handlers failed.
+    #[error("failed to install signal handlers")]
+    Signal {
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing the address line to stdout failed.
+    #[error("failed to print the bound addresses")]
+    Stdout {
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl DevstackError {
+    /// The process exit code for this error: 2 for usage errors (as clap), 1 otherwise.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Self::InvalidTimeScale(_) | Self::NothingToServe => 2,
+            Self::Bind { .. } | Self::Signal { .. } | Self::Stdout { .. } => 1,
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! Fault injection for tests, administered under `/__devstack/faults` and applied by a
+//! middleware in front of the served API (never in front of the admin routes themselves).
+//!
+//! A rule matches requests by optional method and path prefix and does, in order: wait
+//! `latencyMs`, then either answer `status` with an `ErrorResponse` body, drop the connection
+//! without answering (`drop: true`), or pass the request on. `count` limits how many requests
+//! the rule applies to (absent: until deleted). The first matching rule with budget left wins.
+//!
+//! ```text
+//! POST   /__devstack/faults        {"method":"POST","path":"/api/tasks","status":503,"count":2}
+//! GET    /__devstack/faults        -> [{"id":1,...,"remaining":2,"hits":0}]
+//! DELETE /__devstack/faults/{id}   remove one rule
+//! DELETE /__devstack/faults        remove all
+//! ```
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Json;
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get};
+use serde::{Deserialize, Serialize};
+
+use crate::http::ConnectionControl;
+
+/// Where the admin routes live.
+pub const ADMIN_PATH: &str = "/__devstack/faults";
+
+/// A rule as posted by a test. In-process:
+/// `FaultSpec { path: "/api/tasks".into(), status: Some(503), count: Some(1), ..Default::default() }`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FaultSpec {
+    /// HTTP method to match (any when absent), e.g. `"POST"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// Path prefix to match, e.g. `"/api/tasks/poll/"`.
+    pub path: String,
+    /// Answer this status instead of serving the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// Wait this long before acting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<u64>,
+    /// Close the connection without answering.
+    #[serde(default)]
+    pub drop: bool,
+    /// Apply to this many matching requests, then stop; forever when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+}
+
+/// A rule that cannot be applied.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("invalid fault rule: {0}")]
+pub struct InvalidFault(String);
+
+/// A stored rule with its id and counters.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct FaultRule {
+    id: u64,
+    #[serde(flatten)]
+    spec: FaultSpec,
+    /// Requests the rule still applies to (`null`: unlimited).
+    remaining: Option<u64>,
+    /// Requests the rule was applied to.
+    hits: u64,
+}
+
+/// What to do with one request.
+#[derive(Debug, Clone, Copy)]
+struct Action {
+    latency: Option<Duration>,
+    status: Option<StatusCode>,
+    drop: bool,
+}
+
+/// The rule set, shared by the admin routes and the middleware.
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    inner: Arc<Mutex<FaultTable>>,
+}
+
+#[derive(Debug, Default)]
+struct FaultTable {
+    next_id: u64,
+    rules: Vec<FaultRule>,
+}
+
+impl Faults {
+    fn table(&self) -> std::sync::MutexGuard<'_, FaultTable> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds a rule and returns its id.
+    pub fn add(&self, spec: FaultSpec) -> Result<u64, InvalidFault> {
+        if spec.status.is_none() && spec.latency_ms.is_none() && !spec.drop {
+            return Err(InvalidFault(
+                "a fault needs status, latencyMs or drop".to_owned(),
+            ));
+        }
+        if spec.status.is_some() && spec.drop {
+            return Err(InvalidFault(
+                "status and drop exclude each other".to_owned(),
+            ));
+        }
+        if let Some(status) = spec.status
+            && StatusCode::from_u16(status).is_err()
+        {
+            return Err(InvalidFault(format!(
+                "status {status} is not an HTTP status"
+            )));
+        }
+        if let Some(method) = &spec.method
+            && Method::from_bytes(method.as_bytes()).is_err()
+        {
+            return Err(InvalidFault(format!("{method} is not an HTTP method")));
+        }
+        let mut table = self.table();
+        table.next_id += 1;
+        let id = table.next_id;
+        table.rules.push(FaultRule {
+            id,
+            remaining: spec.count,
+            spec,
+            hits: 0,
+        });
+        Ok(id)
+    }
+
+    /// Removes one rule; false if there was no rule with that id.
+    pub fn remove(&self, id: u64) -> bool {
+        let mut table = self.table();
+        let before = table.rules.len();
+        table.rules.retain(|r| r.id != id);
+        table.rules.len() != before
+    }
+
+    /// Removes every rule.
+    pub fn clear(&self) {
+        self.table().rules.clear();
+    }
+
+    fn take(&self, method: &Method, path: &str) -> Option<Action> {
+        let mut table = self.table();
+        let rule = table.rules.iter_mut().find(|r| {
+            r.remaining != Some(0)
+                && path.starts_with(&r.spec.path)
+                && r.spec
+                    .method
+                    .as_deref()
+                    .is_none_or(|m| m.eq_ignore_ascii_case(method.as_str()))
+        })?;
+        rule.hits += 1;
+        if let Some(remaining) = &mut rule.remaining {
+            *remaining -= 1;
+        }
+        Some(Action {
+            latency: rule.spec.latency_ms.map(Duration::from_millis),
+            status: rule.spec.status.and_then(|s| StatusCode::from_u16(s).ok()),
+            drop: rule.spec.drop,
+        })
+    }
+}
+
+/// The middleware: applies the first matching rule, if any.
+pub(crate) async fn inject(State(faults): State<Faults>, request: Request, next: Next) -> Response {
+    let Some(action) = faults.take(request.method(), request.uri().path()) else {
+        return next.run(request).await;
+    };
+    tracing::info!(method = %request.method(), path = request.uri().path(), ?action, "fault injected");
+    if let Some(latency) = action.latency {
+        tokio::time::sleep(latency).await;
+    }
+    if action.drop {
+        match request.extensions().get::<ConnectionControl>() {
+            Some(control) => {
+                control.kill();
+                // The connection loop drops this future together with the connection.
+                std::future::pending::<()>().await;
+            }
+            None => tracing::warn!("drop fault on a connection that cannot be dropped"),
+        }
+    }
+    match action.status {
+        Some(status) => error_body(status, "fault injected by devstack"),
+        None => next.run(request).await,
+    }
+}
+
+fn error_body(status: StatusCode, message: &str) -> Response {
+    let body = serde_json::json!({
+        "status": status.as_u16(),
+        "message": message,
+        "instance": crate::conductor::INSTANCE,
+        "retryable": status.is_server_error(),
+    });
+    (status, Json(body)).into_response()
+}
+
+/// The admin routes under [`ADMIN_PATH`].
+pub(crate) fn admin_router(faults: Faults) -> Router {
+    Router::new()
+        .route(ADMIN_PATH, get(list).post(add).delete(clear))
+        .route(&format!("{ADMIN_PATH}/{{id}}"), delete(remove))
+        .with_state(faults)
+}
+
+async fn list(State(faults): State<Faults>) -> Response {
+    Json(faults.table().rules.clone()).into_response()
+}
+
+async fn add(State(faults): State<Faults>, body: Bytes) -> Response {
+    let spec: FaultSpec = match serde_json::from_slice(&body) {
+        Ok(spec) => spec,
+        Err(e) => return error_body(StatusCode::BAD_REQUEST, &format!("bad fault: {e}")),
+    };
+    match faults.add(spec) {
+        Ok(id) => Json(serde_json::json!({ "id": id })).into_response(),
+        Err(error) => error_body(StatusCode::BAD_REQUEST, &error.to_string()),
+    }
+}
+
+async fn clear(State(faults): State<Faults>) -> StatusCode {
+    faults.clear();
+    StatusCode::OK
+}
+
+async fn remove(State(faults): State<Faults>, Path(id): Path<u64>) -> Response {
+    if faults.remove(id) {
+        Response::new(Body::empty())
+    } else {
+        error_body(StatusCode::NOT_FOUND, &format!("no fault with id {id}"))
+    }
+}

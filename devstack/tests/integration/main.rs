@@ -1,0 +1,14 @@
+//! Integration tests of the Conductor dev server through plain HTTP, the `perago-devstack`
+//! binary, and the official Python SDK. One test binary keeps link time down.
+
+mod bad_input;
+mod cli;
+mod faults;
+mod metadata;
+mod poll;
+mod python_sdk;
+mod server;
+mod support;
+mod timeouts;
+mod update;
+mod workflow;
