@@ -28,6 +28,10 @@ use std::{
 use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
+/// After a busy executor's stream ends, how long to wait for the supervisor's exit report
+/// before failing the assignment without an exit status.
+const EXIT_REPORT_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Messages to one executor's `Attach` response stream.
 pub(crate) type SlotSender = mpsc::Sender<Result<proto::BrokerMessage, Status>>;
 
@@ -54,6 +58,8 @@ pub(crate) enum Event {
     },
     /// An `Attach` stream ended.
     StreamEnded { slot: u32, generation: u64 },
+    /// The grace after a stream end passed without an exit report from the supervisor.
+    StreamGraceOver { slot: u32, generation: u64 },
     /// The supervisor (re)started a slot.
     SlotStarted(proto::SlotStarted),
     /// The supervisor reaped a slot's process.
@@ -236,7 +242,8 @@ impl Broker {
                         proto::Phase::try_from(progress.phase).unwrap_or(proto::Phase::Unspecified);
                 }
             }
-            Event::StreamEnded { slot, generation } => {
+            Event::StreamEnded { slot, generation } => self.stream_ended(slot, generation),
+            Event::StreamGraceOver { slot, generation } => {
                 self.generation_gone(slot, generation, "attach stream closed")
             }
             Event::SlotStarted(started) => self.slot_started(started),
@@ -410,6 +417,32 @@ impl Broker {
         }
     }
 
+    /// The executor's stream ended. An idle slot is simply detached; a busy one waits a moment
+    /// for the supervisor's exit report, whose status makes a better failure reason.
+    fn stream_ended(&mut self, number: u32, generation: u64) {
+        let events = self.events.clone();
+        let Some(slot) = self.slot_mut(number) else {
+            return;
+        };
+        if slot.generation != generation || slot.conn.is_none() {
+            return;
+        }
+        if !matches!(slot.work, Work::Busy(_)) {
+            self.generation_gone(number, generation, "attach stream closed");
+            return;
+        }
+        slot.conn = None;
+        tokio::spawn(async move {
+            tokio::time::sleep(EXIT_REPORT_GRACE).await;
+            let _ = events
+                .send(Event::StreamGraceOver {
+                    slot: number,
+                    generation,
+                })
+                .await;
+        });
+    }
+
     /// A generation is gone (stream end, exit report or replacement): fail its assignment.
     /// Idempotent: the second report finds nothing to do.
     fn generation_gone(&mut self, number: u32, generation: u64, how: &str) {
@@ -421,7 +454,7 @@ impl Broker {
         if slot.generation != generation || generation == 0 {
             return;
         }
-        let was_attached = slot.conn.take().is_some();
+        let was_attached = slot.conn.take().is_some() || matches!(slot.work, Work::Busy(_));
         let work = std::mem::replace(&mut slot.work, Work::Idle);
         let worker_id = slot.worker_id.clone();
         let pid = slot.pid;

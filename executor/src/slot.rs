@@ -107,6 +107,24 @@ async fn connect_patiently(socket: &Path) -> Result<Channel, SlotError> {
     }
 }
 
+/// Ends the stream cleanly: closing our side lets everything already queued (the last
+/// completion) reach the broker, which then closes its side. Exiting without this could lose
+/// a completion still in flight.
+async fn close(
+    tx: mpsc::Sender<proto::ExecutorMessage>,
+    mut inbound: tonic::Streaming<proto::BrokerMessage>,
+) -> Result<(), SlotError> {
+    drop(tx);
+    let drained = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Ok(Some(_)) = inbound.message().await {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!("the broker did not close the slot stream within 5 s");
+    }
+    Ok(())
+}
+
 fn message(m: ToBroker) -> proto::ExecutorMessage {
     proto::ExecutorMessage { message: Some(m) }
 }
@@ -148,7 +166,7 @@ pub async fn serve(
     loop {
         if stop_requested.load(Ordering::SeqCst) {
             tracing::info!("stop requested by signal; exiting while idle");
-            return Ok(());
+            return close(tx, inbound).await;
         }
         let next = tokio::select! {
             next = inbound.message() => next?,
@@ -163,7 +181,7 @@ pub async fn serve(
         match next {
             FromBroker::Stop(stop) => {
                 tracing::info!(reason = %stop.reason, "stop from the broker; exiting while idle");
-                return Ok(());
+                return close(tx, inbound).await;
             }
             FromBroker::Welcome(_) => {}
             FromBroker::Assignment(assignment) => {

@@ -340,15 +340,40 @@ fn start_preflight_names_missing_configuration() {
 }
 
 #[test]
-fn start_says_plainly_that_the_runtime_is_not_built() {
+fn start_reports_an_unreachable_conductor() {
+    let root = tempfile::tempdir().unwrap();
     let out = Run::of(
         supervisor(&["start", "examples/greet/task.toml", "-j", "2"])
-            .env("CONDUCTOR_SERVER_URL", "http://127.0.0.1:9/api"),
+            .env("CONDUCTOR_SERVER_URL", "http://127.0.0.1:9/api")
+            .env("PERAGO_WORKSPACE_ROOT", root.path()),
     );
     out.expect_code(1);
+    let first = out
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_default();
     assert!(
-        out.stderr
-            .starts_with("error: perago start cannot run tasks yet"),
+        first.starts_with("error: cannot check TaskDef 'examples.greet' at http://127.0.0.1:9/api: GET http://127.0.0.1:9/api/metadata/taskdefs/examples.greet: "),
         "{out}"
+    );
+    assert!(first.contains("Connection refused"), "{out}");
+}
+
+#[test]
+fn start_refuses_bad_durations_and_prefixes_at_once() {
+    let out = Run::of(
+        supervisor(&["start", "examples/greet/task.toml"])
+            .env("CONDUCTOR_SERVER_URL", "http://127.0.0.1:9/api")
+            .env("PERAGO_SHUTDOWN_FORCE_KILL_AFTER", "30x")
+            .env("PERAGO_WORKSPACE_GC_TTL", "0")
+            .env("PERAGO_WORKER_ID_PREFIX", "prod a"),
+    );
+    out.expect_code(1);
+    assert_eq!(
+        out.stderr,
+        "error: PERAGO_WORKER_ID_PREFIX \"prod a\" is invalid: use one or more of A-Z, a-z, 0-9, _ and -\n\
+         error: PERAGO_SHUTDOWN_FORCE_KILL_AFTER: invalid duration \"30x\": unknown unit (use ms, s, m or h)\n\
+         error: PERAGO_WORKSPACE_GC_TTL: invalid duration \"0\": must be greater than zero\n"
     );
 }

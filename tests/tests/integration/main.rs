@@ -1,4 +1,6 @@
 //! End-to-end tests that run the real perago binaries as separate processes.
 
 mod cli;
+mod harness;
+mod runtime;
 mod wire;

@@ -1,0 +1,341 @@
+//! The harness of the runtime tests: devstack's Conductor in this process, a task
+//! fixture on disk, and the real `perago-supervisor` (with the real broker and executors) as
+//! child processes.
+
+use perago_core::conductor::ConductorClient;
+use perago_devstack::conductor::{ConductorHandle, ConductorServer};
+use serde_json::{Value, json};
+use std::{
+    fs,
+    path::PathBuf,
+    process::{Child, Command, ExitStatus, Stdio},
+    time::{Duration, Instant},
+};
+
+/// The real programs, built for this package (see `tests/Cargo.toml`).
+pub(crate) const SUPERVISOR: &str = env!("CARGO_BIN_EXE_perago-supervisor-dup");
+/// The broker program.
+pub(crate) const BROKER: &str = env!("CARGO_BIN_EXE_perago-broker-dup");
+/// The executor program.
+pub(crate) const EXECUTOR: &str = env!("CARGO_BIN_EXE_perago-executor-dup");
+
+/// Scales every test deadline (`PERAGO_TEST_PATIENCE=3` on a slow machine).
+pub(crate) fn patience(d: Duration) -> Duration {
+    let factor: f64 = std::env::var("PERAGO_TEST_PATIENCE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|f: &f64| *f >= 1.0)
+        .unwrap_or(1.0);
+    d.mul_f64(factor)
+}
+
+/// Polls `probe` every 20 ms until it yields a value, or panics after `timeout` (scaled by
+/// [`patience`]) naming what was awaited.
+pub(crate) async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + patience(timeout);
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A task folder with `task.toml` and a `body.sh`.
+#[derive(Debug)]
+pub(crate) struct TaskFixture {
+    /// The folder.
+    pub(crate) dir: tempfile::TempDir,
+    /// The task name.
+    pub(crate) name: String,
+}
+
+impl TaskFixture {
+    /// A workspace-free task named `name` whose body is the shell script `body`; `extra` is
+    /// appended to `[task]` (e.g. `response_timeout_seconds = 2`).
+    pub(crate) fn new(name: &str, body: &str, extra_task: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("body.sh"), body).unwrap();
+        fs::write(
+            dir.path().join("task.toml"),
+            format!(
+                "[task]\nname = \"{name}\"\nkind = \"workspace-free\"\ntimeout_seconds = 60\n\
+                 retry_count = 2\nretry_delay_seconds = 0\n{extra_task}\n\
+                 [body]\ncommand = [\"sh\", \"body.sh\"]\n"
+            ),
+        )
+        .unwrap();
+        Self {
+            dir,
+            name: name.to_owned(),
+        }
+    }
+
+    /// Adds a file beside the manifest.
+    pub(crate) fn with_file(self, name: &str, text: &str) -> Self {
+        fs::write(self.dir.path().join(name), text).unwrap();
+        self
+    }
+
+    /// Appends text to the manifest.
+    pub(crate) fn with_manifest_tail(self, text: &str) -> Self {
+        let path = self.manifest();
+        let mut manifest = fs::read_to_string(&path).unwrap();
+        manifest.push_str(text);
+        fs::write(path, manifest).unwrap();
+        self
+    }
+
+    /// The manifest path.
+    pub(crate) fn manifest(&self) -> PathBuf {
+        self.dir.path().join("task.toml")
+    }
+
+    /// The worker id prefix perago derives from the name.
+    pub(crate) fn prefix(&self) -> String {
+        self.name
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .collect()
+    }
+}
+
+/// devstack's Conductor, in this process, with a client.
+#[derive(Debug)]
+pub(crate) struct Conductor {
+    /// The server.
+    pub(crate) server: ConductorHandle,
+    /// A client for it.
+    pub(crate) client: ConductorClient,
+}
+
+impl Conductor {
+    /// Starts on a free loopback port.
+    pub(crate) async fn start() -> Self {
+        let server = ConductorServer::builder()
+            .bind("127.0.0.1:0")
+            .await
+            .expect("devstack binds");
+        let client = ConductorClient::new(&server.base_url()).unwrap();
+        Self { server, client }
+    }
+
+    /// Registers the TaskDef `perago extract` makes for `task`, and a one-task workflow named
+    /// `<task>.wf` whose output is the task's result.
+    pub(crate) async fn register(&self, task: &TaskFixture) {
+        let out = Command::new(SUPERVISOR)
+            .args(["extract", task.manifest().to_str().unwrap(), "-o", "-"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let def: Value = serde_json::from_slice(&out.stdout).unwrap();
+        self.client.register_task_defs(&[def]).await.unwrap();
+        let wf = json!({
+            "name": format!("{}.wf", task.name), "version": 1, "schemaVersion": 2,
+            "tasks": [{"name": task.name, "taskReferenceName": "t", "type": "SIMPLE",
+                       "inputParameters": {"params": "${workflow.input.params}"}}],
+            "outputParameters": {"result": "${t.output.result}"}
+        });
+        self.client.upsert_workflow_defs(&[wf]).await.unwrap();
+    }
+
+    /// Starts one workflow of `task` with `params`.
+    pub(crate) async fn start_workflow(&self, task: &TaskFixture, params: Value) -> String {
+        self.client
+            .start_workflow(&format!("{}.wf", task.name), &json!({"params": params}))
+            .await
+            .unwrap()
+    }
+
+    /// The workflow, with its tasks.
+    pub(crate) async fn workflow(&self, id: &str) -> Value {
+        self.client.get_workflow(id).await.unwrap()
+    }
+
+    /// Waits until the workflow is terminal; returns it.
+    pub(crate) async fn wait_terminal(&self, id: &str, timeout: Duration) -> Value {
+        eventually(&format!("workflow {id} to end"), timeout, || async {
+            let wf = self.workflow(id).await;
+            let status = wf["status"].as_str().unwrap_or_default().to_owned();
+            (status != "RUNNING" && status != "PAUSED").then_some(wf)
+        })
+        .await
+    }
+}
+
+/// A `perago-supervisor start` child process; SIGKILLed when dropped (its children then get
+/// SIGTERM from the kernel and drain).
+#[derive(Debug)]
+pub(crate) struct SupervisorProc {
+    /// The process.
+    pub(crate) child: Child,
+    /// Its workspace root (removed with the test).
+    _root: tempfile::TempDir,
+    /// Where its stderr goes.
+    pub(crate) log: PathBuf,
+}
+
+impl SupervisorProc {
+    /// Starts `perago-supervisor start MANIFEST -j N` against `conductor`, with `env` added.
+    pub(crate) fn start(
+        task: &TaskFixture,
+        conductor: &Conductor,
+        jobs: u32,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let root = tempfile::tempdir().unwrap();
+        let log = root.path().join("supervisor.log");
+        let mut cmd = perago_tests::command(SUPERVISOR);
+        cmd.args([
+            "start",
+            task.manifest().to_str().unwrap(),
+            "-j",
+            &jobs.to_string(),
+        ])
+        .env("CONDUCTOR_SERVER_URL", conductor.server.base_url())
+        .env("PERAGO_WORKSPACE_ROOT", root.path().join("ws"))
+        .env("PERAGO_BROKER_BIN", BROKER)
+        .env("PERAGO_EXECUTOR_BIN", EXECUTOR)
+        // Short long-polls keep drains quick in tests.
+        .env("PERAGO_POLL_WAIT_MS", "200")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).unwrap());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("the supervisor starts");
+        Self {
+            child,
+            _root: root,
+            log,
+        }
+    }
+
+    /// Its pid.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The log so far.
+    pub(crate) fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends a signal by name (`TERM`, `INT`, `KILL`) to the supervisor.
+    pub(crate) fn signal(&self, name: &str) {
+        signal_pid(self.pid(), name);
+    }
+
+    /// Waits for the supervisor to exit.
+    pub(crate) async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + patience(timeout);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the supervisor did not exit within {timeout:?}\n--- log ---\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for SupervisorProc {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Sends signal `name` to `pid` with kill(1).
+pub(crate) fn signal_pid(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .args([format!("-{name}"), pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name} {pid} failed");
+}
+
+/// A live process: pid and argv.
+#[derive(Debug, Clone)]
+pub(crate) struct Proc {
+    /// Process id.
+    pub(crate) pid: u32,
+    /// The arguments; `argv[0]` is the name perago set.
+    pub(crate) argv: Vec<String>,
+}
+
+/// Every live (non-zombie) process whose parent is `parent`.
+pub(crate) fn children_of(parent: u32) -> Vec<Proc> {
+    let mut out = Vec::new();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // Fields after the parenthesized command: state, ppid, …
+        let Some(rest) = stat.rsplit_once(") ").map(|(_, r)| r) else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next().unwrap_or("Z");
+        let ppid: u32 = fields.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        if ppid != parent || state == "Z" {
+            continue;
+        }
+        let argv = fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|raw| {
+                raw.split(|b| *b == 0)
+                    .filter(|a| !a.is_empty())
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push(Proc { pid, argv });
+    }
+    out.sort_by(|a, b| a.argv.first().cmp(&b.argv.first()));
+    out
+}
+
+/// The child of `parent` whose argv[0] is `name`.
+pub(crate) fn child_named(parent: u32, name: &str) -> Option<Proc> {
+    children_of(parent)
+        .into_iter()
+        .find(|p| p.argv.first().map(String::as_str) == Some(name))
+}
+
+/// Whether `pid` is alive (and not a zombie).
+pub(crate) fn alive(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
+        .unwrap_or(false)
+}

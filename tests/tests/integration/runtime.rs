@@ -1,0 +1,266 @@
+//! The process runtime end to end: the real supervisor, broker and executors against
+//! devstack's Conductor on loopback.
+
+use crate::harness::{
+    Conductor, SupervisorProc, TaskFixture, alive, child_named, children_of, eventually, signal_pid,
+};
+use perago_devstack::faults::FaultSpec;
+use serde_json::{Value, json};
+use std::{collections::BTreeSet, time::Duration};
+
+/// Echoes its params with the worker id it ran on.
+const ECHO: &str = r#"read params
+printf '{"echo": %s, "worker": "%s"}' "$params" "$PERAGO_WORKER_ID"
+"#;
+
+fn task_of(wf: &Value) -> &Value {
+    wf["tasks"]
+        .as_array()
+        .and_then(|t| t.last())
+        .expect("a task")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_workflows_complete_across_four_executors() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("e2e.echo", ECHO, "");
+    conductor.register(&task).await;
+    let mut ids = Vec::new();
+    for n in 0..200 {
+        ids.push(conductor.start_workflow(&task, json!({"n": n})).await);
+    }
+    let sup = SupervisorProc::start(&task, &conductor, 4, &[]);
+
+    // The process tree carries the names operators look for in `ps -o args`.
+    let names = eventually(
+        "the broker and four executors to run",
+        Duration::from_secs(20),
+        || async {
+            let names: BTreeSet<String> = children_of(sup.pid())
+                .into_iter()
+                .filter_map(|p| p.argv.first().cloned())
+                .collect();
+            (names.len() == 5).then_some(names)
+        },
+    )
+    .await;
+    assert_eq!(
+        names.into_iter().collect::<Vec<_>>(),
+        [
+            "perago-conductor-broker",
+            "perago-executor-0001",
+            "perago-executor-0002",
+            "perago-executor-0003",
+            "perago-executor-0004"
+        ]
+    );
+
+    let prefix = task.prefix();
+    let mut workers = BTreeSet::new();
+    for (n, id) in ids.iter().enumerate() {
+        let wf = conductor.wait_terminal(id, Duration::from_secs(60)).await;
+        assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
+        let result = &wf["output"]["result"];
+        assert_eq!(result["echo"], json!({"n": n}));
+        // Each result carries the worker id of the executor that ran it.
+        let worker = result["worker"].as_str().unwrap().to_owned();
+        assert_eq!(task_of(&wf)["workerId"], worker.as_str());
+        assert!(
+            worker.starts_with(&prefix) && worker.len() == prefix.len() + 4,
+            "{worker}"
+        );
+        workers.insert(worker);
+    }
+    assert!(workers.len() > 1, "work spread over the slots: {workers:?}");
+    // The broker polls with its own id (update-v2's follow-up polls carry the result's worker
+    // id, as Conductor defines them; once the work is done only the broker polls).
+    let url = format!(
+        "{}/tasks/queue/polldata?taskType={}",
+        conductor.server.base_url(),
+        task.name
+    );
+    let broker = format!("{prefix}Broker");
+    eventually(
+        "a poll with the broker id",
+        Duration::from_secs(10),
+        || async {
+            let data = reqwest_get(&url).await;
+            (data[0]["workerId"] == broker.as_str()).then_some(())
+        },
+    )
+    .await;
+}
+
+async fn reqwest_get(url: &str) -> Value {
+    // The devstack client has no poll-data call; a plain GET is enough here.
+    let output = tokio::process::Command::new("curl")
+        .args(["-sf", url])
+        .output()
+        .await
+        .expect("curl runs");
+    serde_json::from_slice(&output.stdout).unwrap_or(Value::Null)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_the_running_task_finish_and_exits_zero() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new(
+        "e2e.slow",
+        "read params\ntouch started\nsleep 3\necho '{\"slept\": 3}'\n",
+        "",
+    );
+    conductor.register(&task).await;
+    let mut sup = SupervisorProc::start(&task, &conductor, 2, &[]);
+    let id = conductor.start_workflow(&task, json!({})).await;
+    let marker = task.dir.path().join("started");
+    eventually("the body to start", Duration::from_secs(20), || async {
+        marker.exists().then_some(())
+    })
+    .await;
+    let before = children_of(sup.pid());
+    assert_eq!(before.len(), 3, "{before:?}");
+
+    sup.signal("TERM");
+    // The idle executor leaves at once; the busy one stays until its task is done.
+    eventually(
+        "the idle executor to exit",
+        Duration::from_secs(2),
+        || async { (children_of(sup.pid()).len() == 2).then_some(()) },
+    )
+    .await;
+    let wf = conductor.workflow(&id).await;
+    assert_eq!(
+        task_of(&wf)["status"],
+        "IN_PROGRESS",
+        "still running during the drain"
+    );
+
+    let status = sup.wait_exit(Duration::from_secs(30)).await;
+    assert_eq!(status.code(), Some(0), "{}", sup.log_text());
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(5)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
+    assert_eq!(wf["output"]["result"], json!({"slept": 3}));
+    for child in before {
+        assert!(
+            !alive(child.pid),
+            "{:?} outlived the supervisor",
+            child.argv
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_executor_fails_its_task_and_the_slot_restarts() {
+    let conductor = Conductor::start().await;
+    // The first attempt hangs; its retry (retryCount 1) finishes at once.
+    let task = TaskFixture::new(
+        "e2e.crash",
+        "read params\nif [ ! -e attempted ]; then touch attempted; sleep 60; fi\necho '{\"ok\": true}'\n",
+        "",
+    );
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(&task, &conductor, 1, &[]);
+    let id = conductor.start_workflow(&task, json!({})).await;
+    let marker = task.dir.path().join("attempted");
+    eventually(
+        "the first attempt to start",
+        Duration::from_secs(20),
+        || async { marker.exists().then_some(()) },
+    )
+    .await;
+    let victim = child_named(sup.pid(), "perago-executor-0001").expect("executor running");
+    signal_pid(victim.pid, "KILL");
+
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
+    let tasks = wf["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 2, "one failed attempt and its retry: {wf:#}");
+    let prefix = task.prefix();
+    assert_eq!(tasks[0]["status"], "FAILED");
+    let reason = tasks[0]["reasonForIncompletion"].as_str().unwrap();
+    assert!(
+        reason.starts_with(&format!(
+            "executor {prefix}0001 (pid {}, generation 1) exited (signal 9 (SIGKILL)) while running execution ",
+            victim.pid
+        )),
+        "{reason}"
+    );
+    // The broker-made failure carries the executor's worker id.
+    assert_eq!(tasks[0]["workerId"], format!("{prefix}0001"));
+    assert_eq!(tasks[1]["status"], "COMPLETED");
+    assert_eq!(tasks[1]["retryCount"], 1);
+
+    // The slot came back with the same name (same worker id) and a new process.
+    let replacement = eventually("the slot to restart", Duration::from_secs(10), || async {
+        child_named(sup.pid(), "perago-executor-0001").filter(|p| p.pid != victim.pid)
+    })
+    .await;
+    assert!(alive(replacement.pid));
+    let log = sup.log_text();
+    assert!(log.contains("restarting the slot"), "{log}");
+    assert!(log.contains("generation=2"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pre_guardrail_failure_is_terminal_in_conductor() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("e2e.guarded", ECHO, "")
+        .with_file(
+            "pre.sh",
+            "echo 'refusing: params.name is empty' >&2\nexit 3\n",
+        )
+        .with_manifest_tail("[guardrails]\npre = [\"sh\", \"pre.sh\"]\n");
+    conductor.register(&task).await;
+    let _sup = SupervisorProc::start(&task, &conductor, 1, &[]);
+    let id = conductor.start_workflow(&task, json!({"name": ""})).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "FAILED");
+    let tasks = wf["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 1, "a terminal error is never retried");
+    assert_eq!(tasks[0]["status"], "FAILED_WITH_TERMINAL_ERROR");
+    assert_eq!(
+        tasks[0]["reasonForIncompletion"],
+        "pre guardrail sh pre.sh failed (exit status 3): refusing: params.name is empty"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conductor_errors_are_retried_until_it_recovers() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("e2e.flaky", ECHO, "");
+    conductor.register(&task).await;
+    let faults = conductor.server.faults();
+    faults
+        .add(FaultSpec {
+            path: "/api/tasks/poll/".into(),
+            status: Some(500),
+            count: Some(3),
+            ..FaultSpec::default()
+        })
+        .unwrap();
+    faults
+        .add(FaultSpec {
+            method: Some("POST".into()),
+            path: "/api/tasks".into(),
+            status: Some(503),
+            count: Some(2),
+            ..FaultSpec::default()
+        })
+        .unwrap();
+    let sup = SupervisorProc::start(&task, &conductor, 2, &[]);
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        ids.push(conductor.start_workflow(&task, json!({"n": n})).await);
+    }
+    for id in &ids {
+        let wf = conductor.wait_terminal(id, Duration::from_secs(60)).await;
+        assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    }
+    let log = sup.log_text();
+    assert!(log.contains("poll failed; backing off"), "{log}");
+    assert!(log.contains("polling recovered"), "{log}");
+    assert!(
+        log.contains("result update failed; retrying with backoff"),
+        "{log}"
+    );
+}
