@@ -264,3 +264,53 @@ async fn conductor_errors_are_retried_until_it_recovers() {
         "{log}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_are_extended_while_the_body_runs() {
+    let conductor = Conductor::start().await;
+    // A 2 s response timeout and a 5 s body: without lease extensions Conductor would time the
+    // attempt out and retry it.
+    let task = TaskFixture::new(
+        "e2e.lease",
+        "read params\nsleep 5\necho '{\"done\": true}'\n",
+        "response_timeout_seconds = 2",
+    );
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(&task, &conductor, 1, &[]);
+    let id = conductor.start_workflow(&task, json!({})).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    let tasks = wf["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 1, "no timeout, no retry: {wf:#}");
+    assert_eq!(tasks[0]["retryCount"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_executor_deaths_follow_the_restart_backoff() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("e2e.backoff", ECHO, "");
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(&task, &conductor, 1, &[]);
+    let mut last = 0;
+    for round in 1..=3 {
+        let victim = eventually("the executor to run", Duration::from_secs(20), || async {
+            child_named(sup.pid(), "perago-executor-0001").filter(|p| p.pid != last)
+        })
+        .await;
+        last = victim.pid;
+        signal_pid(victim.pid, "KILL");
+        let expected = format!("restart_in_s={}", [1, 2, 4][round - 1]);
+        eventually(&expected, Duration::from_secs(10), || async {
+            sup.log_text().contains(&expected).then_some(())
+        })
+        .await;
+    }
+    let log = sup.log_text();
+    let delays: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("restarting the slot"))
+        .filter_map(|l| l.split("restart_in_s=").nth(1))
+        .collect();
+    assert_eq!(delays, ["1", "2", "4"], "{log}");
+    assert!(log.contains("generation=3"), "{log}");
+}
