@@ -61,9 +61,24 @@ fn config() -> Result<BrokerConfig, String> {
     })
 }
 
+/// stderr, plus the broker's JSONL folder when `PERAGO_LOG_ROOT` is set.
+fn init_logging(config: &BrokerConfig) -> Result<(), String> {
+    use perago_core::logging::{self, JsonlConfig};
+    match std::env::var_os(logging::PERAGO_LOG_ROOT).filter(|v| !v.is_empty()) {
+        None => logging::init_stderr("perago-conductor-broker"),
+        Some(root) => {
+            let jsonl =
+                JsonlConfig::from_env(root.into(), &config.task_name, &config.prefix.broker_id())?;
+            logging::init_worker(&jsonl).map_err(|e| {
+                format!("cannot open the log folder {}: {e}", jsonl.dir().display())
+            })?;
+        }
+    }
+    Ok(())
+}
+
 /// Runs the broker process; returns the exit code.
 pub fn main() -> i32 {
-    perago_core::logging::init_stderr("perago-conductor-broker");
     let config = match config() {
         Ok(c) => c,
         Err(message) => {
@@ -71,6 +86,10 @@ pub fn main() -> i32 {
             return 2;
         }
     };
+    if let Err(message) = init_logging(&config) {
+        eprintln!("error: {message}");
+        return 1;
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

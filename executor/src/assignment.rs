@@ -89,6 +89,11 @@ impl AssignmentRunner {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let program = |key: &'static str, argv: &[String]| -> Result<Program, RunnerError> {
+            let label = match key {
+                "guardrails.pre" => "pre guardrail",
+                "guardrails.post" => "post guardrail",
+                _ => "body",
+            };
             let path = resolve_program(&argv[0], &manifest.dir, path_var)
                 .map_err(|source| RunnerError::Program { key, source })?;
             Ok(Program {
@@ -98,6 +103,7 @@ impl AssignmentRunner {
                     args: argv[1..].to_vec(),
                     dir: manifest.dir.clone(),
                     env: env.clone(),
+                    label: label.to_owned(),
                 },
             })
         };

@@ -64,9 +64,23 @@ fn identity() -> Result<(SlotIdentity, PathBuf), String> {
     ))
 }
 
+/// stderr, plus this worker's JSONL folder when `PERAGO_LOG_ROOT` is set.
+fn init_logging(task: &str, worker_id: &str) -> Result<(), String> {
+    use perago_core::logging::{self, JsonlConfig};
+    match std::env::var_os(logging::PERAGO_LOG_ROOT).filter(|v| !v.is_empty()) {
+        None => logging::init_stderr("perago-executor"),
+        Some(root) => {
+            let jsonl = JsonlConfig::from_env(root.into(), task, worker_id)?;
+            logging::init_worker(&jsonl).map_err(|e| {
+                format!("cannot open the log folder {}: {e}", jsonl.dir().display())
+            })?;
+        }
+    }
+    Ok(())
+}
+
 /// Runs the executor process; returns the exit code.
 pub fn main() -> i32 {
-    perago_core::logging::init_stderr("perago-executor");
     let (identity, manifest_path) = match identity() {
         Ok(v) => v,
         Err(message) => {
@@ -81,6 +95,10 @@ pub fn main() -> i32 {
             return 1;
         }
     };
+    if let Err(message) = init_logging(&manifest.task.name, &identity.worker_id) {
+        eprintln!("error: {message}");
+        return 1;
+    }
     let runner = match AssignmentRunner::new(
         manifest,
         identity.worker_id.clone(),

@@ -29,6 +29,8 @@ pub struct CommandSpec {
     pub dir: PathBuf,
     /// Environment added to the executor's own.
     pub env: Vec<(String, String)>,
+    /// Each stderr line is logged with this label (`body`, `pre guardrail`, …).
+    pub label: String,
 }
 
 /// Bounds on one run.
@@ -130,7 +132,7 @@ pub async fn run(spec: &CommandSpec, stdin: Vec<u8>, limits: RunLimits) -> io::R
     let stderr = child
         .stderr
         .take()
-        .map(|pipe| tokio::spawn(read_tail(pipe, limits.stderr_tail)));
+        .map(|pipe| tokio::spawn(read_tail(pipe, limits.stderr_tail, spec.label.clone())));
 
     let ended = match limits.timeout {
         None => Ended::from_status(child.wait().await?),
@@ -202,13 +204,36 @@ async fn read_capped(mut pipe: impl AsyncRead + Unpin, cap: usize) -> (Vec<u8>, 
     (kept, overflow)
 }
 
-async fn read_tail(mut pipe: impl AsyncRead + Unpin, keep: usize) -> String {
+/// Longest stderr line logged whole; longer ones are cut.
+const MAX_LOGGED_LINE: usize = 4096;
+
+fn log_line(label: &str, line: &[u8]) {
+    let line = &line[..line.len().min(MAX_LOGGED_LINE)];
+    let text = String::from_utf8_lossy(line);
+    let text = text.trim_end();
+    if !text.is_empty() {
+        tracing::info!(stream = "stderr", source = label, "{text}");
+    }
+}
+
+async fn read_tail(mut pipe: impl AsyncRead + Unpin, keep: usize, label: String) -> String {
     let mut tail: Vec<u8> = Vec::new();
+    let mut pending: Vec<u8> = Vec::new();
     let mut buf = [0u8; 8 * 1024];
     loop {
         match pipe.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
+                // Every line goes to the worker log; the tail is kept for the failure reason.
+                pending.extend_from_slice(&buf[..n]);
+                while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                    log_line(&label, &pending[..end]);
+                    pending.drain(..=end);
+                }
+                if pending.len() > MAX_LOGGED_LINE {
+                    log_line(&label, &pending);
+                    pending.clear();
+                }
                 tail.extend_from_slice(&buf[..n]);
                 if tail.len() > keep * 2 {
                     tail.drain(..tail.len() - keep);
@@ -216,6 +241,7 @@ async fn read_tail(mut pipe: impl AsyncRead + Unpin, keep: usize) -> String {
             }
         }
     }
+    log_line(&label, &pending);
     if tail.len() > keep {
         tail.drain(..tail.len() - keep);
     }

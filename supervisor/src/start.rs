@@ -177,6 +177,11 @@ pub(crate) fn start(
             executor_bin,
             socket: locked.socket.clone(),
             force_kill_after,
+            log_root: vars
+                .get(perago_core::logging::PERAGO_LOG_ROOT)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+                .unwrap_or_else(|| root::default_log_root(vars)),
             child_env: Vec::new(),
         };
         let result = supervise(spec).await;

@@ -20,14 +20,22 @@ pub(crate) fn default_root(
     task: &str,
     vars: &std::collections::BTreeMap<String, String>,
 ) -> PathBuf {
-    let state = vars
-        .get("XDG_STATE_HOME")
+    state_home(vars).join("perago").join(task).join("workspace")
+}
+
+/// The default log root: `${XDG_STATE_HOME:-~/.local/state}/perago/logs` (the task name is
+/// the next folder level, so supervisors of several tasks share it).
+pub(crate) fn default_log_root(vars: &std::collections::BTreeMap<String, String>) -> PathBuf {
+    state_home(vars).join("perago").join("logs")
+}
+
+fn state_home(vars: &std::collections::BTreeMap<String, String>) -> PathBuf {
+    vars.get("XDG_STATE_HOME")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(vars.get("HOME").map_or("/tmp", String::as_str)).join(".local/state")
-        });
-    state.join("perago").join(task).join("workspace")
+        })
 }
 
 /// A root this process holds the lock of. The lock is released when this is dropped (or the

@@ -53,6 +53,8 @@ pub(crate) struct RuntimeSpec {
     pub(crate) executor_bin: PathBuf,
     pub(crate) socket: PathBuf,
     pub(crate) force_kill_after: Option<Duration>,
+    /// `PERAGO_LOG_ROOT` for the children's JSONL logs.
+    pub(crate) log_root: PathBuf,
     /// Extra environment for every child (tests: a shorter long-poll).
     pub(crate) child_env: Vec<(String, String)>,
 }
@@ -138,6 +140,10 @@ impl Supervisor {
             (
                 "PERAGO_WORKER_ID_PREFIX".to_owned(),
                 self.spec.prefix.as_str().to_owned(),
+            ),
+            (
+                "PERAGO_LOG_ROOT".to_owned(),
+                self.spec.log_root.display().to_string(),
             ),
         ];
         env.extend(self.spec.child_env.iter().cloned());
@@ -235,8 +241,13 @@ impl Supervisor {
                         pid: exit.pid,
                         status: status.clone(),
                     };
-                    if let Err(e) = control.slot_exited(report).await {
-                        tracing::warn!(error = %e, "cannot tell the broker about an executor exit");
+                    match control.slot_exited(report).await {
+                        Ok(_) => {}
+                        // A broker that finished its drain has closed its socket.
+                        Err(e) if self.draining => tracing::debug!(error = %e, "broker gone"),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot tell the broker about an executor exit")
+                        }
                     }
                 }
                 let proc = self.slots.get_mut(&slot).expect("checked above");

@@ -206,6 +206,7 @@ impl SupervisorProc {
         ])
         .env("CONDUCTOR_SERVER_URL", conductor.server.base_url())
         .env("PERAGO_WORKSPACE_ROOT", root.path().join("ws"))
+        .env("PERAGO_LOG_ROOT", root.path().join("logs"))
         .env("PERAGO_BROKER_BIN", BROKER)
         .env("PERAGO_EXECUTOR_BIN", EXECUTOR)
         // Short long-polls keep drains quick in tests.
@@ -223,6 +224,15 @@ impl SupervisorProc {
             _root: root,
             log,
         }
+    }
+
+    /// The JSONL log folder of `worker_id`.
+    pub(crate) fn jsonl_dir(&self, task: &TaskFixture, worker_id: &str) -> PathBuf {
+        self._root
+            .path()
+            .join("logs")
+            .join(&task.name)
+            .join(format!("worker_id={worker_id}"))
     }
 
     /// Its pid.

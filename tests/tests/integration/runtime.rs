@@ -314,3 +314,62 @@ async fn repeated_executor_deaths_follow_the_restart_backoff() {
     assert_eq!(delays, ["1", "2", "4"], "{log}");
     assert!(log.contains("generation=3"), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_worker_writes_jsonl_with_ids() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new(
+        "e2e.logs",
+        "read params\necho 'computing the answer' >&2\necho '{\"answer\": 42}'\n",
+        "",
+    );
+    conductor.register(&task).await;
+    let mut sup = SupervisorProc::start(&task, &conductor, 2, &[]);
+    let id = conductor.start_workflow(&task, json!({})).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED");
+    let task_id = task_of(&wf)["taskId"].as_str().unwrap().to_owned();
+    let executor = task_of(&wf)["workerId"].as_str().unwrap().to_owned();
+    sup.signal("TERM");
+    assert_eq!(sup.wait_exit(Duration::from_secs(30)).await.code(), Some(0));
+
+    let prefix = task.prefix();
+    let read_lines = |worker: &str| -> Vec<Value> {
+        let path = sup.jsonl_dir(&task, worker).join("perago.jsonl");
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+            .collect()
+    };
+    for worker in [
+        format!("{prefix}Broker"),
+        format!("{prefix}0001"),
+        format!("{prefix}0002"),
+    ] {
+        let lines = read_lines(&worker);
+        assert!(!lines.is_empty(), "{worker} logged nothing");
+        assert!(
+            lines.iter().all(|l| l["worker_id"] == worker.as_str()),
+            "{worker}: {lines:#?}"
+        );
+    }
+    let broker = read_lines(&format!("{prefix}Broker"));
+    let dispatched = broker
+        .iter()
+        .find(|l| l["message"] == "dispatched")
+        .expect("a dispatch line");
+    assert_eq!(dispatched["task_id"], task_id.as_str());
+    assert!(
+        dispatched["execution_id"]
+            .as_str()
+            .is_some_and(|e| e.len() == 36)
+    );
+    let ran = read_lines(&executor);
+    let stderr = ran
+        .iter()
+        .find(|l| l["stream"] == "stderr")
+        .expect("the body's stderr is in the worker log");
+    assert_eq!(stderr["message"], "computing the answer");
+    assert!(ran.iter().any(|l| l["task_id"] == task_id.as_str()));
+}
