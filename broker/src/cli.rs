@@ -15,8 +15,10 @@ pub const PERAGO_TASK_NAME: &str = "PERAGO_TASK_NAME";
 /// Long-poll wait in milliseconds (default 5000).
 pub const PERAGO_POLL_WAIT_MS: &str = "PERAGO_POLL_WAIT_MS";
 
-fn config() -> Result<BrokerConfig, String> {
-    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+/// The broker's configuration from `lookup` (the process environment for the binary; the
+/// supervisor's child environment in thread mode).
+pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConfig, String> {
+    let var = |name: &str| lookup(name).filter(|v| !v.is_empty());
     let missing: Vec<&str> = [
         env::CONDUCTOR_SERVER_URL,
         PERAGO_SOCKET,
@@ -79,7 +81,7 @@ fn init_logging(config: &BrokerConfig) -> Result<(), String> {
 
 /// Runs the broker process; returns the exit code.
 pub fn main() -> i32 {
-    let config = match config() {
+    let config = match config_from(|name| std::env::var(name).ok()) {
         Ok(c) => c,
         Err(message) => {
             eprintln!("error: {message}");

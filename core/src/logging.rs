@@ -220,7 +220,11 @@ impl<S: Subscriber> Layer<S> for JsonlLayer {
 }
 
 fn env_filter() -> EnvFilter {
-    EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"))
+    env_filter_or("info")
+}
+
+fn env_filter_or(default: &str) -> EnvFilter {
+    EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default))
 }
 
 fn stderr_layer<S>() -> impl Layer<S>
@@ -241,6 +245,14 @@ pub fn init_stderr(process: &str) {
         .with(stderr_layer())
         .try_init();
     tracing::debug!(process, "logging to stderr");
+}
+
+/// Like [`init_stderr`], with `default` as the level filter when `RUST_LOG` is unset.
+pub fn init_stderr_at(default: &str) {
+    let _ = tracing_subscriber::registry()
+        .with(env_filter_or(default))
+        .with(stderr_layer())
+        .try_init();
 }
 
 /// Installs stderr logging plus this worker's JSONL file. Returns the file's folder.

@@ -26,8 +26,12 @@ pub const PERAGO_SOCKET: &str = "PERAGO_SOCKET";
 /// The task manifest.
 pub const PERAGO_MANIFEST: &str = "PERAGO_MANIFEST";
 
-fn identity() -> Result<(SlotIdentity, PathBuf), String> {
-    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+/// The slot identity and manifest path from `lookup` (the process environment for the
+/// binary; the supervisor's child environment in thread mode).
+pub fn identity_from(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<(SlotIdentity, PathBuf), String> {
+    let var = |name: &str| lookup(name).filter(|v| !v.is_empty());
     let missing: Vec<&str> = [
         env::PERAGO_WORKER_ID,
         PERAGO_SLOT,
@@ -81,7 +85,7 @@ fn init_logging(task: &str, worker_id: &str) -> Result<(), String> {
 
 /// Runs the executor process; returns the exit code.
 pub fn main() -> i32 {
-    let (identity, manifest_path) = match identity() {
+    let (identity, manifest_path) = match identity_from(|name| std::env::var(name).ok()) {
         Ok(v) => v,
         Err(message) => {
             eprintln!("error: {message}");

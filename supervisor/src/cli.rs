@@ -25,6 +25,9 @@ pub enum Command {
     Extract(ExtractArgs),
     /// Run the task: a broker polling Conductor and N executor processes.
     Start(StartArgs),
+    /// Try a task with nothing to install: an embedded development Conductor, one workflow per
+    /// --input, the runtime, and each result printed as it completes.
+    Dev(DevArgs),
 }
 
 /// `check`.
@@ -63,6 +66,29 @@ pub struct StartArgs {
     pub jobs: i64,
     /// `process` (a broker and N executor processes) or `thread` (one process). Default: the
     /// PERAGO_EXECUTION_MODE environment variable, else `process`.
+    #[arg(long, value_enum)]
+    pub execution_mode: Option<ModeArg>,
+}
+
+/// `dev`.
+#[derive(Debug, Args)]
+#[deny(missing_docs)]
+pub struct DevArgs {
+    /// The task manifest (TOML).
+    pub manifest: PathBuf,
+    /// Number of executors (slots), at least 1.
+    #[arg(
+        short = 'j',
+        long = "jobs",
+        value_name = "N",
+        default_value_t = 1,
+        allow_negative_numbers = true
+    )]
+    pub jobs: i64,
+    /// A task input as JSON, e.g. '{"params": {"name": "Ada"}}'; one workflow per --input.
+    #[arg(long, value_name = "JSON")]
+    pub input: Vec<String>,
+    /// `thread` (default: no other binaries needed) or `process`.
     #[arg(long, value_enum)]
     pub execution_mode: Option<ModeArg>,
 }

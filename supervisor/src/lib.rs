@@ -4,6 +4,7 @@
 
 mod check;
 pub mod cli;
+mod dev;
 pub mod errors;
 mod extract;
 mod runtime;
@@ -65,6 +66,7 @@ fn dispatch(cli: Cli, vars: &BTreeMap<String, String>) -> Result<(), ExpectedErr
             }
         }
         Command::Start(args) => start::start(&args, vars)?,
+        Command::Dev(args) => dev::dev(&args, vars)?,
     }
     Ok(())
 }

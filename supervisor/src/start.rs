@@ -2,6 +2,7 @@
 //! the process runtime.
 
 use crate::runtime::{
+    children::Launcher,
     root,
     supervise::{RuntimeSpec, supervise},
 };
@@ -13,7 +14,7 @@ use perago_core::{
     manifest::{BodyKind, Manifest, TaskKind},
     mode::{ExecutionMode, WorkerCount},
 };
-use std::{collections::BTreeMap, path::PathBuf};
+use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
 
 /// What `start` resolved from its arguments and environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,7 +70,11 @@ pub(crate) fn preflight_config(
 }
 
 /// A child binary: `env_override` if set, else `name` beside the running executable.
-fn sibling_binary(vars: &BTreeMap<String, String>, env_override: &str, name: &str) -> PathBuf {
+pub(crate) fn sibling_binary(
+    vars: &BTreeMap<String, String>,
+    env_override: &str,
+    name: &str,
+) -> PathBuf {
     if let Some(path) = vars.get(env_override).filter(|v| !v.is_empty()) {
         return PathBuf::from(path);
     }
@@ -86,11 +91,6 @@ pub(crate) fn start(
     let plan = resolve_args(args, vars)?;
     let manifest = Manifest::load(&args.manifest)?;
     preflight_config(&manifest, vars)?;
-    if plan.mode == ExecutionMode::Thread {
-        return Err(ExpectedError::NotYetAvailable(
-            "--execution-mode thread is not available yet; use process",
-        ));
-    }
     if manifest.task.kind == TaskKind::Workspace {
         return Err(ExpectedError::NotYetAvailable(
             "workspace tasks cannot run yet: the lakeFS workspace runtime is not built",
@@ -161,9 +161,19 @@ pub(crate) fn start(
             .unwrap_or_else(|| root::default_root(name, vars));
         let locked = root::lock(&root_path, vars).map_err(|e| ExpectedError::Root(e.to_string()))?;
         tracing::info!(root = %locked.root.display(), runtime_dir = %locked.runtime_dir.display(), "workspace root locked");
-        let executor_bin = match &manifest.body.kind {
-            BodyKind::Executor(path) => path.clone(),
-            BodyKind::Command { .. } => sibling_binary(vars, "PERAGO_EXECUTOR_BIN", "perago-executor"),
+        let launcher = match plan.mode {
+            ExecutionMode::Process => Launcher::Process {
+                broker_bin: sibling_binary(vars, "PERAGO_BROKER_BIN", "perago-broker"),
+                executor_bin: match &manifest.body.kind {
+                    BodyKind::Executor(path) => path.clone(),
+                    BodyKind::Command { .. } => {
+                        sibling_binary(vars, "PERAGO_EXECUTOR_BIN", "perago-executor")
+                    }
+                },
+            },
+            ExecutionMode::Thread => {
+                Launcher::thread(Arc::new(manifest.clone())).map_err(ExpectedError::Runtime)?
+            }
         };
         let manifest_path = std::fs::canonicalize(&args.manifest)
             .unwrap_or_else(|_| args.manifest.clone());
@@ -173,8 +183,6 @@ pub(crate) fn start(
             workers: plan.workers.get(),
             prefix,
             conductor_url: conductor.base_url().to_owned(),
-            broker_bin: sibling_binary(vars, "PERAGO_BROKER_BIN", "perago-broker"),
-            executor_bin,
             socket: locked.socket.clone(),
             force_kill_after,
             log_root: vars
@@ -184,7 +192,7 @@ pub(crate) fn start(
                 .unwrap_or_else(|| root::default_log_root(vars)),
             child_env: Vec::new(),
         };
-        let result = supervise(spec).await;
+        let result = supervise(spec, launcher, std::future::pending()).await;
         drop(locked);
         result.map_err(|e| ExpectedError::Runtime(e.to_string()))
     })

@@ -1,57 +1,251 @@
-//! Starting the broker and executor processes: argv[0] set to the name operators see in `ps`
-//! (`comm` holds only 15 bytes, so the full name lives in argv[0]), their own process group,
-//! SIGTERM if the supervisor dies, and the environment that tells each child who it is.
+//! Starting the broker and the executors, as processes or (thread mode) as tasks of the
+//! supervisor process.
+//!
+//! Process mode: argv[0] is the name operators see in `ps -o args` (`comm` holds only 15
+//! bytes, so the full name lives in argv[0]); each child leads its own process group and gets
+//! SIGTERM if the supervisor dies. Thread mode runs the same broker and slot code in this
+//! process, over the same socket; bodies are still subprocesses.
 
-use perago_core::process;
-use std::{path::PathBuf, process::ExitStatus};
-use tokio::{process::Command, sync::mpsc};
+use perago_core::{
+    manifest::{BodyKind, Manifest},
+    process,
+};
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    process::ExitStatus,
+    sync::{Arc, atomic::AtomicBool},
+};
+use tokio::{process::Command, sync::mpsc, task::AbortHandle};
 
-/// Which child exited.
+/// Which child ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ChildKind {
     Broker,
     Executor { slot: u32, generation: u64 },
 }
 
-/// A child exit, reported by the task that waits for it.
+/// How a child ended.
 #[derive(Debug)]
-pub(crate) struct ChildExit {
-    pub(crate) kind: ChildKind,
-    pub(crate) pid: u32,
-    pub(crate) status: std::io::Result<ExitStatus>,
+pub(crate) enum Ended {
+    /// A process, reaped.
+    Process(std::io::Result<ExitStatus>),
+    /// A thread-mode task.
+    Task(Result<(), String>),
 }
 
-/// `exit status 1`, `signal 9 (SIGKILL)`.
-pub(crate) fn describe(status: &std::io::Result<ExitStatus>) -> String {
-    use std::os::unix::process::ExitStatusExt as _;
-    match status {
-        Ok(s) => match (s.code(), s.signal()) {
-            (Some(code), _) => format!("exit status {code}"),
-            (None, Some(sig)) => format!("signal {sig} ({})", process::signal_name(sig)),
-            (None, None) => "unknown status".to_owned(),
-        },
-        Err(e) => format!("wait failed: {e}"),
+impl Ended {
+    pub(crate) fn success(&self) -> bool {
+        match self {
+            Self::Process(Ok(s)) => s.success(),
+            Self::Process(Err(_)) => false,
+            Self::Task(r) => r.is_ok(),
+        }
+    }
+
+    /// `exit status 1`, `signal 9 (SIGKILL)`, `task ended: …`.
+    pub(crate) fn describe(&self) -> String {
+        use std::os::unix::process::ExitStatusExt as _;
+        match self {
+            Self::Process(Ok(s)) => match (s.code(), s.signal()) {
+                (Some(code), _) => format!("exit status {code}"),
+                (None, Some(sig)) => format!("signal {sig} ({})", process::signal_name(sig)),
+                (None, None) => "unknown status".to_owned(),
+            },
+            Self::Process(Err(e)) => format!("wait failed: {e}"),
+            Self::Task(Ok(())) => "finished".to_owned(),
+            Self::Task(Err(e)) => format!("failed: {e}"),
+        }
     }
 }
 
-/// Starts `program` as `argv0` with `env` added, and a task that reports its exit on `exits`.
-/// Returns the pid (also the process group id).
-pub(crate) fn spawn(
-    program: &PathBuf,
-    argv0: &str,
-    env: &[(String, String)],
-    kind: ChildKind,
-    exits: &mpsc::UnboundedSender<ChildExit>,
-) -> std::io::Result<u32> {
-    let mut cmd = Command::new(program);
-    cmd.arg0(argv0).envs(env.iter().map(|(k, v)| (k, v)));
-    process::isolate(&mut cmd, process::SIGTERM);
-    let mut child = cmd.spawn()?;
-    let pid = child.id().expect("a just-spawned child has a pid");
-    let exits = exits.clone();
-    tokio::spawn(async move {
-        let status = child.wait().await;
-        let _ = exits.send(ChildExit { kind, pid, status });
-    });
-    Ok(pid)
+/// A child's end, reported by the task that waits for it.
+#[derive(Debug)]
+pub(crate) struct ChildExit {
+    pub(crate) kind: ChildKind,
+    /// 0 for thread-mode tasks.
+    pub(crate) pid: u32,
+    pub(crate) ended: Ended,
+}
+
+/// A running child.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Child {
+    Process(u32),
+    Task,
+}
+
+impl Child {
+    /// The pid, 0 for a task.
+    pub(crate) fn pid(self) -> u32 {
+        match self {
+            Self::Process(pid) => pid,
+            Self::Task => 0,
+        }
+    }
+
+    /// Signals a process's group. Tasks stop through the protocol (drain), not signals.
+    pub(crate) fn signal(self, signal: i32) {
+        if let Self::Process(pid) = self {
+            let _ = process::signal_group(pid, signal);
+        }
+    }
+}
+
+/// How children are started.
+#[derive(Debug)]
+pub(crate) enum Launcher {
+    Process {
+        broker_bin: PathBuf,
+        executor_bin: PathBuf,
+    },
+    Thread {
+        manifest: Arc<Manifest>,
+        tasks: Vec<AbortHandle>,
+    },
+}
+
+impl Launcher {
+    /// Thread mode refuses an executor binary: it can only run as its own process.
+    pub(crate) fn thread(manifest: Arc<Manifest>) -> Result<Self, String> {
+        if let BodyKind::Executor(path) = &manifest.body.kind {
+            return Err(format!(
+                "body.executor {} cannot run in thread mode; use --execution-mode process",
+                path.display()
+            ));
+        }
+        Ok(Self::Thread {
+            manifest,
+            tasks: Vec::new(),
+        })
+    }
+
+    fn spawn_process(
+        program: &PathBuf,
+        argv0: &str,
+        env: &[(String, String)],
+        kind: ChildKind,
+        exits: &mpsc::UnboundedSender<ChildExit>,
+    ) -> std::io::Result<Child> {
+        let mut cmd = Command::new(program);
+        cmd.arg0(argv0).envs(env.iter().map(|(k, v)| (k, v)));
+        process::isolate(&mut cmd, process::SIGTERM);
+        let mut child = cmd.spawn()?;
+        let pid = child.id().expect("a just-spawned child has a pid");
+        let exits = exits.clone();
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            let _ = exits.send(ChildExit {
+                kind,
+                pid,
+                ended: Ended::Process(status),
+            });
+        });
+        Ok(Child::Process(pid))
+    }
+
+    fn spawn_task(
+        &mut self,
+        kind: ChildKind,
+        exits: &mpsc::UnboundedSender<ChildExit>,
+        work: impl Future<Output = Result<(), String>> + Send + 'static,
+    ) -> Child {
+        let handle = tokio::spawn(work);
+        if let Self::Thread { tasks, .. } = self {
+            tasks.push(handle.abort_handle());
+        }
+        let exits = exits.clone();
+        tokio::spawn(async move {
+            let ended = match handle.await {
+                Ok(result) => result,
+                Err(e) if e.is_cancelled() => Err("aborted".to_owned()),
+                Err(e) => Err(format!("panicked: {e}")),
+            };
+            let _ = exits.send(ChildExit {
+                kind,
+                pid: 0,
+                ended: Ended::Task(ended),
+            });
+        });
+        Child::Task
+    }
+
+    /// Starts the broker with `env`.
+    pub(crate) fn broker(
+        &mut self,
+        env: &[(String, String)],
+        exits: &mpsc::UnboundedSender<ChildExit>,
+    ) -> std::io::Result<Child> {
+        match self {
+            Self::Process { broker_bin, .. } => Self::spawn_process(
+                &broker_bin.clone(),
+                "perago-conductor-broker",
+                env,
+                ChildKind::Broker,
+                exits,
+            ),
+            Self::Thread { .. } => {
+                let config =
+                    perago_broker::cli::config_from(lookup(env)).map_err(std::io::Error::other)?;
+                let work = async move {
+                    // Drains come over Admin.Drain, as in process mode.
+                    perago_broker::run(config, std::future::pending())
+                        .await
+                        .map_err(|e| e.to_string())
+                };
+                Ok(self.spawn_task(ChildKind::Broker, exits, work))
+            }
+        }
+    }
+
+    /// Starts the executor of `slot` at `generation` with `env` (identity included).
+    pub(crate) fn executor(
+        &mut self,
+        slot_name: &str,
+        kind: ChildKind,
+        env: &[(String, String)],
+        exits: &mpsc::UnboundedSender<ChildExit>,
+    ) -> std::io::Result<Child> {
+        match self {
+            Self::Process { executor_bin, .. } => {
+                Self::spawn_process(&executor_bin.clone(), slot_name, env, kind, exits)
+            }
+            Self::Thread { manifest, .. } => {
+                let (identity, _) = perago_executor::cli::identity_from(lookup(env))
+                    .map_err(std::io::Error::other)?;
+                let path = std::env::var_os("PATH");
+                let runner = perago_executor::assignment::AssignmentRunner::new(
+                    Arc::clone(manifest),
+                    identity.worker_id.clone(),
+                    path.as_deref(),
+                )
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+                let work = async move {
+                    // Never signalled: a thread-mode slot stops through the broker's Stop.
+                    let (_keep, signalled) = mpsc::channel(1);
+                    let stop = Arc::new(AtomicBool::new(false));
+                    let result =
+                        perago_executor::slot::serve(&identity, &runner, stop, signalled).await;
+                    drop(_keep);
+                    result.map_err(|e| e.to_string())
+                };
+                Ok(self.spawn_task(kind, exits, work))
+            }
+        }
+    }
+
+    /// Aborts every thread-mode task (the force-kill of thread mode).
+    pub(crate) fn abort_all(&self) {
+        if let Self::Thread { tasks, .. } = self {
+            for task in tasks {
+                task.abort();
+            }
+        }
+    }
+}
+
+/// Looks names up in `env`, then in this process's environment.
+fn lookup(env: &[(String, String)]) -> impl Fn(&str) -> Option<String> + use<> {
+    let map: BTreeMap<String, String> = env.iter().cloned().collect();
+    move |name: &str| map.get(name).cloned().or_else(|| std::env::var(name).ok())
 }

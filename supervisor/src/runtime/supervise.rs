@@ -9,7 +9,7 @@
 //! broker exits unexpectedly → SIGTERM executors, wait, exit 1
 //! ```
 
-use super::children::{self, ChildExit, ChildKind};
+use super::children::{Child, ChildExit, ChildKind, Launcher};
 use perago_core::{identity::Slot as SlotNumber, identity::WorkerPrefix, process};
 use perago_proto::{
     CONTROL_TOKEN_METADATA,
@@ -49,8 +49,6 @@ pub(crate) struct RuntimeSpec {
     pub(crate) workers: u32,
     pub(crate) prefix: WorkerPrefix,
     pub(crate) conductor_url: String,
-    pub(crate) broker_bin: PathBuf,
-    pub(crate) executor_bin: PathBuf,
     pub(crate) socket: PathBuf,
     pub(crate) force_kill_after: Option<Duration>,
     /// `PERAGO_LOG_ROOT` for the children's JSONL logs.
@@ -104,7 +102,7 @@ fn secret() -> String {
 struct SlotProc {
     worker_id: String,
     generation: u64,
-    pid: Option<u32>,
+    child: Option<Child>,
     started_at: Instant,
     restarts: u32,
     restart_at: Option<Instant>,
@@ -112,9 +110,10 @@ struct SlotProc {
 
 struct Supervisor {
     spec: RuntimeSpec,
+    launcher: Launcher,
     exits: mpsc::UnboundedSender<ChildExit>,
     slots: BTreeMap<u32, SlotProc>,
-    broker_pid: Option<u32>,
+    broker: Option<Child>,
     control: Option<Control>,
     admin: Option<AdminClient<Channel>>,
     draining: bool,
@@ -180,35 +179,34 @@ impl Supervisor {
             "perago-executor-{}",
             SlotNumber::new(u64::from(slot)).expect("slot in range")
         );
-        let pid = children::spawn(
-            &self.spec.executor_bin,
-            &argv0,
-            &env,
-            ChildKind::Executor { slot, generation },
-            &self.exits,
-        )
-        .map_err(|source| RuntimeError::Spawn {
-            what: format!(
-                "executor {worker_id} ({})",
-                self.spec.executor_bin.display()
-            ),
-            source,
-        })?;
+        let child = self
+            .launcher
+            .executor(
+                &argv0,
+                ChildKind::Executor { slot, generation },
+                &env,
+                &self.exits,
+            )
+            .map_err(|source| RuntimeError::Spawn {
+                what: format!("executor {worker_id}"),
+                source,
+            })?;
+        let pid = child.pid();
         let proc = self.slots.get_mut(&slot).expect("known slot");
-        proc.pid = Some(pid);
+        proc.child = Some(child);
         proc.started_at = Instant::now();
         tracing::info!(worker_id = %worker_id, slot, generation, pid, "executor started");
         Ok(())
     }
 
     async fn on_exit(&mut self, exit: ChildExit) {
-        let status = children::describe(&exit.status);
+        let status = exit.ended.describe();
         match exit.kind {
             ChildKind::Broker => {
-                self.broker_pid = None;
+                self.broker = None;
                 self.control = None;
                 self.admin = None;
-                let clean = self.draining && matches!(&exit.status, Ok(s) if s.success());
+                let clean = self.draining && exit.ended.success();
                 if clean {
                     tracing::info!(pid = exit.pid, "broker finished its drain");
                     return;
@@ -218,9 +216,9 @@ impl Supervisor {
                 self.draining = true;
                 for proc in self.slots.values_mut() {
                     proc.restart_at = None;
-                    if let Some(pid) = proc.pid {
+                    if let Some(child) = proc.child {
                         // Executors finish or fail their assignment, then exit.
-                        let _ = process::signal_group(pid, process::SIGTERM);
+                        child.signal(process::SIGTERM);
                     }
                 }
             }
@@ -231,7 +229,7 @@ impl Supervisor {
                 if proc.generation != generation {
                     return;
                 }
-                proc.pid = None;
+                proc.child = None;
                 let ran = proc.started_at.elapsed();
                 let worker_id = proc.worker_id.clone();
                 if let Some(control) = &mut self.control {
@@ -285,8 +283,8 @@ impl Supervisor {
             && let Err(e) = admin.drain(admin::DrainRequest {}).await
         {
             tracing::warn!(error = %e, "cannot ask the broker to drain; stopping it with SIGTERM");
-            if let Some(pid) = self.broker_pid {
-                let _ = process::signal_group(pid, process::SIGTERM);
+            if let Some(broker) = self.broker {
+                broker.signal(process::SIGTERM);
             }
         }
     }
@@ -294,12 +292,13 @@ impl Supervisor {
     async fn force_kill(&mut self, deadline: Duration) {
         let phases = self.phases().await;
         for (slot, proc) in &self.slots {
-            if let Some(pid) = proc.pid {
+            if let Some(child) = proc.child {
                 let phase = phases.get(slot).map_or("unknown", String::as_str);
-                tracing::error!(worker_id = %proc.worker_id, pid, phase, deadline_s = deadline.as_secs(), "force-killing an executor still running after the shutdown deadline");
-                let _ = process::signal_group(pid, process::SIGKILL);
+                tracing::error!(worker_id = %proc.worker_id, pid = child.pid(), phase, deadline_s = deadline.as_secs(), "force-killing an executor still running after the shutdown deadline");
+                child.signal(process::SIGKILL);
             }
         }
+        self.launcher.abort_all();
     }
 
     async fn phases(&mut self) -> BTreeMap<u32, String> {
@@ -330,7 +329,7 @@ impl Supervisor {
     }
 
     fn alive_executors(&self) -> usize {
-        self.slots.values().filter(|p| p.pid.is_some()).count()
+        self.slots.values().filter(|p| p.child.is_some()).count()
     }
 
     fn next_restart(&self) -> Option<(u32, Instant)> {
@@ -349,7 +348,7 @@ async fn wait_for_broker(
     loop {
         if let Ok(exit) = exits.try_recv() {
             return Err(RuntimeError::BrokerDiedAtStart {
-                status: children::describe(&exit.status),
+                status: exit.ended.describe(),
             });
         }
         if let Ok(channel) = perago_executor::slot::connect(&spec.socket).await {
@@ -362,7 +361,7 @@ async fn wait_for_broker(
         }
         tokio::select! {
             exit = exits.recv() => {
-                let status = exit.map_or_else(|| "unknown".to_owned(), |e| children::describe(&e.status));
+                let status = exit.map_or_else(|| "unknown".to_owned(), |e| e.ended.describe());
                 return Err(RuntimeError::BrokerDiedAtStart { status });
             }
             () = tokio::time::sleep(Duration::from_millis(20)) => {}
@@ -370,8 +369,15 @@ async fn wait_for_broker(
     }
 }
 
-/// Runs the process runtime until a drain completes (Ok) or the broker dies (Err).
-pub(crate) async fn supervise(spec: RuntimeSpec) -> Result<(), RuntimeError> {
+/// Runs the runtime until a drain completes (Ok) or the broker dies (Err). A drain starts on
+/// SIGINT/SIGTERM or when `stop` resolves.
+pub(crate) async fn supervise(
+    spec: RuntimeSpec,
+    launcher: Launcher,
+    stop: impl Future<Output = ()>,
+) -> Result<(), RuntimeError> {
+    let mut stop = std::pin::pin!(stop);
+    let mut stop_fired = false;
     let (exits_tx, mut exits) = mpsc::unbounded_channel();
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
@@ -391,7 +397,7 @@ pub(crate) async fn supervise(spec: RuntimeSpec) -> Result<(), RuntimeError> {
                 SlotProc {
                     worker_id,
                     generation: 0,
-                    pid: None,
+                    child: None,
                     started_at: Instant::now(),
                     restarts: 0,
                     restart_at: None,
@@ -401,32 +407,30 @@ pub(crate) async fn supervise(spec: RuntimeSpec) -> Result<(), RuntimeError> {
         .collect();
     let mut sup = Supervisor {
         spec,
+        launcher,
         exits: exits_tx,
         slots,
-        broker_pid: None,
+        broker: None,
         control: None,
         admin: None,
         draining: false,
         broker_failed: None,
     };
     broker_env.extend(sup.base_env());
-    let broker_pid = children::spawn(
-        &sup.spec.broker_bin,
-        "perago-conductor-broker",
-        &broker_env,
-        ChildKind::Broker,
-        &sup.exits,
-    )
-    .map_err(|source| RuntimeError::Spawn {
-        what: format!("the broker ({})", sup.spec.broker_bin.display()),
-        source,
-    })?;
-    sup.broker_pid = Some(broker_pid);
-    tracing::info!(pid = broker_pid, "broker started");
+    let broker = sup
+        .launcher
+        .broker(&broker_env, &sup.exits)
+        .map_err(|source| RuntimeError::Spawn {
+            what: "the broker".to_owned(),
+            source,
+        })?;
+    sup.broker = Some(broker);
+    tracing::info!(pid = broker.pid(), "broker started");
     let channel = match wait_for_broker(&sup.spec, &mut exits).await {
         Ok(c) => c,
         Err(e) => {
-            let _ = process::signal_group(broker_pid, process::SIGKILL);
+            broker.signal(process::SIGKILL);
+            sup.launcher.abort_all();
             return Err(e);
         }
     };
@@ -452,7 +456,7 @@ pub(crate) async fn supervise(spec: RuntimeSpec) -> Result<(), RuntimeError> {
     let mut force_kill_at: Option<tokio::time::Instant> = None;
     let mut broker_kill_at: Option<tokio::time::Instant> = None;
     loop {
-        if sup.broker_pid.is_none() && sup.alive_executors() == 0 {
+        if sup.broker.is_none() && sup.alive_executors() == 0 {
             break;
         }
         let restart = sup.next_restart();
@@ -473,6 +477,10 @@ pub(crate) async fn supervise(spec: RuntimeSpec) -> Result<(), RuntimeError> {
                     force_kill_at = Some(tokio::time::Instant::now() + after);
                 }
             }
+            () = &mut stop, if !stop_fired => {
+                stop_fired = true;
+                sup.start_drain("all work done").await;
+            }
             () = sleep_until(restart.map_or(far, |(_, at)| at.into())), if restart.is_some() => {
                 let (slot, _) = restart.expect("guarded");
                 if let Err(e) = sup.start_executor(slot).await {
@@ -490,9 +498,9 @@ pub(crate) async fn supervise(spec: RuntimeSpec) -> Result<(), RuntimeError> {
             }
             () = sleep_until(broker_kill_at.unwrap_or(far)), if broker_kill_at.is_some() => {
                 broker_kill_at = None;
-                if let Some(pid) = sup.broker_pid {
-                    tracing::error!(pid, "force-killing the broker after the shutdown deadline");
-                    let _ = process::signal_group(pid, process::SIGKILL);
+                if let Some(broker) = sup.broker {
+                    tracing::error!(pid = broker.pid(), "force-killing the broker after the shutdown deadline");
+                    broker.signal(process::SIGKILL);
                 }
             }
         }

@@ -24,6 +24,7 @@ fn help_texts() {
         &["check", "--help"],
         &["extract", "--help"],
         &["start", "--help"],
+        &["dev", "--help"],
     ] {
         let out = run(args);
         out.expect_code(0);
@@ -375,5 +376,102 @@ fn start_refuses_bad_durations_and_prefixes_at_once() {
         "error: PERAGO_WORKER_ID_PREFIX \"prod a\" is invalid: use one or more of A-Z, a-z, 0-9, _ and -\n\
          error: PERAGO_SHUTDOWN_FORCE_KILL_AFTER: invalid duration \"30x\": unknown unit (use ms, s, m or h)\n\
          error: PERAGO_WORKSPACE_GC_TTL: invalid duration \"0\": must be greater than zero\n"
+    );
+}
+
+#[test]
+fn dev_runs_the_example_end_to_end() {
+    let out = run(&[
+        "dev",
+        "examples/greet/task.toml",
+        "-j",
+        "2",
+        "--input",
+        r#"{"params": {"name": "Ada", "times": 2}}"#,
+        "--input",
+        r#"{"params": {"name": "Grace"}}"#,
+    ]);
+    out.expect_code(0);
+    let mut lines: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    lines.sort_by_key(|l| l["output"]["result"]["message"].as_str().map(str::to_owned));
+    assert_eq!(lines.len(), 2, "{out}");
+    assert_eq!(lines[0]["status"], "COMPLETED");
+    assert_eq!(
+        lines[0]["output"]["result"],
+        serde_json::json!({"message": "hello, Ada! hello, Ada!", "length": 3})
+    );
+    assert_eq!(lines[1]["output"]["result"]["message"], "hello, Grace!");
+    assert!(
+        out.stderr
+            .contains("2 workflow(s): 2 completed, 0 not completed"),
+        "{out}"
+    );
+}
+
+#[test]
+fn dev_reports_failures_and_exits_non_zero() {
+    let out = run(&[
+        "dev",
+        "examples/greet/task.toml",
+        "--input",
+        r#"{"params": {"name": ""}}"#,
+        "--input",
+        r#"{"params": {"name": "x", "times": 99}}"#,
+    ]);
+    out.expect_code(1);
+    let reasons: Vec<String> = out
+        .stdout
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["reason"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert!(
+        reasons.contains(
+            &"pre guardrail ./check_params.sh failed (exit status 1): params.name is empty"
+                .to_owned()
+        ),
+        "{out}"
+    );
+    assert!(
+        reasons.iter().any(|r| r.starts_with("bad input: params do not match the params schema: params/times: 99 is greater than the maximum of 10")),
+        "{out}"
+    );
+    assert!(
+        out.stderr
+            .ends_with("error: 2 workflow(s) did not complete\n"),
+        "{out}"
+    );
+}
+
+#[test]
+fn dev_refuses_bad_inputs() {
+    let out = run(&[
+        "dev",
+        "examples/greet/task.toml",
+        "--input",
+        "[1]",
+        "--input",
+        "{nope",
+    ]);
+    out.expect_code(1);
+    assert!(
+        out.stderr.starts_with(
+            "error: --input 1: expected a JSON object\nerror: --input 2: not valid JSON: "
+        ),
+        "{out}"
+    );
+    let out = run(&["dev", "examples/greet/task.toml"]);
+    out.expect_code(1);
+    assert_eq!(
+        out.stderr,
+        "error: give at least one --input with the task input, e.g. --input '{\"params\": {}}'\n"
     );
 }

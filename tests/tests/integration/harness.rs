@@ -64,11 +64,17 @@ impl TaskFixture {
     pub(crate) fn new(name: &str, body: &str, extra_task: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join("body.sh"), body).unwrap();
+        // Two retries unless the test sets its own.
+        let retries = if extra_task.contains("retry_count") {
+            ""
+        } else {
+            "retry_count = 2\n"
+        };
         fs::write(
             dir.path().join("task.toml"),
             format!(
                 "[task]\nname = \"{name}\"\nkind = \"workspace-free\"\ntimeout_seconds = 60\n\
-                 retry_count = 2\nretry_delay_seconds = 0\n{extra_task}\n\
+                 {retries}retry_delay_seconds = 0\n{extra_task}\n\
                  [body]\ncommand = [\"sh\", \"body.sh\"]\n"
             ),
         )

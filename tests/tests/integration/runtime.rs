@@ -373,3 +373,91 @@ async fn every_worker_writes_jsonl_with_ids() {
     assert_eq!(stderr["message"], "computing the answer");
     assert!(ran.iter().any(|l| l["task_id"] == task_id.as_str()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thread_mode_runs_the_same_work_in_one_process() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("e2e.thread", ECHO, "");
+    conductor.register(&task).await;
+    let mut ids = Vec::new();
+    for n in 0..40 {
+        ids.push(conductor.start_workflow(&task, json!({"n": n})).await);
+    }
+    let mut sup =
+        SupervisorProc::start(&task, &conductor, 3, &[("PERAGO_EXECUTION_MODE", "thread")]);
+    let prefix = task.prefix();
+    let mut workers = BTreeSet::new();
+    for (n, id) in ids.iter().enumerate() {
+        let wf = conductor.wait_terminal(id, Duration::from_secs(60)).await;
+        assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
+        assert_eq!(wf["output"]["result"]["echo"], json!({"n": n}));
+        workers.insert(task_of(&wf)["workerId"].as_str().unwrap().to_owned());
+    }
+    assert!(
+        workers
+            .iter()
+            .all(|w| w.starts_with(&prefix) && w.len() == prefix.len() + 4)
+    );
+    // No broker or executor processes: only the bodies ever ran as children.
+    assert!(
+        children_of(sup.pid())
+            .iter()
+            .all(|p| !p.argv[0].starts_with("perago-")),
+        "{:?}",
+        children_of(sup.pid())
+    );
+    sup.signal("TERM");
+    assert_eq!(
+        sup.wait_exit(Duration::from_secs(30)).await.code(),
+        Some(0),
+        "{}",
+        sup.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_with_random_executor_kills_loses_nothing() {
+    let conductor = Conductor::start().await;
+    // Bodies take a little while so kills land mid-task; every attempt may be retried.
+    let task = TaskFixture::new(
+        "e2e.soak",
+        "read params\nsleep 0.05\nprintf '{\"echo\": %s}' \"$params\"\n",
+        "retry_count = 10",
+    );
+    conductor.register(&task).await;
+    let mut ids = Vec::new();
+    for n in 0..300 {
+        ids.push(conductor.start_workflow(&task, json!({"n": n})).await);
+    }
+    let sup = SupervisorProc::start(&task, &conductor, 4, &[]);
+    // Deterministic "random" victims: a small LCG, so a failure reproduces.
+    let mut seed: u32 = 0x5eed;
+    let mut kills = 0;
+    while kills < 10 {
+        seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        let slot = (seed >> 16) % 4 + 1;
+        let name = format!("perago-executor-{slot:04}");
+        let victim = eventually(
+            &format!("{name} to run"),
+            Duration::from_secs(20),
+            || async { child_named(sup.pid(), &name) },
+        )
+        .await;
+        signal_pid(victim.pid, "KILL");
+        kills += 1;
+        // Let the runtime make progress between kills (and the slot come back).
+        eventually(
+            &format!("{name} to come back"),
+            Duration::from_secs(40),
+            || async { child_named(sup.pid(), &name).filter(|p| p.pid != victim.pid) },
+        )
+        .await;
+    }
+    for (n, id) in ids.iter().enumerate() {
+        let wf = conductor.wait_terminal(id, Duration::from_secs(120)).await;
+        assert_eq!(wf["status"], "COMPLETED", "workflow {n}: {wf:#}");
+        assert_eq!(wf["output"]["result"]["echo"], json!({"n": n}));
+    }
+    let restarts = sup.log_text().matches("restarting the slot").count();
+    assert_eq!(restarts, 10, "{}", sup.log_text());
+}

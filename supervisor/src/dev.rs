@@ -1,0 +1,217 @@
+//! `dev`: a first run with nothing to install. Starts devstack's Conductor in this process,
+//! registers the manifest's TaskDef and a one-task workflow, starts one workflow per
+//! `--input`, runs the runtime (thread mode by default, so `cargo run` is enough) and prints
+//! each result as it completes. Exits 0 when every workflow completed, 1 if any failed.
+
+use crate::{
+    cli::DevArgs,
+    errors::ExpectedError,
+    runtime::{
+        children::Launcher,
+        supervise::{RuntimeSpec, supervise},
+    },
+};
+use perago_core::{
+    conductor::ConductorClient,
+    identity::WorkerPrefix,
+    manifest::{Manifest, TaskKind},
+    mode::{ExecutionMode, WorkerCount},
+    taskdef::task_def,
+};
+use perago_devstack::conductor::ConductorServer;
+use serde_json::{Value, json};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+/// How often the watcher reads the workflows back from the embedded server.
+const WATCH_EVERY: Duration = Duration::from_millis(50);
+
+fn parse_inputs(inputs: &[String]) -> Result<Vec<Value>, ExpectedError> {
+    if inputs.is_empty() {
+        return Err(ExpectedError::Config(vec![
+            "give at least one --input with the task input, e.g. --input '{\"params\": {}}'"
+                .to_owned(),
+        ]));
+    }
+    let mut problems = Vec::new();
+    let mut out = Vec::new();
+    for (n, text) in inputs.iter().enumerate() {
+        match serde_json::from_str::<Value>(text) {
+            Ok(v @ Value::Object(_)) => out.push(v),
+            Ok(_) => problems.push(format!("--input {}: expected a JSON object", n + 1)),
+            Err(e) => problems.push(format!("--input {}: not valid JSON: {e}", n + 1)),
+        }
+    }
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(ExpectedError::Config(problems))
+    }
+}
+
+pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(), ExpectedError> {
+    let workers = WorkerCount::new(args.jobs)?;
+    let mode: ExecutionMode = args
+        .execution_mode
+        .map_or(ExecutionMode::Thread, Into::into);
+    let manifest = Manifest::load(&args.manifest)?;
+    if manifest.task.kind == TaskKind::Workspace {
+        return Err(ExpectedError::NotYetAvailable(
+            "workspace tasks cannot run yet: the lakeFS workspace runtime is not built",
+        ));
+    }
+    let inputs = parse_inputs(&args.input)?;
+    perago_core::logging::init_stderr_at("warn");
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ExpectedError::Runtime(format!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(async {
+        let server = ConductorServer::builder()
+            .bind("127.0.0.1:0")
+            .await
+            .map_err(|e| ExpectedError::Runtime(format!("cannot start devstack: {e}")))?;
+        let url = server.base_url();
+        eprintln!("devstack Conductor at {url}");
+        let client =
+            ConductorClient::new(&url).map_err(|e| ExpectedError::Runtime(e.to_string()))?;
+        let name = manifest.task.name.clone();
+        let workflow = format!("{name}.dev");
+        let setup = async {
+            client.register_task_defs(&[task_def(&manifest)]).await?;
+            let params = manifest
+                .task
+                .kind
+                .input_keys()
+                .iter()
+                .map(|k| ((*k).to_owned(), json!(format!("${{workflow.input.{k}}}"))))
+                .collect::<serde_json::Map<_, _>>();
+            client
+                .upsert_workflow_defs(&[json!({
+                    "name": workflow, "version": 1, "schemaVersion": 2,
+                    "tasks": [{"name": name, "taskReferenceName": "task", "type": "SIMPLE",
+                               "inputParameters": params}],
+                    "outputParameters": {"result": "${task.output.result}"},
+                })])
+                .await?;
+            let mut ids = Vec::new();
+            for input in &inputs {
+                ids.push(client.start_workflow(&workflow, input).await?);
+            }
+            Ok::<_, perago_core::conductor::ConductorError>(ids)
+        };
+        let ids = setup
+            .await
+            .map_err(|e| ExpectedError::Runtime(format!("cannot set up devstack: {e}")))?;
+        eprintln!(
+            "started {} workflow(s) of {name}; running with {} executor(s) in {mode} mode",
+            ids.len(),
+            workers.get()
+        );
+
+        let root = std::env::temp_dir().join(format!("perago-dev-{}", std::process::id()));
+        let locked = crate::runtime::root::lock(&root, vars)
+            .map_err(|e| ExpectedError::Root(e.to_string()))?;
+        let launcher = match mode {
+            ExecutionMode::Thread => {
+                Launcher::thread(Arc::new(manifest.clone())).map_err(ExpectedError::Runtime)?
+            }
+            ExecutionMode::Process => Launcher::Process {
+                broker_bin: crate::start::sibling_binary(
+                    vars,
+                    "PERAGO_BROKER_BIN",
+                    "perago-broker",
+                ),
+                executor_bin: crate::start::sibling_binary(
+                    vars,
+                    "PERAGO_EXECUTOR_BIN",
+                    "perago-executor",
+                ),
+            },
+        };
+        let prefix =
+            WorkerPrefix::derive(&name).map_err(|e| ExpectedError::Config(vec![e.to_string()]))?;
+        let spec = RuntimeSpec {
+            task_name: name.clone(),
+            manifest_path: std::fs::canonicalize(&args.manifest)
+                .unwrap_or_else(|_| args.manifest.clone()),
+            workers: workers.get(),
+            prefix,
+            conductor_url: url.clone(),
+            socket: locked.socket.clone(),
+            force_kill_after: None,
+            log_root: root.join("logs"),
+            child_env: vec![("PERAGO_POLL_WAIT_MS".to_owned(), "500".to_owned())],
+        };
+
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let watcher = tokio::spawn(watch(client.clone(), ids, done_tx));
+        let stop = async {
+            let _ = done_rx.await;
+        };
+        let result = supervise(spec, launcher, stop).await;
+        let outcome = watcher.await.unwrap_or_default();
+        drop(locked);
+        let _ = std::fs::remove_dir_all(&root);
+        server.shutdown().await;
+        result.map_err(|e| ExpectedError::Runtime(e.to_string()))?;
+        let failed = outcome.iter().filter(|s| s.as_str() != "COMPLETED").count();
+        eprintln!(
+            "{} workflow(s): {} completed, {failed} not completed",
+            outcome.len(),
+            outcome.len() - failed
+        );
+        if failed > 0 {
+            return Err(ExpectedError::Runtime(format!(
+                "{failed} workflow(s) did not complete"
+            )));
+        }
+        Ok(())
+    })
+}
+
+/// Prints each workflow as it ends (one JSON line on stdout), then signals `done`. Returns
+/// the final statuses.
+async fn watch(
+    client: ConductorClient,
+    ids: Vec<String>,
+    done: tokio::sync::oneshot::Sender<()>,
+) -> Vec<String> {
+    let mut pending: Vec<String> = ids;
+    let mut statuses = Vec::new();
+    while !pending.is_empty() {
+        let mut still = Vec::new();
+        for id in pending {
+            let Ok(wf) = client.get_workflow(&id).await else {
+                still.push(id);
+                continue;
+            };
+            let status = wf["status"].as_str().unwrap_or("RUNNING").to_owned();
+            if status == "RUNNING" || status == "PAUSED" {
+                still.push(id);
+                continue;
+            }
+            let task = wf["tasks"]
+                .as_array()
+                .and_then(|t| t.last())
+                .cloned()
+                .unwrap_or_default();
+            let mut line = json!({"workflow_id": id, "status": status});
+            if status == "COMPLETED" {
+                line["output"] = wf["output"].clone();
+            } else {
+                line["task_status"] = task["status"].clone();
+                line["reason"] = task["reasonForIncompletion"].clone();
+            }
+            line["worker_id"] = task["workerId"].clone();
+            println!("{line}");
+            statuses.push(status);
+        }
+        pending = still;
+        if !pending.is_empty() {
+            tokio::time::sleep(WATCH_EVERY).await;
+        }
+    }
+    let _ = done.send(());
+    statuses
+}
