@@ -2,7 +2,10 @@
 //! → body → result schema → post guardrail → result. Every failure becomes a result whose
 //! reason names the check first and ends with the tail of the failing command's stderr.
 
-use crate::command::{self, CommandSpec, Ended, Finished, RunLimits};
+use crate::{
+    command::{self, CommandSpec, Ended, Finished, RunLimits},
+    task::{Task, TaskContext, TaskError},
+};
 use perago_core::{
     attempt::AttemptSnapshot,
     command::{CommandError, resolve_program},
@@ -40,15 +43,32 @@ struct Program {
     spec: CommandSpec,
 }
 
+/// What runs the body.
+#[derive(Clone)]
+enum Body {
+    Command(Program),
+    Rust(Arc<dyn Task>),
+}
+
+impl std::fmt::Debug for Body {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Command(p) => f.debug_tuple("Command").field(p).finish(),
+            Self::Rust(_) => f.write_str("Rust"),
+        }
+    }
+}
+
 /// Executes assignments of one manifest for one worker id.
 #[derive(Debug, Clone)]
 pub struct AssignmentRunner {
     manifest: Arc<Manifest>,
     worker_id: String,
-    body: Program,
+    body: Body,
     pre: Option<Program>,
     post: Option<Program>,
     kill_grace: Duration,
+    poisoned: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl AssignmentRunner {
@@ -58,25 +78,56 @@ impl AssignmentRunner {
         worker_id: String,
         path_var: Option<&OsStr>,
     ) -> Result<Self, RunnerError> {
+        Self::build(manifest, worker_id, path_var, None)
+    }
+
+    /// A runner whose body is a Rust [`Task`] (the manifest's `body.executor` is this binary).
+    pub fn with_task(
+        manifest: Arc<Manifest>,
+        worker_id: String,
+        path_var: Option<&OsStr>,
+        task: Arc<dyn Task>,
+    ) -> Result<Self, RunnerError> {
+        Self::build(manifest, worker_id, path_var, Some(task))
+    }
+
+    fn build(
+        manifest: Arc<Manifest>,
+        worker_id: String,
+        path_var: Option<&OsStr>,
+        task: Option<Arc<dyn Task>>,
+    ) -> Result<Self, RunnerError> {
         if manifest.task.kind == TaskKind::Workspace {
             return Err(RunnerError::Unsupported(
                 "workspace tasks need the lakeFS workspace runtime, which this executor does not have yet",
             ));
         }
-        let argv = match &manifest.body.kind {
-            BodyKind::Command {
-                argv,
-                protocol: BodyProtocol::Exec,
-            } => argv,
-            BodyKind::Command {
-                protocol: BodyProtocol::Jsonl,
-                ..
-            } => {
+        let argv = match (&manifest.body.kind, &task) {
+            (BodyKind::Executor(_), Some(_)) => None,
+            (BodyKind::Command { .. }, Some(_)) => {
+                return Err(RunnerError::Unsupported(
+                    "this binary implements the task in Rust, but the manifest names body.command; set body.executor to this binary",
+                ));
+            }
+            (
+                BodyKind::Command {
+                    argv,
+                    protocol: BodyProtocol::Exec,
+                },
+                None,
+            ) => Some(argv),
+            (
+                BodyKind::Command {
+                    protocol: BodyProtocol::Jsonl,
+                    ..
+                },
+                None,
+            ) => {
                 return Err(RunnerError::Unsupported(
                     "body.protocol = \"jsonl\" is not supported by this executor yet; use \"exec\"",
                 ));
             }
-            BodyKind::Executor(_) => {
+            (BodyKind::Executor(_), None) => {
                 return Err(RunnerError::Unsupported(
                     "a body.executor binary runs in place of the stock executor",
                 ));
@@ -107,7 +158,11 @@ impl AssignmentRunner {
                 },
             })
         };
-        let body = program("body.command", argv)?;
+        let body = match (argv, task) {
+            (Some(argv), _) => Body::Command(program("body.command", argv)?),
+            (None, Some(task)) => Body::Rust(task),
+            (None, None) => unreachable!("an executor body without a task is refused above"),
+        };
         let pre = manifest
             .guardrails
             .pre
@@ -127,6 +182,7 @@ impl AssignmentRunner {
             pre,
             post,
             kill_grace: Duration::from_secs(10),
+            poisoned: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         })
     }
 
@@ -206,11 +262,27 @@ impl AssignmentRunner {
             max_stdout: MAX_OUTPUT_BYTES,
             ..RunLimits::default()
         };
-        let run = self
-            .run(&self.body, &env, params_json, limits)
-            .await
-            .map_err(|e| Failure::Retriable(Reason::new(format!("body could not start: {e}"))))?;
-        let result = body_result(&run, task.timeout_seconds)?;
+        let result = match &self.body {
+            Body::Command(program) => {
+                let run = self
+                    .run(program, &env, params_json, limits)
+                    .await
+                    .map_err(|e| {
+                        Failure::Retriable(Reason::new(format!("body could not start: {e}")))
+                    })?;
+                body_result(&run, task.timeout_seconds)?
+            }
+            Body::Rust(body) => {
+                let ctx = TaskContext {
+                    task_id: attempt.task_id.clone(),
+                    execution_id: execution_id.to_owned(),
+                    worker_id: self.worker_id.clone(),
+                    workflow_id: attempt.workflow_instance_id.clone(),
+                    retry_count: attempt.retry_count,
+                };
+                self.run_rust(Arc::clone(body), ctx, params).await?
+            }
+        };
 
         if let Some(schema) = &self.manifest.schemas.result {
             schema.validate("result", &result).map_err(|v| {
@@ -242,6 +314,60 @@ impl AssignmentRunner {
             }
         }
         Ok(result)
+    }
+
+    /// Runs a Rust body on a blocking thread within the time limit. An overrun cannot be
+    /// stopped from outside the thread: it is reported, and the executor is marked to exit
+    /// after the completion so the supervisor replaces the process.
+    async fn run_rust(
+        &self,
+        body: Arc<dyn Task>,
+        ctx: TaskContext,
+        params: Value,
+    ) -> Result<Value, Failure> {
+        let Value::Object(params) = params else {
+            unreachable!("params were checked to be an object");
+        };
+        let work = tokio::task::spawn_blocking(move || body.run(&ctx, &params));
+        let outcome = match self.time_limit() {
+            None => work.await,
+            Some(limit) => match tokio::time::timeout(limit, work).await {
+                Ok(joined) => joined,
+                Err(_) => {
+                    self.poisoned
+                        .store(true, std::sync::atomic::Ordering::SeqCst);
+                    return Err(Failure::Retriable(Reason::new(format!(
+                        "body timed out after {}s (task.timeout_seconds); the executor restarts to stop it",
+                        self.manifest.task.timeout_seconds
+                    ))));
+                }
+            },
+        };
+        match outcome {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(TaskError::Retriable(m))) => Err(Failure::Retriable(Reason::new(m))),
+            Ok(Err(TaskError::Terminal(m))) => Err(Failure::Terminal(Reason::new(m))),
+            Err(e) => {
+                let message = e
+                    .try_into_panic()
+                    .ok()
+                    .and_then(|p| {
+                        p.downcast_ref::<&str>()
+                            .map(|s| (*s).to_owned())
+                            .or_else(|| p.downcast_ref::<String>().cloned())
+                    })
+                    .unwrap_or_else(|| "unknown panic".to_owned());
+                Err(Failure::Retriable(Reason::new(format!(
+                    "body panicked: {message}"
+                ))))
+            }
+        }
+    }
+
+    /// True once a Rust body overran its time limit: the executor should exit after sending
+    /// the completion.
+    pub fn poisoned(&self) -> bool {
+        self.poisoned.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn time_limit(&self) -> Option<Duration> {

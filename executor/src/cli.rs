@@ -83,8 +83,14 @@ fn init_logging(task: &str, worker_id: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs the executor process; returns the exit code.
+/// Runs the stock executor process; returns the exit code.
 pub fn main() -> i32 {
+    main_with(None)
+}
+
+/// Runs an executor process whose body is `task` (a Rust task binary) or the manifest's
+/// command; returns the exit code.
+pub(crate) fn main_with(task: Option<Arc<dyn crate::task::Task>>) -> i32 {
     let (identity, manifest_path) = match identity_from(|name| std::env::var(name).ok()) {
         Ok(v) => v,
         Err(message) => {
@@ -103,11 +109,14 @@ pub fn main() -> i32 {
         eprintln!("error: {message}");
         return 1;
     }
-    let runner = match AssignmentRunner::new(
-        manifest,
-        identity.worker_id.clone(),
-        std::env::var_os("PATH").as_deref(),
-    ) {
+    let path = std::env::var_os("PATH");
+    let built = match task {
+        None => AssignmentRunner::new(manifest, identity.worker_id.clone(), path.as_deref()),
+        Some(task) => {
+            AssignmentRunner::with_task(manifest, identity.worker_id.clone(), path.as_deref(), task)
+        }
+    };
+    let runner = match built {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");
@@ -124,7 +133,7 @@ pub fn main() -> i32 {
             return 1;
         }
     };
-    runtime.block_on(async {
+    let code = runtime.block_on(async {
         let stop = Arc::new(AtomicBool::new(false));
         let (wake_tx, wake_rx) = tokio::sync::mpsc::channel(1);
         let flag = Arc::clone(&stop);
@@ -150,5 +159,8 @@ pub fn main() -> i32 {
                 1
             }
         }
-    })
+    });
+    // A Rust body that overran may still hold a blocking thread: do not wait for it.
+    runtime.shutdown_background();
+    code
 }

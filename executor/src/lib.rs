@@ -10,4 +10,5 @@ pub mod assignment;
 pub mod cli;
 pub mod command;
 pub mod slot;
+pub mod task;
 pub mod wire;

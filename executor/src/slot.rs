@@ -65,6 +65,9 @@ pub enum SlotError {
     /// The broker refused the attach or the stream failed.
     #[error("the broker refused or dropped the slot stream: {0}")]
     Stream(#[from] tonic::Status),
+    /// A Rust body overran and could not be stopped.
+    #[error("a task body overran its time limit; restarting the executor to stop it")]
+    Poisoned,
     /// The broker closed the stream without a stop.
     #[error("the broker closed the slot stream")]
     BrokerGone,
@@ -219,6 +222,13 @@ pub async fn serve(
                 tx.send(message(ToBroker::Completion(completion)))
                     .await
                     .map_err(|_| SlotError::BrokerGone)?;
+                if runner.poisoned() {
+                    tracing::warn!(
+                        "a Rust body overran its time limit and may still be running; exiting so the supervisor replaces this process"
+                    );
+                    close(tx, inbound).await?;
+                    return Err(SlotError::Poisoned);
+                }
             }
         }
     }

@@ -461,3 +461,78 @@ async fn soak_with_random_executor_kills_loses_nothing() {
     let restarts = sup.log_text().matches("restarting the slot").count();
     assert_eq!(restarts, 10, "{}", sup.log_text());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rust_task_binary_runs_as_the_executor() {
+    let conductor = Conductor::start().await;
+    let sum = env!("CARGO_BIN_EXE_perago-example-sum");
+    // ALERT_ONLY: Conductor's own timeoutSeconds would otherwise race the executor's limit and
+    // time the workflow out first.
+    let task = TaskFixture::new(
+        "e2e.sum",
+        "",
+        "retry_count = 0\ntimeout_policy = \"ALERT_ONLY\"",
+    );
+    // Point body.executor at the example binary instead of a shell body.
+    let manifest = std::fs::read_to_string(task.manifest())
+        .unwrap()
+        .replace(
+            "command = [\"sh\", \"body.sh\"]",
+            &format!("executor = \"{sum}\""),
+        )
+        .replace("timeout_seconds = 60", "timeout_seconds = 2");
+    std::fs::write(task.manifest(), manifest).unwrap();
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(&task, &conductor, 2, &[]);
+    let prefix = task.prefix();
+    let ok = conductor
+        .start_workflow(&task, json!({"a": 40, "b": 2}))
+        .await;
+    let bad = conductor.start_workflow(&task, json!({"b": 2})).await;
+    let panics = conductor
+        .start_workflow(&task, json!({"a": 1, "panic": true}))
+        .await;
+    let slow = conductor
+        .start_workflow(&task, json!({"a": 1, "sleep_ms": 5000}))
+        .await;
+
+    let wf = conductor.wait_terminal(&ok, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    assert_eq!(wf["output"]["result"]["sum"], 42);
+    let wf = conductor.wait_terminal(&bad, Duration::from_secs(30)).await;
+    assert_eq!(task_of(&wf)["status"], "FAILED_WITH_TERMINAL_ERROR");
+    assert_eq!(
+        task_of(&wf)["reasonForIncompletion"],
+        "params.a must be an integer"
+    );
+    let wf = conductor
+        .wait_terminal(&panics, Duration::from_secs(30))
+        .await;
+    assert_eq!(task_of(&wf)["status"], "FAILED");
+    assert_eq!(
+        task_of(&wf)["reasonForIncompletion"],
+        "body panicked: asked to panic"
+    );
+    let wf = conductor
+        .wait_terminal(&slow, Duration::from_secs(30))
+        .await;
+    assert_eq!(task_of(&wf)["status"], "FAILED", "{wf:#}");
+    assert_eq!(
+        task_of(&wf)["reasonForIncompletion"],
+        "body timed out after 2s (task.timeout_seconds); the executor restarts to stop it"
+    );
+    // The overrun executor was replaced.
+    let worker = task_of(&wf)["workerId"].as_str().unwrap().to_owned();
+    assert!(worker.starts_with(&prefix));
+    eventually(
+        "the overrun executor to be restarted",
+        Duration::from_secs(10),
+        || async { sup.log_text().contains("restarting the slot").then_some(()) },
+    )
+    .await;
+    // ps shows the slot names for a Rust task binary too.
+    assert!(
+        child_named(sup.pid(), "perago-executor-0001").is_some()
+            || child_named(sup.pid(), "perago-executor-0002").is_some()
+    );
+}
