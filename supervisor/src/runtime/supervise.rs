@@ -294,7 +294,7 @@ impl Supervisor {
         for (slot, proc) in &self.slots {
             if let Some(child) = proc.child {
                 let phase = phases.get(slot).map_or("unknown", String::as_str);
-                tracing::error!(worker_id = %proc.worker_id, pid = child.pid(), phase, deadline_s = deadline.as_secs(), "force-killing an executor still running after the shutdown deadline");
+                tracing::error!(worker_id = %proc.worker_id, pid = child.pid(), phase = %phase, deadline_s = deadline.as_secs(), "force-killing an executor still running after the shutdown deadline");
                 child.signal(process::SIGKILL);
             }
         }

@@ -536,3 +536,131 @@ async fn a_rust_task_binary_runs_as_the_executor() {
             || child_named(sup.pid(), "perago-executor-0002").is_some()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_broker_stops_the_runtime_with_exit_one() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("e2e.brokerdeath", ECHO, "");
+    conductor.register(&task).await;
+    let mut sup = SupervisorProc::start(&task, &conductor, 2, &[]);
+    let broker = eventually("the broker to run", Duration::from_secs(20), || async {
+        child_named(sup.pid(), "perago-conductor-broker")
+    })
+    .await;
+    let executors: Vec<u32> = eventually("two executors", Duration::from_secs(20), || async {
+        let pids: Vec<u32> = children_of(sup.pid())
+            .into_iter()
+            .filter(|p| p.argv[0].starts_with("perago-executor-"))
+            .map(|p| p.pid)
+            .collect();
+        (pids.len() == 2).then_some(pids)
+    })
+    .await;
+    signal_pid(broker.pid, "KILL");
+    let status = sup.wait_exit(Duration::from_secs(30)).await;
+    assert_eq!(status.code(), Some(1), "{}", sup.log_text());
+    for pid in executors {
+        assert!(!alive(pid), "executor {pid} outlived the supervisor");
+    }
+    let log = sup.log_text();
+    assert!(
+        log.contains("error: the broker exited (signal 9 (SIGKILL)) while the runtime was running"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("restarting the slot"),
+        "no restarts without a broker: {log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_kill_after_the_deadline_reports_the_killed_task() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new(
+        "e2e.stuck",
+        "read params\ntouch started\nexec sleep 60\n",
+        "",
+    );
+    conductor.register(&task).await;
+    let mut sup = SupervisorProc::start(
+        &task,
+        &conductor,
+        1,
+        &[("PERAGO_SHUTDOWN_FORCE_KILL_AFTER", "1s")],
+    );
+    let id = conductor.start_workflow(&task, json!({})).await;
+    let marker = task.dir.path().join("started");
+    eventually("the body to start", Duration::from_secs(20), || async {
+        marker.exists().then_some(())
+    })
+    .await;
+    let executor = child_named(sup.pid(), "perago-executor-0001").expect("executor");
+    sup.signal("TERM");
+    // A second signal during the drain is logged, not a kill.
+    eventually("the drain to start", Duration::from_secs(5), || async {
+        sup.log_text().contains("SIGTERM: draining").then_some(())
+    })
+    .await;
+    sup.signal("INT");
+    let status = sup.wait_exit(Duration::from_secs(30)).await;
+    let log = sup.log_text();
+    assert!(log.contains("SIGINT during drain: ignored"), "{log}");
+    let kill_line = log
+        .lines()
+        .find(|l| l.contains("force-killing an executor"))
+        .unwrap_or_else(|| panic!("no force-kill line: {log}"));
+    for field in [
+        format!("worker_id={}0001", task.prefix()),
+        format!("pid={}", executor.pid),
+        "phase=body".to_owned(),
+        "deadline_s=1".to_owned(),
+    ] {
+        assert!(kill_line.contains(&field), "{field} missing: {kill_line}");
+    }
+    assert!(!alive(executor.pid));
+    // The broker reported the killed assignment before it went.
+    let wf = conductor.workflow(&id).await;
+    let first = &wf["tasks"][0];
+    assert_eq!(first["status"], "FAILED", "{wf:#}\n{log}");
+    assert!(
+        first["reasonForIncompletion"]
+            .as_str()
+            .unwrap()
+            .contains("exited (signal 9 (SIGKILL)) while running execution"),
+        "{wf:#}"
+    );
+    assert!(status.code().is_some(), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_update_v2_gets_v1_updates() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("e2e.v1", ECHO, "");
+    conductor.register(&task).await;
+    conductor
+        .server
+        .faults()
+        .add(FaultSpec {
+            method: Some("POST".into()),
+            path: "/api/tasks/update-v2".into(),
+            status: Some(405),
+            ..FaultSpec::default()
+        })
+        .unwrap();
+    let sup = SupervisorProc::start(&task, &conductor, 2, &[]);
+    let mut ids = Vec::new();
+    for n in 0..10 {
+        ids.push(conductor.start_workflow(&task, json!({"n": n})).await);
+    }
+    for id in &ids {
+        let wf = conductor.wait_terminal(id, Duration::from_secs(30)).await;
+        assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
+    }
+    let log = sup.log_text();
+    assert_eq!(
+        log.matches("has no usable update-v2; using v1 from now on")
+            .count(),
+        1,
+        "{log}"
+    );
+}
