@@ -379,18 +379,55 @@ fn start_refuses_bad_durations_and_prefixes_at_once() {
     );
 }
 
+/// Splits a shell command line with single quotes (all the README uses).
+fn shell_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut in_word = false;
+    let mut quoted = false;
+    for c in line.chars() {
+        match c {
+            '\'' => {
+                quoted = !quoted;
+                in_word = true;
+            }
+            c if c.is_whitespace() && !quoted => {
+                if in_word {
+                    words.push(std::mem::take(&mut word));
+                    in_word = false;
+                }
+            }
+            c => {
+                word.push(c);
+                in_word = true;
+            }
+        }
+    }
+    if in_word {
+        words.push(word);
+    }
+    words
+}
+
+/// The README's first command runs a real task end to end: run exactly its arguments.
 #[test]
-fn dev_runs_the_example_end_to_end() {
-    let out = run(&[
-        "dev",
-        "examples/greet/task.toml",
-        "-j",
-        "2",
-        "--input",
-        r#"{"params": {"name": "Ada", "times": 2}}"#,
-        "--input",
-        r#"{"params": {"name": "Grace"}}"#,
-    ]);
+fn readme_first_command_runs_the_example_end_to_end() {
+    let readme = fs::read_to_string(workspace_root().join("README.md")).unwrap();
+    let block = readme
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("README has a sh block");
+    let command = block.trim();
+    let prefix = "cargo run -q -p perago-supervisor -- ";
+    assert!(
+        command.starts_with(prefix),
+        "the first README command changed: {command}"
+    );
+    let args = shell_words(&command[prefix.len()..]);
+    assert_eq!(args[0], "dev");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run(&args);
     out.expect_code(0);
     let mut lines: Vec<serde_json::Value> = out
         .stdout
@@ -399,17 +436,36 @@ fn dev_runs_the_example_end_to_end() {
         .collect();
     lines.sort_by_key(|l| l["output"]["result"]["message"].as_str().map(str::to_owned));
     assert_eq!(lines.len(), 2, "{out}");
-    assert_eq!(lines[0]["status"], "COMPLETED");
+    assert!(lines.iter().all(|l| l["status"] == "COMPLETED"), "{out}");
     assert_eq!(
         lines[0]["output"]["result"],
         serde_json::json!({"message": "hello, Ada! hello, Ada!", "length": 3})
     );
     assert_eq!(lines[1]["output"]["result"]["message"], "hello, Grace!");
+    assert!(lines.iter().all(|l| {
+        l["worker_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("examplesgreet000")
+    }));
     assert!(
         out.stderr
             .contains("2 workflow(s): 2 completed, 0 not completed"),
         "{out}"
     );
+}
+
+#[test]
+fn readme_second_command_is_what_ci_runs() {
+    let readme = fs::read_to_string(workspace_root().join("README.md")).unwrap();
+    let second = readme
+        .split("```sh\n")
+        .nth(2)
+        .and_then(|rest| rest.split("```").next())
+        .expect("README has a second sh block");
+    assert_eq!(second.trim(), "scripts/test");
+    let ci = fs::read_to_string(workspace_root().join(".ci/run")).unwrap();
+    assert!(ci.lines().any(|l| l.trim() == "exec scripts/test"), "{ci}");
 }
 
 #[test]
