@@ -281,7 +281,7 @@ mod tests {
         let mut f = RotatingFile::open(tmp.path(), 100, 3).unwrap();
         for n in 0..20 {
             f.write_line(
-                format!("{{\"n\": {n:03}, \"pad\": \"xxxxxxxxxxxxxxxxxxxx\"}}\n").as_bytes(),
+                format!("{{\"n\": {n:>3}, \"pad\": \"xxxxxxxxxxxxxxxxxxxx\"}}\n").as_bytes(),
             )
             .unwrap();
         }
@@ -300,7 +300,7 @@ mod tests {
         }
         // The newest line is in the current file.
         let current = fs::read_to_string(tmp.path().join("perago.jsonl")).unwrap();
-        assert!(current.contains("\"n\": 019"));
+        assert!(current.contains("\"n\":  19"));
     }
 
     #[test]
