@@ -35,6 +35,21 @@ const BROKER_KILL_DELAY: Duration = Duration::from_secs(2);
 /// A replacement that has run this long resets its slot's restart backoff.
 const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
 
+/// Every call to the broker is bounded: a wedged broker must not wedge the dispatcher.
+const CONTROL_CALL_DEADLINE: Duration = Duration::from_secs(5);
+
+async fn bounded<T>(
+    call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<tonic::Response<T>, tonic::Status> {
+    tokio::time::timeout(CONTROL_CALL_DEADLINE, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(tonic::Status::deadline_exceeded(
+                "the broker did not answer within 5 s",
+            ))
+        })
+}
+
 /// The restart delay before the `n`-th consecutive restart of a slot (0-based).
 pub(crate) fn restart_delay(n: u32) -> Duration {
     const STEPS: [u64; 6] = [1, 2, 4, 8, 16, 30];
@@ -159,14 +174,13 @@ impl Supervisor {
         // The broker learns the generation and token before the process exists, so the
         // executor can never attach before it is expected.
         if let Some(control) = &mut self.control {
-            control
-                .slot_started(proto::SlotStarted {
-                    slot,
-                    generation,
-                    token: token.clone(),
-                    pid: 0,
-                })
-                .await?;
+            bounded(control.slot_started(proto::SlotStarted {
+                slot,
+                generation,
+                token: token.clone(),
+                pid: 0,
+            }))
+            .await?;
         }
         let mut env = self.base_env();
         env.extend([
@@ -239,7 +253,7 @@ impl Supervisor {
                         pid: exit.pid,
                         status: status.clone(),
                     };
-                    match control.slot_exited(report).await {
+                    match bounded(control.slot_exited(report)).await {
                         Ok(_) => {}
                         // A broker that finished its drain has closed its socket.
                         Err(e) if self.draining => tracing::debug!(error = %e, "broker gone"),
@@ -280,7 +294,7 @@ impl Supervisor {
             proc.restart_at = None;
         }
         if let Some(admin) = &mut self.admin
-            && let Err(e) = admin.drain(admin::DrainRequest {}).await
+            && let Err(e) = bounded(admin.drain(admin::DrainRequest {})).await
         {
             tracing::warn!(error = %e, "cannot ask the broker to drain; stopping it with SIGTERM");
             if let Some(broker) = self.broker {
