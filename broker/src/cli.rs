@@ -63,22 +63,6 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
     })
 }
 
-/// stderr, plus the broker's JSONL folder when `PERAGO_LOG_ROOT` is set.
-fn init_logging(config: &BrokerConfig) -> Result<(), String> {
-    use perago_core::logging::{self, JsonlConfig};
-    match std::env::var_os(logging::PERAGO_LOG_ROOT).filter(|v| !v.is_empty()) {
-        None => logging::init_stderr("perago-conductor-broker"),
-        Some(root) => {
-            let jsonl =
-                JsonlConfig::from_env(root.into(), &config.task_name, &config.prefix.broker_id())?;
-            logging::init_worker(&jsonl).map_err(|e| {
-                format!("cannot open the log folder {}: {e}", jsonl.dir().display())
-            })?;
-        }
-    }
-    Ok(())
-}
-
 /// Runs the broker process; returns the exit code.
 pub fn main() -> i32 {
     let config = match config_from(|name| std::env::var(name).ok()) {
@@ -88,7 +72,11 @@ pub fn main() -> i32 {
             return 2;
         }
     };
-    if let Err(message) = init_logging(&config) {
+    if let Err(message) = perago_core::logging::init_worker_from_env(
+        "perago-conductor-broker",
+        &config.task_name,
+        &config.prefix.broker_id(),
+    ) {
         eprintln!("error: {message}");
         return 1;
     }

@@ -150,8 +150,10 @@ impl Reporter {
                     return Some(next);
                 }
                 Err(e) if v2 && v2_unsupported(&e) => {
-                    tracing::warn!(error = %e, "the Conductor server has no usable update-v2; using v1 from now on");
-                    self.disable_v2();
+                    // Concurrent updates may all see the 405; the switch is logged once.
+                    if self.v2.swap(false, Ordering::Relaxed) {
+                        tracing::warn!(error = %e, "the Conductor server has no usable update-v2; using v1 from now on");
+                    }
                 }
                 Err(e) if e.is_retryable() && started.elapsed() < MAX_UPDATE_RETRY => {
                     self.counters.update_retries.inc();

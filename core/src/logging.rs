@@ -255,6 +255,21 @@ pub fn init_stderr_at(default: &str) {
         .try_init();
 }
 
+/// The logging of a broker or executor process: stderr, plus the worker's JSONL folder when
+/// `PERAGO_LOG_ROOT` is set. The error names the variable or folder at fault.
+pub fn init_worker_from_env(process: &str, task: &str, worker_id: &str) -> Result<(), String> {
+    match std::env::var_os(PERAGO_LOG_ROOT).filter(|v| !v.is_empty()) {
+        None => init_stderr(process),
+        Some(root) => {
+            let config = JsonlConfig::from_env(root.into(), task, worker_id)?;
+            init_worker(&config).map_err(|e| {
+                format!("cannot open the log folder {}: {e}", config.dir().display())
+            })?;
+        }
+    }
+    Ok(())
+}
+
 /// Installs stderr logging plus this worker's JSONL file. Returns the file's folder.
 pub fn init_worker(config: &JsonlConfig) -> io::Result<PathBuf> {
     let dir = config.dir();

@@ -234,26 +234,16 @@ impl AssignmentRunner {
         };
 
         if let Some(pre) = &self.pre {
-            let run = self
-                .run(pre, &env, params_json.clone(), guardrail_limits)
-                .await
-                .map_err(|e| {
-                    Failure::Retriable(Reason::new(format!(
-                        "pre guardrail {} could not start: {e}",
-                        pre.label
-                    )))
-                })?;
-            if run.ended != Ended::Exited(0) {
-                // A pre guardrail says the input can never succeed: no retry.
-                return Err(Failure::Terminal(Reason::with_tail(
-                    &format!(
-                        "pre guardrail {} failed ({})",
-                        pre.label,
-                        run.ended.describe()
-                    ),
-                    &run.stderr_tail,
-                )));
-            }
+            // A pre guardrail says the input can never succeed: no retry.
+            self.guardrail(
+                "pre",
+                pre,
+                &env,
+                params_json.clone(),
+                guardrail_limits,
+                Failure::Terminal,
+            )
+            .await?;
         }
 
         let limits = RunLimits {
@@ -293,27 +283,47 @@ impl AssignmentRunner {
         }
         if let Some(post) = &self.post {
             let result_json = serde_json::to_vec(&result).expect("a Value always serializes");
-            let run = self
-                .run(post, &env, result_json, guardrail_limits)
-                .await
-                .map_err(|e| {
-                    Failure::Retriable(Reason::new(format!(
-                        "post guardrail {} could not start: {e}",
-                        post.label
-                    )))
-                })?;
-            if run.ended != Ended::Exited(0) {
-                return Err(Failure::Retriable(Reason::with_tail(
-                    &format!(
-                        "post guardrail {} failed ({})",
-                        post.label,
-                        run.ended.describe()
-                    ),
-                    &run.stderr_tail,
-                )));
-            }
+            self.guardrail(
+                "post",
+                post,
+                &env,
+                result_json,
+                guardrail_limits,
+                Failure::Retriable,
+            )
+            .await?;
         }
         Ok(result)
+    }
+
+    /// Runs a guardrail with `stdin`; a non-zero exit fails the assignment as `failure` says.
+    /// One that cannot start is a retriable failure (the deployment, not the input, is wrong).
+    async fn guardrail(
+        &self,
+        which: &str,
+        program: &Program,
+        env: &[(&str, &str)],
+        stdin: Vec<u8>,
+        limits: RunLimits,
+        failure: fn(Reason) -> Failure,
+    ) -> Result<(), Failure> {
+        let run = self.run(program, env, stdin, limits).await.map_err(|e| {
+            Failure::Retriable(Reason::new(format!(
+                "{which} guardrail {} could not start: {e}",
+                program.label
+            )))
+        })?;
+        if run.ended == Ended::Exited(0) {
+            return Ok(());
+        }
+        Err(failure(Reason::with_tail(
+            &format!(
+                "{which} guardrail {} failed ({})",
+                program.label,
+                run.ended.describe()
+            ),
+            &run.stderr_tail,
+        )))
     }
 
     /// Runs a Rust body on a blocking thread within the time limit. An overrun cannot be

@@ -68,21 +68,6 @@ pub fn identity_from(
     ))
 }
 
-/// stderr, plus this worker's JSONL folder when `PERAGO_LOG_ROOT` is set.
-fn init_logging(task: &str, worker_id: &str) -> Result<(), String> {
-    use perago_core::logging::{self, JsonlConfig};
-    match std::env::var_os(logging::PERAGO_LOG_ROOT).filter(|v| !v.is_empty()) {
-        None => logging::init_stderr("perago-executor"),
-        Some(root) => {
-            let jsonl = JsonlConfig::from_env(root.into(), task, worker_id)?;
-            logging::init_worker(&jsonl).map_err(|e| {
-                format!("cannot open the log folder {}: {e}", jsonl.dir().display())
-            })?;
-        }
-    }
-    Ok(())
-}
-
 /// Runs the stock executor process; returns the exit code.
 pub fn main() -> i32 {
     main_with(None)
@@ -105,7 +90,11 @@ pub(crate) fn main_with(task: Option<Arc<dyn crate::task::Task>>) -> i32 {
             return 1;
         }
     };
-    if let Err(message) = init_logging(&manifest.task.name, &identity.worker_id) {
+    if let Err(message) = perago_core::logging::init_worker_from_env(
+        "perago-executor",
+        &manifest.task.name,
+        &identity.worker_id,
+    ) {
         eprintln!("error: {message}");
         return 1;
     }
