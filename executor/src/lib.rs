@@ -12,3 +12,4 @@ pub mod command;
 pub mod slot;
 pub mod task;
 pub mod wire;
+pub mod workspace;

@@ -1,0 +1,545 @@
+//! A lakeFS REST client for exactly what the workspace runtime needs: pin a branch, list and
+//! read objects at a commit, cut a staging branch, upload, delete, commit, merge, clean up.
+//! Every request has a timeout; idempotent reads are retried on transport errors, 5xx and 429.
+//! The secret key never appears in `Debug` output or in error messages.
+
+use perago_core::backoff::Backoff;
+use reqwest::{Method, StatusCode};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use std::{fmt, time::Duration};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// Attempts of an idempotent request before its error is returned.
+const READ_ATTEMPTS: u32 = 5;
+/// lakeFS pages at most 1000 entries.
+pub const MAX_PAGE: u32 = 1000;
+
+/// Where and as whom to reach lakeFS.
+#[derive(Clone)]
+pub struct LakefsConfig {
+    /// `LAKEFS_ENDPOINT`, with or without `/api/v1`.
+    pub endpoint: String,
+    /// `LAKEFS_ACCESS_KEY_ID`.
+    pub access_key_id: String,
+    /// `LAKEFS_SECRET_ACCESS_KEY`.
+    pub secret_access_key: String,
+}
+
+impl fmt::Debug for LakefsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LakefsConfig")
+            .field("endpoint", &self.endpoint)
+            .field("access_key_id", &self.access_key_id)
+            .field("secret_access_key", &"<redacted>")
+            .finish()
+    }
+}
+
+impl LakefsConfig {
+    /// The config from `lookup`; the error lists every missing name.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        use perago_core::env::{LAKEFS_ACCESS_KEY_ID, LAKEFS_ENDPOINT, LAKEFS_SECRET_ACCESS_KEY};
+        let var = |n: &str| lookup(n).filter(|v| !v.trim().is_empty());
+        let missing: Vec<&str> = [
+            LAKEFS_ENDPOINT,
+            LAKEFS_ACCESS_KEY_ID,
+            LAKEFS_SECRET_ACCESS_KEY,
+        ]
+        .into_iter()
+        .filter(|n| var(n).is_none())
+        .collect();
+        if !missing.is_empty() {
+            return Err(format!(
+                "LakeFS config is required for workspace tasks: missing {}",
+                missing.join(", ")
+            ));
+        }
+        Ok(Self {
+            endpoint: var(LAKEFS_ENDPOINT).expect("checked"),
+            access_key_id: var(LAKEFS_ACCESS_KEY_ID).expect("checked"),
+            secret_access_key: var(LAKEFS_SECRET_ACCESS_KEY).expect("checked"),
+        })
+    }
+}
+
+/// A failed lakeFS call.
+#[derive(Debug, thiserror::Error)]
+pub enum LakefsError {
+    /// No answer (connect, timeout, reset).
+    #[error("lakeFS {op}: {source}")]
+    Transport {
+        /// What was being done.
+        op: String,
+        /// The cause.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// An error status.
+    #[error("lakeFS {op}: HTTP {status}: {message}")]
+    Status {
+        /// What was being done.
+        op: String,
+        /// The status code.
+        status: u16,
+        /// The server's `message`.
+        message: String,
+    },
+    /// A merge conflict (409).
+    #[error("lakeFS {op}: merge conflict")]
+    Conflict {
+        /// What was being done.
+        op: String,
+    },
+    /// An answer that is not what the API promises.
+    #[error("lakeFS {op}: unexpected response: {message}")]
+    Decode {
+        /// What was being done.
+        op: String,
+        /// What was wrong.
+        message: String,
+    },
+}
+
+impl LakefsError {
+    /// Transport errors, 5xx and 429.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Transport { .. } => true,
+            Self::Status { status, .. } => *status >= 500 || *status == 429,
+            _ => false,
+        }
+    }
+
+    /// A 404.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::Status { status: 404, .. })
+    }
+
+    /// lakeFS's "no changes" 400 (commit or merge with nothing to do).
+    pub fn is_no_changes(&self) -> bool {
+        matches!(self, Self::Status { status: 400, message, .. } if message.contains("no changes"))
+    }
+}
+
+/// One object as listed.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ObjectStats {
+    /// The key.
+    pub path: String,
+    /// `object` or `common_prefix`.
+    pub path_type: String,
+    /// Hex MD5 of the content.
+    #[serde(default)]
+    pub checksum: String,
+    /// Size in bytes.
+    #[serde(default)]
+    pub size_bytes: Option<u64>,
+}
+
+/// A commit.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Commit {
+    /// The commit id.
+    pub id: String,
+    /// Parent commit ids.
+    #[serde(default)]
+    pub parents: Vec<String>,
+    /// Commit metadata.
+    #[serde(default)]
+    pub metadata: Option<Map<String, Value>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Pagination {
+    has_more: bool,
+    next_offset: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Page<T> {
+    pagination: Pagination,
+    results: Vec<T>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Ref {
+    commit_id: String,
+}
+
+/// A client for one lakeFS server.
+#[derive(Debug, Clone)]
+pub struct LakefsClient {
+    http: reqwest::Client,
+    base: String,
+    key: String,
+    secret: String,
+    backoff: Backoff,
+}
+
+/// Percent-encodes one path segment.
+fn segment(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+impl LakefsClient {
+    /// A client for `config`.
+    pub fn new(config: &LakefsConfig) -> Result<Self, String> {
+        let mut base = config.endpoint.trim().trim_end_matches('/').to_owned();
+        if !base.starts_with("http://") && !base.starts_with("https://") {
+            return Err(format!(
+                "LAKEFS_ENDPOINT {:?} is invalid: expected an http:// URL",
+                config.endpoint
+            ));
+        }
+        if base.starts_with("https://") {
+            return Err(format!(
+                "LAKEFS_ENDPOINT {:?}: https is not supported by this build yet",
+                config.endpoint
+            ));
+        }
+        if !base.ends_with("/api/v1") {
+            base.push_str("/api/v1");
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT)
+            .build()
+            .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
+        Ok(Self {
+            http,
+            base,
+            key: config.access_key_id.clone(),
+            secret: config.secret_access_key.clone(),
+            backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(5), 0.2)
+                .expect("valid constants"),
+        })
+    }
+
+    fn repo_path(repo: &str) -> String {
+        format!("/repositories/{}", segment(repo))
+    }
+
+    async fn send(
+        &self,
+        op: &str,
+        method: Method,
+        path: &str,
+        query: &[(&str, &str)],
+        body: Option<Body>,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Vec<u8>), LakefsError> {
+        let url = format!("{}{path}", self.base);
+        let mut req = self
+            .http
+            .request(method, &url)
+            .basic_auth(&self.key, Some(&self.secret))
+            .timeout(timeout);
+        if !query.is_empty() {
+            req = req.query(query);
+        }
+        match body {
+            Some(Body::Json(v)) => req = req.json(&v),
+            Some(Body::Raw(bytes)) => {
+                req = req
+                    .header("Content-Type", "application/octet-stream")
+                    .body(bytes)
+            }
+            None => {}
+        }
+        let transport = |source| LakefsError::Transport {
+            op: op.to_owned(),
+            source,
+        };
+        let resp = req.send().await.map_err(transport)?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(transport)?.to_vec();
+        if status == StatusCode::CONFLICT && op.starts_with("merge") {
+            return Err(LakefsError::Conflict { op: op.to_owned() });
+        }
+        if status.is_client_error() || status.is_server_error() {
+            let message = serde_json::from_slice::<Value>(&bytes)
+                .ok()
+                .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_owned))
+                .unwrap_or_else(|| String::from_utf8_lossy(&bytes).chars().take(300).collect());
+            return Err(LakefsError::Status {
+                op: op.to_owned(),
+                status: status.as_u16(),
+                message,
+            });
+        }
+        Ok((status, bytes))
+    }
+
+    /// `send` with retries, for idempotent requests only.
+    async fn read(
+        &self,
+        op: &str,
+        method: Method,
+        path: &str,
+        query: &[(&str, &str)],
+    ) -> Result<Vec<u8>, LakefsError> {
+        let mut attempt = 0;
+        loop {
+            match self
+                .send(op, method.clone(), path, query, None, REQUEST_TIMEOUT)
+                .await
+            {
+                Ok((_, bytes)) => return Ok(bytes),
+                Err(e) if e.is_retryable() && attempt + 1 < READ_ATTEMPTS => {
+                    tracing::debug!(error = %e, attempt, "retrying a lakeFS read");
+                    tokio::time::sleep(self.backoff.delay(attempt)).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn decode<T: serde::de::DeserializeOwned>(op: &str, bytes: &[u8]) -> Result<T, LakefsError> {
+        serde_json::from_slice(bytes).map_err(|e| LakefsError::Decode {
+            op: op.to_owned(),
+            message: e.to_string(),
+        })
+    }
+
+    /// The commit a ref (branch, commit id) points at now.
+    pub async fn resolve_commit(&self, repo: &str, reference: &str) -> Result<String, LakefsError> {
+        let op = format!("resolve {repo}@{reference}");
+        let branch = format!("{}/branches/{}", Self::repo_path(repo), segment(reference));
+        match self.read(&op, Method::GET, &branch, &[]).await {
+            Ok(bytes) => Ok(Self::decode::<Ref>(&op, &bytes)?.commit_id),
+            Err(e) if e.is_not_found() => {
+                let commit = format!("{}/commits/{}", Self::repo_path(repo), segment(reference));
+                let bytes = self.read(&op, Method::GET, &commit, &[]).await?;
+                Ok(Self::decode::<Commit>(&op, &bytes)?.id)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every object under `prefix` at `reference`, following pagination.
+    pub async fn list_objects(
+        &self,
+        repo: &str,
+        reference: &str,
+        prefix: &str,
+    ) -> Result<Vec<ObjectStats>, LakefsError> {
+        let op = format!("list {repo}@{reference}/{prefix}");
+        let path = format!(
+            "{}/refs/{}/objects/ls",
+            Self::repo_path(repo),
+            segment(reference)
+        );
+        let amount = MAX_PAGE.to_string();
+        let mut after = String::new();
+        let mut out = Vec::new();
+        loop {
+            let query = [
+                ("prefix", prefix),
+                ("after", after.as_str()),
+                ("amount", amount.as_str()),
+                ("user_metadata", "false"),
+            ];
+            let bytes = self.read(&op, Method::GET, &path, &query).await?;
+            let page: Page<ObjectStats> = Self::decode(&op, &bytes)?;
+            out.extend(page.results.into_iter().filter(|o| o.path_type == "object"));
+            if !page.pagination.has_more || page.pagination.next_offset.is_empty() {
+                return Ok(out);
+            }
+            after = page.pagination.next_offset;
+        }
+    }
+
+    /// The content of one object.
+    pub async fn get_object(
+        &self,
+        repo: &str,
+        reference: &str,
+        key: &str,
+    ) -> Result<Vec<u8>, LakefsError> {
+        let op = format!("get {repo}@{reference}/{key}");
+        let path = format!(
+            "{}/refs/{}/objects",
+            Self::repo_path(repo),
+            segment(reference)
+        );
+        self.read(&op, Method::GET, &path, &[("path", key)]).await
+    }
+
+    /// Creates `branch` from `source` (a commit id or branch).
+    pub async fn create_branch(
+        &self,
+        repo: &str,
+        branch: &str,
+        source: &str,
+    ) -> Result<(), LakefsError> {
+        let op = format!("create branch {repo}/{branch}");
+        let path = format!("{}/branches", Self::repo_path(repo));
+        let body = Body::Json(json!({"name": branch, "source": source}));
+        self.send(&op, Method::POST, &path, &[], Some(body), REQUEST_TIMEOUT)
+            .await
+            .map(drop)
+    }
+
+    /// Uploads `content` to `key` on `branch`.
+    pub async fn upload(
+        &self,
+        repo: &str,
+        branch: &str,
+        key: &str,
+        content: Vec<u8>,
+    ) -> Result<(), LakefsError> {
+        let op = format!("upload {repo}/{branch}/{key}");
+        let path = format!(
+            "{}/branches/{}/objects",
+            Self::repo_path(repo),
+            segment(branch)
+        );
+        self.send(
+            &op,
+            Method::POST,
+            &path,
+            &[("path", key)],
+            Some(Body::Raw(content)),
+            REQUEST_TIMEOUT,
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Deletes `keys` on `branch`, at most 1000 per request.
+    pub async fn delete_objects(
+        &self,
+        repo: &str,
+        branch: &str,
+        keys: &[String],
+    ) -> Result<(), LakefsError> {
+        let path = format!(
+            "{}/branches/{}/objects/delete",
+            Self::repo_path(repo),
+            segment(branch)
+        );
+        for chunk in keys.chunks(MAX_PAGE as usize) {
+            let op = format!("delete {} objects on {repo}/{branch}", chunk.len());
+            let (_, bytes) = self
+                .send(
+                    &op,
+                    Method::POST,
+                    &path,
+                    &[],
+                    Some(Body::Json(json!({"paths": chunk}))),
+                    REQUEST_TIMEOUT,
+                )
+                .await?;
+            let answer: Value = Self::decode(&op, &bytes)?;
+            if let Some(first) = answer["errors"].as_array().and_then(|e| e.first()) {
+                return Err(LakefsError::Status {
+                    op,
+                    status: first["status_code"].as_u64().unwrap_or(500) as u16,
+                    message: first["message"]
+                        .as_str()
+                        .unwrap_or("delete failed")
+                        .to_owned(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits `branch` with `message` and `metadata`.
+    pub async fn commit(
+        &self,
+        repo: &str,
+        branch: &str,
+        message: &str,
+        metadata: &Map<String, Value>,
+    ) -> Result<Commit, LakefsError> {
+        let op = format!("commit {repo}/{branch}");
+        let path = format!(
+            "{}/branches/{}/commits",
+            Self::repo_path(repo),
+            segment(branch)
+        );
+        let body = Body::Json(json!({"message": message, "metadata": metadata}));
+        let (_, bytes) = self
+            .send(&op, Method::POST, &path, &[], Some(body), REQUEST_TIMEOUT)
+            .await?;
+        Self::decode(&op, &bytes)
+    }
+
+    /// Merges `source` into `destination` within `timeout`; returns the merge commit id.
+    pub async fn merge(
+        &self,
+        repo: &str,
+        source: &str,
+        destination: &str,
+        message: &str,
+        metadata: &Map<String, Value>,
+        timeout: Duration,
+    ) -> Result<String, LakefsError> {
+        let op = format!("merge {repo}/{source} into {destination}");
+        let path = format!(
+            "{}/refs/{}/merge/{}",
+            Self::repo_path(repo),
+            segment(source),
+            segment(destination)
+        );
+        let body = Body::Json(json!({"message": message, "metadata": metadata}));
+        let (_, bytes) = self
+            .send(&op, Method::POST, &path, &[], Some(body), timeout)
+            .await?;
+        let answer: Value = Self::decode(&op, &bytes)?;
+        answer["reference"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| LakefsError::Decode {
+                op,
+                message: "no reference in the merge result".into(),
+            })
+    }
+
+    /// The newest commits of `reference`, newest first.
+    pub async fn log(
+        &self,
+        repo: &str,
+        reference: &str,
+        amount: u32,
+    ) -> Result<Vec<Commit>, LakefsError> {
+        let op = format!("log {repo}@{reference}");
+        let path = format!(
+            "{}/refs/{}/commits",
+            Self::repo_path(repo),
+            segment(reference)
+        );
+        let amount = amount.min(MAX_PAGE).to_string();
+        let bytes = self
+            .read(&op, Method::GET, &path, &[("amount", amount.as_str())])
+            .await?;
+        Ok(Self::decode::<Page<Commit>>(&op, &bytes)?.results)
+    }
+
+    /// Deletes `branch`; a branch that is already gone is not an error.
+    pub async fn delete_branch(&self, repo: &str, branch: &str) -> Result<(), LakefsError> {
+        let op = format!("delete branch {repo}/{branch}");
+        let path = format!("{}/branches/{}", Self::repo_path(repo), segment(branch));
+        match self.read(&op, Method::DELETE, &path, &[]).await {
+            Err(e) if e.is_not_found() => Ok(()),
+            other => other.map(drop),
+        }
+    }
+}
+
+enum Body {
+    Json(Value),
+    Raw(Vec<u8>),
+}

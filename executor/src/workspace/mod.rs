@@ -1,0 +1,5 @@
+//! The lakeFS workspace of a workspace task: download, stage, fence, publish, clean up.
+
+pub mod lakefs;
+pub mod paths;
+pub mod scan;
