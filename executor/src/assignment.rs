@@ -5,15 +5,20 @@
 use crate::{
     command::{self, CommandSpec, Ended, Finished, RunLimits},
     task::{Task, TaskContext, TaskError},
+    workspace::{
+        flow::{Attempt, Fence, Owner, WorkspaceFailure},
+        lakefs::LakefsClient,
+    },
 };
 use perago_core::{
     attempt::AttemptSnapshot,
     command::{CommandError, resolve_program},
-    manifest::{BodyKind, BodyProtocol, Manifest, TaskKind},
+    manifest::{BodyKind, BodyProtocol, Manifest},
     result::{Reason, RuntimeResult},
-    shape::{parse_input, workspace_free_output},
+    shape::{parse_input, workspace_free_output, workspace_output},
 };
-use serde_json::Value;
+use perago_proto::slot::v1::Phase;
+use serde_json::{Map, Value};
 use std::{ffi::OsStr, sync::Arc, time::Duration};
 
 /// Conductor externalizes task output above 3 MB (and fails it above 10 MB); perago fails
@@ -69,6 +74,43 @@ pub struct AssignmentRunner {
     post: Option<Program>,
     kill_grace: Duration,
     poisoned: Arc<std::sync::atomic::AtomicBool>,
+    workspace: Option<WorkspaceRuntime>,
+}
+
+/// What workspace assignments need from the executor's environment.
+#[derive(Debug, Clone)]
+pub struct WorkspaceRuntime {
+    /// `PERAGO_WORKSPACE_ROOT`: attempt directories go under `attempts/`.
+    pub root: std::path::PathBuf,
+    /// The lakeFS client, or why there is none (reported as the assignment's failure).
+    pub lakefs: Result<LakefsClient, String>,
+    /// This executor's slot and generation, written to each attempt's owner file.
+    pub owner: Owner,
+}
+
+/// The slot's side of one assignment: the attempt fence and phase reports.
+#[derive(Default)]
+pub struct AssignmentIo<'a> {
+    /// Reads the attempt back; needed by workspace tasks.
+    pub fence: Option<&'a dyn Fence>,
+    /// Called as the assignment enters each phase.
+    pub progress: Option<&'a (dyn Fn(Phase) + Send + Sync)>,
+}
+
+impl std::fmt::Debug for AssignmentIo<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AssignmentIo")
+            .field("fence", &self.fence.is_some())
+            .finish()
+    }
+}
+
+impl AssignmentIo<'_> {
+    fn phase(&self, phase: Phase) {
+        if let Some(progress) = self.progress {
+            progress(phase);
+        }
+    }
 }
 
 impl AssignmentRunner {
@@ -97,11 +139,6 @@ impl AssignmentRunner {
         path_var: Option<&OsStr>,
         task: Option<Arc<dyn Task>>,
     ) -> Result<Self, RunnerError> {
-        if manifest.task.kind == TaskKind::Workspace {
-            return Err(RunnerError::Unsupported(
-                "workspace tasks need the lakeFS workspace runtime, which this executor does not have yet",
-            ));
-        }
         let argv = match (&manifest.body.kind, &task) {
             (BodyKind::Executor(_), Some(_)) => None,
             (BodyKind::Command { .. }, Some(_)) => {
@@ -183,7 +220,14 @@ impl AssignmentRunner {
             post,
             kill_grace: Duration::from_secs(10),
             poisoned: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            workspace: None,
         })
+    }
+
+    /// Enables workspace assignments.
+    pub fn with_workspace(mut self, runtime: WorkspaceRuntime) -> Self {
+        self.workspace = Some(runtime);
+        self
     }
 
     /// Sets the time between SIGTERM and SIGKILL when the body overruns (default 10 s).
@@ -193,10 +237,21 @@ impl AssignmentRunner {
     }
 
     /// Runs one assignment to its result. Never panics on bad input or a failing body: every
-    /// path ends in a result for Conductor.
+    /// path ends in a result for Conductor. Workspace tasks need `io.fence`.
     pub async fn execute(&self, execution_id: &str, attempt: &AttemptSnapshot) -> RuntimeResult {
-        match self.try_execute(execution_id, attempt).await {
-            Ok(result) => RuntimeResult::completed(&self.worker_id, workspace_free_output(result)),
+        self.execute_with(execution_id, attempt, &AssignmentIo::default())
+            .await
+    }
+
+    /// [`execute`](Self::execute) with the slot's fence and progress reporting.
+    pub async fn execute_with(
+        &self,
+        execution_id: &str,
+        attempt: &AttemptSnapshot,
+        io: &AssignmentIo<'_>,
+    ) -> RuntimeResult {
+        match self.try_execute(execution_id, attempt, io).await {
+            Ok(output) => RuntimeResult::completed(&self.worker_id, output),
             Err(Failure::Retriable(reason)) => RuntimeResult::failed(&self.worker_id, reason),
             Err(Failure::Terminal(reason)) => {
                 RuntimeResult::failed_terminal(&self.worker_id, reason)
@@ -208,9 +263,15 @@ impl AssignmentRunner {
         &self,
         execution_id: &str,
         attempt: &AttemptSnapshot,
-    ) -> Result<Value, Failure> {
-        let task = &self.manifest.task;
-        let input = parse_input(task.kind, &attempt.input_data, "")
+        io: &AssignmentIo<'_>,
+    ) -> Result<Map<String, Value>, Failure> {
+        io.phase(Phase::Preparing);
+        let allowed_prefix = self
+            .manifest
+            .workspace
+            .as_ref()
+            .map_or("", |w| w.prefix.as_str());
+        let input = parse_input(self.manifest.task.kind, &attempt.input_data, allowed_prefix)
             .map_err(|e| Failure::Retriable(Reason::new(e.to_string())))?;
         let params = Value::Object(input.params);
         if let Some(schema) = &self.manifest.schemas.params {
@@ -221,31 +282,108 @@ impl AssignmentRunner {
             })?;
         }
         let params_json = serde_json::to_vec(&params).expect("a Value always serializes");
-        let env = [
-            ("PERAGO_TASK_ID", attempt.task_id.as_str()),
-            ("PERAGO_EXECUTION_ID", execution_id),
-            ("PERAGO_WORKER_ID", self.worker_id.as_str()),
-            ("PERAGO_WORKFLOW_ID", attempt.workflow_instance_id.as_str()),
+        let mut env = vec![
+            ("PERAGO_TASK_ID".to_owned(), attempt.task_id.clone()),
+            ("PERAGO_EXECUTION_ID".to_owned(), execution_id.to_owned()),
+            ("PERAGO_WORKER_ID".to_owned(), self.worker_id.clone()),
+            (
+                "PERAGO_WORKFLOW_ID".to_owned(),
+                attempt.workflow_instance_id.clone(),
+            ),
         ];
-        let guardrail_limits = RunLimits {
-            timeout: self.time_limit(),
-            kill_grace: self.kill_grace,
-            ..RunLimits::default()
-        };
-
         if let Some(pre) = &self.pre {
             // A pre guardrail says the input can never succeed: no retry.
+            let limits = self.guardrail_limits();
             self.guardrail(
                 "pre",
                 pre,
                 &env,
                 params_json.clone(),
-                guardrail_limits,
+                limits,
                 Failure::Terminal,
             )
             .await?;
         }
 
+        let Some(workspace_input) = input.workspace else {
+            let result = self
+                .run_body(execution_id, attempt, &env, params, params_json, io)
+                .await?;
+            return Ok(workspace_free_output(result));
+        };
+        let failed = |m: String| Failure::Retriable(Reason::new(m));
+        let runtime = self.workspace.as_ref().ok_or_else(|| {
+            failed("this executor has no workspace root (PERAGO_WORKSPACE_ROOT)".to_owned())
+        })?;
+        let client = runtime.lakefs.clone().map_err(failed)?;
+        let fence = io
+            .fence
+            .ok_or_else(|| failed("no attempt fence is available to this executor".to_owned()))?;
+        io.phase(Phase::Downloading);
+        let mut ws = Attempt::prepare(
+            client,
+            &runtime.root,
+            execution_id,
+            runtime.owner,
+            workspace_input,
+        )
+        .await
+        .map_err(|WorkspaceFailure::Failed(m)| failed(m))?;
+        env.push((
+            "PERAGO_WORKSPACE_DIR".to_owned(),
+            ws.work_dir().display().to_string(),
+        ));
+        let outcome = async {
+            let result = self
+                .run_body(execution_id, attempt, &env, params, params_json, io)
+                .await?;
+            io.phase(Phase::Staging);
+            let changes = ws
+                .changes()
+                .map_err(|WorkspaceFailure::Failed(m)| failed(m))?;
+            let spec = self.manifest.workspace.as_ref().expect("workspace task");
+            let metadata: Map<String, Value> = [
+                ("workflow_id", attempt.workflow_instance_id.clone()),
+                ("task_id", attempt.task_id.clone()),
+                ("retry_count", attempt.retry_count.to_string()),
+                ("execution_id", execution_id.to_owned()),
+                ("worker_id", self.worker_id.clone()),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), Value::String(v)))
+            .collect();
+            io.phase(Phase::Publishing);
+            let published = ws
+                .publish(&changes, spec, fence, attempt, execution_id, metadata)
+                .await
+                .map_err(|WorkspaceFailure::Failed(m)| failed(m))?;
+            Ok::<_, Failure>(workspace_output(published, result))
+        }
+        .await;
+        io.phase(Phase::Cleanup);
+        ws.cleanup().await;
+        outcome
+    }
+
+    fn guardrail_limits(&self) -> RunLimits {
+        RunLimits {
+            timeout: self.time_limit(),
+            kill_grace: self.kill_grace,
+            ..RunLimits::default()
+        }
+    }
+
+    /// The body, the result schema and the post guardrail.
+    async fn run_body(
+        &self,
+        execution_id: &str,
+        attempt: &AttemptSnapshot,
+        env: &[(String, String)],
+        params: Value,
+        params_json: Vec<u8>,
+        io: &AssignmentIo<'_>,
+    ) -> Result<Value, Failure> {
+        io.phase(Phase::Body);
         let limits = RunLimits {
             timeout: self.time_limit(),
             kill_grace: self.kill_grace,
@@ -255,12 +393,12 @@ impl AssignmentRunner {
         let result = match &self.body {
             Body::Command(program) => {
                 let run = self
-                    .run(program, &env, params_json, limits)
+                    .run(program, env, params_json, limits)
                     .await
                     .map_err(|e| {
                         Failure::Retriable(Reason::new(format!("body could not start: {e}")))
                     })?;
-                body_result(&run, task.timeout_seconds)?
+                body_result(&run, self.manifest.task.timeout_seconds)?
             }
             Body::Rust(body) => {
                 let ctx = TaskContext {
@@ -273,7 +411,6 @@ impl AssignmentRunner {
                 self.run_rust(Arc::clone(body), ctx, params).await?
             }
         };
-
         if let Some(schema) = &self.manifest.schemas.result {
             schema.validate("result", &result).map_err(|v| {
                 Failure::Retriable(Reason::new(format!(
@@ -283,15 +420,9 @@ impl AssignmentRunner {
         }
         if let Some(post) = &self.post {
             let result_json = serde_json::to_vec(&result).expect("a Value always serializes");
-            self.guardrail(
-                "post",
-                post,
-                &env,
-                result_json,
-                guardrail_limits,
-                Failure::Retriable,
-            )
-            .await?;
+            let limits = self.guardrail_limits();
+            self.guardrail("post", post, env, result_json, limits, Failure::Retriable)
+                .await?;
         }
         Ok(result)
     }
@@ -302,7 +433,7 @@ impl AssignmentRunner {
         &self,
         which: &str,
         program: &Program,
-        env: &[(&str, &str)],
+        env: &[(String, String)],
         stdin: Vec<u8>,
         limits: RunLimits,
         failure: fn(Reason) -> Failure,
@@ -390,13 +521,12 @@ impl AssignmentRunner {
     async fn run(
         &self,
         program: &Program,
-        env: &[(&str, &str)],
+        env: &[(String, String)],
         stdin: Vec<u8>,
         limits: RunLimits,
     ) -> std::io::Result<Finished> {
         let mut spec = program.spec.clone();
-        spec.env
-            .extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        spec.env.extend(env.iter().cloned());
         command::run(&spec, stdin, limits).await
     }
 }

@@ -68,6 +68,32 @@ pub fn identity_from(
     ))
 }
 
+/// The workspace side of an executor: the root, the lakeFS client (or why there is none: a
+/// workspace assignment then fails with that reason, and the executor keeps running), and the
+/// owner identity of its attempt directories.
+pub fn workspace_runtime(
+    identity: &SlotIdentity,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> crate::assignment::WorkspaceRuntime {
+    use crate::workspace::{
+        flow::Owner,
+        lakefs::{LakefsClient, LakefsConfig},
+    };
+    let root = lookup(env::PERAGO_WORKSPACE_ROOT)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("perago-workspace"));
+    let lakefs = LakefsConfig::from_lookup(&lookup).and_then(|c| LakefsClient::new(&c));
+    crate::assignment::WorkspaceRuntime {
+        root,
+        lakefs,
+        owner: Owner {
+            slot: identity.slot,
+            generation: identity.generation,
+        },
+    }
+}
+
 /// Runs the stock executor process; returns the exit code.
 pub fn main() -> i32 {
     main_with(None)
@@ -105,6 +131,9 @@ pub(crate) fn main_with(task: Option<Arc<dyn crate::task::Task>>) -> i32 {
             AssignmentRunner::with_task(manifest, identity.worker_id.clone(), path.as_deref(), task)
         }
     };
+    let built = built.map(|runner| {
+        runner.with_workspace(workspace_runtime(&identity, |n| std::env::var(n).ok()))
+    });
     let runner = match built {
         Ok(r) => r,
         Err(e) => {

@@ -10,7 +10,11 @@
 //! SIGTERM/SIGINT only set a flag: an assignment in progress always finishes and its
 //! completion is sent; the executor exits at the next idle point.
 
-use crate::{assignment::AssignmentRunner, wire};
+use crate::{
+    assignment::{AssignmentIo, AssignmentRunner},
+    wire,
+    workspace::flow::{Fence, FenceRead},
+};
 use hyper_util::rt::TokioIo;
 use perago_core::{
     backoff::Backoff,
@@ -31,6 +35,34 @@ use std::{
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint, Uri};
+
+/// The attempt fence over the slot protocol: `ReloadAttempt` for this slot's current
+/// execution.
+struct SlotFence {
+    client: SlotClient<Channel>,
+    credentials: proto::SlotCredentials,
+    execution_id: String,
+}
+
+impl Fence for SlotFence {
+    fn reload(&self) -> std::pin::Pin<Box<dyn Future<Output = FenceRead> + Send + '_>> {
+        Box::pin(async move {
+            let request = proto::ReloadAttemptRequest {
+                credentials: Some(self.credentials.clone()),
+                execution_id: self.execution_id.clone(),
+            };
+            match self.client.clone().reload_attempt(request).await {
+                Ok(answer) => match answer.into_inner().attempt.map(wire::attempt_from_wire) {
+                    Some(Ok(fresh)) => FenceRead::Fresh(Box::new(fresh)),
+                    Some(Err(e)) => FenceRead::Unavailable(e.to_string()),
+                    None => FenceRead::Unavailable("the broker sent no attempt".to_owned()),
+                },
+                Err(status) if status.code() == tonic::Code::NotFound => FenceRead::Gone,
+                Err(status) => FenceRead::Unavailable(status.message().to_owned()),
+            }
+        })
+    }
+}
 
 /// How long to keep trying to reach the broker socket at start.
 const CONNECT_PATIENCE: Duration = Duration::from_secs(10);
@@ -191,14 +223,28 @@ pub async fn serve(
                 let execution_id = assignment.execution_id.clone();
                 let (task_id, result) = match assignment.attempt.map(wire::attempt_from_wire) {
                     Some(Ok(attempt)) => {
-                        let _ = tx
-                            .send(message(ToBroker::Progress(proto::Progress {
-                                execution_id: execution_id.clone(),
-                                phase: proto::Phase::Body as i32,
-                            })))
-                            .await;
                         tracing::info!(task_id = %attempt.task_id, execution_id = %execution_id, "assignment started");
-                        let result = runner.execute(&execution_id, &attempt).await;
+                        let fence = SlotFence {
+                            client: client.clone(),
+                            credentials: credentials.clone(),
+                            execution_id: execution_id.clone(),
+                        };
+                        let progress_tx = tx.clone();
+                        let progress_id = execution_id.clone();
+                        let progress = move |phase: proto::Phase| {
+                            // Progress is advisory: never wait for room in the stream.
+                            let _ = progress_tx.try_send(message(ToBroker::Progress(
+                                proto::Progress {
+                                    execution_id: progress_id.clone(),
+                                    phase: phase as i32,
+                                },
+                            )));
+                        };
+                        let io = AssignmentIo {
+                            fence: Some(&fence),
+                            progress: Some(&progress),
+                        };
+                        let result = runner.execute_with(&execution_id, &attempt, &io).await;
                         tracing::info!(task_id = %attempt.task_id, execution_id = %execution_id, status = result.status().as_str(), "assignment finished");
                         (attempt.task_id, result)
                     }

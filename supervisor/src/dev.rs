@@ -141,6 +141,7 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
             socket: locked.socket.clone(),
             force_kill_after: None,
             log_root: root.join("logs"),
+            workspace_root: locked.root.clone(),
             child_env: vec![("PERAGO_POLL_WAIT_MS".to_owned(), "500".to_owned())],
         };
 

@@ -91,11 +91,6 @@ pub(crate) fn start(
     let plan = resolve_args(args, vars)?;
     let manifest = Manifest::load(&args.manifest)?;
     preflight_config(&manifest, vars)?;
-    if manifest.task.kind == TaskKind::Workspace {
-        return Err(ExpectedError::NotYetAvailable(
-            "workspace tasks cannot run yet: the lakeFS workspace runtime is not built",
-        ));
-    }
     let mut problems = Vec::new();
     let prefix = WorkerPrefix::resolve(
         &manifest.task.name,
@@ -190,6 +185,7 @@ pub(crate) fn start(
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from)
                 .unwrap_or_else(|| root::default_log_root(vars)),
+            workspace_root: locked.root.clone(),
             child_env: Vec::new(),
         };
         let result = supervise(spec, launcher, std::future::pending()).await;

@@ -213,13 +213,15 @@ impl Launcher {
             Self::Thread { manifest, .. } => {
                 let (identity, _) = perago_executor::cli::identity_from(lookup(env))
                     .map_err(std::io::Error::other)?;
+                let workspace = perago_executor::cli::workspace_runtime(&identity, lookup(env));
                 let path = std::env::var_os("PATH");
                 let runner = perago_executor::assignment::AssignmentRunner::new(
                     Arc::clone(manifest),
                     identity.worker_id.clone(),
                     path.as_deref(),
                 )
-                .map_err(|e| std::io::Error::other(e.to_string()))?;
+                .map_err(|e| std::io::Error::other(e.to_string()))?
+                .with_workspace(workspace);
                 let work = async move {
                     // Never signalled: a thread-mode slot stops through the broker's Stop.
                     let (_keep, signalled) = mpsc::channel(1);

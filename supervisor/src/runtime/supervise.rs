@@ -68,6 +68,8 @@ pub(crate) struct RuntimeSpec {
     pub(crate) force_kill_after: Option<Duration>,
     /// `PERAGO_LOG_ROOT` for the children's JSONL logs.
     pub(crate) log_root: PathBuf,
+    /// The locked workspace root (`PERAGO_WORKSPACE_ROOT` for the executors).
+    pub(crate) workspace_root: PathBuf,
     /// Extra environment for every child (tests: a shorter long-poll).
     pub(crate) child_env: Vec<(String, String)>,
 }
@@ -158,6 +160,10 @@ impl Supervisor {
             (
                 "PERAGO_LOG_ROOT".to_owned(),
                 self.spec.log_root.display().to_string(),
+            ),
+            (
+                "PERAGO_WORKSPACE_ROOT".to_owned(),
+                self.spec.workspace_root.display().to_string(),
             ),
         ];
         env.extend(self.spec.child_env.iter().cloned());
@@ -275,7 +281,7 @@ impl Supervisor {
                 proc.restart_at = Some(Instant::now() + delay);
                 tracing::warn!(
                     worker_id = %worker_id, pid = exit.pid, generation, status = %status,
-                    restart_in_s = delay.as_secs(), "executor exited; restarting the slot"
+                    restart_in_s = delay.as_secs(), "executor exited; slot restart scheduled"
                 );
             }
         }
@@ -497,6 +503,7 @@ pub(crate) async fn supervise(
             }
             () = sleep_until(restart.map_or(far, |(_, at)| at.into())), if restart.is_some() => {
                 let (slot, _) = restart.expect("guarded");
+                tracing::info!(slot, "restarting the slot");
                 if let Err(e) = sup.start_executor(slot).await {
                     tracing::error!(error = %e, "cannot restart an executor; retrying with backoff");
                     let proc = sup.slots.get_mut(&slot).expect("known slot");

@@ -308,7 +308,7 @@ async fn repeated_executor_deaths_follow_the_restart_backoff() {
     let log = sup.log_text();
     let delays: Vec<&str> = log
         .lines()
-        .filter(|l| l.contains("restarting the slot"))
+        .filter(|l| l.contains("slot restart scheduled"))
         .filter_map(|l| l.split("restart_in_s=").nth(1))
         .collect();
     assert_eq!(delays, ["1", "2", "4"], "{log}");
