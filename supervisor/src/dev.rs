@@ -142,6 +142,8 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
             force_kill_after: None,
             log_root: root.join("logs"),
             workspace_root: locked.root.clone(),
+            gc_interval: Duration::from_secs(300),
+            gc_ttl: Duration::from_secs(24 * 3600),
             child_env: vec![("PERAGO_POLL_WAIT_MS".to_owned(), "500".to_owned())],
         };
 

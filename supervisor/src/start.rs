@@ -3,7 +3,7 @@
 
 use crate::runtime::{
     children::Launcher,
-    root,
+    gc, root,
     supervise::{RuntimeSpec, supervise},
 };
 use crate::{cli::StartArgs, errors::ExpectedError};
@@ -14,7 +14,7 @@ use perago_core::{
     manifest::{BodyKind, Manifest, TaskKind},
     mode::{ExecutionMode, WorkerCount},
 };
-use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
+use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
 /// What `start` resolved from its arguments and environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,14 +106,18 @@ pub(crate) fn start(
     .map_err(|e| problems.push(e.to_string()))
     .ok()
     .flatten();
-    for name in [
-        env::PERAGO_WORKSPACE_GC_INTERVAL,
-        env::PERAGO_WORKSPACE_GC_TTL,
-    ] {
-        if let Err(e) = env::duration_var(name, vars.get(name).map(String::as_str)) {
-            problems.push(e.to_string());
+    let mut gc = [
+        (env::PERAGO_WORKSPACE_GC_INTERVAL, Duration::from_secs(300)),
+        (env::PERAGO_WORKSPACE_GC_TTL, Duration::from_secs(24 * 3600)),
+    ];
+    for (name, value) in &mut gc {
+        match env::duration_var(name, vars.get(*name).map(String::as_str)) {
+            Ok(Some(d)) => *value = d,
+            Ok(None) => {}
+            Err(e) => problems.push(e.to_string()),
         }
     }
+    let [(_, gc_interval), (_, gc_ttl)] = gc;
     let url = vars
         .get(env::CONDUCTOR_SERVER_URL)
         .map(String::as_str)
@@ -156,6 +160,7 @@ pub(crate) fn start(
             .unwrap_or_else(|| root::default_root(name, vars));
         let locked = root::lock(&root_path, vars).map_err(|e| ExpectedError::Root(e.to_string()))?;
         tracing::info!(root = %locked.root.display(), runtime_dir = %locked.runtime_dir.display(), "workspace root locked");
+        gc::sweep_all(&locked.root, "left behind by an earlier supervisor");
         let launcher = match plan.mode {
             ExecutionMode::Process => Launcher::Process {
                 broker_bin: sibling_binary(vars, "PERAGO_BROKER_BIN", "perago-broker"),
@@ -186,9 +191,12 @@ pub(crate) fn start(
                 .map(PathBuf::from)
                 .unwrap_or_else(|| root::default_log_root(vars)),
             workspace_root: locked.root.clone(),
+            gc_interval,
+            gc_ttl,
             child_env: Vec::new(),
         };
         let result = supervise(spec, launcher, std::future::pending()).await;
+        gc::sweep_all(&locked.root, "final sweep after shutdown");
         drop(locked);
         result.map_err(|e| ExpectedError::Runtime(e.to_string()))
     })

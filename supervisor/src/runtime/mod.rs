@@ -2,5 +2,6 @@
 //! the dispatcher loop that supervises them.
 
 pub(crate) mod children;
+pub(crate) mod gc;
 pub(crate) mod root;
 pub(crate) mod supervise;

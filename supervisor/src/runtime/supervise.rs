@@ -70,6 +70,10 @@ pub(crate) struct RuntimeSpec {
     pub(crate) log_root: PathBuf,
     /// The locked workspace root (`PERAGO_WORKSPACE_ROOT` for the executors).
     pub(crate) workspace_root: PathBuf,
+    /// How often the attempt GC runs.
+    pub(crate) gc_interval: Duration,
+    /// Age after which an attempt not owned by a live executor is removed.
+    pub(crate) gc_ttl: Duration,
     /// Extra environment for every child (tests: a shorter long-poll).
     pub(crate) child_env: Vec<(String, String)>,
 }
@@ -268,6 +272,9 @@ impl Supervisor {
                         }
                     }
                 }
+                // The executor is gone, and its bodies with it (parent-death signal): its
+                // attempt directories can go too.
+                super::gc::sweep_generation(&self.spec.workspace_root, slot, generation);
                 let proc = self.slots.get_mut(&slot).expect("checked above");
                 if self.draining {
                     tracing::info!(worker_id = %worker_id, pid = exit.pid, generation, status = %status, "executor exited");
@@ -473,6 +480,10 @@ pub(crate) async fn supervise(
         }
     }
 
+    let mut gc_timer = tokio::time::interval_at(
+        tokio::time::Instant::now() + sup.spec.gc_interval,
+        sup.spec.gc_interval,
+    );
     let mut force_kill_at: Option<tokio::time::Instant> = None;
     let mut broker_kill_at: Option<tokio::time::Instant> = None;
     loop {
@@ -496,6 +507,13 @@ pub(crate) async fn supervise(
                 if force_kill_at.is_none() && let Some(after) = sup.spec.force_kill_after {
                     force_kill_at = Some(tokio::time::Instant::now() + after);
                 }
+            }
+            _ = gc_timer.tick() => {
+                let current: BTreeMap<u32, u64> =
+                    sup.slots.iter().map(|(n, p)| (*n, p.generation)).collect();
+                super::gc::sweep_expired(&sup.spec.workspace_root, sup.spec.gc_ttl, |slot, generation| {
+                    current.get(&slot) == Some(&generation)
+                });
             }
             () = &mut stop, if !stop_fired => {
                 stop_fired = true;

@@ -1,0 +1,201 @@
+//! Garbage collection of attempt directories under `<root>/attempts/`. Executors write
+//! `<attempt>/.perago-owner` (`slot, generation, pid, execution_id, created`) before
+//! downloading; the supervisor removes:
+//! - at start and after shutdown: every attempt (nothing can be live under the root lock);
+//! - after an executor dies: the attempts of that slot generation (targeted GC);
+//! - every GC interval: attempts older than the TTL whose owner is not live.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+/// The owner file an executor writes (see `perago_executor::workspace::flow`).
+const OWNER_FILE: &str = ".perago-owner";
+
+/// An attempt directory and what its owner file says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AttemptDir {
+    pub(crate) path: PathBuf,
+    pub(crate) slot: Option<u32>,
+    pub(crate) generation: Option<u64>,
+    pub(crate) pid: Option<u32>,
+    /// Seconds since the epoch; the directory's mtime when the owner file is missing.
+    pub(crate) created: u64,
+}
+
+fn attempts(root: &Path) -> Vec<AttemptDir> {
+    let Ok(entries) = fs::read_dir(root.join("attempts")) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| {
+            let path = e.path();
+            let owner: serde_json::Value = fs::read_to_string(path.join(OWNER_FILE))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or_default();
+            let mtime = e
+                .metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_secs());
+            AttemptDir {
+                slot: owner["slot"].as_u64().and_then(|v| u32::try_from(v).ok()),
+                generation: owner["generation"].as_u64(),
+                pid: owner["pid"].as_u64().and_then(|v| u32::try_from(v).ok()),
+                created: owner["created"].as_u64().unwrap_or(mtime),
+                path,
+            }
+        })
+        .collect()
+}
+
+fn remove(dirs: impl IntoIterator<Item = AttemptDir>, why: &str) -> usize {
+    let mut removed = 0;
+    for dir in dirs {
+        match fs::remove_dir_all(&dir.path) {
+            Ok(()) => {
+                removed += 1;
+                tracing::info!(dir = %dir.path.display(), slot = ?dir.slot, generation = ?dir.generation, "removed an attempt directory ({why})");
+            }
+            Err(e) => {
+                tracing::warn!(dir = %dir.path.display(), error = %e, "cannot remove an attempt directory")
+            }
+        }
+    }
+    removed
+}
+
+/// Start and final sweep: every attempt directory goes.
+pub(crate) fn sweep_all(root: &Path, why: &str) -> usize {
+    remove(attempts(root), why)
+}
+
+/// Targeted GC: the attempts of one dead slot generation.
+pub(crate) fn sweep_generation(root: &Path, slot: u32, generation: u64) -> usize {
+    let dead = attempts(root)
+        .into_iter()
+        .filter(|d| d.slot == Some(slot) && d.generation == Some(generation));
+    remove(dead, "its executor died")
+}
+
+/// Whether a process is alive.
+pub(crate) fn pid_alive(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// Periodic GC: attempts older than `ttl` whose owner is not live (`is_current(slot,
+/// generation)` and its pid alive).
+pub(crate) fn sweep_expired(
+    root: &Path,
+    ttl: Duration,
+    is_current: impl Fn(u32, u64) -> bool,
+) -> usize {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let expired = attempts(root).into_iter().filter(|d| {
+        let old = now.saturating_sub(d.created) >= ttl.as_secs();
+        let live = match (d.slot, d.generation, d.pid) {
+            (Some(s), Some(g), Some(p)) => is_current(s, g) && pid_alive(p),
+            _ => false,
+        };
+        old && !live
+    });
+    remove(
+        expired,
+        "older than PERAGO_WORKSPACE_GC_TTL and not owned by a live executor",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn attempt(root: &Path, id: &str, owner: Option<serde_json::Value>) -> PathBuf {
+        let dir = root.join("attempts").join(id);
+        fs::create_dir_all(dir.join("work/sub")).unwrap();
+        fs::write(dir.join("work/sub/f"), "x").unwrap();
+        if let Some(owner) = owner {
+            fs::write(dir.join(OWNER_FILE), owner.to_string()).unwrap();
+        }
+        dir
+    }
+
+    fn now() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    }
+
+    #[test]
+    fn targeted_gc_removes_only_the_dead_generation() {
+        let tmp = tempfile::tempdir().unwrap();
+        let me = std::process::id();
+        let dead = attempt(
+            tmp.path(),
+            "a",
+            Some(json!({"slot": 1, "generation": 1, "pid": me, "created": now()})),
+        );
+        let newer = attempt(
+            tmp.path(),
+            "b",
+            Some(json!({"slot": 1, "generation": 2, "pid": me, "created": now()})),
+        );
+        let other = attempt(
+            tmp.path(),
+            "c",
+            Some(json!({"slot": 2, "generation": 1, "pid": me, "created": now()})),
+        );
+        assert_eq!(sweep_generation(tmp.path(), 1, 1), 1);
+        assert!(!dead.exists() && newer.exists() && other.exists());
+        assert_eq!(sweep_all(tmp.path(), "test"), 2);
+        assert!(!newer.exists() && !other.exists());
+        assert_eq!(sweep_all(tmp.path(), "test"), 0);
+    }
+
+    #[test]
+    fn periodic_gc_keeps_young_and_live_attempts() {
+        let tmp = tempfile::tempdir().unwrap();
+        let me = std::process::id();
+        let old = now() - 7200;
+        let live_old = attempt(
+            tmp.path(),
+            "live",
+            Some(json!({"slot": 1, "generation": 3, "pid": me, "created": old})),
+        );
+        let stale_gen = attempt(
+            tmp.path(),
+            "stale",
+            Some(json!({"slot": 1, "generation": 2, "pid": me, "created": old})),
+        );
+        let young = attempt(
+            tmp.path(),
+            "young",
+            Some(json!({"slot": 2, "generation": 1, "pid": 999_999_999u64, "created": now()})),
+        );
+        let ownerless = attempt(tmp.path(), "ownerless", None);
+        let removed = sweep_expired(tmp.path(), Duration::from_secs(3600), |s, g| {
+            (s, g) == (1, 3)
+        });
+        assert_eq!(removed, 1);
+        assert!(live_old.exists(), "owned by a live current executor");
+        assert!(!stale_gen.exists(), "old and its generation is gone");
+        assert!(young.exists(), "younger than the TTL");
+        assert!(
+            ownerless.exists(),
+            "a fresh dir without an owner file is young by its mtime"
+        );
+        assert_eq!(sweep_expired(tmp.path(), Duration::ZERO, |_, _| false), 3);
+    }
+}
