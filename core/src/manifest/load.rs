@@ -112,6 +112,10 @@ fn read_manifest(p: &mut Problems, path: &Path, dir: &Path, root: &Table) -> Opt
         None => Guardrails::default(),
     };
     let workspace_section = top.table(p, "workspace");
+    let dev = top
+        .table(p, "dev")
+        .map(|d| read_dev(p, dir, d))
+        .unwrap_or_default();
     top.finish(p);
 
     let task = task?;
@@ -134,6 +138,9 @@ fn read_manifest(p: &mut Problems, path: &Path, dir: &Path, root: &Table) -> Opt
     let mut task = task;
     apply_timeouts(p, &mut task, workspace.as_ref());
     let body = body?;
+    if dev.seed.is_some() && task.kind != TaskKind::Workspace {
+        p.add("dev.seed", "only workspace tasks have a workspace to seed");
+    }
     let schemas = Schemas::load(p, &task);
     if !p.0.is_empty() {
         return None;
@@ -146,7 +153,36 @@ fn read_manifest(p: &mut Problems, path: &Path, dir: &Path, root: &Table) -> Opt
         guardrails,
         workspace,
         schemas,
+        dev,
     })
+}
+
+/// `[dev]`: how `perago-supervisor dev` sets up its embedded servers.
+fn read_dev(p: &mut Problems, dir: &Path, mut s: Section<'_>) -> DevSpec {
+    let seed = s.string(p, "seed").map(|f| dir.join(f));
+    let repository = s.string(p, "repository");
+    let branch = s.string(p, "branch");
+    s.finish(p);
+    if let Some(repo) = &repository {
+        let ok = repo.len() >= 3
+            && repo.len() <= 63
+            && repo
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !repo.starts_with('-');
+        if !ok {
+            p.add(
+                "dev.repository",
+                format!("{repo:?} is not a lakeFS repository name (3-63 of a-z, 0-9 and -)"),
+            );
+        }
+    }
+    let defaults = DevSpec::default();
+    DevSpec {
+        seed,
+        repository: repository.unwrap_or(defaults.repository),
+        branch: branch.unwrap_or(defaults.branch),
+    }
 }
 
 /// `[task]` as written; `response_timeout_seconds` is settled by [`apply_timeouts`].

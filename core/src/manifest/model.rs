@@ -22,6 +22,30 @@ pub struct Manifest {
     pub workspace: Option<WorkspaceSpec>,
     /// The compiled params/result schemas.
     pub schemas: Schemas,
+    /// The `[dev]` table.
+    pub dev: DevSpec,
+}
+
+/// The `[dev]` table: what `perago-supervisor dev` seeds its embedded servers with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DevSpec {
+    /// A folder whose files become the initial content of the dev repository's branch
+    /// (workspace tasks).
+    pub seed: Option<PathBuf>,
+    /// The dev lakeFS repository (default `dev-repo`).
+    pub repository: String,
+    /// Its branch (default `main`).
+    pub branch: String,
+}
+
+impl Default for DevSpec {
+    fn default() -> Self {
+        Self {
+            seed: None,
+            repository: "dev-repo".to_owned(),
+            branch: "main".to_owned(),
+        }
+    }
 }
 
 /// Whether a task owns a lakeFS workspace.

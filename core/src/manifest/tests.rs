@@ -484,7 +484,7 @@ fn workspace_rules() {
 fn unknown_top_level_tables_are_rejected() {
     assert_eq!(
         one_problem(&format!("{MINIMAL}[tasks]\nname = \"x\"\n")),
-        "tasks: unknown key (keys of the manifest: body, guardrails, task, workspace)"
+        "tasks: unknown key (keys of the manifest: body, dev, guardrails, task, workspace)"
     );
 }
 
@@ -586,4 +586,29 @@ mod files {
             "cannot read manifest /nonexistent/task.toml: No such file or directory (os error 2)"
         );
     }
+}
+
+#[test]
+fn dev_table() {
+    let ws = MINIMAL.replace("workspace-free", "workspace");
+    let m = parse(&format!(
+        "{ws}[dev]\nseed = \"seed\"\nrepository = \"features\"\n"
+    ))
+    .unwrap();
+    assert_eq!(m.dev.seed, Some(dir().join("seed")));
+    assert_eq!(m.dev.repository, "features");
+    assert_eq!(m.dev.branch, "main");
+    assert_eq!(parse(MINIMAL).unwrap().dev, DevSpec::default());
+    assert_eq!(
+        one_problem(&format!("{MINIMAL}[dev]\nseed = \"seed\"\n")),
+        "dev.seed: only workspace tasks have a workspace to seed"
+    );
+    assert_eq!(
+        one_problem(&format!("{ws}[dev]\nrepository = \"Dev_Repo\"\n")),
+        "dev.repository: \"Dev_Repo\" is not a lakeFS repository name (3-63 of a-z, 0-9 and -)"
+    );
+    assert_eq!(
+        one_problem(&format!("{ws}[dev]\ninputs = []\n")),
+        "dev.inputs: unknown key (keys of [dev]: branch, repository, seed)"
+    );
 }
