@@ -1,8 +1,7 @@
 //! The `perago-devstack` command line: which servers to start, and the process lifecycle
 //! (print the bound addresses as one JSON line, serve until SIGINT/SIGTERM, drain, exit).
 //!
-//! Each server has its own `--NAME ADDR` flag so the lakeFS server can join as `--lakefs ADDR`
-//! with its own key in the printed JSON line.
+//! Each server has its own `--NAME ADDR` flag and its own key in the printed JSON line.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -12,16 +11,24 @@ use tracing_subscriber::EnvFilter;
 
 use crate::conductor::ConductorServer;
 use crate::errors::DevstackError;
+use crate::lakefs::{DEFAULT_ACCESS_KEY_ID, DEFAULT_SECRET_ACCESS_KEY, LakefsServer};
 
 /// Environment variable for `--conductor`.
 pub const ENV_CONDUCTOR: &str = "PERAGO_DEVSTACK_CONDUCTOR";
+/// Environment variable for `--lakefs`.
+pub const ENV_LAKEFS: &str = "PERAGO_DEVSTACK_LAKEFS";
+/// Environment variable for `--lakefs-access-key-id`.
+pub const ENV_LAKEFS_ACCESS_KEY_ID: &str = "PERAGO_DEVSTACK_LAKEFS_ACCESS_KEY_ID";
+/// Environment variable for `--lakefs-secret-access-key`.
+pub const ENV_LAKEFS_SECRET_ACCESS_KEY: &str = "PERAGO_DEVSTACK_LAKEFS_SECRET_ACCESS_KEY";
 /// Environment variable for `--time-scale`.
 pub const ENV_TIME_SCALE: &str = "PERAGO_DEVSTACK_TIME_SCALE";
 
 /// In-memory development servers for perago's tests and first runs.
 ///
 /// Once every server is bound, prints one JSON line on stdout, e.g.
-/// {"conductor":"http://127.0.0.1:8080/api"}, then serves until SIGINT or SIGTERM.
+/// {"conductor":"http://127.0.0.1:8080/api","lakefs":"http://127.0.0.1:8000"}, then serves until
+/// SIGINT or SIGTERM. The lakeFS API is under /api/v1 of the printed endpoint.
 #[derive(Debug, Parser)]
 #[command(name = "perago-devstack", version)]
 #[deny(missing_docs)]
@@ -29,6 +36,21 @@ pub struct Args {
     /// Serve a Conductor-compatible API on ADDR (port 0 picks a free port).
     #[arg(long, value_name = "ADDR", env = ENV_CONDUCTOR)]
     pub conductor: Option<SocketAddr>,
+
+    /// Serve a lakeFS-compatible API on ADDR (port 0 picks a free port).
+    #[arg(long, value_name = "ADDR", env = ENV_LAKEFS)]
+    pub lakefs: Option<SocketAddr>,
+
+    /// Access key id lakeFS clients must send (HTTP basic auth user).
+    #[arg(long, value_name = "KEY", default_value = DEFAULT_ACCESS_KEY_ID, env = ENV_LAKEFS_ACCESS_KEY_ID)]
+    pub lakefs_access_key_id: String,
+
+    /// Secret access key lakeFS clients must send (HTTP basic auth password); defaults to the
+    /// secret of lakeFS's quickstart user.
+    #[arg(long, value_name = "SECRET", default_value = DEFAULT_SECRET_ACCESS_KEY,
+          env = ENV_LAKEFS_SECRET_ACCESS_KEY, hide_default_value = true,
+        hide_env_values = true)]
+    pub lakefs_secret_access_key: String,
 
     /// Real seconds per Conductor second for timeouts, retry delays and callbacks
     /// (0.01 = a hundred times faster).
@@ -57,14 +79,33 @@ pub fn init_tracing(verbose: u8) {
 
 /// Starts the servers asked for, prints their URLs, and serves until a termination signal.
 pub async fn run(args: Args) -> Result<(), DevstackError> {
-    let Some(conductor_addr) = args.conductor else {
+    if args.conductor.is_none() && args.lakefs.is_none() {
         return Err(DevstackError::NothingToServe);
+    }
+    let mut line = serde_json::Map::new();
+    let conductor = match args.conductor {
+        Some(addr) => {
+            let server = ConductorServer::builder()
+                .time_scale(args.time_scale)
+                .bind(addr)
+                .await?;
+            line.insert("conductor".into(), server.base_url().into());
+            Some(server)
+        }
+        None => None,
     };
-    let conductor = ConductorServer::builder()
-        .time_scale(args.time_scale)
-        .bind(conductor_addr)
-        .await?;
-    let line = serde_json::json!({ "conductor": conductor.base_url() });
+    let lakefs = match args.lakefs {
+        Some(addr) => {
+            let server = LakefsServer::builder()
+                .credentials(args.lakefs_access_key_id, args.lakefs_secret_access_key)
+                .bind(addr)
+                .await?;
+            line.insert("lakefs".into(), server.endpoint().into());
+            Some(server)
+        }
+        None => None,
+    };
+    let line = serde_json::Value::Object(line);
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "{line}")
         .and_then(|()| stdout.flush())
@@ -72,7 +113,18 @@ pub async fn run(args: Args) -> Result<(), DevstackError> {
     drop(stdout);
     let signal = wait_for_signal().await?;
     tracing::info!(signal, "shutting down");
-    conductor.shutdown().await;
+    // Both drain at once: each is bounded by its own grace period.
+    let conductor = async {
+        if let Some(server) = conductor {
+            server.shutdown().await;
+        }
+    };
+    let lakefs = async {
+        if let Some(server) = lakefs {
+            server.shutdown().await;
+        }
+    };
+    tokio::join!(conductor, lakefs);
     Ok(())
 }
 

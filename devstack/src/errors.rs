@@ -9,11 +9,14 @@ pub enum DevstackError {
         #[source]
         source: std::io::Error,
     },
+    /// The lakeFS access key id or secret is empty.
+    #[error("lakeFS credentials must not be empty")]
+    EmptyCredentials,
     /// `--time-scale` was zero, negative or not finite.
     #[error("time scale must be a finite number greater than 0, got {0}")]
     InvalidTimeScale(f64),
     /// No server was asked for.
-    #[error("nothing to serve: pass --conductor ADDR")]
+    #[error("nothing to serve: pass --conductor ADDR and/or --lakefs ADDR")]
     NothingToServe,
     /// Installing the signal handlers failed.
     #[error("failed to install signal handlers")]
@@ -33,7 +36,7 @@ impl DevstackError {
     /// The process exit code for this error: 2 for usage errors (as clap), 1 otherwise.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Self::InvalidTimeScale(_) | Self::NothingToServe => 2,
+            Self::EmptyCredentials | Self::InvalidTimeScale(_) | Self::NothingToServe => 2,
             Self::Bind { .. } | Self::Signal { .. } | Self::Stdout { .. } => 1,
         }
     }

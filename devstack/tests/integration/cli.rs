@@ -75,6 +75,9 @@ async fn help_is_stable() {
         // Clap shows an env var's current value in the help; keep the snapshot independent of it.
         .env_remove(perago_devstack::cli::ENV_CONDUCTOR)
         .env_remove(perago_devstack::cli::ENV_TIME_SCALE)
+        .env_remove(perago_devstack::cli::ENV_LAKEFS)
+        .env_remove(perago_devstack::cli::ENV_LAKEFS_ACCESS_KEY_ID)
+        .env_remove(perago_devstack::cli::ENV_LAKEFS_SECRET_ACCESS_KEY)
         .output()
         .await
         .unwrap();
