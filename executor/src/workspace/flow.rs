@@ -127,7 +127,11 @@ impl Attempt {
             downloaded: BTreeMap::new(),
             staging: None,
         };
-        attempt.download().await?;
+        if let Err(e) = attempt.download().await {
+            // Nothing ran yet: the attempt leaves nothing behind.
+            attempt.cleanup().await;
+            return Err(e);
+        }
         Ok(attempt)
     }
 

@@ -528,6 +528,56 @@ impl LakefsClient {
         Ok(Self::decode::<Page<Commit>>(&op, &bytes)?.results)
     }
 
+    /// Creates a repository (for `dev` and tests); an existing one is left as it is.
+    pub async fn ensure_repository(
+        &self,
+        repo: &str,
+        storage_namespace: &str,
+        default_branch: &str,
+    ) -> Result<(), LakefsError> {
+        let op = format!("create repository {repo}");
+        let body = Body::Json(json!({
+            "name": repo, "storage_namespace": storage_namespace, "default_branch": default_branch,
+        }));
+        match self
+            .send(
+                &op,
+                Method::POST,
+                "/repositories",
+                &[],
+                Some(body),
+                REQUEST_TIMEOUT,
+            )
+            .await
+        {
+            Err(LakefsError::Status { status: 409, .. }) => Ok(()),
+            other => other.map(drop),
+        }
+    }
+
+    /// Every branch name of `repo`.
+    pub async fn list_branches(&self, repo: &str) -> Result<Vec<String>, LakefsError> {
+        #[derive(Deserialize)]
+        struct Named {
+            id: String,
+        }
+        let op = format!("list branches of {repo}");
+        let path = format!("{}/branches", Self::repo_path(repo));
+        let amount = MAX_PAGE.to_string();
+        let mut after = String::new();
+        let mut out = Vec::new();
+        loop {
+            let query = [("after", after.as_str()), ("amount", amount.as_str())];
+            let bytes = self.read(&op, Method::GET, &path, &query).await?;
+            let page: Page<Named> = Self::decode(&op, &bytes)?;
+            out.extend(page.results.into_iter().map(|b| b.id));
+            if !page.pagination.has_more || page.pagination.next_offset.is_empty() {
+                return Ok(out);
+            }
+            after = page.pagination.next_offset;
+        }
+    }
+
     /// Deletes `branch`; a branch that is already gone is not an error.
     pub async fn delete_branch(&self, repo: &str, branch: &str) -> Result<(), LakefsError> {
         let op = format!("delete branch {repo}/{branch}");

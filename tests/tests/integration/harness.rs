@@ -85,6 +85,17 @@ impl TaskFixture {
         }
     }
 
+    /// A workspace task named `name` with body `body.sh`; `extra_task` is appended to
+    /// `[task]`, `tail` after the tables (e.g. a `[workspace]` table).
+    pub(crate) fn workspace(name: &str, body: &str, extra_task: &str, tail: &str) -> Self {
+        let fixture = Self::new(name, body, extra_task);
+        let manifest = fs::read_to_string(fixture.manifest())
+            .unwrap()
+            .replace("kind = \"workspace-free\"", "kind = \"workspace\"");
+        fs::write(fixture.manifest(), format!("{manifest}{tail}")).unwrap();
+        fixture
+    }
+
     /// Adds a file beside the manifest.
     pub(crate) fn with_file(self, name: &str, text: &str) -> Self {
         fs::write(self.dir.path().join(name), text).unwrap();
@@ -147,14 +158,31 @@ impl Conductor {
             String::from_utf8_lossy(&out.stderr)
         );
         let def: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let inputs: serde_json::Map<String, Value> = def["inputKeys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| {
+                let k = k.as_str().unwrap();
+                (k.to_owned(), json!(format!("${{workflow.input.{k}}}")))
+            })
+            .collect();
         self.client.register_task_defs(&[def]).await.unwrap();
         let wf = json!({
             "name": format!("{}.wf", task.name), "version": 1, "schemaVersion": 2,
             "tasks": [{"name": task.name, "taskReferenceName": "t", "type": "SIMPLE",
-                       "inputParameters": {"params": "${workflow.input.params}"}}],
-            "outputParameters": {"result": "${t.output.result}"}
+                       "inputParameters": inputs}],
+            "outputParameters": {"result": "${t.output.result}", "workspace": "${t.output.workspace}"}
         });
         self.client.upsert_workflow_defs(&[wf]).await.unwrap();
+    }
+
+    /// Starts one workflow of `task` with a whole task input.
+    pub(crate) async fn start_with(&self, task: &TaskFixture, input: Value) -> String {
+        self.client
+            .start_workflow(&format!("{}.wf", task.name), &input)
+            .await
+            .unwrap()
     }
 
     /// Starts one workflow of `task` with `params`.
@@ -194,6 +222,11 @@ pub(crate) struct SupervisorProc {
 }
 
 impl SupervisorProc {
+    /// The workspace root.
+    pub(crate) fn workspace_root(&self) -> PathBuf {
+        self._root.path().join("ws")
+    }
+
     /// Starts `perago-supervisor start MANIFEST -j N` against `conductor`, with `env` added.
     pub(crate) fn start(
         task: &TaskFixture,
@@ -230,6 +263,17 @@ impl SupervisorProc {
             _root: root,
             log,
         }
+    }
+
+    /// [`start`](Self::start) with owned environment values.
+    pub(crate) fn start_owned(
+        task: &TaskFixture,
+        conductor: &Conductor,
+        jobs: u32,
+        env: &[(&'static str, String)],
+    ) -> Self {
+        let borrowed: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        Self::start(task, conductor, jobs, &borrowed)
     }
 
     /// The JSONL log folder of `worker_id`.
@@ -354,4 +398,72 @@ pub(crate) fn alive(pid: u32) -> bool {
         .ok()
         .and_then(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
         .unwrap_or(false)
+}
+
+/// devstack's lakeFS, in this process, with a client and one seeded repository.
+#[derive(Debug)]
+pub(crate) struct Lakefs {
+    /// The server.
+    pub(crate) server: perago_devstack::lakefs::LakefsHandle,
+    /// A client for it.
+    pub(crate) client: perago_executor::workspace::lakefs::LakefsClient,
+}
+
+impl Lakefs {
+    /// Starts on a free loopback port.
+    pub(crate) async fn start() -> Self {
+        let server = perago_devstack::lakefs::LakefsServer::builder()
+            .bind("127.0.0.1:0")
+            .await
+            .expect("devstack lakeFS binds");
+        let config = perago_executor::workspace::lakefs::LakefsConfig {
+            endpoint: server.endpoint(),
+            access_key_id: server.credentials().access_key_id.clone(),
+            secret_access_key: server.credentials().secret_access_key.clone(),
+        };
+        let client = perago_executor::workspace::lakefs::LakefsClient::new(&config).unwrap();
+        Self { server, client }
+    }
+
+    /// The environment a supervisor needs to reach it.
+    pub(crate) fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("LAKEFS_ENDPOINT", self.server.endpoint()),
+            (
+                "LAKEFS_ACCESS_KEY_ID",
+                self.server.credentials().access_key_id.clone(),
+            ),
+            (
+                "LAKEFS_SECRET_ACCESS_KEY",
+                self.server.credentials().secret_access_key.clone(),
+            ),
+        ]
+    }
+
+    /// Creates `repo` (branch `main`) holding `files` (key → content) in one commit.
+    pub(crate) async fn seed(&self, repo: &str, files: &[(&str, &str)]) {
+        self.client
+            .ensure_repository(repo, &format!("mem://{repo}"), "main")
+            .await
+            .unwrap();
+        for (key, content) in files {
+            self.client
+                .upload(repo, "main", key, content.as_bytes().to_vec())
+                .await
+                .unwrap();
+        }
+        self.client
+            .commit(repo, "main", "seed", &serde_json::Map::new())
+            .await
+            .unwrap();
+    }
+
+    /// The content of `key` on `main`, `None` if absent.
+    pub(crate) async fn read(&self, repo: &str, key: &str) -> Option<String> {
+        match self.client.get_object(repo, "main", key).await {
+            Ok(bytes) => Some(String::from_utf8(bytes).unwrap()),
+            Err(e) if e.is_not_found() => None,
+            Err(e) => panic!("reading {key}: {e}"),
+        }
+    }
 }

@@ -5,3 +5,4 @@ mod cli;
 mod harness;
 mod runtime;
 mod wire;
+mod workspace;

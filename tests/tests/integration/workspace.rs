@@ -1,0 +1,370 @@
+//! Workspace tasks end to end: the real supervisor, broker and executors against devstack's
+//! Conductor and lakeFS on loopback.
+
+use crate::harness::{
+    Conductor, Lakefs, SupervisorProc, TaskFixture, child_named, eventually, signal_pid,
+};
+use perago_devstack::faults::FaultSpec;
+use serde_json::{Value, json};
+use std::{path::Path, time::Duration};
+
+const REPO: &str = "ws-e2e";
+
+/// Edits a.txt, deletes b.txt, adds sub/new.txt, leaves c.txt alone.
+const EDIT: &str = r#"read params
+cd "$PERAGO_WORKSPACE_DIR"
+echo edited > a.txt
+rm b.txt
+mkdir -p sub && echo fresh > sub/new.txt
+printf '{"files": %s}' "$(find . -type f | wc -l)"
+"#;
+
+async fn seeded() -> Lakefs {
+    let lakefs = Lakefs::start().await;
+    lakefs
+        .seed(
+            REPO,
+            &[
+                ("data/a.txt", "a\n"),
+                ("data/b.txt", "b\n"),
+                ("data/c.txt", "c\n"),
+                ("other/x.txt", "x\n"),
+            ],
+        )
+        .await;
+    lakefs
+}
+
+fn input(prefix: &str) -> Value {
+    json!({"workspace": {"repository": REPO, "branch": "main", "prefix": prefix}, "params": {}})
+}
+
+fn task_of(wf: &Value) -> &Value {
+    wf["tasks"]
+        .as_array()
+        .and_then(|t| t.last())
+        .expect("a task")
+}
+
+/// The attempt directories left under a supervisor's root.
+fn attempts_left(root: &Path) -> Vec<String> {
+    std::fs::read_dir(root.join("attempts"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn start(
+    task: &TaskFixture,
+    conductor: &Conductor,
+    lakefs: &Lakefs,
+    jobs: u32,
+) -> SupervisorProc {
+    conductor.register(task).await;
+    SupervisorProc::start_owned(task, conductor, jobs, &lakefs.env())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workspace_task_publishes_exactly_its_change() {
+    let conductor = Conductor::start().await;
+    let lakefs = seeded().await;
+    let task = TaskFixture::workspace("ws.edit", EDIT, "", "");
+    let sup = start(&task, &conductor, &lakefs, 1).await;
+    let id = conductor.start_with(&task, input("data")).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+
+    let ws = &wf["output"]["workspace"];
+    assert_eq!(ws["repository"], REPO);
+    assert_eq!(ws["branch"], "main");
+    assert_eq!(
+        (
+            ws["added"].as_u64(),
+            ws["changed"].as_u64(),
+            ws["removed"].as_u64()
+        ),
+        (Some(1), Some(1), Some(1))
+    );
+    assert_eq!(wf["output"]["result"], json!({"files": 3}));
+
+    assert_eq!(
+        lakefs.read(REPO, "data/a.txt").await.as_deref(),
+        Some("edited\n")
+    );
+    assert_eq!(lakefs.read(REPO, "data/b.txt").await, None);
+    assert_eq!(
+        lakefs.read(REPO, "data/c.txt").await.as_deref(),
+        Some("c\n")
+    );
+    assert_eq!(
+        lakefs.read(REPO, "data/sub/new.txt").await.as_deref(),
+        Some("fresh\n")
+    );
+    assert_eq!(
+        lakefs.read(REPO, "other/x.txt").await.as_deref(),
+        Some("x\n")
+    );
+
+    // The published commit carries the attempt's identity.
+    let commit_id = ws["commit_id"].as_str().unwrap();
+    assert_eq!(
+        lakefs.client.resolve_commit(REPO, "main").await.unwrap(),
+        commit_id
+    );
+    let log = lakefs.client.log(REPO, "main", 10).await.unwrap();
+    let head = log
+        .iter()
+        .find(|c| c.id == commit_id)
+        .expect("the merge commit in the log");
+    let metadata = head.metadata.clone().unwrap_or_default();
+    let task_json = task_of(&wf);
+    assert_eq!(metadata["workflow_id"], id.as_str());
+    assert_eq!(metadata["task_id"], task_json["taskId"]);
+    assert_eq!(metadata["retry_count"], "0");
+    assert_eq!(metadata["worker_id"], task_json["workerId"]);
+    assert_eq!(metadata["execution_id"].as_str().map(str::len), Some(36));
+
+    // Nothing left behind: no staging branch, no attempt directory.
+    assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
+    assert!(attempts_left(&sup.workspace_root()).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflicting_change_on_the_branch_fails_the_task_and_publishes_nothing() {
+    let conductor = Conductor::start().await;
+    let lakefs = seeded().await;
+    // The body waits for the test to change the branch under it.
+    let body = r#"read params
+touch started
+while [ ! -e go ]; do sleep 0.05; done
+echo mine > "$PERAGO_WORKSPACE_DIR/a.txt"
+echo '{}'
+"#;
+    let task = TaskFixture::workspace("ws.conflict", body, "retry_count = 0", "");
+    let sup = start(&task, &conductor, &lakefs, 1).await;
+    let id = conductor.start_with(&task, input("data")).await;
+    let started = task.dir.path().join("started");
+    eventually("the body to start", Duration::from_secs(20), || async {
+        started.exists().then_some(())
+    })
+    .await;
+    lakefs
+        .client
+        .upload(REPO, "main", "data/a.txt", b"theirs\n".to_vec())
+        .await
+        .unwrap();
+    lakefs
+        .client
+        .commit(REPO, "main", "a concurrent change", &serde_json::Map::new())
+        .await
+        .unwrap();
+    std::fs::write(task.dir.path().join("go"), "").unwrap();
+
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "FAILED", "{wf:#}");
+    let reason = task_of(&wf)["reasonForIncompletion"].as_str().unwrap();
+    assert!(
+        reason.starts_with(
+            "publish failed: merge conflict: main changed paths this attempt also changed"
+        ),
+        "{reason}"
+    );
+    assert_eq!(
+        lakefs.read(REPO, "data/a.txt").await.as_deref(),
+        Some("theirs\n")
+    );
+    assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
+    assert!(attempts_left(&sup.workspace_root()).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lakefs_errors_are_retried_on_download_and_reported_on_merge() {
+    let conductor = Conductor::start().await;
+    let lakefs = seeded().await;
+    let task = TaskFixture::workspace("ws.flaky", EDIT, "retry_count = 0", "");
+    let sup = start(&task, &conductor, &lakefs, 1).await;
+    lakefs
+        .server
+        .faults()
+        .add(FaultSpec {
+            method: Some("GET".into()),
+            path: format!("/api/v1/repositories/{REPO}/refs/"),
+            status: Some(503),
+            count: Some(3),
+            ..FaultSpec::default()
+        })
+        .unwrap();
+    let id = conductor.start_with(&task, input("data")).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+
+    lakefs
+        .server
+        .faults()
+        .add(FaultSpec {
+            method: Some("POST".into()),
+            path: format!("/api/v1/repositories/{REPO}/refs/perago-staging-"),
+            status: Some(500),
+            ..FaultSpec::default()
+        })
+        .unwrap();
+    let before = lakefs.client.log(REPO, "main", 1).await.unwrap()[0]
+        .id
+        .clone();
+    let id = conductor.start_with(&task, input("other")).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "FAILED", "{wf:#}");
+    let reason = task_of(&wf)["reasonForIncompletion"].as_str().unwrap();
+    assert!(
+        reason.starts_with("publish failed: lakeFS merge"),
+        "{reason}"
+    );
+    assert!(reason.contains("HTTP 500"), "{reason}");
+    assert_eq!(
+        lakefs.client.log(REPO, "main", 1).await.unwrap()[0].id,
+        before
+    );
+    assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsafe_keys_and_escaping_symlinks_never_leave_the_workspace() {
+    let conductor = Conductor::start().await;
+    let lakefs = seeded().await;
+    lakefs
+        .client
+        .upload(REPO, "main", "evil/../../escape.txt", b"gotcha".to_vec())
+        .await
+        .unwrap();
+    lakefs
+        .client
+        .commit(REPO, "main", "a hostile key", &serde_json::Map::new())
+        .await
+        .unwrap();
+    let body = r#"read params
+ln -s /etc/hostname "$PERAGO_WORKSPACE_DIR/leak"
+echo '{}'
+"#;
+    let task = TaskFixture::workspace("ws.escape", body, "retry_count = 0", "");
+    let sup = start(&task, &conductor, &lakefs, 1).await;
+
+    let id = conductor.start_with(&task, input("evil")).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "FAILED");
+    assert_eq!(
+        task_of(&wf)["reasonForIncompletion"],
+        "object key \"evil/../../escape.txt\" is unsafe: it has a '.' or '..' segment"
+    );
+    let root = sup.workspace_root();
+    assert!(!root.join("escape.txt").exists() && !root.join("attempts/escape.txt").exists());
+
+    let before = lakefs.client.log(REPO, "main", 1).await.unwrap()[0]
+        .id
+        .clone();
+    let id = conductor.start_with(&task, input("data")).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "FAILED");
+    let reason = task_of(&wf)["reasonForIncompletion"].as_str().unwrap();
+    assert!(
+        reason.starts_with("leak is a symlink that points outside the workspace"),
+        "{reason}"
+    );
+    assert_eq!(
+        lakefs.client.log(REPO, "main", 1).await.unwrap()[0].id,
+        before,
+        "nothing published"
+    );
+    assert!(attempts_left(&root).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_publish_budget_stops_an_oversized_change_before_staging() {
+    let conductor = Conductor::start().await;
+    let lakefs = seeded().await;
+    let task = TaskFixture::workspace(
+        "ws.budget",
+        EDIT,
+        "retry_count = 0",
+        "[workspace.publish_budget]\nmax_objects = 2\nseconds = 30\n",
+    );
+    let _sup = start(&task, &conductor, &lakefs, 1).await;
+    let id = conductor.start_with(&task, input("data")).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "FAILED");
+    assert_eq!(
+        task_of(&wf)["reasonForIncompletion"],
+        "publish budget exceeded: 3 objects changed, max_objects is 2; nothing was published"
+    );
+    assert_eq!(
+        lakefs.read(REPO, "data/b.txt").await.as_deref(),
+        Some("b\n")
+    );
+    assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_executors_attempt_directory_is_collected() {
+    let conductor = Conductor::start().await;
+    let lakefs = seeded().await;
+    let body = "read params\ntouch started\nsleep 60\n";
+    let task = TaskFixture::workspace("ws.gc", body, "retry_count = 0", "");
+    let sup = start(&task, &conductor, &lakefs, 1).await;
+    let _id = conductor.start_with(&task, input("data")).await;
+    let started = task.dir.path().join("started");
+    eventually("the body to start", Duration::from_secs(20), || async {
+        started.exists().then_some(())
+    })
+    .await;
+    let root = sup.workspace_root();
+    let left = attempts_left(&root);
+    assert_eq!(left.len(), 1, "one attempt directory while the body runs");
+    assert!(
+        root.join("attempts")
+            .join(&left[0])
+            .join(".perago-owner")
+            .exists()
+    );
+    let executor = child_named(sup.pid(), "perago-executor-0001").unwrap();
+    signal_pid(executor.pid, "KILL");
+    eventually(
+        "targeted GC of the dead executor's attempt",
+        Duration::from_secs(10),
+        || async { attempts_left(&root).is_empty().then_some(()) },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_supervisor_on_the_same_root_is_refused() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("ws.lock", "read p\necho '{}'\n", "");
+    conductor.register(&task).await;
+    let first = SupervisorProc::start(&task, &conductor, 1, &[]);
+    eventually(
+        "the first supervisor to run its broker",
+        Duration::from_secs(20),
+        || async { child_named(first.pid(), "perago-conductor-broker") },
+    )
+    .await;
+    let out = perago_tests::Run::of(
+        perago_tests::command(crate::harness::SUPERVISOR)
+            .args(["start", task.manifest().to_str().unwrap()])
+            .env("CONDUCTOR_SERVER_URL", conductor.server.base_url())
+            .env("PERAGO_WORKSPACE_ROOT", first.workspace_root()),
+    );
+    out.expect_code(1);
+    let root = std::fs::canonicalize(first.workspace_root()).unwrap();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_eq!(
+        out.stderr,
+        format!(
+            "error: workspace root {} is locked by perago supervisor pid {} on {}\n",
+            root.display(),
+            first.pid(),
+            host.trim()
+        )
+    );
+}
