@@ -245,7 +245,15 @@ pub async fn serve(
                             progress: Some(&progress),
                         };
                         let result = runner.execute_with(&execution_id, &attempt, &io).await;
-                        tracing::info!(task_id = %attempt.task_id, execution_id = %execution_id, status = result.status().as_str(), "assignment finished");
+                        match result.outcome() {
+                            perago_core::result::Outcome::Failed(reason)
+                            | perago_core::result::Outcome::FailedTerminal(reason) => {
+                                tracing::warn!(task_id = %attempt.task_id, execution_id = %execution_id, status = result.status().as_str(), reason = %reason, "assignment failed");
+                            }
+                            perago_core::result::Outcome::Completed(_) => {
+                                tracing::info!(task_id = %attempt.task_id, execution_id = %execution_id, "assignment completed");
+                            }
+                        }
                         (attempt.task_id, result)
                     }
                     Some(Err(e)) => (

@@ -368,3 +368,77 @@ async fn a_second_supervisor_on_the_same_root_is_refused() {
         )
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_attempt_publishes_nothing_and_its_retry_does() {
+    let conductor = Conductor::start().await;
+    let lakefs = seeded().await;
+    let body = r#"read params
+touch started
+while [ ! -e go ]; do sleep 0.05; done
+echo "attempt $PERAGO_TASK_ID" > "$PERAGO_WORKSPACE_DIR/a.txt"
+echo '{}'
+"#;
+    let task = TaskFixture::workspace(
+        "ws.stale",
+        body,
+        "retry_count = 1\nresponse_timeout_seconds = 2",
+        "",
+    );
+    let sup = start(&task, &conductor, &lakefs, 1).await;
+    let id = conductor.start_with(&task, input("data")).await;
+    let started = task.dir.path().join("started");
+    eventually("the body to start", Duration::from_secs(20), || async {
+        started.exists().then_some(())
+    })
+    .await;
+    // Conductor stops hearing from the worker: lease extensions fail, the attempt times out and
+    // Conductor schedules a retry while the first body still runs.
+    conductor
+        .server
+        .faults()
+        .add(FaultSpec {
+            method: Some("POST".into()),
+            path: "/api/tasks".into(),
+            status: Some(503),
+            ..FaultSpec::default()
+        })
+        .unwrap();
+    eventually(
+        "Conductor to time the attempt out",
+        Duration::from_secs(20),
+        || async {
+            let wf = conductor.workflow(&id).await;
+            (wf["tasks"][0]["status"] == "TIMED_OUT").then_some(())
+        },
+    )
+    .await;
+    conductor.server.faults().clear();
+    std::fs::write(task.dir.path().join("go"), "").unwrap();
+
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    let tasks = wf["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 2);
+    let (stale, retry) = (&tasks[0]["taskId"], &tasks[1]["taskId"]);
+    // Only the retry published: the stale attempt's fence stopped it before staging.
+    let log = lakefs.client.log(REPO, "main", 20).await.unwrap();
+    let published: Vec<&Value> = log
+        .iter()
+        .filter_map(|c| c.metadata.as_ref())
+        .filter_map(|m| m.get("task_id"))
+        .collect();
+    assert!(published.contains(&retry), "{published:?}");
+    assert!(!published.contains(&stale), "{published:?}");
+    assert_eq!(
+        lakefs.read(REPO, "data/a.txt").await,
+        Some(format!("attempt {}\n", retry.as_str().unwrap()))
+    );
+    assert!(
+        sup.log_text().contains("stale attempt: task status is TIMED_OUT, expected IN_PROGRESS (before staging); nothing was published"),
+        "{}",
+        sup.log_text()
+    );
+    assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
+    assert!(attempts_left(&sup.workspace_root()).is_empty());
+}
