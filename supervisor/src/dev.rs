@@ -19,6 +19,7 @@ use perago_core::{
     taskdef::task_def,
 };
 use perago_devstack::conductor::ConductorServer;
+use perago_executor::workspace::lakefs::{LakefsClient, LakefsConfig};
 use serde_json::{Value, json};
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
@@ -54,11 +55,6 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
         .execution_mode
         .map_or(ExecutionMode::Thread, Into::into);
     let manifest = Manifest::load(&args.manifest)?;
-    if manifest.task.kind == TaskKind::Workspace {
-        return Err(ExpectedError::NotYetAvailable(
-            "workspace tasks cannot run yet: the lakeFS workspace runtime is not built",
-        ));
-    }
     let inputs = parse_inputs(&args.input)?;
     perago_core::logging::init_stderr_at("warn");
 
@@ -75,6 +71,37 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
         eprintln!("devstack Conductor at {url}");
         let client =
             ConductorClient::new(&url).map_err(|e| ExpectedError::Runtime(e.to_string()))?;
+        let mut inputs = inputs;
+        let mut child_env = vec![("PERAGO_POLL_WAIT_MS".to_owned(), "500".to_owned())];
+        let lakefs = if manifest.task.kind == TaskKind::Workspace {
+            let (server, client) = start_lakefs(&manifest).await?;
+            let dev = &manifest.dev;
+            let prefix = manifest
+                .workspace
+                .as_ref()
+                .map_or("", |w| w.prefix.as_str());
+            for input in &mut inputs {
+                if input.get("workspace").is_none() {
+                    input["workspace"] = json!({
+                        "repository": dev.repository, "branch": dev.branch, "prefix": prefix,
+                    });
+                }
+            }
+            child_env.extend([
+                ("LAKEFS_ENDPOINT".to_owned(), server.endpoint()),
+                (
+                    "LAKEFS_ACCESS_KEY_ID".to_owned(),
+                    server.credentials().access_key_id.clone(),
+                ),
+                (
+                    "LAKEFS_SECRET_ACCESS_KEY".to_owned(),
+                    server.credentials().secret_access_key.clone(),
+                ),
+            ]);
+            Some((server, client))
+        } else {
+            None
+        };
         let name = manifest.task.name.clone();
         let workflow = format!("{name}.dev");
         let setup = async {
@@ -144,11 +171,12 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
             workspace_root: locked.root.clone(),
             gc_interval: Duration::from_secs(300),
             gc_ttl: Duration::from_secs(24 * 3600),
-            child_env: vec![("PERAGO_POLL_WAIT_MS".to_owned(), "500".to_owned())],
+            child_env,
         };
 
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-        let watcher = tokio::spawn(watch(client.clone(), ids, done_tx));
+        let lakefs_client = lakefs.as_ref().map(|(_, c)| c.clone());
+        let watcher = tokio::spawn(watch(client.clone(), lakefs_client, ids, done_tx));
         let stop = async {
             let _ = done_rx.await;
         };
@@ -157,6 +185,9 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
         drop(locked);
         let _ = std::fs::remove_dir_all(&root);
         server.shutdown().await;
+        if let Some((lakefs, _)) = lakefs {
+            lakefs.shutdown().await;
+        }
         result.map_err(|e| ExpectedError::Runtime(e.to_string()))?;
         let failed = outcome.iter().filter(|s| s.as_str() != "COMPLETED").count();
         eprintln!(
@@ -173,10 +204,86 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
     })
 }
 
+/// devstack's lakeFS with the dev repository seeded from the manifest's `[dev] seed` folder.
+async fn start_lakefs(
+    manifest: &Manifest,
+) -> Result<(perago_devstack::lakefs::LakefsHandle, LakefsClient), ExpectedError> {
+    let runtime_err = |what: &str, e: &dyn std::fmt::Display| {
+        ExpectedError::Runtime(format!("cannot {what}: {e}"))
+    };
+    let server = perago_devstack::lakefs::LakefsServer::builder()
+        .bind("127.0.0.1:0")
+        .await
+        .map_err(|e| runtime_err("start devstack lakeFS", &e))?;
+    let config = LakefsConfig {
+        endpoint: server.endpoint(),
+        access_key_id: server.credentials().access_key_id.clone(),
+        secret_access_key: server.credentials().secret_access_key.clone(),
+    };
+    let client =
+        LakefsClient::new(&config).map_err(|e| runtime_err("reach devstack lakeFS", &e))?;
+    let dev = &manifest.dev;
+    client
+        .ensure_repository(
+            &dev.repository,
+            &format!("mem://{}", dev.repository),
+            &dev.branch,
+        )
+        .await
+        .map_err(|e| runtime_err("create the dev repository", &e))?;
+    let mut seeded = 0;
+    if let Some(seed) = &dev.seed {
+        let mut stack = vec![seed.clone()];
+        while let Some(dir) = stack.pop() {
+            let entries = std::fs::read_dir(&dir)
+                .map_err(|e| runtime_err(&format!("read the seed folder {}", dir.display()), &e))?;
+            for entry in entries.flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    stack.push(path);
+                    continue;
+                }
+                let relative = path.strip_prefix(seed).expect("under the seed folder");
+                let key = relative
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+                    .join("/");
+                let bytes = std::fs::read(&path)
+                    .map_err(|e| runtime_err(&format!("read {}", path.display()), &e))?;
+                client
+                    .upload(&dev.repository, &dev.branch, &key, bytes)
+                    .await
+                    .map_err(|e| runtime_err("seed the dev repository", &e))?;
+                seeded += 1;
+            }
+        }
+        if seeded > 0 {
+            client
+                .commit(
+                    &dev.repository,
+                    &dev.branch,
+                    "seed",
+                    &serde_json::Map::new(),
+                )
+                .await
+                .map_err(|e| runtime_err("commit the seed", &e))?;
+        }
+    }
+    eprintln!(
+        "devstack lakeFS at {} (repository {}, branch {}, {seeded} seeded file(s))",
+        server.endpoint(),
+        dev.repository,
+        dev.branch
+    );
+    Ok((server, client))
+}
+
 /// Prints each workflow as it ends (one JSON line on stdout), then signals `done`. Returns
 /// the final statuses.
 async fn watch(
     client: ConductorClient,
+    lakefs: Option<LakefsClient>,
     ids: Vec<String>,
     done: tokio::sync::oneshot::Sender<()>,
 ) -> Vec<String> {
@@ -201,7 +308,21 @@ async fn watch(
                 .unwrap_or_default();
             let mut line = json!({"workflow_id": id, "status": status});
             if status == "COMPLETED" {
-                line["output"] = wf["output"].clone();
+                line["output"] = task["outputData"].clone();
+                let ws = &task["outputData"]["workspace"];
+                if let (Some(lakefs), Some(repo), Some(from), Some(to)) = (
+                    &lakefs,
+                    ws["repository"].as_str(),
+                    ws["source_commit_id"].as_str(),
+                    ws["commit_id"].as_str(),
+                ) && from != to
+                    && let Ok(diff) = lakefs.diff(repo, from, to).await
+                {
+                    line["published"] = diff
+                        .into_iter()
+                        .map(|(kind, path)| json!({"change": kind, "path": path}))
+                        .collect();
+                }
             } else {
                 line["task_status"] = task["status"].clone();
                 line["reason"] = task["reasonForIncompletion"].clone();

@@ -555,6 +555,45 @@ impl LakefsClient {
         }
     }
 
+    /// `(type, path)` of every difference between two commits (`added`, `removed`, `changed`).
+    pub async fn diff(
+        &self,
+        repo: &str,
+        left: &str,
+        right: &str,
+    ) -> Result<Vec<(String, String)>, LakefsError> {
+        #[derive(Deserialize)]
+        struct Entry {
+            #[serde(rename = "type")]
+            kind: String,
+            path: String,
+        }
+        let op = format!("diff {repo} {left}..{right}");
+        let path = format!(
+            "{}/refs/{}/diff/{}",
+            Self::repo_path(repo),
+            segment(left),
+            segment(right)
+        );
+        let amount = MAX_PAGE.to_string();
+        let mut after = String::new();
+        let mut out = Vec::new();
+        loop {
+            let query = [
+                ("after", after.as_str()),
+                ("amount", amount.as_str()),
+                ("type", "two_dot"),
+            ];
+            let bytes = self.read(&op, Method::GET, &path, &query).await?;
+            let page: Page<Entry> = Self::decode(&op, &bytes)?;
+            out.extend(page.results.into_iter().map(|e| (e.kind, e.path)));
+            if !page.pagination.has_more || page.pagination.next_offset.is_empty() {
+                return Ok(out);
+            }
+            after = page.pagination.next_offset;
+        }
+    }
+
     /// Every branch name of `repo`.
     pub async fn list_branches(&self, repo: &str) -> Result<Vec<String>, LakefsError> {
         #[derive(Deserialize)]

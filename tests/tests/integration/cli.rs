@@ -531,3 +531,33 @@ fn dev_refuses_bad_inputs() {
         "error: give at least one --input with the task input, e.g. --input '{\"params\": {}}'\n"
     );
 }
+
+#[test]
+fn dev_runs_a_workspace_task_on_a_seeded_repository() {
+    let out = run(&[
+        "dev",
+        "examples/features-build/task.toml",
+        "--input",
+        r#"{"params": {"label": "nightly"}}"#,
+    ]);
+    out.expect_code(0);
+    let line: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(line["status"], "COMPLETED", "{out}");
+    let ws = &line["output"]["workspace"];
+    assert_eq!(ws["repository"], "features");
+    assert_eq!(ws["added"], 1);
+    assert_ne!(ws["commit_id"], ws["source_commit_id"]);
+    assert_eq!(
+        line["output"]["result"],
+        serde_json::json!({"label": "nightly", "files": {"day1.csv": 3, "day2.csv": 2}})
+    );
+    assert_eq!(
+        line["published"],
+        serde_json::json!([{"change": "added", "path": "features/summary.json"}])
+    );
+    assert!(
+        out.stderr
+            .contains("(repository features, branch main, 2 seeded file(s))"),
+        "{out}"
+    );
+}
