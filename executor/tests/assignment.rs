@@ -323,3 +323,48 @@ fn unsupported_manifests_are_refused_with_a_reason() {
     );
     assert!(Path::new(dir.path()).exists());
 }
+
+#[tokio::test]
+async fn a_workspace_assignment_without_lakefs_config_fails_and_says_what_is_missing() {
+    use perago_executor::{
+        assignment::WorkspaceRuntime,
+        workspace::{flow::Owner, lakefs::LakefsConfig},
+    };
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("body.sh"), "echo '{}'").unwrap();
+    fs::write(
+        dir.path().join("task.toml"),
+        "[task]\nname = \"ws.task\"\nkind = \"workspace\"\ntimeout_seconds = 5\n[body]\ncommand = [\"sh\", \"body.sh\"]\n",
+    )
+    .unwrap();
+    let manifest = Arc::new(Manifest::load(&dir.path().join("task.toml")).unwrap());
+    let lakefs = LakefsConfig::from_lookup(|name| {
+        (name == "LAKEFS_ENDPOINT").then(|| "http://127.0.0.1:9".to_owned())
+    })
+    .and_then(|c| perago_executor::workspace::lakefs::LakefsClient::new(&c));
+    let runner =
+        AssignmentRunner::new(manifest, WORKER.into(), std::env::var_os("PATH").as_deref())
+            .unwrap()
+            .with_workspace(WorkspaceRuntime {
+                root: dir.path().join("root"),
+                lakefs,
+                owner: Owner {
+                    slot: 1,
+                    generation: 1,
+                },
+            });
+    let attempt = AttemptSnapshot::from_conductor(&json!({
+        "taskId": "t", "workflowInstanceId": "w", "retryCount": 0, "taskDefName": "ws.task",
+        "referenceTaskName": "r", "seq": 1, "status": "IN_PROGRESS",
+        "inputData": {"params": {}, "workspace": {"repository": "repo", "branch": "main", "prefix": ""}}
+    }))
+    .unwrap();
+    let result = runner.execute("e", &attempt).await;
+    assert_eq!(
+        reason(&result, ResultStatus::Failed),
+        "LakeFS config is required for workspace tasks: missing LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY"
+    );
+    // The runner is still usable: the executor keeps running.
+    let again = runner.execute("e2", &attempt).await;
+    assert_eq!(again.status(), ResultStatus::Failed);
+}

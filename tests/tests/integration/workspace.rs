@@ -442,3 +442,36 @@ echo '{}'
     assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
     assert!(attempts_left(&sup.workspace_root()).is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_lock_is_reclaimed_and_orphans_are_swept_at_start_and_shutdown() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("ws.orphans", "read p\necho '{}'\n", "");
+    conductor.register(&task).await;
+    // A previous supervisor died: its lock file names a dead pid and an attempt is left.
+    let root = tempfile::tempdir().unwrap();
+    let ws = root.path().join("ws");
+    std::fs::create_dir_all(ws.join("attempts/left-behind/work")).unwrap();
+    std::fs::write(ws.join(".perago-supervisor.lock"), "999999999 oldhost 1\n").unwrap();
+    let mut sup = SupervisorProc::start(
+        &task,
+        &conductor,
+        1,
+        &[("PERAGO_WORKSPACE_ROOT", ws.to_str().unwrap())],
+    );
+    eventually("the orphan sweep", Duration::from_secs(20), || async {
+        (!ws.join("attempts/left-behind").exists()).then_some(())
+    })
+    .await;
+    let lock = std::fs::read_to_string(ws.join(".perago-supervisor.lock")).unwrap();
+    assert!(lock.starts_with(&format!("{} ", sup.pid())), "{lock}");
+    // Anything left when the runtime stops is swept after it.
+    eventually("the executor to run", Duration::from_secs(20), || async {
+        child_named(sup.pid(), "perago-executor-0001")
+    })
+    .await;
+    std::fs::create_dir_all(ws.join("attempts/late/work")).unwrap();
+    sup.signal("TERM");
+    assert_eq!(sup.wait_exit(Duration::from_secs(30)).await.code(), Some(0));
+    assert!(attempts_left(&ws).is_empty());
+}
