@@ -1,0 +1,174 @@
+//! The Conductor side of every scenario: devstack in this process, one task type with a
+//! one-task workflow, workflows started concurrently, and the task timestamps read back.
+//! Throughput comes from Conductor's own clock (first poll to last completion), so the
+//! benchmark's polling of workflow states never shows in the figures.
+
+use perago_core::conductor::ConductorClient;
+use perago_devstack::conductor::{ConductorHandle, ConductorServer};
+use serde_json::json;
+use std::{sync::Arc, time::Duration};
+use tokio::{sync::Semaphore, task::JoinSet};
+
+/// Workflow starts in flight at once.
+const START_CONCURRENCY: usize = 32;
+
+/// One completed task, by Conductor's timestamps (epoch ms).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TaskTimes {
+    pub(crate) scheduled: i64,
+    pub(crate) start: i64,
+    pub(crate) end: i64,
+}
+
+/// devstack's Conductor with a client.
+pub(crate) struct Conductor {
+    pub(crate) server: ConductorHandle,
+    pub(crate) client: ConductorClient,
+}
+
+impl Conductor {
+    pub(crate) async fn start() -> Result<Self, String> {
+        let server = ConductorServer::builder()
+            .bind("127.0.0.1:0")
+            .await
+            .map_err(|e| format!("cannot start devstack: {e}"))?;
+        let client = ConductorClient::new(&server.base_url()).map_err(|e| e.to_string())?;
+        Ok(Self { server, client })
+    }
+
+    pub(crate) fn url(&self) -> String {
+        self.server.base_url()
+    }
+
+    /// Registers `task` (no retries, long timeouts) and its workflow `<task>.wf`.
+    pub(crate) async fn register(&self, task: &str) -> Result<(), String> {
+        let def = json!({
+            "name": task, "retryCount": 0, "timeoutSeconds": 0, "responseTimeoutSeconds": 600,
+            "inputKeys": ["params"], "outputKeys": ["result"],
+        });
+        self.client
+            .register_task_defs(&[def])
+            .await
+            .map_err(|e| e.to_string())?;
+        let wf = json!({
+            "name": format!("{task}.wf"), "version": 1, "schemaVersion": 2,
+            "tasks": [{"name": task, "taskReferenceName": "t", "type": "SIMPLE",
+                       "inputParameters": {"params": "${workflow.input.params}"}}],
+            "outputParameters": {"result": "${t.output.result}"},
+        });
+        self.client
+            .upsert_workflow_defs(&[wf])
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Starts `n` workflows of `task`; returns their ids in start order.
+    pub(crate) async fn start_many(&self, task: &str, n: usize) -> Result<Vec<String>, String> {
+        let limit = Arc::new(Semaphore::new(START_CONCURRENCY));
+        let mut starts = JoinSet::new();
+        for i in 0..n {
+            let (client, limit, name) = (
+                self.client.clone(),
+                Arc::clone(&limit),
+                format!("{task}.wf"),
+            );
+            starts.spawn(async move {
+                let _permit = limit.acquire_owned().await.expect("never closed");
+                let id = client
+                    .start_workflow(&name, &json!({"params": {"n": i}}))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>((i, id))
+            });
+        }
+        let mut ids = vec![String::new(); n];
+        while let Some(done) = starts.join_next().await {
+            let (i, id) = done.map_err(|e| e.to_string())??;
+            ids[i] = id;
+        }
+        Ok(ids)
+    }
+
+    /// Waits for every workflow (in start order, which is roughly completion order) and
+    /// returns its task's timestamps. Fails if one does not complete within `patience`.
+    pub(crate) async fn wait_all(
+        &self,
+        ids: &[String],
+        patience: Duration,
+    ) -> Result<Vec<TaskTimes>, String> {
+        let deadline = tokio::time::Instant::now() + patience;
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            loop {
+                let wf = self
+                    .client
+                    .get_workflow(id)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                match wf["status"].as_str() {
+                    Some("COMPLETED") => {
+                        let task = &wf["tasks"][0];
+                        let ms = |k: &str| task[k].as_i64().unwrap_or(0);
+                        out.push(TaskTimes {
+                            scheduled: ms("scheduledTime"),
+                            start: ms("startTime"),
+                            end: ms("endTime"),
+                        });
+                        break;
+                    }
+                    Some("RUNNING") => {}
+                    other => {
+                        return Err(format!(
+                            "workflow {id} ended {other:?}: {}",
+                            wf["reasonForIncompletion"]
+                        ));
+                    }
+                }
+                if tokio::time::Instant::now() > deadline {
+                    return Err(format!(
+                        "workflow {id} did not complete within {patience:?}"
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Tasks per second between the first poll and the last completion.
+pub(crate) fn throughput(times: &[TaskTimes]) -> f64 {
+    let first = times.iter().map(|t| t.start).min().unwrap_or(0);
+    let last = times.iter().map(|t| t.end).max().unwrap_or(0);
+    let span_ms = (last - first).max(1) as f64;
+    times.len() as f64 * 1000.0 / span_ms
+}
+
+/// The ceiling: one client doing nothing but batch poll + update, for `n` scheduled tasks.
+pub(crate) async fn ceiling(conductor: &Conductor, task: &str, n: usize) -> Result<f64, String> {
+    conductor.register(task).await?;
+    conductor.start_many(task, n).await?;
+    let started = tokio::time::Instant::now();
+    let mut done = 0;
+    while done < n {
+        let tasks = conductor
+            .client
+            .batch_poll(task, "ceiling", 64, Duration::from_millis(100))
+            .await
+            .map_err(|e| e.to_string())?;
+        for t in tasks {
+            let body = json!({
+                "workflowInstanceId": t["workflowInstanceId"], "taskId": t["taskId"],
+                "status": "COMPLETED", "workerId": "ceiling",
+                "outputData": {"result": t["inputData"]["params"]},
+            });
+            conductor
+                .client
+                .update_task(&body)
+                .await
+                .map_err(|e| e.to_string())?;
+            done += 1;
+        }
+    }
+    Ok(n as f64 / started.elapsed().as_secs_f64())
+}
