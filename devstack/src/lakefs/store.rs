@@ -238,11 +238,16 @@ impl Repo {
                     }
                     resolved.staging_of = None;
                 }
-                _ => {
+                '^' => {
                     if count > 0 {
                         resolved.commit = self.parent(&resolved.commit, count, reference)?;
                     }
                     resolved.staging_of = None;
+                }
+                _ => {
+                    return Err(LakefsError::BadRequest(format!(
+                        "ref '{reference}': invalid modifier"
+                    )));
                 }
             }
             modifiers = &rest[digits..];

@@ -1,0 +1,10 @@
+//! The lakeFS dev server through plain HTTP, and through the official Python client.
+
+mod auth;
+mod bad_input;
+mod commits;
+mod merge;
+mod objects;
+mod python_sdk;
+mod repos;
+mod support;
