@@ -1,7 +1,9 @@
-//! Conformance through the official generated Python client (`lakefs-sdk`, pinned in
-//! `tests/python/requirements.txt`): `tests/python/lakefs_sdk_conformance.py` creates a
-//! repository, uploads and pages through more objects than one page, commits with metadata,
-//! branches from a commit id, merges, provokes a 409 conflict, and deletes objects and branches.
+//! Conformance through the official Python clients, pinned in `tests/python/requirements.txt`:
+//! the generated `lakefs-sdk` (`tests/python/lakefs_sdk_conformance.py`: create a repository,
+//! upload and page through more objects than one page, commit with metadata, branch from a
+//! commit id, merge, provoke a 409 conflict, delete objects and branches) and the high-level
+//! `lakefs` package (`tests/python/lakefs_hl_conformance.py`: the same flow over its different
+//! wire habits: raw chunked uploads, `+`-encoded queries, exclusive uploads, ranged reads).
 //!
 //! The interpreter is found and the script run exactly as for the Conductor SDK.
 
@@ -27,6 +29,27 @@ async fn official_lakefs_sdk_works_unchanged() {
         &env,
         SCRIPT_TIMEOUT,
         "[lakefs-sdk-conformance] OK",
+    )
+    .await;
+    assert!(stdout.contains("conflict reported: 409"), "{stdout}");
+}
+
+#[tokio::test]
+async fn official_high_level_lakefs_package_works_unchanged() {
+    let lake = Lake::start().await;
+    let endpoint = lake.server.endpoint();
+    let env = [
+        ("LAKEFS_ENDPOINT", endpoint.as_str()),
+        ("LAKEFS_ACCESS_KEY_ID", KEY),
+        ("LAKEFS_SECRET_ACCESS_KEY", SECRET),
+        // Keep a developer's ~/.lakectl.yaml and LAKECTL_* out of the client configuration.
+        ("HOME", "/nonexistent"),
+    ];
+    let stdout = run_script(
+        "lakefs_hl_conformance.py",
+        &env,
+        SCRIPT_TIMEOUT,
+        "[lakefs-hl-conformance] OK",
     )
     .await;
     assert!(stdout.contains("conflict reported: 409"), "{stdout}");
