@@ -29,7 +29,7 @@ pub(crate) fn commit(
     if staged.is_empty() && !request.allow_empty {
         return Err(LakefsError::BadRequest("no changes".to_owned()));
     }
-    let snapshot = super::store::apply(&head.snapshot, staged);
+    let snapshot = super::refs::apply(&head.snapshot, staged);
     let draft = CommitDraft {
         parents: vec![head.id.clone()],
         committer: committer.to_owned(),

@@ -216,3 +216,41 @@ async fn branch_creation_errors_are_the_real_servers() {
         .await
         .assert_message(404, "repository not found");
 }
+
+#[tokio::test]
+async fn read_only_repositories_refuse_writes_unless_forced() {
+    let lake = Lake::start().await;
+    let body =
+        json!({"name": "frozen", "storage_namespace": "mem://tests/frozen", "read_only": true});
+    assert_eq!(
+        lake.post("/repositories", &body)
+            .await
+            .assert_status(201)
+            .json()["read_only"],
+        true
+    );
+    let upload = lake
+        .request(Method::POST, "/repositories/frozen/branches/main/objects")
+        .query(&[("path", "x")])
+        .body("x");
+    lake.send(upload)
+        .await
+        .assert_message(403, "read-only repository");
+    let branch = json!({"name": "b", "source": "main"});
+    lake.post("/repositories/frozen/branches", &branch)
+        .await
+        .assert_message(403, "read-only repository");
+    let forced = lake
+        .request(Method::POST, "/repositories/frozen/branches/main/objects")
+        .query(&[("path", "x"), ("force", "True")])
+        .body("x");
+    lake.send(forced).await.assert_status(201);
+    let commit = json!({"message": "m"});
+    lake.post("/repositories/frozen/branches/main/commits", &commit)
+        .await
+        .assert_message(403, "read-only repository");
+    let forced = json!({"message": "m", "force": true});
+    lake.post("/repositories/frozen/branches/main/commits", &forced)
+        .await
+        .assert_status(201);
+}
