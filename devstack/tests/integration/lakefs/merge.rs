@@ -209,3 +209,58 @@ async fn merges_refuse_dirty_destinations_and_ignore_uncommitted_sources() {
         .await
         .assert_message(400, "no changes");
 }
+
+#[tokio::test]
+async fn concurrent_publishes_from_one_base_merge_on_distinct_paths_and_conflict_on_shared_ones() {
+    const TASKS: usize = 8;
+    let (lake, base) = with_task_branch().await;
+    for i in 0..TASKS {
+        let branch = format!("own-{i}");
+        lake.branch("repo", &branch, &base).await;
+        lake.upload("repo", &branch, &format!("out/{i}"), "x").await;
+        lake.commit("repo", &branch, "own path").await;
+    }
+    let statuses = merge_all(&lake, (0..TASKS).map(|i| format!("own-{i}"))).await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    let listed = paths(&lake.ls("repo", "main", &[("prefix", "out/")]).await);
+    assert_eq!(listed.len(), TASKS, "{listed:?}");
+
+    // Same base again, and every task also writes one shared path: the first merge wins.
+    let base = lake.head("repo", "main").await;
+    for i in 0..TASKS {
+        let branch = format!("shared-{i}");
+        lake.branch("repo", &branch, &base).await;
+        lake.upload("repo", &branch, "shared", &format!("task {i}"))
+            .await;
+        lake.commit("repo", &branch, "shared path").await;
+    }
+    let statuses = merge_all(&lake, (0..TASKS).map(|i| format!("shared-{i}"))).await;
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 409).count(),
+        TASKS - 1,
+        "{statuses:?}"
+    );
+}
+
+/// Merges every source into main at once, each on its own connection; returns the statuses.
+async fn merge_all(lake: &Lake, sources: impl Iterator<Item = String>) -> Vec<u16> {
+    let mut merges = tokio::task::JoinSet::new();
+    for source in sources {
+        let path = format!("/repositories/repo/refs/{source}/merge/main");
+        let request = lake.request(reqwest::Method::POST, &path).json(&json!({}));
+        merges.spawn(async move {
+            request
+                .send()
+                .await
+                .expect("reaches the server")
+                .status()
+                .as_u16()
+        });
+    }
+    merges.join_all().await
+}

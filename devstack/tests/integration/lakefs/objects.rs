@@ -324,3 +324,38 @@ async fn conditional_uploads_and_upload_errors() {
         .body("x");
     lake.send(no_path).await.assert_message(400, "\"path\"");
 }
+
+#[tokio::test]
+async fn chunked_raw_uploads_are_decoded() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // The `lakefs` package uploads with `Transfer-Encoding: chunked` and a `+` for spaces.
+    let lake = Lake::start().await;
+    lake.repo("repo").await;
+    let auth = "Basic QUtJREVWU1RBQ0tURVNUOmRldnN0YWNrL3NlY3JldCtrZXk="; // KEY:SECRET
+    let request = format!(
+        "POST /api/v1/repositories/repo/branches/main/objects?path=out%2Fa+b.txt HTTP/1.1\r\n\
+         Host: x\r\nAuthorization: {auth}\r\nContent-Type: text/plain\r\n\
+         Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
+         5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+    );
+    let mut stream = tokio::net::TcpStream::connect(lake.server.addr())
+        .await
+        .unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    let read = stream.read_to_string(&mut response);
+    tokio::time::timeout(std::time::Duration::from_secs(10), read)
+        .await
+        .expect("the server answers and closes within 10 s")
+        .unwrap();
+    assert!(response.starts_with("HTTP/1.1 201"), "{response}");
+    assert_eq!(
+        lake.read("repo", "main", "out/a b.txt").await.unwrap(),
+        "hello world"
+    );
+    let stat = lake
+        .get("/repositories/repo/refs/main/objects/stat?path=out/a%20b.txt")
+        .await
+        .json();
+    assert_eq!(stat["content_type"], "text/plain");
+}
