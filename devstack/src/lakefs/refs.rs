@@ -46,7 +46,8 @@ impl Repo {
             }
         };
         while let Some(modifier) = modifiers.chars().next() {
-            let rest = &modifiers[1..];
+            // Only the first modifier is known to be ASCII; later ones can be anything.
+            let rest = &modifiers[modifier.len_utf8()..];
             let digits = rest
                 .find(|c: char| !c.is_ascii_digit())
                 .unwrap_or(rest.len());
@@ -192,4 +193,89 @@ pub(crate) fn apply(base: &Snapshot, staging: &BTreeMap<String, Option<Arc<Entry
         };
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashMap};
+    use std::sync::Arc;
+
+    use crate::lakefs::store::{Branch, CommitDraft, Repo, Snapshot};
+
+    fn repo() -> (Repo, String, String) {
+        let draft = |parents: Vec<String>, generation| CommitDraft {
+            parents,
+            committer: String::new(),
+            message: "m".to_owned(),
+            creation_date: 0,
+            metadata: BTreeMap::new(),
+            generation,
+            snapshot: Arc::new(Snapshot::new()),
+        };
+        let root = Arc::new(draft(Vec::new(), 1).seal());
+        let child = Arc::new(draft(vec![root.id.clone()], 2).seal());
+        let branch = Branch {
+            head: child.id.clone(),
+            staging: BTreeMap::new(),
+        };
+        let repo = Repo {
+            id: "repo".to_owned(),
+            storage_namespace: "mem://x".to_owned(),
+            default_branch: "main".to_owned(),
+            creation_date: 0,
+            read_only: false,
+            commits: HashMap::from([
+                (root.id.clone(), Arc::clone(&root)),
+                (child.id.clone(), Arc::clone(&child)),
+            ]),
+            branches: BTreeMap::from([("main".to_owned(), branch)]),
+        };
+        (repo, root.id.clone(), child.id.clone())
+    }
+
+    #[test]
+    fn refs_resolve_by_id_branch_prefix_and_modifiers() {
+        let (repo, root, child) = repo();
+        let id = |r: &str| repo.resolve(r).map(|x| x.commit.id.clone());
+        assert_eq!(id("main").unwrap(), child);
+        assert_eq!(id(&child).unwrap(), child);
+        assert_eq!(id(&root[..10]).unwrap(), root);
+        assert_eq!(id("main~1").unwrap(), root);
+        assert_eq!(id("main~").unwrap(), root);
+        assert_eq!(id("main^1").unwrap(), root);
+        assert_eq!(id("main^0").unwrap(), child);
+        assert!(repo.resolve("main").unwrap().staging_of.is_some());
+        assert!(repo.resolve("main@").unwrap().staging_of.is_none());
+        assert!(repo.resolve_commit("main$").is_err());
+        for bad in [
+            "main~2", "main^2", "nope", "", "@", "main@@", "main~1@", "main x",
+        ] {
+            assert!(id(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn arbitrary_ref_strings_never_panic() {
+        let (repo, _, child) = repo();
+        let pieces = [
+            "main",
+            &child[..6],
+            "~",
+            "^",
+            "@",
+            "$",
+            "é",
+            "9",
+            "99999999999999999999999",
+            " ",
+            "",
+        ];
+        for a in pieces {
+            for b in pieces {
+                for c in pieces {
+                    let _ = repo.resolve(&format!("{a}{b}{c}"));
+                }
+            }
+        }
+    }
 }
