@@ -118,12 +118,16 @@ pub(crate) fn merge(
     let snapshot = if dest.meta_range_id == base.meta_range_id {
         Arc::clone(&src.snapshot)
     } else {
-        Arc::new(three_way(
+        let merged = three_way(
             &src.snapshot,
             &dest.snapshot,
             &base.snapshot,
             request.strategy,
-        )?)
+        );
+        Arc::new(merged.map_err(|path| {
+            tracing::info!(repository = %repo.id, source, destination, %path, base = %base.id, "merge conflict");
+            LakefsError::MergeConflict
+        })?)
     };
     let mut metadata = request.metadata;
     metadata.insert(
@@ -175,13 +179,14 @@ pub(crate) fn merge_base(repo: &Repo, a: &Commit, b: &Commit) -> Option<Arc<Comm
         })
 }
 
-/// The per-key three-way merge of source `s` and destination `d` from base `b`.
+/// The per-key three-way merge of source `s` and destination `d` from base `b`; on a conflict
+/// without a strategy, the first conflicting path.
 fn three_way(
     s: &Snapshot,
     d: &Snapshot,
     b: &Snapshot,
     strategy: Strategy,
-) -> Result<Snapshot, LakefsError> {
+) -> Result<Snapshot, String> {
     let keys: BTreeSet<&String> = s.keys().chain(d.keys()).chain(b.keys()).collect();
     let mut out = Snapshot::new();
     for key in keys {
@@ -192,10 +197,7 @@ fn three_way(
             dv
         } else {
             match strategy {
-                Strategy::Default => {
-                    tracing::info!(path = %key, "merge conflict");
-                    return Err(LakefsError::MergeConflict);
-                }
+                Strategy::Default => return Err(key.clone()),
                 Strategy::DestWins => dv,
                 Strategy::SourceWins => sv,
             }
