@@ -82,6 +82,9 @@ pub async fn run(args: Args) -> Result<(), DevstackError> {
     if args.conductor.is_none() && args.lakefs.is_none() {
         return Err(DevstackError::NothingToServe);
     }
+    // Handlers go in before the address line is printed: a supervisor that reads the line and
+    // sends SIGTERM at once must get a drain, not the default action (death by signal).
+    let signals = Signals::install()?;
     let mut line = serde_json::Map::new();
     let conductor = match args.conductor {
         Some(addr) => {
@@ -111,7 +114,7 @@ pub async fn run(args: Args) -> Result<(), DevstackError> {
         .and_then(|()| stdout.flush())
         .map_err(|source| DevstackError::Stdout { source })?;
     drop(stdout);
-    let signal = wait_for_signal().await?;
+    let signal = signals.recv().await;
     tracing::info!(signal, "shutting down");
     // Both drain at once: each is bounded by its own grace period.
     let conductor = async {
@@ -128,16 +131,28 @@ pub async fn run(args: Args) -> Result<(), DevstackError> {
     Ok(())
 }
 
-async fn wait_for_signal() -> Result<&'static str, DevstackError> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term =
-        signal(SignalKind::terminate()).map_err(|source| DevstackError::Signal { source })?;
-    let mut int =
-        signal(SignalKind::interrupt()).map_err(|source| DevstackError::Signal { source })?;
-    Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    })
+/// SIGTERM and SIGINT, caught.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Self, DevstackError> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let install = |kind| signal(kind).map_err(|source| DevstackError::Signal { source });
+        Ok(Self {
+            term: install(SignalKind::terminate())?,
+            int: install(SignalKind::interrupt())?,
+        })
+    }
+
+    async fn recv(mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
 }
 
 /// Prints an error and its causes on stderr.

@@ -29,7 +29,7 @@ pub(crate) fn commit(
     if staged.is_empty() && !request.allow_empty {
         return Err(LakefsError::BadRequest("no changes".to_owned()));
     }
-    let snapshot = super::store::apply(&head.snapshot, staged);
+    let snapshot = super::refs::apply(&head.snapshot, staged);
     let draft = CommitDraft {
         parents: vec![head.id.clone()],
         committer: committer.to_owned(),
@@ -118,12 +118,16 @@ pub(crate) fn merge(
     let snapshot = if dest.meta_range_id == base.meta_range_id {
         Arc::clone(&src.snapshot)
     } else {
-        Arc::new(three_way(
+        let merged = three_way(
             &src.snapshot,
             &dest.snapshot,
             &base.snapshot,
             request.strategy,
-        )?)
+        );
+        Arc::new(merged.map_err(|path| {
+            tracing::info!(repository = %repo.id, source, destination, %path, base = %base.id, "merge conflict");
+            LakefsError::MergeConflict
+        })?)
     };
     let mut metadata = request.metadata;
     metadata.insert(
@@ -175,13 +179,14 @@ pub(crate) fn merge_base(repo: &Repo, a: &Commit, b: &Commit) -> Option<Arc<Comm
         })
 }
 
-/// The per-key three-way merge of source `s` and destination `d` from base `b`.
+/// The per-key three-way merge of source `s` and destination `d` from base `b`; on a conflict
+/// without a strategy, the first conflicting path.
 fn three_way(
     s: &Snapshot,
     d: &Snapshot,
     b: &Snapshot,
     strategy: Strategy,
-) -> Result<Snapshot, LakefsError> {
+) -> Result<Snapshot, String> {
     let keys: BTreeSet<&String> = s.keys().chain(d.keys()).chain(b.keys()).collect();
     let mut out = Snapshot::new();
     for key in keys {
@@ -192,10 +197,7 @@ fn three_way(
             dv
         } else {
             match strategy {
-                Strategy::Default => {
-                    tracing::info!(path = %key, "merge conflict");
-                    return Err(LakefsError::MergeConflict);
-                }
+                Strategy::Default => return Err(key.clone()),
                 Strategy::DestWins => dv,
                 Strategy::SourceWins => sv,
             }
@@ -240,4 +242,101 @@ pub(crate) fn diff<'a>(
             _ => None,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use super::{Strategy, three_way};
+    use crate::lakefs::store::{Entry, Snapshot};
+
+    fn entry(content: &str) -> Arc<Entry> {
+        Arc::new(Entry {
+            // A fresh address per entry, even for equal content: identity ignores it.
+            physical_address: format!("mem://x/{}", uuid::Uuid::new_v4()),
+            checksum: format!("md5-of-{content}"),
+            mtime: 0,
+            content_type: "application/octet-stream".to_owned(),
+            metadata: BTreeMap::new(),
+            data: axum::body::Bytes::from(content.to_owned()),
+        })
+    }
+
+    fn snapshot(pairs: &[(&str, &str)]) -> Snapshot {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), entry(v)))
+            .collect()
+    }
+
+    fn contents(s: &Snapshot) -> Vec<(String, String)> {
+        s.iter()
+            .map(|(k, e)| (k.clone(), String::from_utf8_lossy(&e.data).into_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn each_key_takes_the_side_that_changed_it() {
+        let base = snapshot(&[
+            ("same", "0"),
+            ("src", "0"),
+            ("dst", "0"),
+            ("both-equal", "0"),
+            ("src-del", "0"),
+            ("dst-del", "0"),
+        ]);
+        let src = snapshot(&[
+            ("same", "0"),
+            ("src", "1"),
+            ("dst", "0"),
+            ("both-equal", "2"),
+            ("dst-del", "0"),
+            ("src-add", "n"),
+        ]);
+        let dst = snapshot(&[
+            ("same", "0"),
+            ("src", "0"),
+            ("dst", "1"),
+            ("both-equal", "2"),
+            ("src-del", "0"),
+            ("dst-add", "m"),
+        ]);
+        let merged = three_way(&src, &dst, &base, Strategy::Default).unwrap();
+        let expected = [
+            ("both-equal", "2"),
+            ("dst", "1"),
+            ("dst-add", "m"),
+            ("same", "0"),
+            ("src", "1"),
+            ("src-add", "n"),
+        ];
+        assert_eq!(
+            contents(&merged),
+            expected.map(|(k, v)| (k.to_owned(), v.to_owned()))
+        );
+    }
+
+    #[test]
+    fn both_sides_changing_a_key_differently_conflicts_unless_a_strategy_settles_it() {
+        let base = snapshot(&[("k", "0")]);
+        let src = snapshot(&[("k", "s")]);
+        let dst = snapshot(&[]);
+        assert!(three_way(&src, &dst, &base, Strategy::Default).is_err());
+        assert!(
+            three_way(&src, &dst, &base, Strategy::DestWins)
+                .unwrap()
+                .is_empty()
+        );
+        let merged = three_way(&src, &dst, &base, Strategy::SourceWins).unwrap();
+        assert_eq!(contents(&merged), [("k".to_owned(), "s".to_owned())]);
+        let added_twice = three_way(
+            &snapshot(&[("n", "a")]),
+            &snapshot(&[("n", "b")]),
+            &Snapshot::new(),
+            Strategy::Default,
+        );
+        assert!(added_twice.is_err());
+    }
 }

@@ -2,7 +2,7 @@
 //! (`/api/v1`) that perago's workspaces and the official Python clients use, with HTTP basic
 //! auth, staged changes on branches, commits with metadata, diffs and three-way merges.
 //!
-//! Modules, one concept each: `store` (repositories, commits, branches, ref resolution),
+//! Modules, one concept each: `store` (repositories, commits, branches), `refs` (ref resolution and views),
 //! `merge` (commit, diff, merge base, three-way merge), `listing` (pagination and delimiters),
 //! `model` (wire JSON), `multipart` (upload bodies), `auth` (basic auth), `error` (status codes
 //! and bodies), `routes` (HTTP), `server` (builder and handle).
@@ -13,6 +13,7 @@ mod listing;
 mod merge;
 mod model;
 mod multipart;
+mod refs;
 mod routes;
 mod server;
 mod store;

@@ -36,6 +36,8 @@ pub(crate) struct CommitCreation {
     pub(crate) date: Option<i64>,
     #[serde(default)]
     pub(crate) allow_empty: bool,
+    #[serde(default)]
+    pub(crate) force: bool,
 }
 
 /// `Merge` (the whole body is optional).

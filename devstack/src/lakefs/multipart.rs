@@ -52,7 +52,9 @@ fn content_part(body: &Bytes, boundary: &str) -> Result<(String, Bytes), LakefsE
         }
         let headers_start = find(body, b"\r\n", rest).ok_or_else(missing)? + 2;
         let headers_end = find(body, b"\r\n\r\n", headers_start - 2).ok_or_else(missing)?;
-        let headers = String::from_utf8_lossy(&body[headers_start..headers_end]);
+        // A part without headers ends its (empty) header block right at `headers_start - 2`.
+        let headers =
+            String::from_utf8_lossy(body.get(headers_start..headers_end).unwrap_or_default());
         let data_start = headers_end + 4;
         let data_end = find(body, next_delimiter.as_bytes(), data_start).ok_or_else(missing)?;
         let (name, content_type) = part_headers(&headers);
@@ -128,6 +130,21 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.status().as_u16(), 500);
         assert!(object_body(Some("multipart/form-data"), Bytes::new()).is_err());
+        let headerless = "--b\r\n\r\nx\r\n--b--\r\n";
+        let err = object_body(
+            Some("multipart/form-data; boundary=b"),
+            Bytes::from(headerless),
+        );
+        assert_eq!(err.unwrap_err().status().as_u16(), 500);
+        for cut in [
+            "--b",
+            "--b\r\n",
+            "--b\r\nA: b",
+            "--b\r\nContent-Disposition: form-data; name=content\r\n\r\nx",
+        ] {
+            let err = object_body(Some("multipart/form-data; boundary=b"), Bytes::from(cut));
+            assert!(err.is_err(), "{cut:?}");
+        }
         assert!(
             object_body(
                 Some("multipart/form-data; boundary=b"),
@@ -135,5 +152,22 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    #[test]
+    fn truncated_or_damaged_bodies_never_panic() {
+        let body = "--b\r\nContent-Disposition: form-data; name=\"content\"\r\n\
+                    Content-Type: text/plain\r\n\r\nxy\r\n--b--\r\n";
+        let bytes = body.as_bytes();
+        for cut in 0..=bytes.len() {
+            let truncated = Bytes::copy_from_slice(&bytes[..cut]);
+            let _ = object_body(Some("multipart/form-data; boundary=b"), truncated);
+            let mut damaged = bytes.to_vec();
+            damaged.remove(cut.min(bytes.len() - 1));
+            let _ = object_body(
+                Some("multipart/form-data; boundary=b"),
+                Bytes::from(damaged),
+            );
+        }
     }
 }

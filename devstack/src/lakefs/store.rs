@@ -1,6 +1,6 @@
 //! The lakeFS data model in memory: repositories hold immutable commits (each with a full
 //! snapshot `path -> entry`) and branches (a head commit plus staged changes). Reading a branch
-//! layers its staging over the head snapshot; reading a commit reads its snapshot.
+//! layers its staging over the head snapshot; reading a commit reads its snapshot (see `refs`).
 //!
 //! Everything lives behind one mutex in [`Lakefs`]: every operation is short and synchronous, so
 //! serializing them gives the same results as the real server's per-branch retries.
@@ -152,13 +152,6 @@ pub(crate) struct Repo {
     pub(crate) branches: BTreeMap<String, Branch>,
 }
 
-/// A ref resolved for reading: a commit, plus the branch whose staging is layered over it.
-#[derive(Debug)]
-pub(crate) struct Resolved {
-    pub(crate) commit: Arc<Commit>,
-    pub(crate) staging_of: Option<String>,
-}
-
 impl Repo {
     pub(crate) fn branch(&self, name: &str) -> Result<&Branch, LakefsError> {
         self.branches
@@ -182,166 +175,6 @@ impl Repo {
     pub(crate) fn head(&self, branch: &str) -> Result<Arc<Commit>, LakefsError> {
         self.commit(&self.branch(branch)?.head)
     }
-
-    /// Resolves a ref as lakeFS does: a full commit id, a branch, then a unique commit-id
-    /// prefix; then the modifiers `~N` (first parent N times), `^N` (Nth parent), `@` (branch
-    /// without staging) and `$` (branch with staging, the default for a bare branch name).
-    pub(crate) fn resolve(&self, reference: &str) -> Result<Resolved, LakefsError> {
-        let split = reference
-            .find(['~', '^', '@', '$'])
-            .unwrap_or(reference.len());
-        let (base, mut modifiers) = reference.split_at(split);
-        if base.is_empty() || base.chars().any(char::is_whitespace) {
-            return Err(LakefsError::BadRequest(format!(
-                "ref '{reference}': invalid value: validation error"
-            )));
-        }
-        let mut resolved = if let Some(commit) = self.commits.get(base).filter(|_| base.len() == 64)
-        {
-            Resolved {
-                commit: Arc::clone(commit),
-                staging_of: None,
-            }
-        } else if let Some(branch) = self.branches.get(base) {
-            Resolved {
-                commit: self.commit(&branch.head)?,
-                staging_of: Some(base.to_owned()),
-            }
-        } else {
-            Resolved {
-                commit: self.commit_by_prefix(base, reference)?,
-                staging_of: None,
-            }
-        };
-        while let Some(modifier) = modifiers.chars().next() {
-            let rest = &modifiers[1..];
-            let digits = rest
-                .find(|c: char| !c.is_ascii_digit())
-                .unwrap_or(rest.len());
-            let count: usize = match &rest[..digits] {
-                "" => 1,
-                n => n.parse().map_err(|_| {
-                    LakefsError::BadRequest(format!("ref '{reference}': invalid modifier"))
-                })?,
-            };
-            match modifier {
-                '@' | '$' if resolved.staging_of.is_none() || digits > 0 => {
-                    return Err(LakefsError::BadRequest(format!(
-                        "ref '{reference}': invalid modifier"
-                    )));
-                }
-                '@' => resolved.staging_of = None,
-                '$' => {}
-                '~' => {
-                    for _ in 0..count {
-                        resolved.commit = self.parent(&resolved.commit, 1, reference)?;
-                    }
-                    resolved.staging_of = None;
-                }
-                _ => {
-                    if count > 0 {
-                        resolved.commit = self.parent(&resolved.commit, count, reference)?;
-                    }
-                    resolved.staging_of = None;
-                }
-            }
-            modifiers = &rest[digits..];
-        }
-        Ok(resolved)
-    }
-
-    /// Resolves a ref that must name a commit (branch sources, merge sources, diffs).
-    pub(crate) fn resolve_commit(&self, reference: &str) -> Result<Arc<Commit>, LakefsError> {
-        if reference.ends_with('$') {
-            return Err(LakefsError::BadRequest(format!(
-                "ref '{reference}': staging ref not accepted here: validation error"
-            )));
-        }
-        Ok(self.resolve(reference)?.commit)
-    }
-
-    fn commit_by_prefix(&self, prefix: &str, reference: &str) -> Result<Arc<Commit>, LakefsError> {
-        let not_found = || LakefsError::NotFound(format!("{reference}: not found"));
-        if !prefix.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(not_found());
-        }
-        let mut matches = self.commits.values().filter(|c| c.id.starts_with(prefix));
-        match (matches.next(), matches.next()) {
-            (Some(commit), None) => Ok(Arc::clone(commit)),
-            _ => Err(not_found()),
-        }
-    }
-
-    fn parent(
-        &self,
-        commit: &Commit,
-        nth: usize,
-        reference: &str,
-    ) -> Result<Arc<Commit>, LakefsError> {
-        let id = commit
-            .parents
-            .get(nth - 1)
-            .ok_or_else(|| LakefsError::NotFound(format!("{reference}: not found")))?;
-        self.commit(id)
-    }
-
-    /// The objects a resolved ref shows: the commit's snapshot with the branch's staging on top.
-    pub(crate) fn view(&self, resolved: &Resolved) -> Arc<Snapshot> {
-        let staging = resolved
-            .staging_of
-            .as_deref()
-            .and_then(|b| self.branches.get(b))
-            .map(|b| &b.staging)
-            .filter(|s| !s.is_empty());
-        let Some(staging) = staging else {
-            return Arc::clone(&resolved.commit.snapshot);
-        };
-        Arc::new(apply(&resolved.commit.snapshot, staging))
-    }
-
-    /// The objects of a branch, staging included.
-    pub(crate) fn branch_view(&self, branch: &str) -> Result<Arc<Snapshot>, LakefsError> {
-        let head = self.head(branch)?;
-        Ok(self.view(&Resolved {
-            commit: head,
-            staging_of: Some(branch.to_owned()),
-        }))
-    }
-
-    /// Every ancestor of `id` (itself included).
-    pub(crate) fn ancestors(&self, id: &str, first_parent: bool) -> Vec<Arc<Commit>> {
-        let mut seen = HashSet::new();
-        let mut out = Vec::new();
-        let mut stack = vec![id.to_owned()];
-        while let Some(id) = stack.pop() {
-            if !seen.insert(id.clone()) {
-                continue;
-            }
-            let Some(commit) = self.commits.get(&id) else {
-                continue;
-            };
-            let parents = if first_parent {
-                &commit.parents[..commit.parents.len().min(1)]
-            } else {
-                &commit.parents[..]
-            };
-            stack.extend(parents.iter().cloned());
-            out.push(Arc::clone(commit));
-        }
-        out
-    }
-}
-
-/// `base` with `staging` applied (tombstones delete).
-pub(crate) fn apply(base: &Snapshot, staging: &BTreeMap<String, Option<Arc<Entry>>>) -> Snapshot {
-    let mut out = base.clone();
-    for (path, entry) in staging {
-        match entry {
-            Some(entry) => out.insert(path.clone(), Arc::clone(entry)),
-            None => out.remove(path),
-        };
-    }
-    out
 }
 
 /// All repositories, and every storage namespace ever used (the real server refuses to reuse

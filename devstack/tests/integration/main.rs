@@ -1,9 +1,10 @@
-//! Integration tests of the Conductor dev server through plain HTTP, the `perago-devstack`
+//! Integration tests of the Conductor and lakeFS dev servers through plain HTTP, the `perago-devstack`
 //! binary, and the official Python SDK. One test binary keeps link time down.
 
 mod bad_input;
 mod cli;
 mod faults;
+mod lakefs;
 mod metadata;
 mod poll;
 mod python_sdk;

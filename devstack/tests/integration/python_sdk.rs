@@ -21,14 +21,14 @@ const SCRIPT_TIMEOUT: Duration = Duration::from_secs(50);
 /// One Conductor second lasts 50 ms: the script's 10 s response timeout takes 0.5 s.
 const TIME_SCALE: f64 = 0.05;
 
-fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("the crate lives in the workspace")
         .to_path_buf()
 }
 
-fn python() -> PathBuf {
+pub(crate) fn python() -> PathBuf {
     if let Some(python) = std::env::var_os("PERAGO_TEST_PYTHON") {
         let python = PathBuf::from(python);
         assert!(
@@ -41,14 +41,14 @@ fn python() -> PathBuf {
     let venv = workspace_root().join(".venv/bin/python");
     assert!(
         venv.exists(),
-        "no Python with conductor-python: set PERAGO_TEST_PYTHON or run scripts/test, which \
+        "no Python with the test clients (conductor-python, lakefs-sdk): set PERAGO_TEST_PYTHON or run scripts/test, which \
          creates {} from tests/python/requirements.txt",
         venv.display()
     );
     venv
 }
 
-async fn kill_group(pid: u32) {
+pub(crate) async fn kill_group(pid: u32) {
     // Negative pid: the whole process group, the SDK's worker processes included.
     let _ = Command::new("kill")
         .args(["-KILL", "--", &format!("-{pid}")])
@@ -57,15 +57,20 @@ async fn kill_group(pid: u32) {
         .await;
 }
 
-#[tokio::test]
-async fn official_python_sdk_runs_workers_and_workflows_unchanged() {
+/// Runs `tests/python/<script>` with `env` in its own process group under `timeout`, and
+/// returns its stdout; panics with stdout and stderr unless it exits 0 and prints `ok_marker`.
+pub(crate) async fn run_script(
+    script: &str,
+    env: &[(&str, &str)],
+    timeout: Duration,
+    ok_marker: &str,
+) -> String {
     let python = python();
-    let dev = Dev::scaled(TIME_SCALE).await;
-    let script = workspace_root().join("tests/python/conductor_sdk_conformance.py");
+    let script = workspace_root().join("tests/python").join(script);
     let mut child = Command::new(&python)
         .arg(&script)
         .current_dir(workspace_root())
-        .env("CONDUCTOR_SERVER_URL", &dev.api)
+        .envs(env.iter().copied())
         .env("PYTHONUNBUFFERED", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -87,7 +92,7 @@ async fn official_python_sdk_runs_workers_and_workflows_unchanged() {
         let _ = stderr.read_to_string(&mut text).await;
         text
     });
-    let status = tokio::time::timeout(SCRIPT_TIMEOUT, child.wait()).await;
+    let status = tokio::time::timeout(timeout, child.wait()).await;
     // Whatever happened, nothing of the script may outlive the test.
     kill_group(pid).await;
     let collect = async { (out.await.unwrap_or_default(), err.await.unwrap_or_default()) };
@@ -96,16 +101,32 @@ async fn official_python_sdk_runs_workers_and_workflows_unchanged() {
         .unwrap_or_else(|_| ("<pipes still open>".into(), String::new()));
     let report = format!("--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}");
     match status {
-        Err(_) => {
-            panic!("the SDK script did not finish within {SCRIPT_TIMEOUT:?}; killed\n{report}")
-        }
-        Ok(Err(e)) => panic!("waiting for the SDK script failed: {e}\n{report}"),
+        Err(_) => panic!(
+            "{} did not finish within {timeout:?}; killed\n{report}",
+            script.display()
+        ),
+        Ok(Err(e)) => panic!("waiting for {} failed: {e}\n{report}", script.display()),
         Ok(Ok(status)) => assert!(
             status.success(),
-            "the SDK script failed: {status}\n{report}"
+            "{} failed: {status}\n{report}",
+            script.display()
         ),
     }
-    assert!(stdout.contains("[sdk-conformance] OK"), "{report}");
+    assert!(stdout.contains(ok_marker), "{report}");
+    stdout
+}
+
+#[tokio::test]
+async fn official_python_sdk_runs_workers_and_workflows_unchanged() {
+    let dev = Dev::scaled(TIME_SCALE).await;
+    let env = [("CONDUCTOR_SERVER_URL", dev.api.as_str())];
+    run_script(
+        "conductor_sdk_conformance.py",
+        &env,
+        SCRIPT_TIMEOUT,
+        "[sdk-conformance] OK",
+    )
+    .await;
 }
 
 #[tokio::test]

@@ -26,6 +26,9 @@ pub(super) async fn commit(
     let mut lakefs = state.state();
     let repo = lakefs.repo_mut(&repository)?;
     repo.branch(&branch)?;
+    if repo.read_only && !request.force {
+        return Err(LakefsError::Forbidden("read-only repository".to_owned()));
+    }
     let request = CommitRequest {
         message: request.message,
         metadata: request.metadata.unwrap_or_default(),

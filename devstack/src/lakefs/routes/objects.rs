@@ -168,8 +168,8 @@ fn lookup(
 ) -> Result<Arc<Entry>, LakefsError> {
     let lakefs = state.state();
     let repo = lakefs.repo(repository)?;
-    let view = repo.view(&repo.resolve(reference)?);
-    view.get(path).cloned().ok_or_else(object_not_found)
+    repo.entry(&repo.resolve(reference)?, path)
+        .ok_or_else(object_not_found)
 }
 
 pub(super) async fn stat(
