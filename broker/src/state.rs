@@ -532,7 +532,7 @@ impl Broker {
                 RuntimeResult::failed(worker_id, Reason::new("malformed completion: no result"))
             }
         };
-        tracing::info!(slot = number, task_id = %run.attempt.task_id, execution_id = %run.execution_id, status = result.status().as_str(), "execution finished");
+        tracing::debug!(slot = number, task_id = %run.attempt.task_id, execution_id = %run.execution_id, status = result.status().as_str(), "execution finished");
         self.report(v2.then_some(number), *run, result, v2);
     }
 

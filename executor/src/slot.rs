@@ -223,7 +223,7 @@ pub async fn serve(
                 let execution_id = assignment.execution_id.clone();
                 let (task_id, result) = match assignment.attempt.map(wire::attempt_from_wire) {
                     Some(Ok(attempt)) => {
-                        tracing::info!(task_id = %attempt.task_id, execution_id = %execution_id, "assignment started");
+                        tracing::debug!(task_id = %attempt.task_id, execution_id = %execution_id, "assignment started");
                         let fence = SlotFence {
                             client: client.clone(),
                             credentials: credentials.clone(),
