@@ -24,13 +24,14 @@ use std::{
 };
 use workload::{Conductor, ceiling, throughput};
 
-const SCENARIOS: [&str; 6] = [
+const SCENARIOS: [&str; 7] = [
     "throughput",
     "latency",
     "slot",
     "memory",
     "startup",
     "scaling",
+    "workspace",
 ];
 const TASK: &str = "bench.echo";
 
@@ -221,7 +222,7 @@ impl Bench {
         let conductor = Conductor::start().await?;
         conductor.register(TASK).await?;
         let (runtime, _) =
-            Runtime::start(&self.o.binaries, &conductor.url(), TASK, body, jobs).await?;
+            Runtime::start(&self.o.binaries, &conductor.url(), TASK, body, jobs, &[]).await?;
         let (broker_idle, exec_idle) = runtime.rss();
         let ids = conductor.start_many(TASK, tasks).await?;
         let (broker_busy, exec_busy) = runtime.rss();
@@ -314,7 +315,7 @@ impl Bench {
         let conductor = Conductor::start().await?;
         conductor.register(TASK).await?;
         let (runtime, _) =
-            Runtime::start(&self.o.binaries, &conductor.url(), TASK, Body::Rust, 1).await?;
+            Runtime::start(&self.o.binaries, &conductor.url(), TASK, Body::Rust, 1, &[]).await?;
         let perago = self.one_at_a_time(&conductor, rounds).await?;
         runtime.stop().await;
         conductor.server.shutdown().await;
@@ -389,15 +390,96 @@ impl Bench {
             for &jobs in counts {
                 let conductor = Conductor::start().await?;
                 conductor.register(TASK).await?;
-                let (runtime, took) =
-                    Runtime::start(&self.o.binaries, &conductor.url(), TASK, Body::Rust, jobs)
-                        .await?;
+                let (runtime, took) = Runtime::start(
+                    &self.o.binaries,
+                    &conductor.url(),
+                    TASK,
+                    Body::Rust,
+                    jobs,
+                    &[],
+                )
+                .await?;
                 runtime.stop().await;
                 conductor.server.shutdown().await;
                 self.figure(&format!("start-up to all slots attached j={jobs}"), "ms")
                     .runs
                     .push(took.as_secs_f64() * 1000.0);
             }
+        }
+        Ok(())
+    }
+
+    /// Workspace tasks: each downloads 10 small files from a pinned commit, adds one, and
+    /// publishes it (stage, commit, fenced merge) to the same branch.
+    async fn workspace(&mut self) -> Result<(), String> {
+        use perago_executor::workspace::lakefs::{LakefsClient, LakefsConfig};
+        let tasks = if self.o.smoke { 4 } else { 300 };
+        for _ in 0..self.o.runs {
+            let conductor = Conductor::start().await?;
+            let lakefs = perago_devstack::lakefs::LakefsServer::builder()
+                .bind("127.0.0.1:0")
+                .await
+                .map_err(|e| e.to_string())?;
+            let config = LakefsConfig {
+                endpoint: lakefs.endpoint(),
+                access_key_id: lakefs.credentials().access_key_id.clone(),
+                secret_access_key: lakefs.credentials().secret_access_key.clone(),
+            };
+            let client = LakefsClient::new(&config)?;
+            client
+                .ensure_repository("bench", "mem://bench", "main")
+                .await
+                .map_err(|e| e.to_string())?;
+            for i in 0..10 {
+                client
+                    .upload(
+                        "bench",
+                        "main",
+                        &format!("in/seed-{i}.csv"),
+                        vec![b'x'; 1024],
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            let seed = client
+                .commit("bench", "main", "seed", &serde_json::Map::new())
+                .await
+                .map_err(|e| e.to_string())?
+                .id;
+            // Every task reads the seed commit, so its download does not grow with the branch.
+            let ws = json!({"repository": "bench", "branch": "main", "prefix": "in/", "ref": seed});
+            conductor.register_with(TASK, Some(ws)).await?;
+            let env = vec![
+                ("LAKEFS_ENDPOINT".to_owned(), config.endpoint.clone()),
+                (
+                    "LAKEFS_ACCESS_KEY_ID".to_owned(),
+                    config.access_key_id.clone(),
+                ),
+                (
+                    "LAKEFS_SECRET_ACCESS_KEY".to_owned(),
+                    config.secret_access_key.clone(),
+                ),
+            ];
+            let (runtime, _) = Runtime::start(
+                &self.o.binaries,
+                &conductor.url(),
+                TASK,
+                Body::Workspace,
+                2,
+                &env,
+            )
+            .await?;
+            let ids = conductor.start_many(TASK, tasks).await?;
+            let times = conductor.wait_all(&ids, self.patience()).await?;
+            runtime.stop().await;
+            conductor.server.shutdown().await;
+            lakefs.shutdown().await;
+            self.figure(
+                "perago workspace task (10 files in, 1 published) j=2",
+                "tasks/s",
+            )
+            .runs
+            .push(throughput(&times));
         }
         Ok(())
     }
@@ -456,6 +538,7 @@ pub async fn run(options: Options) -> Result<(), String> {
             "memory" => bench.memory().await?,
             "startup" => bench.startup().await?,
             "scaling" => bench.scaling().await?,
+            "workspace" => bench.workspace().await?,
             _ => unreachable!("checked by parse_args"),
         }
     }

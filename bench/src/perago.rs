@@ -29,6 +29,8 @@ pub(crate) enum Body {
     Rust,
     /// The stock executor running `cat` with the exec protocol (one process per task).
     Exec,
+    /// A workspace task: the stock executor, a shell body adding one file per task.
+    Workspace,
 }
 
 pub(crate) struct Runtime {
@@ -44,16 +46,31 @@ impl Runtime {
         task: &str,
         body: Body,
         jobs: u32,
+        env: &[(String, String)],
     ) -> Result<(Self, Duration), String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let body_table = match body {
             Body::Rust => format!("executor = \"{}\"", bins.task.display()),
             Body::Exec => "command = [\"cat\"]".to_owned(),
+            Body::Workspace => {
+                std::fs::write(
+                    dir.path().join("body.sh"),
+                    "read p\nn=$(printf '%s' \"$p\" | tr -dc 0-9)\n\
+                     echo \"$n\" > \"$PERAGO_WORKSPACE_DIR/out-$n.txt\"\necho '{}'\n",
+                )
+                .map_err(|e| e.to_string())?;
+                "command = [\"sh\", \"body.sh\"]".to_owned()
+            }
+        };
+        let kind = if body == Body::Workspace {
+            "workspace"
+        } else {
+            "workspace-free"
         };
         std::fs::write(
             dir.path().join("task.toml"),
             format!(
-                "[task]\nname = \"{task}\"\nkind = \"workspace-free\"\ntimeout_seconds = 0\n\
+                "[task]\nname = \"{task}\"\nkind = \"{kind}\"\ntimeout_seconds = 0\n\
                  response_timeout_seconds = 600\nretry_count = 0\n[body]\n{body_table}\n"
             ),
         )
@@ -69,6 +86,7 @@ impl Runtime {
             .env("PERAGO_LOG_ROOT", dir.path().join("logs"))
             .env("PERAGO_BROKER_BIN", &bins.broker)
             .env("PERAGO_EXECUTOR_BIN", &bins.executor)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

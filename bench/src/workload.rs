@@ -42,10 +42,24 @@ impl Conductor {
 
     /// Registers `task` (no retries, long timeouts) and its workflow `<task>.wf`.
     pub(crate) async fn register(&self, task: &str) -> Result<(), String> {
+        self.register_with(task, None).await
+    }
+
+    /// [`register`](Self::register); with `workspace`, every workflow's task gets that
+    /// workspace input.
+    pub(crate) async fn register_with(
+        &self,
+        task: &str,
+        workspace: Option<serde_json::Value>,
+    ) -> Result<(), String> {
         let def = json!({
             "name": task, "retryCount": 0, "timeoutSeconds": 0, "responseTimeoutSeconds": 600,
             "inputKeys": ["params"], "outputKeys": ["result"],
         });
+        let mut inputs = json!({"params": "${workflow.input.params}"});
+        if let Some(ws) = workspace {
+            inputs["workspace"] = ws;
+        }
         self.client
             .register_task_defs(&[def])
             .await
@@ -53,7 +67,7 @@ impl Conductor {
         let wf = json!({
             "name": format!("{task}.wf"), "version": 1, "schemaVersion": 2,
             "tasks": [{"name": task, "taskReferenceName": "t", "type": "SIMPLE",
-                       "inputParameters": {"params": "${workflow.input.params}"}}],
+                       "inputParameters": inputs}],
             "outputParameters": {"result": "${t.output.result}"},
         });
         self.client

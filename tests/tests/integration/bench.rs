@@ -30,6 +30,7 @@ fn the_benchmark_smoke_run_measures_every_scenario() {
         "rss python process under load (mean)",
         "start-up to all slots attached j=2",
         "scaling perago rust body j=2",
+        "perago workspace task (10 files in, 1 published) j=2",
     ] {
         assert!(out.stdout.contains(figure), "{figure} missing\n{out}");
     }
