@@ -124,7 +124,29 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         events: events.clone(),
     });
     drop(events);
+    // Operators' tools: grpcurl needs reflection (many builds in use, the PyPI one included,
+    // speak only v1alpha, so both flavours are served) and load balancers the health service.
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(perago_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .expect("the descriptor sets are valid");
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(perago_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .expect("the descriptor sets are valid");
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<perago_proto::admin::v1::admin_server::AdminServer<service::AdminService>>()
+        .await;
+    health_reporter
+        .set_serving::<proto::slot_server::SlotServer<service::SlotService>>()
+        .await;
     tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .add_service(slot)
         .add_service(control)
         .add_service(admin)

@@ -711,7 +711,9 @@ impl Broker {
                         unix_ms(run.dispatched_at),
                         phase_name(run.phase),
                     ),
-                    _ => (String::new(), String::new(), 0, ""),
+                    // The result is being reported; update-v2 may bring the next task.
+                    Work::AwaitingNext => (String::new(), String::new(), 0, "reporting"),
+                    Work::Idle => (String::new(), String::new(), 0, ""),
                 };
                 admin::SlotStatus {
                     slot: s.number,

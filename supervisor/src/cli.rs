@@ -25,6 +25,8 @@ pub enum Command {
     Extract(ExtractArgs),
     /// Run the task: a broker polling Conductor and N executor processes.
     Start(StartArgs),
+    /// Show a running runtime: every slot, the broker's counters, the drain state.
+    Status(StatusArgs),
     /// Try a task with nothing to install: an embedded development Conductor, one workflow per
     /// --input, the runtime, and each result printed as it completes.
     Dev(DevArgs),
@@ -68,6 +70,21 @@ pub struct StartArgs {
     /// PERAGO_EXECUTION_MODE environment variable, else `process`.
     #[arg(long, value_enum)]
     pub execution_mode: Option<ModeArg>,
+}
+
+/// `status`.
+#[derive(Debug, Args)]
+#[deny(missing_docs)]
+pub struct StatusArgs {
+    /// The task manifest: its runtime is found through its workspace root
+    /// (PERAGO_WORKSPACE_ROOT, else the default).
+    pub manifest: Option<PathBuf>,
+    /// The broker socket to ask instead.
+    #[arg(long, conflicts_with = "manifest")]
+    pub socket: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `dev`.

