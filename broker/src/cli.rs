@@ -12,6 +12,8 @@ pub const PERAGO_SLOTS: &str = "PERAGO_SLOTS";
 pub const PERAGO_CONTROL_TOKEN: &str = "PERAGO_CONTROL_TOKEN";
 /// The task name.
 pub const PERAGO_TASK_NAME: &str = "PERAGO_TASK_NAME";
+/// Address for Prometheus metrics, e.g. `127.0.0.1:9464`; unset = off.
+pub const PERAGO_METRICS_ADDR: &str = "PERAGO_METRICS_ADDR";
 /// Long-poll wait in milliseconds (default 5000).
 pub const PERAGO_POLL_WAIT_MS: &str = "PERAGO_POLL_WAIT_MS";
 
@@ -52,6 +54,12 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
                 .map_err(|_| format!("{PERAGO_POLL_WAIT_MS} must be milliseconds"))?,
         ),
     };
+    let metrics_addr = match var(PERAGO_METRICS_ADDR) {
+        None => None,
+        Some(a) => Some(a.parse().map_err(|_| {
+            format!("{PERAGO_METRICS_ADDR} {a:?} is not an address such as 127.0.0.1:9464")
+        })?),
+    };
     Ok(BrokerConfig {
         task_name,
         prefix,
@@ -60,6 +68,7 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
         socket: PathBuf::from(get(PERAGO_SOCKET)),
         control_token: get(PERAGO_CONTROL_TOKEN),
         poll_wait,
+        metrics_addr,
     })
 }
 

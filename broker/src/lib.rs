@@ -8,6 +8,7 @@
 
 pub mod cli;
 mod counters;
+mod metrics;
 mod poller;
 mod report;
 mod service;
@@ -38,6 +39,8 @@ pub struct BrokerConfig {
     pub control_token: String,
     /// Long-poll wait per batch poll (at most 5 s).
     pub poll_wait: Duration,
+    /// Where to serve Prometheus metrics (`PERAGO_METRICS_ADDR`); off when `None`.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Why the broker stopped.
@@ -48,6 +51,15 @@ pub enum BrokerError {
     Socket {
         /// The socket path.
         path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The metrics address could not be bound.
+    #[error("cannot serve metrics on {addr}: {source}")]
+    Metrics {
+        /// `PERAGO_METRICS_ADDR`.
+        addr: std::net::SocketAddr,
         /// The cause.
         #[source]
         source: std::io::Error,
@@ -68,6 +80,22 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
                 source,
             })?;
     let counters = Arc::new(counters::Counters::default());
+    let gauges = Arc::new(counters::Gauges::default());
+    if let Some(addr) = config.metrics_addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| BrokerError::Metrics { addr, source })?;
+        let bound = listener
+            .local_addr()
+            .map_err(|source| BrokerError::Metrics { addr, source })?;
+        tracing::info!(addr = %bound, "metrics served at http://{bound}/metrics");
+        let (task, c, g) = (
+            config.task_name.clone(),
+            Arc::clone(&counters),
+            Arc::clone(&gauges),
+        );
+        tokio::spawn(metrics::serve(listener, task, c, g));
+    }
     let backoff = Backoff::default_remote();
     let (events, rx) = mpsc::channel(1024);
     let (drained_tx, drained_rx) = oneshot::channel();
@@ -78,6 +106,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         config.slots,
         reporter,
         Arc::clone(&counters),
+        gauges,
         events.clone(),
         drained_tx,
         SystemTime::now(),

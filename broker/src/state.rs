@@ -9,7 +9,7 @@
 //! held.
 
 use crate::{
-    counters::Counters,
+    counters::{Counters, Gauges},
     report::{Reporter, Update},
     wire,
 };
@@ -131,6 +131,7 @@ pub(crate) struct Broker {
     updates_in_flight: u32,
     reporter: Reporter,
     counters: Arc<Counters>,
+    gauges: Arc<Gauges>,
     events: mpsc::Sender<Event>,
     started_at: SystemTime,
     drained: Option<oneshot::Sender<()>>,
@@ -161,10 +162,14 @@ impl Broker {
         slots: u32,
         reporter: Reporter,
         counters: Arc<Counters>,
+        gauges: Arc<Gauges>,
         events: mpsc::Sender<Event>,
         drained: oneshot::Sender<()>,
         started_at: SystemTime,
     ) -> Self {
+        gauges
+            .slots
+            .store(u64::from(slots), std::sync::atomic::Ordering::Relaxed);
         let slots = (1..=slots)
             .map(|n| Slot {
                 number: n,
@@ -188,6 +193,7 @@ impl Broker {
             updates_in_flight: 0,
             reporter,
             counters,
+            gauges,
             events,
             started_at,
             drained: Some(drained),
@@ -200,6 +206,14 @@ impl Broker {
             self.handle(event);
             self.answer_poll_waiters();
             self.check_drained();
+            let busy = self
+                .slots
+                .iter()
+                .filter(|s| matches!(s.work, Work::Busy(_)))
+                .count() as u64;
+            self.gauges
+                .busy_slots
+                .store(busy, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -533,6 +547,9 @@ impl Broker {
             }
         };
         tracing::debug!(slot = number, task_id = %run.attempt.task_id, execution_id = %run.execution_id, status = result.status().as_str(), "execution finished");
+        if let Ok(took) = run.dispatched_at.elapsed() {
+            self.gauges.task_duration.observe(took.as_secs_f64());
+        }
         self.report(v2.then_some(number), *run, result, v2);
     }
 

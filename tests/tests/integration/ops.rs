@@ -165,3 +165,96 @@ async fn status_prints_the_slots_as_a_table_and_as_json() {
         "{nothing}"
     );
 }
+
+fn metric(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_move_while_tasks_run() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("ops.metrics", "read p\necho '{}'\n", "");
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(
+        &task,
+        &conductor,
+        2,
+        &[("PERAGO_METRICS_ADDR", "127.0.0.1:0")],
+    );
+    let url = eventually(
+        "the metrics address in the log",
+        Duration::from_secs(20),
+        || async {
+            let log = sup.log_text();
+            let at = log.find("metrics served at ")?;
+            let rest = &log[at + "metrics served at ".len()..];
+            Some(rest.split_whitespace().next()?.to_owned())
+        },
+    )
+    .await;
+    let scrape = || {
+        let out = Command::new("curl").args(["-sf", &url]).output().unwrap();
+        assert!(out.status.success(), "curl {url} failed");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let label = format!("{{task=\"{}\"", task.name);
+    let before = scrape();
+    assert_eq!(
+        metric(&before, &format!("perago_slots{label}")),
+        Some(2.0),
+        "{before}"
+    );
+    let polls_before = metric(&before, &format!("perago_polls_total{label}")).unwrap();
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        ids.push(
+            conductor
+                .start_workflow(&task, serde_json::json!({"n": n}))
+                .await,
+        );
+    }
+    for id in &ids {
+        conductor.wait_terminal(id, Duration::from_secs(20)).await;
+    }
+    let after = eventually(
+        "the counters to catch up",
+        Duration::from_secs(10),
+        || async {
+            let text = scrape();
+            (metric(
+                &text,
+                &format!("perago_task_results_total{label},status=\"COMPLETED\"}}"),
+            ) == Some(5.0))
+            .then_some(text)
+        },
+    )
+    .await;
+    assert_eq!(
+        metric(&after, &format!("perago_tasks_dispatched_total{label}")),
+        Some(5.0)
+    );
+    assert_eq!(
+        metric(
+            &after,
+            &format!("perago_task_duration_seconds_count{label}")
+        ),
+        Some(5.0)
+    );
+    assert!(metric(&after, &format!("perago_polls_total{label}")).unwrap() > polls_before);
+    assert!(after.contains("# TYPE perago_task_duration_seconds histogram"));
+    let missing = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &url.replace("/metrics", "/nope"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&missing.stdout), "404");
+}
