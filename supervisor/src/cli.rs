@@ -27,6 +27,8 @@ pub enum Command {
     Start(StartArgs),
     /// Show a running runtime: every slot, the broker's counters, the drain state.
     Status(StatusArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(CompletionsArgs),
     /// Try a task with nothing to install: an embedded development Conductor, one workflow per
     /// --input, the runtime, and each result printed as it completes.
     Dev(DevArgs),
@@ -70,6 +72,15 @@ pub struct StartArgs {
     /// PERAGO_EXECUTION_MODE environment variable, else `process`.
     #[arg(long, value_enum)]
     pub execution_mode: Option<ModeArg>,
+}
+
+/// `completions`.
+#[derive(Debug, Args)]
+#[deny(missing_docs)]
+pub struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 /// `status`.

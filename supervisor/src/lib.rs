@@ -44,6 +44,12 @@ where
             return e.exit_code();
         }
     };
+    if let Command::Completions(args) = &cli.command {
+        use clap::CommandFactory as _;
+        let mut command = Cli::command().name(bin_name).bin_name(bin_name);
+        clap_complete::generate(args.shell, &mut command, bin_name, &mut std::io::stdout());
+        return exit_codes::OK;
+    }
     match dispatch(cli, vars) {
         Ok(()) => exit_codes::OK,
         Err(e) => {
@@ -69,6 +75,7 @@ fn dispatch(cli: Cli, vars: &BTreeMap<String, String>) -> Result<(), ExpectedErr
         Command::Start(args) => start::start(&args, vars)?,
         Command::Dev(args) => dev::dev(&args, vars)?,
         Command::Status(args) => status::status(&args, vars)?,
+        Command::Completions(_) => unreachable!("handled before dispatch"),
     }
     Ok(())
 }

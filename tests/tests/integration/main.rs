@@ -3,6 +3,7 @@
 mod bench;
 mod broker;
 mod cli;
+mod deploy;
 mod harness;
 mod ops;
 mod runtime;
