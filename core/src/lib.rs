@@ -20,3 +20,4 @@ pub mod result;
 pub mod shape;
 pub mod taskdef;
 pub mod units;
+pub mod url;

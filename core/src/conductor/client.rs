@@ -4,6 +4,7 @@
 //! decide with [`ConductorError::is_retryable`].
 
 use super::errors::ConductorError;
+use crate::url::encode_segment as segment;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use std::time::Duration;
@@ -31,19 +32,6 @@ pub struct ConductorClient {
     http: reqwest::Client,
     /// The API base including `/api`, without a trailing `/`.
     base: String,
-}
-
-/// Percent-encodes one path segment.
-fn segment(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 impl ConductorClient {
@@ -310,11 +298,5 @@ mod tests {
         );
         assert!(ConductorClient::new("http:///api").is_err());
         assert!(ConductorClient::new("https://conductor.example.com/api").is_err());
-    }
-
-    #[test]
-    fn path_segments_are_encoded() {
-        assert_eq!(segment("features.build"), "features.build");
-        assert_eq!(segment("a b/c"), "a%20b%2Fc");
     }
 }

@@ -3,7 +3,7 @@
 //! Every request has a timeout; idempotent reads are retried on transport errors, 5xx and 429.
 //! The secret key never appears in `Debug` output or in error messages.
 
-use perago_core::backoff::Backoff;
+use perago_core::{backoff::Backoff, url::encode_segment as segment};
 use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -176,19 +176,6 @@ pub struct LakefsClient {
     key: String,
     secret: String,
     backoff: Backoff,
-}
-
-/// Percent-encodes one path segment.
-fn segment(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 impl LakefsClient {
