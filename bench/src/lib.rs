@@ -283,6 +283,10 @@ impl Bench {
                 self.figure(&format!("perago exec body j={jobs}"), "tasks/s")
                     .runs
                     .push(exec);
+                let jsonl = self.perago_run(Body::JsonlPython, jobs, tasks).await?;
+                self.figure(&format!("perago jsonl python body j={jobs}"), "tasks/s")
+                    .runs
+                    .push(jsonl);
                 let py = self.python_run(jobs, tasks).await?;
                 self.figure(&format!("conductor-python j={jobs}"), "tasks/s")
                     .runs
@@ -293,7 +297,13 @@ impl Bench {
             let ceiling = self.median("ceiling: poll+update client");
             let rust = self.median(&format!("perago rust body j={jobs}"));
             let exec = self.median(&format!("perago exec body j={jobs}"));
+            let jsonl = self.median(&format!("perago jsonl python body j={jobs}"));
             let py = self.median(&format!("conductor-python j={jobs}"));
+            if let (Some(j), Some(p)) = (jsonl, py) {
+                self.figure(&format!("ratio perago jsonl python / python j={jobs}"), "x")
+                    .runs
+                    .push(j / p);
+            }
             if let (Some(r), Some(e), Some(p), Some(c)) = (rust, exec, py, ceiling) {
                 self.figure(&format!("ratio perago rust / python j={jobs}"), "x")
                     .runs

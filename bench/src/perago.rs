@@ -31,6 +31,8 @@ pub(crate) enum Body {
     Exec,
     /// A workspace task: the stock executor, a shell body adding one file per task.
     Workspace,
+    /// The stock executor with a persistent Python body (`jsonl` protocol).
+    JsonlPython,
 }
 
 pub(crate) struct Runtime {
@@ -52,6 +54,15 @@ impl Runtime {
         let body_table = match body {
             Body::Rust => format!("executor = \"{}\"", bins.task.display()),
             Body::Exec => "command = [\"cat\"]".to_owned(),
+            Body::JsonlPython => {
+                std::fs::write(
+                    dir.path().join("echo.py"),
+                    "import json, sys\nfor line in sys.stdin:\n    r = json.loads(line)\n    \
+                     print(json.dumps({\"execution_id\": r[\"execution_id\"], \"result\": r[\"params\"]}), flush=True)\n",
+                )
+                .map_err(|e| e.to_string())?;
+                "command = [\"python3\", \"-u\", \"echo.py\"]\nprotocol = \"jsonl\"".to_owned()
+            }
             Body::Workspace => {
                 std::fs::write(
                     dir.path().join("body.sh"),

@@ -4,6 +4,7 @@
 
 use crate::{
     command::{self, CommandSpec, Ended, Finished, RunLimits},
+    jsonl::{JsonlBody, JsonlFailure},
     task::{Task, TaskContext, TaskError},
     workspace::{
         flow::{Attempt, Fence, Owner, WorkspaceFailure},
@@ -52,6 +53,7 @@ struct Program {
 #[derive(Clone)]
 enum Body {
     Command(Program),
+    Jsonl(Arc<JsonlBody>),
     Rust(Arc<dyn Task>),
 }
 
@@ -59,6 +61,7 @@ impl std::fmt::Debug for Body {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Command(p) => f.debug_tuple("Command").field(p).finish(),
+            Self::Jsonl(b) => f.debug_tuple("Jsonl").field(b).finish(),
             Self::Rust(_) => f.write_str("Rust"),
         }
     }
@@ -146,24 +149,7 @@ impl AssignmentRunner {
                     "this binary implements the task in Rust, but the manifest names body.command; set body.executor to this binary",
                 ));
             }
-            (
-                BodyKind::Command {
-                    argv,
-                    protocol: BodyProtocol::Exec,
-                },
-                None,
-            ) => Some(argv),
-            (
-                BodyKind::Command {
-                    protocol: BodyProtocol::Jsonl,
-                    ..
-                },
-                None,
-            ) => {
-                return Err(RunnerError::Unsupported(
-                    "body.protocol = \"jsonl\" is not supported by this executor yet; use \"exec\"",
-                ));
-            }
+            (BodyKind::Command { argv, .. }, None) => Some(argv),
             (BodyKind::Executor(_), None) => {
                 return Err(RunnerError::Unsupported(
                     "a body.executor binary runs in place of the stock executor",
@@ -196,7 +182,16 @@ impl AssignmentRunner {
             })
         };
         let body = match (argv, task) {
-            (Some(argv), _) => Body::Command(program("body.command", argv)?),
+            (Some(argv), _) => {
+                let program = program("body.command", argv)?;
+                match &manifest.body.kind {
+                    BodyKind::Command {
+                        protocol: BodyProtocol::Jsonl,
+                        ..
+                    } => Body::Jsonl(Arc::new(JsonlBody::new(program.spec))),
+                    _ => Body::Command(program),
+                }
+            }
             (None, Some(task)) => Body::Rust(task),
             (None, None) => unreachable!("an executor body without a task is refused above"),
         };
@@ -399,6 +394,53 @@ impl AssignmentRunner {
                         Failure::Retriable(Reason::new(format!("body could not start: {e}")))
                     })?;
                 body_result(&run, self.manifest.task.timeout_seconds)?
+            }
+            Body::Jsonl(body) => {
+                let field = |name: &str| {
+                    env.iter()
+                        .find(|(k, _)| k == name)
+                        .map(|(_, v)| Value::String(v.clone()))
+                        .unwrap_or(Value::Null)
+                };
+                let request = serde_json::json!({
+                    "execution_id": execution_id,
+                    "task_id": attempt.task_id,
+                    "workflow_id": attempt.workflow_instance_id,
+                    "worker_id": self.worker_id,
+                    "params": params,
+                    "workspace_dir": field("PERAGO_WORKSPACE_DIR"),
+                });
+                // The process outlives assignments: only its stable identity is in its env.
+                let process_env = [("PERAGO_WORKER_ID".to_owned(), self.worker_id.clone())];
+                match body
+                    .call(execution_id, request, &process_env, self.time_limit())
+                    .await
+                {
+                    Ok(result) => {
+                        let size = serde_json::to_vec(&result).map_or(0, |v| v.len());
+                        if size > MAX_OUTPUT_BYTES {
+                            return Err(Failure::Retriable(Reason::new(format!(
+                                "body result is larger than {} MiB; Conductor cannot take it inline",
+                                MAX_OUTPUT_BYTES >> 20
+                            ))));
+                        }
+                        result
+                    }
+                    Err(JsonlFailure::Error { message, terminal }) => {
+                        let reason = Reason::new(message);
+                        return Err(if terminal {
+                            Failure::Terminal(reason)
+                        } else {
+                            Failure::Retriable(reason)
+                        });
+                    }
+                    Err(JsonlFailure::Broken {
+                        reason,
+                        stderr_tail,
+                    }) => {
+                        return Err(Failure::Retriable(Reason::with_tail(&reason, &stderr_tail)));
+                    }
+                }
             }
             Body::Rust(body) => {
                 let ctx = TaskContext {

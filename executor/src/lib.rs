@@ -9,6 +9,7 @@
 pub mod assignment;
 pub mod cli;
 pub mod command;
+mod jsonl;
 pub mod slot;
 pub mod task;
 pub mod wire;

@@ -21,6 +21,7 @@ fn the_benchmark_smoke_run_measures_every_scenario() {
         "ceiling: poll+update client",
         "perago rust body j=2",
         "perago exec body j=4",
+        "perago jsonl python body j=2",
         "conductor-python j=4",
         "ratio perago rust / python j=2",
         "schedule-to-start p50 perago",

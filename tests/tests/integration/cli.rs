@@ -561,3 +561,37 @@ fn dev_runs_a_workspace_task_on_a_seeded_repository() {
         "{out}"
     );
 }
+
+#[test]
+fn dev_runs_a_jsonl_body() {
+    let out = run(&[
+        "dev",
+        "examples/greet-jsonl/task.toml",
+        "-j",
+        "2",
+        "--input",
+        r#"{"params": {"name": "Ada", "times": 2}}"#,
+        "--input",
+        r#"{"params": {"name": ""}}"#,
+    ]);
+    out.expect_code(1);
+    let lines: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let done = lines
+        .iter()
+        .find(|l| l["status"] == "COMPLETED")
+        .expect("one completes");
+    assert_eq!(
+        done["output"]["result"]["message"],
+        "hello, Ada! hello, Ada!"
+    );
+    let failed = lines
+        .iter()
+        .find(|l| l["status"] == "FAILED")
+        .expect("one fails");
+    assert_eq!(failed["task_status"], "FAILED_WITH_TERMINAL_ERROR");
+    assert_eq!(failed["reason"], "params.name is empty");
+}

@@ -1,0 +1,231 @@
+//! The `jsonl` body protocol (SPEC §2): one long-lived body process per executor, so bodies in
+//! any language pay their start-up once. Per assignment the executor writes one request line
+//!
+//! ```json
+//! {"execution_id": "…", "task_id": "…", "workflow_id": "…", "worker_id": "…", "params": {…}, "workspace_dir": "…"}
+//! ```
+//!
+//! and reads one response line with the same execution id:
+//! `{"execution_id": "…", "result": …}` or
+//! `{"execution_id": "…", "error": {"message": "…", "terminal": false}}`.
+//! A process that exits, writes something else, or overruns the time limit fails the
+//! assignment; it is stopped (its whole process group) and started again for the next one.
+
+use crate::command::CommandSpec;
+use perago_core::process;
+use serde_json::{Value, json};
+use std::{collections::VecDeque, process::Stdio, sync::Arc, time::Duration};
+use tokio::{
+    io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader, Lines},
+    process::{Child, ChildStdin, ChildStdout},
+    sync::Mutex,
+};
+
+/// Bytes of stderr kept for failure reasons.
+const STDERR_TAIL: usize = 2048;
+
+/// How one call ended, when it did not produce a result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum JsonlFailure {
+    /// The body answered with an error.
+    Error { message: String, terminal: bool },
+    /// The process or the protocol broke; the reason and the stderr tail.
+    Broken { reason: String, stderr_tail: String },
+}
+
+struct Running {
+    child: Child,
+    pgid: u32,
+    stdin: ChildStdin,
+    stdout: Lines<BufReader<ChildStdout>>,
+}
+
+/// The persistent body of one executor.
+pub(crate) struct JsonlBody {
+    spec: CommandSpec,
+    running: Mutex<Option<Running>>,
+    stderr_tail: Arc<std::sync::Mutex<VecDeque<u8>>>,
+}
+
+impl std::fmt::Debug for JsonlBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JsonlBody")
+            .field("spec", &self.spec)
+            .finish()
+    }
+}
+
+impl JsonlBody {
+    pub(crate) fn new(spec: CommandSpec) -> Self {
+        Self {
+            spec,
+            running: Mutex::new(None),
+            stderr_tail: Arc::new(std::sync::Mutex::new(VecDeque::new())),
+        }
+    }
+
+    fn tail(&self) -> String {
+        let tail = self.stderr_tail.lock().expect("not poisoned");
+        String::from_utf8_lossy(&tail.iter().copied().collect::<Vec<_>>()).into_owned()
+    }
+
+    fn start(&self, env: &[(String, String)]) -> std::io::Result<Running> {
+        let mut cmd = tokio::process::Command::new(&self.spec.program);
+        cmd.args(&self.spec.args)
+            .current_dir(&self.spec.dir)
+            .envs(self.spec.env.iter().map(|(k, v)| (k, v)))
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        process::isolate(&mut cmd, process::SIGKILL);
+        let mut child = cmd.spawn()?;
+        let pgid = child.id().expect("a just-spawned child has a pid");
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = BufReader::new(child.stdout.take().expect("piped")).lines();
+        let mut stderr = child.stderr.take().expect("piped");
+        let tail = Arc::clone(&self.stderr_tail);
+        let label = self.spec.label.clone();
+        // Stderr is drained for the whole life of the process: into the log, and its end
+        // kept for failure reasons.
+        tokio::spawn(async move {
+            let mut buf = [0u8; 8192];
+            let mut pending = Vec::new();
+            while let Ok(n) = stderr.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                {
+                    let mut t = tail.lock().expect("not poisoned");
+                    t.extend(&buf[..n]);
+                    while t.len() > STDERR_TAIL {
+                        t.pop_front();
+                    }
+                }
+                pending.extend_from_slice(&buf[..n]);
+                while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                    let line = String::from_utf8_lossy(&pending[..end])
+                        .trim_end()
+                        .to_owned();
+                    if !line.is_empty() {
+                        tracing::info!(stream = "stderr", source = %label, "{line}");
+                    }
+                    pending.drain(..=end);
+                }
+            }
+        });
+        tracing::info!(pid = pgid, program = %self.spec.program.display(), "started the jsonl body process");
+        Ok(Running {
+            child,
+            pgid,
+            stdin,
+            stdout,
+        })
+    }
+
+    /// Stops the process (its whole group) so the next call starts a fresh one.
+    async fn discard(running: &mut Option<Running>) {
+        if let Some(mut r) = running.take() {
+            let _ = process::signal_group(r.pgid, process::SIGKILL);
+            let _ = r.child.wait().await;
+        }
+    }
+
+    /// Runs one assignment through the persistent process.
+    pub(crate) async fn call(
+        &self,
+        execution_id: &str,
+        request: Value,
+        env: &[(String, String)],
+        limit: Option<Duration>,
+    ) -> Result<Value, JsonlFailure> {
+        let mut guard = self.running.lock().await;
+        if guard.is_none() {
+            self.stderr_tail.lock().expect("not poisoned").clear();
+            *guard = Some(self.start(env).map_err(|e| JsonlFailure::Broken {
+                reason: format!("body could not start: {e}"),
+                stderr_tail: String::new(),
+            })?);
+        }
+        let outcome = {
+            let running = guard.as_mut().expect("started above");
+            let exchange = exchange(running, execution_id, &request);
+            match limit {
+                None => exchange.await,
+                Some(limit) => match tokio::time::timeout(limit, exchange).await {
+                    Ok(r) => r,
+                    Err(_) => Err(format!(
+                        "body timed out after {}s (task.timeout_seconds) and was stopped",
+                        limit.as_secs()
+                    )),
+                },
+            }
+        };
+        match outcome {
+            Ok(response) => {
+                if let Some(result) = response.get("result") {
+                    return Ok(result.clone());
+                }
+                let error = &response["error"];
+                Err(JsonlFailure::Error {
+                    message: error["message"]
+                        .as_str()
+                        .unwrap_or("the body reported an error without a message")
+                        .to_owned(),
+                    terminal: error["terminal"].as_bool().unwrap_or(false),
+                })
+            }
+            Err(reason) => {
+                let mut reason = reason;
+                if let Some(r) = guard.as_mut()
+                    && let Ok(Some(status)) = r.child.try_wait()
+                {
+                    reason = format!(
+                        "body process exited ({status}) while running execution {execution_id}"
+                    );
+                }
+                Self::discard(&mut guard).await;
+                Err(JsonlFailure::Broken {
+                    reason,
+                    stderr_tail: self.tail(),
+                })
+            }
+        }
+    }
+}
+
+/// Writes the request line and reads the response line; any protocol break is an error.
+async fn exchange(
+    running: &mut Running,
+    execution_id: &str,
+    request: &Value,
+) -> Result<Value, String> {
+    let mut line = serde_json::to_string(request).expect("a Value always serializes");
+    line.push('\n');
+    if let Err(e) = running.stdin.write_all(line.as_bytes()).await {
+        return Err(format!("cannot write to the body process: {e}"));
+    }
+    let _ = running.stdin.flush().await;
+    let answer = match running.stdout.next_line().await {
+        Ok(Some(answer)) => answer,
+        Ok(None) => return Err("the body process closed its stdout".to_owned()),
+        Err(e) => return Err(format!("cannot read from the body process: {e}")),
+    };
+    let response: Value = serde_json::from_str(&answer).map_err(|e| {
+        format!(
+            "the body process wrote a line that is not JSON ({e}): {}",
+            answer.chars().take(120).collect::<String>()
+        )
+    })?;
+    if response["execution_id"] != json!(execution_id) {
+        return Err(format!(
+            "the body process answered for execution {}, not {execution_id}",
+            response["execution_id"]
+        ));
+    }
+    if response.get("result").is_none() && !response["error"].is_object() {
+        return Err("the body process answered with neither result nor error".to_owned());
+    }
+    Ok(response)
+}

@@ -1,0 +1,149 @@
+//! The `jsonl` body protocol: one persistent process answers every assignment; errors,
+//! crashes, protocol breaks and overruns fail only their assignment, and the process is
+//! started again for the next one.
+
+use perago_core::{
+    attempt::AttemptSnapshot,
+    manifest::Manifest,
+    result::{Outcome, ResultStatus, RuntimeResult},
+};
+use perago_executor::assignment::AssignmentRunner;
+use serde_json::{Value, json};
+use std::{fs, sync::Arc, time::Duration};
+
+const BODY: &str = r#"
+import json, os, sys, time
+for line in sys.stdin:
+    req = json.loads(line)
+    p = req["params"]
+    eid = req["execution_id"]
+    if p.get("die"):
+        print("dying on purpose", file=sys.stderr, flush=True)
+        sys.exit(3)
+    if p.get("garbage"):
+        print("this is not json", flush=True)
+        continue
+    if p.get("sleep"):
+        time.sleep(p["sleep"])
+    if p.get("fail"):
+        out = {"execution_id": eid, "error": {"message": "cannot do " + p["fail"], "terminal": p.get("terminal", False)}}
+    else:
+        out = {"execution_id": eid, "result": {"echo": p, "pid": os.getpid(), "worker": req["worker_id"], "task": req["task_id"]}}
+    print(json.dumps(out), flush=True)
+"#;
+
+fn runner(timeout: u64) -> (tempfile::TempDir, AssignmentRunner) {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("body.py"), BODY).unwrap();
+    fs::write(
+        dir.path().join("task.toml"),
+        format!(
+            "[task]\nname = \"jsonl.task\"\nkind = \"workspace-free\"\ntimeout_seconds = {timeout}\n\
+             [body]\ncommand = [\"python3\", \"-u\", \"body.py\"]\nprotocol = \"jsonl\"\n"
+        ),
+    )
+    .unwrap();
+    let manifest = Arc::new(Manifest::load(&dir.path().join("task.toml")).unwrap());
+    let runner = AssignmentRunner::new(
+        manifest,
+        "jsonltask0001".into(),
+        std::env::var_os("PATH").as_deref(),
+    )
+    .unwrap()
+    .with_kill_grace(Duration::from_millis(200));
+    (dir, runner)
+}
+
+async fn run(runner: &AssignmentRunner, id: &str, params: Value) -> RuntimeResult {
+    let attempt = AttemptSnapshot::from_conductor(&json!({
+        "taskId": format!("task-{id}"), "workflowInstanceId": "wf", "retryCount": 0,
+        "taskDefName": "jsonl.task", "referenceTaskName": "r", "seq": 1, "status": "IN_PROGRESS",
+        "inputData": {"params": params}
+    }))
+    .unwrap();
+    runner.execute(id, &attempt).await
+}
+
+fn result(r: &RuntimeResult) -> Value {
+    match r.outcome() {
+        Outcome::Completed(out) => out["result"].clone(),
+        other => panic!("expected COMPLETED, got {other:?}"),
+    }
+}
+
+fn reason(r: &RuntimeResult, status: ResultStatus) -> String {
+    assert_eq!(r.status(), status, "{r:?}");
+    match r.outcome() {
+        Outcome::Failed(x) | Outcome::FailedTerminal(x) => x.as_str().to_owned(),
+        Outcome::Completed(_) => unreachable!(),
+    }
+}
+
+#[tokio::test]
+async fn one_process_answers_every_assignment() {
+    let (_dir, runner) = runner(10);
+    let first = result(&run(&runner, "e1", json!({"n": 1})).await);
+    let second = result(&run(&runner, "e2", json!({"n": 2})).await);
+    assert_eq!(first["echo"], json!({"n": 1}));
+    assert_eq!(second["echo"], json!({"n": 2}));
+    assert_eq!(first["worker"], "jsonltask0001");
+    assert_eq!(second["task"], "task-e2");
+    assert_eq!(first["pid"], second["pid"], "the body process persists");
+}
+
+#[tokio::test]
+async fn body_errors_fail_only_their_assignment() {
+    let (_dir, runner) = runner(10);
+    let pid = result(&run(&runner, "e1", json!({})).await)["pid"].clone();
+    let r = run(&runner, "e2", json!({"fail": "this"})).await;
+    assert_eq!(reason(&r, ResultStatus::Failed), "cannot do this");
+    let r = run(&runner, "e3", json!({"fail": "that", "terminal": true})).await;
+    assert_eq!(
+        reason(&r, ResultStatus::FailedWithTerminalError),
+        "cannot do that"
+    );
+    assert_eq!(
+        result(&run(&runner, "e4", json!({})).await)["pid"],
+        pid,
+        "still the same process"
+    );
+}
+
+#[tokio::test]
+async fn a_crashed_or_confused_process_is_replaced() {
+    let (_dir, runner) = runner(10);
+    let pid = result(&run(&runner, "e1", json!({})).await)["pid"].clone();
+    let r = run(&runner, "e2", json!({"die": true})).await;
+    let text = reason(&r, ResultStatus::Failed);
+    assert!(
+        text.starts_with(
+            "body process exited (exit status: 3) while running execution e2: dying on purpose"
+        ),
+        "{text}"
+    );
+    let after_crash = result(&run(&runner, "e3", json!({})).await)["pid"].clone();
+    assert_ne!(after_crash, pid, "a new process after the crash");
+
+    let r = run(&runner, "e4", json!({"garbage": true})).await;
+    let text = reason(&r, ResultStatus::Failed);
+    assert!(
+        text.starts_with("the body process wrote a line that is not JSON"),
+        "{text}"
+    );
+    assert_ne!(
+        result(&run(&runner, "e5", json!({})).await)["pid"],
+        after_crash
+    );
+}
+
+#[tokio::test]
+async fn an_overrun_is_stopped_and_the_process_replaced() {
+    let (_dir, runner) = runner(1);
+    let pid = result(&run(&runner, "e1", json!({})).await)["pid"].clone();
+    let r = run(&runner, "e2", json!({"sleep": 30})).await;
+    assert_eq!(
+        reason(&r, ResultStatus::Failed),
+        "body timed out after 1s (task.timeout_seconds) and was stopped"
+    );
+    assert_ne!(result(&run(&runner, "e3", json!({})).await)["pid"], pid);
+}
