@@ -9,8 +9,8 @@ use super::errors::ConductorError;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
 /// The longest long-poll Conductor accepts (`timeout` > 5000 ms is a 400).
@@ -75,15 +75,6 @@ impl fmt::Debug for Auth {
     }
 }
 
-/// Installs rustls' `ring` crypto provider as the process default, once (reqwest is built
-/// without one; a provider installed earlier by someone else is kept).
-fn install_tls_provider() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
-
 /// Percent-encodes one path segment.
 fn segment(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -136,7 +127,6 @@ impl ConductorClient {
         if rest.is_empty() || rest.starts_with('/') {
             return Err(err("the URL has no host"));
         }
-        install_tls_provider();
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
