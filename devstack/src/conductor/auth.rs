@@ -40,6 +40,8 @@ pub(crate) struct AuthState {
     /// Token → `exp` (seconds since the epoch).
     tokens: Mutex<HashMap<String, u64>>,
     issued: AtomicU64,
+    /// Requests refused for a missing, unknown or expired token.
+    refused: AtomicU64,
 }
 
 impl std::fmt::Debug for AuthState {
@@ -67,12 +69,18 @@ impl AuthState {
             ttl,
             tokens: Mutex::new(HashMap::new()),
             issued: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
         }
     }
 
     /// Tokens issued so far.
     pub(crate) fn issued(&self) -> u64 {
         self.issued.load(Ordering::Relaxed)
+    }
+
+    /// Requests refused for their token so far.
+    pub(crate) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
     }
 
     /// Forgets every token: the next request with one is a 401 `INVALID_TOKEN`.
@@ -176,6 +184,7 @@ pub(crate) async fn require(
                 ("EXPIRED_TOKEN", _) => "Token is expired",
                 _ => "Token is invalid",
             };
+            auth.refused.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(path, error, "request refused");
             unauthorized(error, message)
         }

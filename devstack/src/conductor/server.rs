@@ -185,6 +185,11 @@ impl ConductorHandle {
         self.auth.as_ref().map_or(0, |a| a.issued())
     }
 
+    /// Requests refused with 401 for a missing, unknown or expired token so far.
+    pub fn tokens_refused(&self) -> u64 {
+        self.auth.as_ref().map_or(0, |a| a.refused())
+    }
+
     /// Forgets every token issued, as a server restart or a revoked key would: requests with
     /// one get 401 `INVALID_TOKEN` until the client fetches a new one. No effect without auth.
     pub fn revoke_tokens(&self) {

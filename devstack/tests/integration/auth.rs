@@ -196,6 +196,7 @@ async fn revoked_tokens_are_invalid() {
         &get_with(&dev, "/metadata/taskdefs", Some(&token)).await,
         "INVALID_TOKEN",
     );
+    assert_eq!(dev.server.tokens_refused(), 1);
 }
 
 #[tokio::test]
