@@ -276,3 +276,58 @@ async fn the_runtime_with_credentials_runs_against_a_conductor_without_auth() {
         "the secret is never logged"
     );
 }
+
+/// `https://` URLs are served over TLS, verified against the system's root certificates: a
+/// self-signed server certificate is refused during the handshake.
+#[tokio::test]
+async fn https_urls_speak_tls_and_verify_the_server_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, cert) = (dir.path().join("key.pem"), dir.path().join("cert.pem"));
+    let made = tokio::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args(["-subj", "/CN=127.0.0.1", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .await
+        .expect("openssl runs");
+    assert!(made.status.success(), "{made:?}");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _server = tokio::process::Command::new("openssl")
+        .args(["s_server", "-quiet", "-www", "-accept"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("-cert")
+        .arg(&cert)
+        .arg("-key")
+        .arg(&key)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("openssl s_server starts");
+    eventually(
+        "the TLS server to listen",
+        Duration::from_secs(10),
+        || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .ok()
+                .map(drop)
+        },
+    )
+    .await;
+    let client = ConductorClient::new(&format!("https://127.0.0.1:{port}/api")).unwrap();
+    let err = client.get_task_def("x").await.unwrap_err();
+    assert!(
+        matches!(err, ConductorError::Transport { .. })
+            && err.to_string().contains("certificate verify failed"),
+        "{err}"
+    );
+}
