@@ -208,3 +208,66 @@ async fn empty_credentials_are_refused() {
         .unwrap_err();
     assert_eq!(err.exit_code(), 2);
 }
+
+/// The official Python SDK against the auth server: it fetches a token with the key from
+/// `CONDUCTOR_AUTH_KEY`/`CONDUCTOR_AUTH_SECRET`, sends it, and after the server forgets it
+/// (`INVALID_TOKEN`) renews it and repeats the call.
+const PYTHON_AUTH: &str = r#"
+import sys
+from conductor.client.configuration.configuration import Configuration
+from conductor.client.http.models.task_def import TaskDef
+from conductor.client.orkes_clients import OrkesClients
+
+metadata = OrkesClients(Configuration()).get_metadata_client()
+metadata.register_task_def(TaskDef(name="py.auth", timeout_seconds=60, response_timeout_seconds=30))
+print("first", metadata.get_task_def("py.auth").name, flush=True)
+sys.stdin.readline()
+print("second", metadata.get_task_def("py.auth").name, flush=True)
+"#;
+
+#[tokio::test]
+async fn the_official_python_sdk_authenticates_and_renews_a_rejected_token() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    let dev = dev_with_auth(Duration::from_secs(600)).await;
+    let mut child = tokio::process::Command::new(crate::python_sdk::python())
+        .args(["-c", PYTHON_AUTH])
+        .env("CONDUCTOR_SERVER_URL", &dev.api)
+        .env("CONDUCTOR_AUTH_KEY", KEY)
+        .env("CONDUCTOR_AUTH_SECRET", SECRET)
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python starts");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let next = async |lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>| {
+        tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("the script answers within 30 s")
+            .unwrap()
+    };
+    assert_eq!(next(&mut lines).await.as_deref(), Some("first py.auth"));
+    assert_eq!(dev.server.tokens_refused(), 0);
+    let issued = dev.server.tokens_issued();
+    assert!(issued >= 1);
+    dev.server.revoke_tokens();
+    stdin.write_all(b"go\n").await.unwrap();
+    let second = next(&mut lines).await;
+    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("the script ends")
+        .unwrap();
+    assert_eq!(
+        second.as_deref(),
+        Some("second py.auth"),
+        "stderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success());
+    assert_eq!(dev.server.tokens_refused(), 1);
+    assert_eq!(dev.server.tokens_issued(), issued + 1);
+}
