@@ -37,6 +37,8 @@ pub(crate) struct AuthState {
     key_id: String,
     key_secret: String,
     ttl: Duration,
+    /// Tokens are random strings without claims, so clients cannot know when they expire.
+    opaque: bool,
     /// Token → `exp` (seconds since the epoch).
     tokens: Mutex<HashMap<String, u64>>,
     issued: AtomicU64,
@@ -62,11 +64,12 @@ fn now_secs() -> f64 {
 }
 
 impl AuthState {
-    pub(crate) fn new(key_id: String, key_secret: String, ttl: Duration) -> Self {
+    pub(crate) fn new(key_id: String, key_secret: String, ttl: Duration, opaque: bool) -> Self {
         Self {
             key_id,
             key_secret,
             ttl,
+            opaque,
             tokens: Mutex::new(HashMap::new()),
             issued: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -98,6 +101,22 @@ impl AuthState {
     fn issue(&self) -> String {
         let now = now_secs();
         let exp = (now + self.ttl.as_secs_f64()).ceil() as u64;
+        let token = if self.opaque {
+            uuid::Uuid::new_v4().simple().to_string()
+        } else {
+            self.jwt(now, exp)
+        };
+        let mut tokens = self.lock();
+        let forget_before = now - KEEP_EXPIRED.as_secs_f64();
+        tokens.retain(|_, exp| *exp as f64 > forget_before);
+        tokens.insert(token.clone(), exp);
+        drop(tokens);
+        self.issued.fetch_add(1, Ordering::Relaxed);
+        token
+    }
+
+    /// A JWT-shaped token with `sub`, `iat`, `exp` and `jti` claims and a random signature.
+    fn jwt(&self, now: f64, exp: u64) -> String {
         let header = URL_SAFE_NO_PAD.encode(br#"{"alg":"HS256","typ":"JWT"}"#);
         let claims = json!({
             "sub": self.key_id,
@@ -107,14 +126,7 @@ impl AuthState {
         });
         let payload = URL_SAFE_NO_PAD.encode(claims.to_string());
         let signature = URL_SAFE_NO_PAD.encode(uuid::Uuid::new_v4().as_bytes());
-        let token = format!("{header}.{payload}.{signature}");
-        let mut tokens = self.lock();
-        let forget_before = now - KEEP_EXPIRED.as_secs_f64();
-        tokens.retain(|_, exp| *exp as f64 > forget_before);
-        tokens.insert(token.clone(), exp);
-        drop(tokens);
-        self.issued.fetch_add(1, Ordering::Relaxed);
-        token
+        format!("{header}.{payload}.{signature}")
     }
 
     /// `None` when `token` is accepted, else the `error` code.

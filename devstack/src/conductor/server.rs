@@ -38,6 +38,7 @@ impl ConductorServer {
             time_scale: 1.0,
             auth: None,
             token_ttl: DEFAULT_TOKEN_TTL,
+            opaque_tokens: false,
         }
     }
 }
@@ -49,6 +50,7 @@ pub struct ConductorServerBuilder {
     /// Key id and secret, when auth is required.
     auth: Option<(String, String)>,
     token_ttl: Duration,
+    opaque_tokens: bool,
 }
 
 impl std::fmt::Debug for ConductorServerBuilder {
@@ -57,6 +59,7 @@ impl std::fmt::Debug for ConductorServerBuilder {
             .field("time_scale", &self.time_scale)
             .field("auth_key_id", &self.auth.as_ref().map(|(id, _)| id))
             .field("token_ttl", &self.token_ttl)
+            .field("opaque_tokens", &self.opaque_tokens)
             .finish()
     }
 }
@@ -86,6 +89,13 @@ impl ConductorServerBuilder {
         self
     }
 
+    /// Issues opaque tokens (random strings, no JWT claims) instead of JWTs, so clients cannot
+    /// read when they expire and must renew them when refused with `EXPIRED_TOKEN`.
+    pub fn opaque_tokens(mut self, opaque: bool) -> Self {
+        self.opaque_tokens = opaque;
+        self
+    }
+
     /// Binds `addr` (port 0 picks a free port) and starts serving and sweeping.
     pub async fn bind(self, addr: impl ToSocketAddrs) -> Result<ConductorHandle, DevstackError> {
         let scale = TimeScale::new(self.time_scale)
@@ -94,7 +104,12 @@ impl ConductorServerBuilder {
             Some((id, secret)) if id.is_empty() || secret.is_empty() => {
                 return Err(DevstackError::EmptyConductorCredentials);
             }
-            Some((id, secret)) => Some(Arc::new(AuthState::new(id, secret, self.token_ttl))),
+            Some((id, secret)) => Some(Arc::new(AuthState::new(
+                id,
+                secret,
+                self.token_ttl,
+                self.opaque_tokens,
+            ))),
             None => None,
         };
         let listener = TcpListener::bind(addr)

@@ -182,6 +182,31 @@ async fn expired_tokens_are_refused_with_expired_token() {
 }
 
 #[tokio::test]
+async fn opaque_tokens_have_no_claims_and_expire_too() {
+    let server = ConductorServer::builder()
+        .auth(KEY, SECRET)
+        .token_ttl(Duration::from_secs(1))
+        .opaque_tokens(true)
+        .bind("127.0.0.1:0")
+        .await
+        .unwrap();
+    let api = server.base_url();
+    let dev = Dev {
+        server,
+        http: reqwest::Client::new(),
+        api,
+    };
+    let token = token(&dev).await;
+    assert!(!token.contains('.'), "{token}");
+    let reply = eventually("the opaque token expires", || async {
+        let reply = get_with(&dev, "/metadata/taskdefs", Some(&token)).await;
+        (reply.status != StatusCode::OK).then_some(reply)
+    })
+    .await;
+    assert_refused(&reply, "EXPIRED_TOKEN");
+}
+
+#[tokio::test]
 async fn revoked_tokens_are_invalid() {
     let dev = dev_with_auth(Duration::from_secs(600)).await;
     let token = token(&dev).await;

@@ -128,6 +128,31 @@ async fn tokens_are_refreshed_before_they_expire() {
 }
 
 #[tokio::test]
+async fn an_opaque_token_is_renewed_when_refused_as_expired() {
+    let server = ConductorServer::builder()
+        .auth(KEY, SECRET)
+        .token_ttl(Duration::from_secs(1))
+        .opaque_tokens(true)
+        .bind("127.0.0.1:0")
+        .await
+        .unwrap();
+    let client = client(&server, Some(SECRET));
+    // Without an `exp` claim the client keeps its token (45 minutes) until the server refuses
+    // it as expired; then it fetches another and repeats the request, which succeeds.
+    eventually(
+        "an expired token to be renewed",
+        Duration::from_secs(15),
+        || async {
+            assert!(client.get_task_def("auth.none").await.unwrap().is_none());
+            (server.tokens_refused() >= 1).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(server.tokens_issued(), 2);
+    assert_eq!(client.tokens_fetched(), 2);
+}
+
+#[tokio::test]
 async fn a_rejected_token_is_replaced_and_the_request_sent_again() {
     let server = server(true, Duration::from_secs(600)).await;
     let client = client(&server, Some(SECRET));
