@@ -8,6 +8,7 @@
 use std::fmt;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use reqwest::header::HeaderValue;
 use serde_json::Value;
 
 /// `CONDUCTOR_AUTH_KEY`: the application key id.
@@ -91,7 +92,7 @@ pub(crate) enum TokenState {
     Unknown,
     /// A token, until `refresh_at`. `generation` tells a rejected token from a newer one.
     Valid {
-        token: String,
+        token: HeaderValue,
         refresh_at: Instant,
         generation: u64,
     },
@@ -223,7 +224,7 @@ mod tests {
         let text = format!("{:?}", Credentials::new("id", "s3cret"));
         assert!(text.contains("id") && !text.contains("s3cret"), "{text}");
         let state = TokenState::Valid {
-            token: "tok3n".into(),
+            token: HeaderValue::from_static("tok3n"),
             refresh_at: Instant::now(),
             generation: 1,
         };

@@ -6,6 +6,7 @@
 
 use super::auth::{self, Credentials, CredentialsError, TokenState};
 use super::errors::ConductorError;
+use reqwest::header::HeaderValue;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use std::fmt;
@@ -200,7 +201,7 @@ impl ConductorClient {
                     }
                 }
                 let token = self.token(auth).await?.map(|(token, _)| token);
-                self.send_once(method, path, query, payload, timeout, token.as_deref())
+                self.send_once(method, path, query, payload, timeout, token.as_ref())
                     .await
             }
             other => other,
@@ -209,7 +210,7 @@ impl ConductorClient {
 
     /// The token to send and its number: the current one, or a new one when there is none or
     /// it is due for refresh. `None` when the server has no `/token` route.
-    async fn token(&self, auth: &Auth) -> Result<Option<(String, u64)>, ConductorError> {
+    async fn token(&self, auth: &Auth) -> Result<Option<(HeaderValue, u64)>, ConductorError> {
         let mut state = auth.state.lock().await;
         match &*state {
             TokenState::Disabled => return Ok(None),
@@ -224,7 +225,7 @@ impl ConductorClient {
         match self.fetch_token(&auth.credentials).await? {
             Some(token) => {
                 let generation = auth.fetched.fetch_add(1, Ordering::Relaxed) + 1;
-                let refresh_in = auth::refresh_after(&token);
+                let refresh_in = auth::refresh_after(token.to_str().unwrap_or_default());
                 tracing::debug!(
                     key_id = %auth.credentials.key_id,
                     generation,
@@ -251,11 +252,12 @@ impl ConductorClient {
         }
     }
 
-    /// `POST /token` with the key: the token, or `None` when the server has no such route.
+    /// `POST /token` with the key: the token, as a header value marked sensitive (kept out of
+    /// debug output), or `None` when the server has no such route.
     async fn fetch_token(
         &self,
         credentials: &Credentials,
-    ) -> Result<Option<String>, ConductorError> {
+    ) -> Result<Option<HeaderValue>, ConductorError> {
         let path = "/token";
         let body = serde_json::json!({
             "keyId": credentials.key_id,
@@ -291,12 +293,18 @@ impl ConductorClient {
         // The body holds the token: no part of it goes into an error.
         let value: Value = serde_json::from_str(&text)
             .map_err(|_| decode_error("the token answer is not JSON"))?;
-        match value.get("token").and_then(Value::as_str) {
-            Some(token) if !token.trim().is_empty() => Ok(Some(token.trim().to_owned())),
-            _ => Err(decode_error(
-                "expected {\"token\": \"...\"} from the token endpoint",
-            )),
-        }
+        let token = match value.get("token").and_then(Value::as_str) {
+            Some(token) if !token.trim().is_empty() => token.trim(),
+            _ => {
+                return Err(decode_error(
+                    "expected {\"token\": \"...\"} from the token endpoint",
+                ));
+            }
+        };
+        let mut header = HeaderValue::from_str(token)
+            .map_err(|_| decode_error("the token is not a valid header value"))?;
+        header.set_sensitive(true);
+        Ok(Some(header))
     }
 
     /// The API base URL.
@@ -312,7 +320,7 @@ impl ConductorClient {
         query: &[(&str, String)],
         body: Option<&Value>,
         timeout: Duration,
-        token: Option<&str>,
+        token: Option<&HeaderValue>,
     ) -> Result<(StatusCode, String), ConductorError> {
         let url = format!("{}{path}", self.base);
         let method_name = match method {
@@ -330,7 +338,7 @@ impl ConductorClient {
             req = req.json(body);
         }
         if let Some(token) = token {
-            req = req.header(AUTH_HEADER, token);
+            req = req.header(AUTH_HEADER, token.clone());
         }
         let transport = |source| ConductorError::Transport {
             method: method_name,
