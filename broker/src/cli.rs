@@ -45,8 +45,8 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
     let slots: u32 = get(PERAGO_SLOTS)
         .parse()
         .map_err(|_| format!("{PERAGO_SLOTS} must be a positive integer"))?;
-    let conductor =
-        ConductorClient::new(&get(env::CONDUCTOR_SERVER_URL)).map_err(|e| e.to_string())?;
+    // CONDUCTOR_SERVER_URL, and CONDUCTOR_AUTH_KEY/SECRET when the server requires a token.
+    let conductor = ConductorClient::from_lookup(&lookup).map_err(|e| e.to_string())?;
     let poll_wait = match var(PERAGO_POLL_WAIT_MS) {
         None => Duration::from_secs(5),
         Some(ms) => Duration::from_millis(

@@ -5,6 +5,7 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
@@ -15,6 +16,10 @@ use crate::lakefs::{DEFAULT_ACCESS_KEY_ID, DEFAULT_SECRET_ACCESS_KEY, LakefsServ
 
 /// Environment variable for `--conductor`.
 pub const ENV_CONDUCTOR: &str = "PERAGO_DEVSTACK_CONDUCTOR";
+/// Environment variable for `--conductor-auth`.
+pub const ENV_CONDUCTOR_AUTH: &str = "PERAGO_DEVSTACK_CONDUCTOR_AUTH";
+/// Environment variable for `--conductor-token-ttl`.
+pub const ENV_CONDUCTOR_TOKEN_TTL: &str = "PERAGO_DEVSTACK_CONDUCTOR_TOKEN_TTL";
 /// Environment variable for `--lakefs`.
 pub const ENV_LAKEFS: &str = "PERAGO_DEVSTACK_LAKEFS";
 /// Environment variable for `--lakefs-access-key-id`.
@@ -36,6 +41,19 @@ pub struct Args {
     /// Serve a Conductor-compatible API on ADDR (port 0 picks a free port).
     #[arg(long, value_name = "ADDR", env = ENV_CONDUCTOR)]
     pub conductor: Option<SocketAddr>,
+
+    /// Require Orkes-style auth on the Conductor API: POST /api/token with {"keyId": KEY,
+    /// "keySecret": SECRET} answers a token, which every other /api route but health wants in
+    /// the X-Authorization header. The secret is everything after the first ':'. Prefer the
+    /// environment variable: arguments are visible to other users.
+    #[arg(long, value_name = "KEY:SECRET", env = ENV_CONDUCTOR_AUTH, hide_env_values = true,
+          value_parser = parse_key_pair)]
+    pub conductor_auth: Option<KeyPair>,
+
+    /// Lifetime of Conductor auth tokens in seconds (rounded up to whole seconds).
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600.0, env = ENV_CONDUCTOR_TOKEN_TTL,
+          value_parser = parse_seconds)]
+    pub conductor_token_ttl: f64,
 
     /// Serve a lakeFS-compatible API on ADDR (port 0 picks a free port).
     #[arg(long, value_name = "ADDR", env = ENV_LAKEFS)]
@@ -60,6 +78,41 @@ pub struct Args {
     /// More logs on stderr (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
+}
+
+/// A key id and its secret; `Debug` hides the secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KeyPair {
+    /// The key id.
+    pub key_id: String,
+    /// The secret.
+    pub secret: String,
+}
+
+impl std::fmt::Debug for KeyPair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyPair")
+            .field("key_id", &self.key_id)
+            .field("secret", &"<redacted>")
+            .finish()
+    }
+}
+
+fn parse_key_pair(text: &str) -> Result<KeyPair, String> {
+    match text.split_once(':') {
+        Some((key_id, secret)) if !key_id.is_empty() && !secret.is_empty() => Ok(KeyPair {
+            key_id: key_id.to_owned(),
+            secret: secret.to_owned(),
+        }),
+        _ => Err("expected KEY:SECRET, both non-empty".to_owned()),
+    }
+}
+
+fn parse_seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => Ok(s),
+        _ => Err("expected a number of seconds greater than 0".to_owned()),
+    }
 }
 
 /// Logs go to stderr (stdout carries the address line), at a level set by `-v` unless
@@ -88,10 +141,13 @@ pub async fn run(args: Args) -> Result<(), DevstackError> {
     let mut line = serde_json::Map::new();
     let conductor = match args.conductor {
         Some(addr) => {
-            let server = ConductorServer::builder()
+            let mut builder = ConductorServer::builder()
                 .time_scale(args.time_scale)
-                .bind(addr)
-                .await?;
+                .token_ttl(Duration::from_secs_f64(args.conductor_token_ttl));
+            if let Some(pair) = args.conductor_auth {
+                builder = builder.auth(pair.key_id, pair.secret);
+            }
+            let server = builder.bind(addr).await?;
             line.insert("conductor".into(), server.base_url().into());
             Some(server)
         }

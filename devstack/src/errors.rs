@@ -12,6 +12,9 @@ pub enum DevstackError {
     /// The lakeFS access key id or secret is empty.
     #[error("lakeFS credentials must not be empty")]
     EmptyCredentials,
+    /// The Conductor auth key id or secret is empty.
+    #[error("Conductor auth key id and secret must not be empty (--conductor-auth KEY:SECRET)")]
+    EmptyConductorCredentials,
     /// `--time-scale` was zero, negative or not finite.
     #[error("time scale must be a finite number greater than 0, got {0}")]
     InvalidTimeScale(f64),
@@ -36,7 +39,10 @@ impl DevstackError {
     /// The process exit code for this error: 2 for usage errors (as clap), 1 otherwise.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Self::EmptyCredentials | Self::InvalidTimeScale(_) | Self::NothingToServe => 2,
+            Self::EmptyCredentials
+            | Self::EmptyConductorCredentials
+            | Self::InvalidTimeScale(_)
+            | Self::NothingToServe => 2,
             Self::Bind { .. } | Self::Signal { .. } | Self::Stdout { .. } => 1,
         }
     }

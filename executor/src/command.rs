@@ -103,10 +103,27 @@ pub struct Finished {
     pub elapsed: Duration,
 }
 
+/// Credentials of the runtime itself, removed from every body's environment: bodies talk to
+/// neither Conductor nor lakeFS through perago's identity (a body that needs lakeFS gets its own
+/// credentials through `body.env`).
+pub(crate) const RUNTIME_SECRETS: [&str; 3] = [
+    "CONDUCTOR_AUTH_KEY",
+    "CONDUCTOR_AUTH_SECRET",
+    "LAKEFS_SECRET_ACCESS_KEY",
+];
+
+/// Removes [`RUNTIME_SECRETS`] from a body's environment.
+pub(crate) fn strip_runtime_secrets(cmd: &mut tokio::process::Command) {
+    for name in RUNTIME_SECRETS {
+        cmd.env_remove(name);
+    }
+}
+
 /// Runs `spec` with `stdin` as its standard input, within `limits`.
 pub async fn run(spec: &CommandSpec, stdin: Vec<u8>, limits: RunLimits) -> io::Result<Finished> {
     let started = Instant::now();
     let mut cmd = tokio::process::Command::new(&spec.program);
+    strip_runtime_secrets(&mut cmd);
     cmd.args(&spec.args)
         .current_dir(&spec.dir)
         .envs(spec.env.iter().map(|(k, v)| (k, v)))

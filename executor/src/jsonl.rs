@@ -71,6 +71,7 @@ impl JsonlBody {
 
     fn start(&self, env: &[(String, String)]) -> std::io::Result<Running> {
         let mut cmd = tokio::process::Command::new(&self.spec.program);
+        crate::command::strip_runtime_secrets(&mut cmd);
         cmd.args(&self.spec.args)
             .current_dir(&self.spec.dir)
             .envs(self.spec.env.iter().map(|(k, v)| (k, v)))

@@ -118,11 +118,7 @@ pub(crate) fn start(
         }
     }
     let [(_, gc_interval), (_, gc_ttl)] = gc;
-    let url = vars
-        .get(env::CONDUCTOR_SERVER_URL)
-        .map(String::as_str)
-        .unwrap_or_default();
-    let conductor = ConductorClient::new(url)
+    let conductor = ConductorClient::from_lookup(|name| vars.get(name).cloned())
         .map_err(|e| problems.push(e.to_string()))
         .ok();
     if !problems.is_empty() {

@@ -1,13 +1,19 @@
 //! A Conductor REST client for exactly what perago needs: the worker API (batch poll, update,
 //! update-v2, get task), the TaskDef check, and, for `dev`, registering definitions and
 //! running workflows. Every request has an explicit timeout; nothing here retries — callers
-//! decide with [`ConductorError::is_retryable`].
+//! decide with [`ConductorError::is_retryable`] — except the one retry after the server
+//! rejects the auth token (see [`Credentials`]).
 
+use super::auth::{self, Credentials, CredentialsError, TokenState};
 use super::errors::ConductorError;
 use crate::url::encode_segment as segment;
+use reqwest::header::HeaderValue;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
-use std::time::Duration;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// The longest long-poll Conductor accepts (`timeout` > 5000 ms is a 400).
 pub const MAX_LONG_POLL: Duration = Duration::from_millis(5000);
@@ -15,6 +21,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Kept of an error body for messages.
 const MAX_ERROR_BODY: usize = 512;
+/// The auth header (Orkes): the bare token, no "Bearer".
+const AUTH_HEADER: &str = "X-Authorization";
+/// `CONDUCTOR_SERVER_URL`, as [`ConductorClient::from_lookup`] reads it.
+const SERVER_URL_VAR: &str = "CONDUCTOR_SERVER_URL";
 
 /// A base URL that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,31 +36,82 @@ pub struct BaseUrlError {
     pub problem: &'static str,
 }
 
-/// A client for one Conductor server.
+/// Client configuration from the environment that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientConfigError {
+    /// `CONDUCTOR_SERVER_URL` is missing or invalid.
+    #[error(transparent)]
+    Url(#[from] BaseUrlError),
+    /// Only one of `CONDUCTOR_AUTH_KEY` and `CONDUCTOR_AUTH_SECRET` is set.
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
+}
+
+/// A client for one Conductor server. Clones share the connection pool and the auth token.
 #[derive(Debug, Clone)]
 pub struct ConductorClient {
     http: reqwest::Client,
     /// The API base including `/api`, without a trailing `/`.
     base: String,
+    /// Set when the client has credentials.
+    auth: Option<Arc<Auth>>,
+}
+
+/// The credentials and the current token, shared by clones of a client.
+struct Auth {
+    credentials: Credentials,
+    /// Held while a token is fetched, so concurrent requests wait for one fetch.
+    state: tokio::sync::Mutex<TokenState>,
+    /// Tokens fetched so far; a token's number tells a rejected token from a newer one.
+    fetched: AtomicU64,
+    /// Whether "no auth on this server" was logged.
+    logged_disabled: AtomicBool,
+}
+
+impl fmt::Debug for Auth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Auth")
+            .field("credentials", &self.credentials)
+            .field("tokens_fetched", &self.fetched.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
 }
 
 impl ConductorClient {
-    /// A client for `base_url` (`CONDUCTOR_SERVER_URL`, which includes `/api`; a trailing `/`
-    /// is ignored).
+    /// A client without credentials for `base_url` (`CONDUCTOR_SERVER_URL`, which includes
+    /// `/api`; a trailing `/` is ignored). `https://` verifies the server with the system's
+    /// root certificates.
     pub fn new(base_url: &str) -> Result<Self, BaseUrlError> {
+        Self::with_auth(base_url, None)
+    }
+
+    /// The client `CONDUCTOR_SERVER_URL`, `CONDUCTOR_AUTH_KEY` and `CONDUCTOR_AUTH_SECRET` as
+    /// `lookup` answers them describe (see [`Credentials::from_lookup`]).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ClientConfigError> {
+        let credentials = Credentials::from_lookup(&lookup)?;
+        let url = lookup(SERVER_URL_VAR).unwrap_or_default();
+        Ok(Self::with_auth(&url, credentials)?)
+    }
+
+    /// A client for `base_url` that, given credentials, authenticates as the Orkes servers
+    /// require: a token from `POST {base}/token`, fetched before the first request and sent as
+    /// `X-Authorization` on every request, refreshed before it expires and once more when the
+    /// server rejects it (401/403 `EXPIRED_TOKEN`/`INVALID_TOKEN`, then the request is sent
+    /// again once). A server without `/token` (404, Conductor OSS) is used without auth.
+    pub fn with_auth(
+        base_url: &str,
+        credentials: Option<Credentials>,
+    ) -> Result<Self, BaseUrlError> {
         let err = |problem| BaseUrlError {
             url: base_url.to_owned(),
             problem,
         };
         let base = base_url.trim().trim_end_matches('/');
-        let rest = if let Some(rest) = base.strip_prefix("http://") {
-            rest
-        } else if base.starts_with("https://") {
-            return Err(err(
-                "https is not supported by this build yet; use http (e.g. through a local proxy)",
-            ));
-        } else {
-            return Err(err("expected an http:// URL including /api"));
+        let Some(rest) = base
+            .strip_prefix("http://")
+            .or_else(|| base.strip_prefix("https://"))
+        else {
+            return Err(err("expected an http:// or https:// URL including /api"));
         };
         if rest.is_empty() || rest.starts_with('/') {
             return Err(err("the URL has no host"));
@@ -61,10 +122,177 @@ impl ConductorClient {
             .pool_max_idle_per_host(16)
             .build()
             .map_err(|_| err("cannot build an HTTP client"))?;
+        let auth = credentials.map(|credentials| {
+            Arc::new(Auth {
+                credentials,
+                state: tokio::sync::Mutex::new(TokenState::Unknown),
+                fetched: AtomicU64::new(0),
+                logged_disabled: AtomicBool::new(false),
+            })
+        });
         Ok(Self {
             http,
             base: base.to_owned(),
+            auth,
         })
+    }
+
+    /// Whether the client has credentials.
+    pub fn has_credentials(&self) -> bool {
+        self.auth.is_some()
+    }
+
+    /// Tokens fetched from `/token` so far (0 without credentials).
+    pub fn tokens_fetched(&self) -> u64 {
+        self.auth
+            .as_ref()
+            .map_or(0, |a| a.fetched.load(Ordering::Relaxed))
+    }
+
+    /// A request, authenticated when the client has credentials: with the current token, and
+    /// once more with a fresh one when the server rejects it.
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        payload: Option<&Value>,
+        timeout: Duration,
+    ) -> Result<(StatusCode, String), ConductorError> {
+        let Some(auth) = &self.auth else {
+            return self
+                .send_once(method, path, query, payload, timeout, None)
+                .await;
+        };
+        let Some((token, number)) = self.token(auth).await? else {
+            return self
+                .send_once(method, path, query, payload, timeout, None)
+                .await;
+        };
+        let first = self
+            .send_once(method.clone(), path, query, payload, timeout, Some(&token))
+            .await;
+        match first {
+            Err(ConductorError::Status {
+                status, ref body, ..
+            }) if auth::token_rejected(status, body) => {
+                tracing::info!(
+                    status,
+                    path,
+                    "Conductor rejected the auth token; fetching a new one and retrying once"
+                );
+                {
+                    let mut state = auth.state.lock().await;
+                    if matches!(&*state, TokenState::Valid { generation, .. } if *generation == number)
+                    {
+                        *state = TokenState::Unknown;
+                    }
+                }
+                let token = self.token(auth).await?.map(|(token, _)| token);
+                self.send_once(method, path, query, payload, timeout, token.as_ref())
+                    .await
+            }
+            other => other,
+        }
+    }
+
+    /// The token to send and its number: the current one, or a new one when there is none or
+    /// it is due for refresh. `None` when the server has no `/token` route.
+    async fn token(&self, auth: &Auth) -> Result<Option<(HeaderValue, u64)>, ConductorError> {
+        let mut state = auth.state.lock().await;
+        match &*state {
+            TokenState::Disabled => return Ok(None),
+            TokenState::Valid {
+                token,
+                refresh_at,
+                generation,
+            } if Instant::now() < *refresh_at => return Ok(Some((token.clone(), *generation))),
+            _ => {}
+        }
+        let started = Instant::now();
+        match self.fetch_token(&auth.credentials).await? {
+            Some(token) => {
+                let generation = auth.fetched.fetch_add(1, Ordering::Relaxed) + 1;
+                let refresh_in = auth::refresh_after(token.to_str().unwrap_or_default());
+                tracing::debug!(
+                    key_id = %auth.credentials.key_id,
+                    generation,
+                    refresh_in_s = refresh_in.as_secs_f64(),
+                    "fetched a Conductor auth token"
+                );
+                *state = TokenState::Valid {
+                    token: token.clone(),
+                    refresh_at: started + refresh_in,
+                    generation,
+                };
+                Ok(Some((token, generation)))
+            }
+            None => {
+                if !auth.logged_disabled.swap(true, Ordering::Relaxed) {
+                    tracing::info!(
+                        url = %format!("{}/token", self.base),
+                        "Conductor has no /token route (no auth on this server); continuing without credentials"
+                    );
+                }
+                *state = TokenState::Disabled;
+                Ok(None)
+            }
+        }
+    }
+
+    /// `POST /token` with the key: the token, as a header value marked sensitive (kept out of
+    /// debug output), or `None` when the server has no such route.
+    async fn fetch_token(
+        &self,
+        credentials: &Credentials,
+    ) -> Result<Option<HeaderValue>, ConductorError> {
+        let path = "/token";
+        let body = serde_json::json!({
+            "keyId": credentials.key_id,
+            "keySecret": credentials.key_secret,
+        });
+        let text = match self
+            .send_once(Method::POST, path, &[], Some(&body), REQUEST_TIMEOUT, None)
+            .await
+        {
+            Ok((_, text)) => text,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(ConductorError::Status {
+                method,
+                url,
+                status: status @ (401 | 403),
+                body,
+            }) => {
+                return Err(ConductorError::Credentials {
+                    method,
+                    url,
+                    status,
+                    key_id: credentials.key_id.clone(),
+                    body,
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        let decode_error = |message: &str| ConductorError::Decode {
+            method: "POST",
+            url: format!("{}{path}", self.base),
+            message: message.to_owned(),
+        };
+        // The body holds the token: no part of it goes into an error.
+        let value: Value = serde_json::from_str(&text)
+            .map_err(|_| decode_error("the token answer is not JSON"))?;
+        let token = match value.get("token").and_then(Value::as_str) {
+            Some(token) if !token.trim().is_empty() => token.trim(),
+            _ => {
+                return Err(decode_error(
+                    "expected {\"token\": \"...\"} from the token endpoint",
+                ));
+            }
+        };
+        let mut header = HeaderValue::from_str(token)
+            .map_err(|_| decode_error("the token is not a valid header value"))?;
+        header.set_sensitive(true);
+        Ok(Some(header))
     }
 
     /// The API base URL.
@@ -72,13 +300,15 @@ impl ConductorClient {
         &self.base
     }
 
-    async fn send(
+    /// One request; `token`, if any, goes in `X-Authorization`.
+    async fn send_once(
         &self,
         method: Method,
         path: &str,
         query: &[(&str, String)],
         body: Option<&Value>,
         timeout: Duration,
+        token: Option<&HeaderValue>,
     ) -> Result<(StatusCode, String), ConductorError> {
         let url = format!("{}{path}", self.base);
         let method_name = match method {
@@ -94,6 +324,9 @@ impl ConductorClient {
         }
         if let Some(body) = body {
             req = req.json(body);
+        }
+        if let Some(token) = token {
+            req = req.header(AUTH_HEADER, token.clone());
         }
         let transport = |source| ConductorError::Transport {
             method: method_name,
@@ -294,9 +527,58 @@ mod tests {
             ConductorClient::new("localhost:8080")
                 .unwrap_err()
                 .to_string(),
-            "CONDUCTOR_SERVER_URL \"localhost:8080\" is invalid: expected an http:// URL including /api"
+            "CONDUCTOR_SERVER_URL \"localhost:8080\" is invalid: expected an http:// or https:// URL including /api"
         );
         assert!(ConductorClient::new("http:///api").is_err());
-        assert!(ConductorClient::new("https://conductor.example.com/api").is_err());
+        assert!(ConductorClient::new("https:///api").is_err());
+        assert_eq!(
+            ConductorClient::new("https://conductor.example.com/api")
+                .unwrap()
+                .base_url(),
+            "https://conductor.example.com/api"
+        );
+    }
+
+    #[test]
+    fn from_lookup() {
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        let client = ConductorClient::from_lookup(vars(&[(
+            "CONDUCTOR_SERVER_URL",
+            "http://127.0.0.1:1/api",
+        )]))
+        .unwrap();
+        assert!(!client.has_credentials());
+        let client = ConductorClient::from_lookup(vars(&[
+            ("CONDUCTOR_SERVER_URL", "https://c.example.com/api"),
+            ("CONDUCTOR_AUTH_KEY", "id"),
+            ("CONDUCTOR_AUTH_SECRET", "s3cret"),
+        ]))
+        .unwrap();
+        assert!(client.has_credentials());
+        let debug = format!("{client:?}");
+        assert!(
+            debug.contains("\"id\"") && !debug.contains("s3cret"),
+            "{debug}"
+        );
+        let err = ConductorClient::from_lookup(vars(&[
+            ("CONDUCTOR_SERVER_URL", "http://127.0.0.1:1/api"),
+            ("CONDUCTOR_AUTH_SECRET", "s3cret"),
+        ]))
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "CONDUCTOR_AUTH_SECRET is set but CONDUCTOR_AUTH_KEY is not: set both to authenticate, or neither"
+        );
+        assert!(matches!(
+            ConductorClient::from_lookup(vars(&[])),
+            Err(ClientConfigError::Url(_))
+        ));
     }
 }

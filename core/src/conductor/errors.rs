@@ -26,6 +26,24 @@ pub enum ConductorError {
         /// The response body (Conductor's ErrorResponse JSON, usually), cut short.
         body: String,
     },
+    /// `POST /token` refused the key id and secret (401/403): fix the credentials; retrying
+    /// will not help.
+    #[error(
+        "{method} {url}: HTTP {status}: Conductor refused key id {key_id:?} and its secret (check CONDUCTOR_AUTH_KEY and CONDUCTOR_AUTH_SECRET){}",
+        body_suffix(.body)
+    )]
+    Credentials {
+        /// HTTP method.
+        method: &'static str,
+        /// The token URL.
+        url: String,
+        /// The status code.
+        status: u16,
+        /// The key id (not secret).
+        key_id: String,
+        /// The response body, cut short.
+        body: String,
+    },
     /// The answer was not what the API promises.
     #[error("{method} {url}: unexpected response: {message}")]
     Decode {
@@ -69,14 +87,14 @@ impl ConductorError {
         match self {
             Self::Transport { .. } => true,
             Self::Status { status, .. } => *status >= 500 || *status == 429,
-            Self::Decode { .. } => false,
+            Self::Credentials { .. } | Self::Decode { .. } => false,
         }
     }
 
     /// The HTTP status, if the server answered.
     pub fn status(&self) -> Option<u16> {
         match self {
-            Self::Status { status, .. } => Some(*status),
+            Self::Status { status, .. } | Self::Credentials { status, .. } => Some(*status),
             _ => None,
         }
     }
@@ -84,5 +102,10 @@ impl ConductorError {
     /// A 404 (or, on older servers, 204 for a read).
     pub fn is_not_found(&self) -> bool {
         self.status() == Some(404)
+    }
+
+    /// Whether the credentials were refused at `POST /token`.
+    pub fn is_bad_credentials(&self) -> bool {
+        matches!(self, Self::Credentials { .. })
     }
 }

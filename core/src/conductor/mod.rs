@@ -1,7 +1,9 @@
 //! The Conductor REST client and its errors.
 
+mod auth;
 mod client;
 mod errors;
 
-pub use client::{BaseUrlError, ConductorClient, MAX_LONG_POLL};
+pub use auth::{AUTH_KEY_VAR, AUTH_SECRET_VAR, Credentials, CredentialsError};
+pub use client::{BaseUrlError, ClientConfigError, ConductorClient, MAX_LONG_POLL};
 pub use errors::ConductorError;

@@ -4,8 +4,9 @@
 //! Modules, one concept each: `model` (wire JSON), `store` (the state and its lock), `engine`
 //! (workflow decider and retries), `worker_ops` (poll and update), `sweeper` (timeouts),
 //! `queue` (delayed queues with long-poll wake-ups), `expr` (`${…}` inputs), `routes` (HTTP),
-//! `server` (builder and handle).
+//! `server` (builder and handle), `auth` (optional Orkes-style tokens).
 
+mod auth;
 mod clock;
 mod engine;
 mod error;
@@ -19,6 +20,7 @@ mod store;
 mod sweeper;
 mod worker_ops;
 
+pub use auth::{AUTH_HEADER, DEFAULT_TOKEN_TTL};
 pub use clock::TimeScale;
 pub(crate) use error::INSTANCE;
 pub use error::{ErrorResponse, ValidationError};

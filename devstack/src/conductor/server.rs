@@ -11,12 +11,14 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::{TcpListener, ToSocketAddrs};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+use super::auth::{self, AuthState, DEFAULT_TOKEN_TTL};
 use super::clock::TimeScale;
 use super::routes;
 use super::store::Conductor;
@@ -32,14 +34,34 @@ pub struct ConductorServer;
 impl ConductorServer {
     /// A builder with real-time durations.
     pub fn builder() -> ConductorServerBuilder {
-        ConductorServerBuilder { time_scale: 1.0 }
+        ConductorServerBuilder {
+            time_scale: 1.0,
+            auth: None,
+            token_ttl: DEFAULT_TOKEN_TTL,
+            opaque_tokens: false,
+        }
     }
 }
 
 /// Options of a Conductor dev server.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ConductorServerBuilder {
     time_scale: f64,
+    /// Key id and secret, when auth is required.
+    auth: Option<(String, String)>,
+    token_ttl: Duration,
+    opaque_tokens: bool,
+}
+
+impl std::fmt::Debug for ConductorServerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConductorServerBuilder")
+            .field("time_scale", &self.time_scale)
+            .field("auth_key_id", &self.auth.as_ref().map(|(id, _)| id))
+            .field("token_ttl", &self.token_ttl)
+            .field("opaque_tokens", &self.opaque_tokens)
+            .finish()
+    }
 }
 
 impl ConductorServerBuilder {
@@ -50,10 +72,46 @@ impl ConductorServerBuilder {
         self
     }
 
+    /// Requires Orkes-style authentication: `POST /api/token` with this key id and secret
+    /// answers `{"token": "<JWT>"}`, and every other `/api/...` route except health wants the
+    /// token in `X-Authorization` (else 401 `INVALID_TOKEN`, or `EXPIRED_TOKEN` once it is past
+    /// its `exp`). Without this, `/api/token` is a 404, as on Conductor OSS.
+    pub fn auth(mut self, key_id: impl Into<String>, key_secret: impl Into<String>) -> Self {
+        self.auth = Some((key_id.into(), key_secret.into()));
+        self
+    }
+
+    /// How long tokens last (default one hour; real time, not scaled by
+    /// [`time_scale`](Self::time_scale)). The `exp` claim is whole seconds, so the end is
+    /// rounded up to the next second.
+    pub fn token_ttl(mut self, ttl: Duration) -> Self {
+        self.token_ttl = ttl;
+        self
+    }
+
+    /// Issues opaque tokens (random strings, no JWT claims) instead of JWTs, so clients cannot
+    /// read when they expire and must renew them when refused with `EXPIRED_TOKEN`.
+    pub fn opaque_tokens(mut self, opaque: bool) -> Self {
+        self.opaque_tokens = opaque;
+        self
+    }
+
     /// Binds `addr` (port 0 picks a free port) and starts serving and sweeping.
     pub async fn bind(self, addr: impl ToSocketAddrs) -> Result<ConductorHandle, DevstackError> {
         let scale = TimeScale::new(self.time_scale)
             .ok_or(DevstackError::InvalidTimeScale(self.time_scale))?;
+        let auth = match self.auth {
+            Some((id, secret)) if id.is_empty() || secret.is_empty() => {
+                return Err(DevstackError::EmptyConductorCredentials);
+            }
+            Some((id, secret)) => Some(Arc::new(AuthState::new(
+                id,
+                secret,
+                self.token_ttl,
+                self.opaque_tokens,
+            ))),
+            None => None,
+        };
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| DevstackError::Bind { source })?;
@@ -62,7 +120,19 @@ impl ConductorServerBuilder {
             .map_err(|source| DevstackError::Bind { source })?;
         let conductor = Arc::new(Conductor::new(scale));
         let faults = Faults::default();
-        let router = routes::router(Arc::clone(&conductor))
+        let mut api = routes::router(Arc::clone(&conductor));
+        if let Some(auth) = &auth {
+            api = api
+                .route(
+                    "/api/token",
+                    axum::routing::post(auth::token).with_state(Arc::clone(auth)),
+                )
+                .layer(axum::middleware::from_fn_with_state(
+                    Arc::clone(auth),
+                    auth::require,
+                ));
+        }
+        let router = api
             .layer(axum::middleware::from_fn_with_state(
                 faults.clone(),
                 faults::inject,
@@ -77,9 +147,15 @@ impl ConductorServerBuilder {
             http::serve("conductor", listener, router, shutdown_rx)
                 .instrument(tracing::info_span!("conductor-http", %addr)),
         );
-        tracing::info!(%addr, time_scale = scale.factor(), "conductor dev server listening");
+        tracing::info!(
+            %addr,
+            time_scale = scale.factor(),
+            auth = auth.is_some(),
+            "conductor dev server listening"
+        );
         Ok(ConductorHandle {
             addr,
+            auth,
             faults,
             shutdown,
             tasks: vec![server, sweeper],
@@ -92,6 +168,7 @@ impl ConductorServerBuilder {
 #[derive(Debug)]
 pub struct ConductorHandle {
     addr: SocketAddr,
+    auth: Option<Arc<AuthState>>,
     faults: Faults,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -111,6 +188,29 @@ impl ConductorHandle {
     /// `http://ADDR`, for the admin routes.
     pub fn root_url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Whether the server requires auth ([`ConductorServerBuilder::auth`]).
+    pub fn auth_required(&self) -> bool {
+        self.auth.is_some()
+    }
+
+    /// Tokens issued by `POST /api/token` so far (0 without auth).
+    pub fn tokens_issued(&self) -> u64 {
+        self.auth.as_ref().map_or(0, |a| a.issued())
+    }
+
+    /// Requests refused with 401 for a missing, unknown or expired token so far.
+    pub fn tokens_refused(&self) -> u64 {
+        self.auth.as_ref().map_or(0, |a| a.refused())
+    }
+
+    /// Forgets every token issued, as a server restart or a revoked key would: requests with
+    /// one get 401 `INVALID_TOKEN` until the client fetches a new one. No effect without auth.
+    pub fn revoke_tokens(&self) {
+        if let Some(auth) = &self.auth {
+            auth.revoke_all();
+        }
     }
 
     /// The fault-injection rules, to set them without going through HTTP.

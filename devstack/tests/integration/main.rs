@@ -1,6 +1,7 @@
 //! Integration tests of the Conductor and lakeFS dev servers through plain HTTP, the `perago-devstack`
 //! binary, and the official Python SDK. One test binary keeps link time down.
 
+mod auth;
 mod bad_input;
 mod cli;
 mod faults;

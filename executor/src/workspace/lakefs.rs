@@ -184,13 +184,7 @@ impl LakefsClient {
         let mut base = config.endpoint.trim().trim_end_matches('/').to_owned();
         if !base.starts_with("http://") && !base.starts_with("https://") {
             return Err(format!(
-                "LAKEFS_ENDPOINT {:?} is invalid: expected an http:// URL",
-                config.endpoint
-            ));
-        }
-        if base.starts_with("https://") {
-            return Err(format!(
-                "LAKEFS_ENDPOINT {:?}: https is not supported by this build yet",
+                "LAKEFS_ENDPOINT {:?} is invalid: expected an http:// or https:// URL",
                 config.endpoint
             ));
         }

@@ -129,6 +129,13 @@ impl Launcher {
     ) -> std::io::Result<Child> {
         let mut cmd = Command::new(program);
         cmd.arg0(argv0).envs(env.iter().map(|(k, v)| (k, v)));
+        if matches!(kind, ChildKind::Executor { .. }) {
+            // Only the broker talks to Conductor: executors, and the task bodies they run,
+            // never see its credentials.
+            for secret in ["CONDUCTOR_AUTH_KEY", "CONDUCTOR_AUTH_SECRET"] {
+                cmd.env_remove(secret);
+            }
+        }
         process::isolate(&mut cmd, process::SIGTERM);
         let mut child = cmd.spawn()?;
         let pid = child.id().expect("a just-spawned child has a pid");

@@ -1,5 +1,6 @@
 //! End-to-end tests that run the real perago binaries as separate processes.
 
+mod auth;
 mod bench;
 mod broker;
 mod cli;
