@@ -230,7 +230,13 @@ impl Supervisor {
                 self.broker = None;
                 self.control = None;
                 self.admin = None;
-                let clean = self.draining && exit.ended.success();
+                // A broker exits 0 only after a completed drain, also one an operator started
+                // with Admin.Drain.
+                let clean = exit.ended.success();
+                if clean && !self.draining {
+                    tracing::info!("the broker finished a drain requested over Admin.Drain");
+                    self.draining = true;
+                }
                 if clean {
                     tracing::info!(pid = exit.pid, "broker finished its drain");
                     return;
@@ -275,6 +281,13 @@ impl Supervisor {
                 // The executor is gone, and its bodies with it (parent-death signal): its
                 // attempt directories can go too.
                 super::gc::sweep_generation(&self.spec.workspace_root, slot, generation);
+                if !self.draining && self.broker_draining().await {
+                    tracing::info!("the broker is draining (Admin.Drain): no restarts");
+                    self.draining = true;
+                    for proc in self.slots.values_mut() {
+                        proc.restart_at = None;
+                    }
+                }
                 let proc = self.slots.get_mut(&slot).expect("checked above");
                 if self.draining {
                     tracing::info!(worker_id = %worker_id, pid = exit.pid, generation, status = %status, "executor exited");
@@ -353,6 +366,17 @@ impl Supervisor {
                 .collect(),
             _ => BTreeMap::new(),
         }
+    }
+
+    /// Whether the broker says it is draining (an operator may have called Admin.Drain).
+    async fn broker_draining(&mut self) -> bool {
+        let Some(admin) = &mut self.admin else {
+            return false;
+        };
+        matches!(
+            tokio::time::timeout(Duration::from_secs(1), admin.status(admin::StatusRequest {})).await,
+            Ok(Ok(status)) if status.get_ref().draining
+        )
     }
 
     fn alive_executors(&self) -> usize {

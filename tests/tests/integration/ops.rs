@@ -258,3 +258,30 @@ async fn metrics_move_while_tasks_run() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&missing.stdout), "404");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_over_grpc_stops_the_runtime_cleanly() {
+    let (_conductor, _task, mut sup) = running(2).await;
+    let run_dir = sup.workspace_root().join("run");
+    let drain = Run::of(
+        Command::new(grpcurl())
+            .args([
+                "-plaintext",
+                "-unix",
+                "-d",
+                "{}",
+                "broker.sock",
+                "perago.admin.v1.Admin/Drain",
+            ])
+            .current_dir(&run_dir),
+    );
+    drain.expect_code(0);
+    let status = sup.wait_exit(Duration::from_secs(30)).await;
+    let log = sup.log_text();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(!log.contains("restarting the slot"), "{log}");
+    assert!(
+        !log.contains("broker exited; stopping the runtime"),
+        "{log}"
+    );
+}
