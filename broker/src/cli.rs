@@ -21,28 +21,25 @@ pub const PERAGO_POLL_WAIT_MS: &str = "PERAGO_POLL_WAIT_MS";
 /// supervisor's child environment in thread mode).
 pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConfig, String> {
     let var = |name: &str| lookup(name).filter(|v| !v.is_empty());
-    let missing: Vec<&str> = [
-        env::CONDUCTOR_SERVER_URL,
-        PERAGO_SOCKET,
-        PERAGO_SLOTS,
-        PERAGO_CONTROL_TOKEN,
-        PERAGO_TASK_NAME,
-        env::PERAGO_WORKER_ID_PREFIX,
-    ]
-    .into_iter()
-    .filter(|n| var(n).is_none())
-    .collect();
-    if !missing.is_empty() {
-        return Err(format!(
+    let [_, socket, slots, control_token, task_name, prefix] = env::require(
+        &lookup,
+        [
+            env::CONDUCTOR_SERVER_URL,
+            PERAGO_SOCKET,
+            PERAGO_SLOTS,
+            PERAGO_CONTROL_TOKEN,
+            PERAGO_TASK_NAME,
+            env::PERAGO_WORKER_ID_PREFIX,
+        ],
+    )
+    .map_err(|missing| {
+        format!(
             "perago-broker is started by perago-supervisor, which sets its environment; missing {}",
             missing.join(", ")
-        ));
-    }
-    let get = |name: &str| var(name).expect("checked above");
-    let task_name = get(PERAGO_TASK_NAME);
-    let prefix =
-        WorkerPrefix::explicit(&get(env::PERAGO_WORKER_ID_PREFIX)).map_err(|e| e.to_string())?;
-    let slots: u32 = get(PERAGO_SLOTS)
+        )
+    })?;
+    let prefix = WorkerPrefix::explicit(&prefix).map_err(|e| e.to_string())?;
+    let slots: u32 = slots
         .parse()
         .map_err(|_| format!("{PERAGO_SLOTS} must be a positive integer"))?;
     // CONDUCTOR_SERVER_URL, and CONDUCTOR_AUTH_KEY/SECRET when the server requires a token.
@@ -65,8 +62,8 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
         prefix,
         slots,
         conductor,
-        socket: PathBuf::from(get(PERAGO_SOCKET)),
-        control_token: get(PERAGO_CONTROL_TOKEN),
+        socket: PathBuf::from(socket),
+        control_token,
         poll_wait,
         metrics_addr,
     })

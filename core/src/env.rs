@@ -29,6 +29,26 @@ pub const PERAGO_WORKSPACE_GC_TTL: &str = "PERAGO_WORKSPACE_GC_TTL";
 /// Kill children still alive this long after the first stop signal; unset = never.
 pub const PERAGO_SHUTDOWN_FORCE_KILL_AFTER: &str = "PERAGO_SHUTDOWN_FORCE_KILL_AFTER";
 
+/// The values of `names` from `lookup`, an empty value counting as unset; or every name that
+/// is missing, so one message can list them all.
+pub fn require<const N: usize>(
+    lookup: impl Fn(&str) -> Option<String>,
+    names: [&'static str; N],
+) -> Result<[String; N], Vec<&'static str>> {
+    let values = names.map(|n| lookup(n).filter(|v| !v.trim().is_empty()));
+    let missing: Vec<&'static str> = names
+        .iter()
+        .zip(&values)
+        .filter(|(_, v)| v.is_none())
+        .map(|(n, _)| *n)
+        .collect();
+    if missing.is_empty() {
+        Ok(values.map(|v| v.expect("checked")))
+    } else {
+        Err(missing)
+    }
+}
+
 /// An environment value that is set but not usable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{name}: {source}")]
@@ -58,6 +78,17 @@ pub fn duration_var(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn require_lists_every_missing_name() {
+        let lookup = |n: &str| match n {
+            "A" => Some("1".to_owned()),
+            "B" => Some(" ".to_owned()),
+            _ => None,
+        };
+        assert_eq!(require(lookup, ["A"]), Ok(["1".to_owned()]));
+        assert_eq!(require(lookup, ["A", "B", "C"]), Err(vec!["B", "C"]));
+    }
 
     #[test]
     fn duration_var_names_the_variable() {

@@ -31,40 +31,38 @@ pub const PERAGO_MANIFEST: &str = "PERAGO_MANIFEST";
 pub fn identity_from(
     lookup: impl Fn(&str) -> Option<String>,
 ) -> Result<(SlotIdentity, PathBuf), String> {
-    let var = |name: &str| lookup(name).filter(|v| !v.is_empty());
-    let missing: Vec<&str> = [
-        env::PERAGO_WORKER_ID,
-        PERAGO_SLOT,
-        PERAGO_GENERATION,
-        PERAGO_SLOT_TOKEN,
-        PERAGO_SOCKET,
-        PERAGO_MANIFEST,
-    ]
-    .into_iter()
-    .filter(|n| var(n).is_none())
-    .collect();
-    if !missing.is_empty() {
-        return Err(format!(
+    let [worker_id, slot, generation, token, socket, manifest] = env::require(
+        lookup,
+        [
+            env::PERAGO_WORKER_ID,
+            PERAGO_SLOT,
+            PERAGO_GENERATION,
+            PERAGO_SLOT_TOKEN,
+            PERAGO_SOCKET,
+            PERAGO_MANIFEST,
+        ],
+    )
+    .map_err(|missing| {
+        format!(
             "perago-executor is started by perago-supervisor, which sets its identity; missing {}",
             missing.join(", ")
-        ));
-    }
-    let get = |name: &str| var(name).expect("checked above");
-    let slot = get(PERAGO_SLOT)
+        )
+    })?;
+    let slot = slot
         .parse()
         .map_err(|_| format!("{PERAGO_SLOT} must be a slot number"))?;
-    let generation = get(PERAGO_GENERATION)
+    let generation = generation
         .parse()
         .map_err(|_| format!("{PERAGO_GENERATION} must be a generation number"))?;
     Ok((
         SlotIdentity {
-            worker_id: get(env::PERAGO_WORKER_ID),
+            worker_id,
             slot,
             generation,
-            token: get(PERAGO_SLOT_TOKEN),
-            socket: PathBuf::from(get(PERAGO_SOCKET)),
+            token,
+            socket: PathBuf::from(socket),
         },
-        PathBuf::from(get(PERAGO_MANIFEST)),
+        PathBuf::from(manifest),
     ))
 }
 

@@ -2,9 +2,10 @@
 //! shape, params schema, pre guardrail, body, result schema, post guardrail — and sends the
 //! completion back.
 //!
-//! What exists so far: [`command`] (running a body or guardrail in its own process group with
-//! a time limit) and [`assignment`] (one assignment of a workspace-free `exec` body, start to
-//! result). The slot client, the `Task` trait, the `jsonl` protocol and workspaces come next.
+//! Modules: [`slot`] (the slot client), [`assignment`] (one assignment, start to result),
+//! [`command`] (bodies and guardrails in their own process group with a time limit), the
+//! `jsonl` protocol, [`task`] (the `Task` trait for Rust task binaries), [`workspace`] (the
+//! lakeFS workspace flow) and [`wire`] (slot-protocol conversions).
 
 pub mod assignment;
 pub mod cli;

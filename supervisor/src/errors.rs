@@ -40,9 +40,6 @@ pub enum ExpectedError {
         #[source]
         source: io::Error,
     },
-    /// A part of the product that does not exist yet.
-    #[error("{0}")]
-    NotYetAvailable(&'static str),
     /// The TaskDef is not registered on the Conductor server.
     #[error(
         "Conductor TaskDef '{0}' is not registered; run perago extract and register it before start"

@@ -1,5 +1,5 @@
-//! The perago command line: `check`, `extract` and `start` (so far). `main` calls [`run`],
-//! which parses the arguments, runs the command and maps every expected error to its exit
+//! The perago command line: `check`, `extract`, `start`, `dev`, `status`, `completions`.
+//! `main` calls [`run`], which parses the arguments, runs the command and maps every expected error to its exit
 //! code (see [`errors::exit_codes`]).
 
 mod check;

@@ -40,26 +40,27 @@ impl fmt::Debug for LakefsConfig {
 impl LakefsConfig {
     /// The config from `lookup`; the error lists every missing name.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
-        use perago_core::env::{LAKEFS_ACCESS_KEY_ID, LAKEFS_ENDPOINT, LAKEFS_SECRET_ACCESS_KEY};
-        let var = |n: &str| lookup(n).filter(|v| !v.trim().is_empty());
-        let missing: Vec<&str> = [
-            LAKEFS_ENDPOINT,
-            LAKEFS_ACCESS_KEY_ID,
-            LAKEFS_SECRET_ACCESS_KEY,
-        ]
-        .into_iter()
-        .filter(|n| var(n).is_none())
-        .collect();
-        if !missing.is_empty() {
-            return Err(format!(
+        use perago_core::env::{
+            LAKEFS_ACCESS_KEY_ID, LAKEFS_ENDPOINT, LAKEFS_SECRET_ACCESS_KEY, require,
+        };
+        let [endpoint, access_key_id, secret_access_key] = require(
+            lookup,
+            [
+                LAKEFS_ENDPOINT,
+                LAKEFS_ACCESS_KEY_ID,
+                LAKEFS_SECRET_ACCESS_KEY,
+            ],
+        )
+        .map_err(|missing| {
+            format!(
                 "LakeFS config is required for workspace tasks: missing {}",
                 missing.join(", ")
-            ));
-        }
+            )
+        })?;
         Ok(Self {
-            endpoint: var(LAKEFS_ENDPOINT).expect("checked"),
-            access_key_id: var(LAKEFS_ACCESS_KEY_ID).expect("checked"),
-            secret_access_key: var(LAKEFS_SECRET_ACCESS_KEY).expect("checked"),
+            endpoint,
+            access_key_id,
+            secret_access_key,
         })
     }
 }
