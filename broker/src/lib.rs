@@ -6,8 +6,10 @@
 //! Inside: one actor ([`state`]) owns every slot; the poller, the gRPC services and the
 //! reporters talk to it by message. See `docs/runtime.md`.
 
+mod actor;
 pub mod cli;
 mod counters;
+mod health;
 mod metrics;
 mod poller;
 mod report;
@@ -99,19 +101,24 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     let backoff = Backoff::default_remote();
     let (events, rx) = mpsc::channel(1024);
     let (drained_tx, drained_rx) = oneshot::channel();
-    let reporter = report::Reporter::new(config.conductor.clone(), Arc::clone(&counters), backoff);
-    let broker = state::Broker::new(
+    let health = health::Health::new(config.conductor.clone(), config.task_name.clone());
+    let reporter = report::Reporter::new(
+        config.conductor.clone(),
+        Arc::clone(&counters),
+        backoff,
+        health.clone(),
+    );
+    let machine = state::Machine::new(
         config.task_name.clone(),
         &config.prefix,
         config.slots,
-        reporter,
+        reporter.v2_flag(),
         Arc::clone(&counters),
         gauges,
-        events.clone(),
-        drained_tx,
         SystemTime::now(),
     );
-    let actor = tokio::spawn(broker.run(rx));
+    let actor = actor::Actor::new(machine, config.slots, reporter, events.clone(), drained_tx);
+    let actor = tokio::spawn(actor.run(rx));
     let poller = poller::Poller {
         client: config.conductor.clone(),
         task_name: config.task_name.clone(),
@@ -119,6 +126,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         wait: config.poll_wait,
         backoff,
         counters: Arc::clone(&counters),
+        health,
     };
     tokio::spawn(poller.run(events.clone()));
 
@@ -136,7 +144,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
             // ...or an outside stop (a signal) starts one, and we wait for it to complete.
             () = stop => {
                 let (reply, _) = oneshot::channel();
-                let _ = drain_events.send(state::Event::Drain { reply }).await;
+                let _ = drain_events.send(actor::Event::Drain { reply }).await;
                 let _ = drained_rx.await;
             }
         }

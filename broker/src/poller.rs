@@ -2,7 +2,12 @@
 //! that many tasks, hands them to the actor. Errors back off (capped, jittered) and are logged
 //! when the state changes, not at every retry; they never stop the broker.
 
-use crate::{counters::Counters, state::Event};
+use crate::{
+    actor::Event,
+    counters::Counters,
+    health::{Health, Waker},
+    state::Input,
+};
 use perago_core::{backoff::Backoff, conductor::ConductorClient};
 use std::{sync::Arc, time::Duration};
 use tokio::sync::{mpsc, oneshot};
@@ -15,12 +20,14 @@ pub(crate) struct Poller {
     pub(crate) wait: Duration,
     pub(crate) backoff: Backoff,
     pub(crate) counters: Arc<Counters>,
+    pub(crate) health: Health,
 }
 
 impl Poller {
     /// Runs until the actor answers a poll request with 0 (drain) or goes away.
     pub(crate) async fn run(self, events: mpsc::Sender<Event>) {
         let mut failures = 0u32;
+        let mut waker = Waker::default();
         loop {
             let (reply, answer) = oneshot::channel();
             if events.send(Event::PollRequest { reply }).await.is_err() {
@@ -34,11 +41,12 @@ impl Poller {
                 Ok(n) => n,
             };
             self.counters.polls.inc();
-            match self
-                .client
-                .batch_poll(&self.task_name, &self.broker_id, count, self.wait)
-                .await
-            {
+            let polled = self.health.observe(
+                self.client
+                    .batch_poll(&self.task_name, &self.broker_id, count, self.wait)
+                    .await,
+            );
+            match polled {
                 Ok(tasks) => {
                     if failures > 0 {
                         tracing::info!(failures, "polling recovered");
@@ -47,11 +55,7 @@ impl Poller {
                     if tasks.is_empty() {
                         self.counters.empty_polls.inc();
                     }
-                    let polled = Event::Polled {
-                        tasks,
-                        reserved: count,
-                    };
-                    if events.send(polled).await.is_err() {
+                    if events.send(Event::polled(tasks, count)).await.is_err() {
                         return;
                     }
                 }
@@ -63,13 +67,14 @@ impl Poller {
                     }
                     failures = failures.saturating_add(1);
                     if events
-                        .send(Event::PollFailed { reserved: count })
+                        .send(Event::Slot(Input::PollFailed { reserved: count }))
                         .await
                         .is_err()
                     {
                         return;
                     }
-                    tokio::time::sleep(delay).await;
+                    // An outage's end wakes the retry at once (see `health`).
+                    waker.wait(&self.health, delay).await;
                 }
             }
         }

@@ -2,7 +2,12 @@
 //! server has it, else v1) with retries off the slot, lease extensions with a read-back to
 //! notice a lost lease, and hand-backs of tasks the broker will not run.
 
-use crate::{counters::Counters, state::Event};
+use crate::{
+    actor::Event,
+    counters::Counters,
+    health::{Health, Waker},
+    state::Input,
+};
 use perago_core::{
     attempt::{AttemptSnapshot, TaskRef, TaskStatus},
     backoff::Backoff,
@@ -44,6 +49,7 @@ pub(crate) struct Reporter {
     v2: Arc<AtomicBool>,
     counters: Arc<Counters>,
     backoff: Backoff,
+    health: Health,
 }
 
 fn now_ms() -> i64 {
@@ -64,17 +70,28 @@ fn v2_unsupported(e: &ConductorError) -> bool {
 }
 
 impl Reporter {
-    pub(crate) fn new(client: ConductorClient, counters: Arc<Counters>, backoff: Backoff) -> Self {
+    pub(crate) fn new(
+        client: ConductorClient,
+        counters: Arc<Counters>,
+        backoff: Backoff,
+        health: Health,
+    ) -> Self {
         Self {
             client,
             v2: Arc::new(AtomicBool::new(true)),
             counters,
             backoff,
+            health,
         }
     }
 
-    pub(crate) fn v2_enabled(&self) -> bool {
+    fn v2_enabled(&self) -> bool {
         self.v2.load(Ordering::Relaxed)
+    }
+
+    /// The flag the state machine reads to choose update-v2 for a completion.
+    pub(crate) fn v2_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.v2)
     }
 
     /// From now on every update goes through v1 (drain; or the server lacks update-v2).
@@ -88,7 +105,9 @@ impl Reporter {
         tokio::spawn(async move {
             let slot = update.slot;
             let next_task = this.deliver(update).await;
-            let _ = events.send(Event::UpdateDone { slot, next_task }).await;
+            let _ = events
+                .send(Event::Slot(Input::UpdateDone { slot, next_task }))
+                .await;
         });
     }
 
@@ -130,13 +149,14 @@ impl Reporter {
     ) -> Option<Option<Value>> {
         let started = Instant::now();
         let mut attempt = 0u32;
+        let mut waker = Waker::default();
         loop {
             let v2 = use_v2 && self.v2_enabled();
-            let sent = if v2 {
+            let sent = self.health.observe(if v2 {
                 self.client.update_task_v2(body).await
             } else {
                 self.client.update_task(body).await.map(|()| None)
-            };
+            });
             match sent {
                 Ok(next) => {
                     if attempt > 0 {
@@ -160,7 +180,8 @@ impl Reporter {
                     if attempt == 0 {
                         tracing::warn!(task_id, execution_id, error = %e, "result update failed; retrying with backoff");
                     }
-                    tokio::time::sleep(self.backoff.delay(attempt)).await;
+                    // An outage's end wakes the retry at once (see `health`).
+                    waker.wait(&self.health, self.backoff.delay(attempt)).await;
                     attempt += 1;
                 }
                 Err(e) => {
@@ -191,21 +212,24 @@ impl Reporter {
             this.send_with_retries(&body, false, &ids.task_id, "-")
                 .await;
             let _ = events
-                .send(Event::UpdateDone {
+                .send(Event::Slot(Input::UpdateDone {
                     slot: None,
                     next_task: None,
-                })
+                }))
                 .await;
         });
     }
 
-    /// Extends the lease of a dispatched attempt at half its `responseTimeoutSeconds` until
+    /// Extends the lease of a received attempt at half its `responseTimeoutSeconds` until
     /// aborted, reading the task back after each extension: Conductor silently accepts
-    /// extensions for a task it already timed out, so only a read shows a lost lease.
+    /// extensions for a task it already timed out, so only a read shows a lost lease (then
+    /// `LeaseLost` goes to the actor). While Conductor does not answer, extensions wait for it
+    /// with the shared backoff instead of firing every period; its recovery wakes them.
     pub(crate) fn spawn_lease(
         &self,
         attempt: &AttemptSnapshot,
         execution_id: &str,
+        events: mpsc::Sender<Event>,
     ) -> Option<AbortHandle> {
         let rto = attempt.response_timeout_seconds.filter(|&s| s > 0)?;
         let every = Duration::from_millis((rto * 1000 / 2).max(250));
@@ -221,36 +245,57 @@ impl Reporter {
                 "status": "IN_PROGRESS",
                 "extendLease": true,
             });
+            let mut failures = 0u32;
+            let mut waker = Waker::default();
             loop {
-                tokio::time::sleep(every).await;
-                if let Err(e) = this.client.update_task(&body).await {
-                    tracing::warn!(task_id = %task_id, execution_id = %execution_id, error = %e, "lease extension failed");
+                if failures == 0 {
+                    tokio::time::sleep(every).await;
+                } else {
+                    waker
+                        .wait(&this.health, this.backoff.delay(failures - 1))
+                        .await;
+                }
+                if let Err(e) = this.health.observe(this.client.update_task(&body).await) {
+                    if failures == 0 {
+                        tracing::warn!(task_id = %task_id, execution_id = %execution_id, error = %e, "lease extension failed; retrying with backoff");
+                    }
+                    failures = failures.saturating_add(1);
                     continue;
                 }
+                if failures > 0 {
+                    tracing::info!(task_id = %task_id, execution_id = %execution_id, failures, "lease extended again");
+                    failures = 0;
+                }
                 this.counters.lease_extensions.inc();
-                match this.client.get_task(&task_id).await {
+                let lost = match this.health.observe(this.client.get_task(&task_id).await) {
                     Ok(task) => {
                         let status = task
                             .get("status")
                             .and_then(Value::as_str)
                             .and_then(TaskStatus::parse);
                         let retry = task.get("retryCount").and_then(Value::as_u64);
-                        if status != Some(TaskStatus::InProgress)
-                            || retry != Some(u64::from(retry_count))
-                        {
-                            this.counters.leases_lost.inc();
+                        let lost = status != Some(TaskStatus::InProgress)
+                            || retry != Some(u64::from(retry_count));
+                        if lost {
                             tracing::warn!(task_id = %task_id, execution_id = %execution_id, status = ?status, "lease lost: Conductor no longer has this attempt in progress; its result will be ignored");
-                            return;
                         }
+                        lost
                     }
                     Err(e) if e.is_not_found() => {
-                        this.counters.leases_lost.inc();
                         tracing::warn!(task_id = %task_id, execution_id = %execution_id, "lease lost: Conductor no longer knows the task");
-                        return;
+                        true
                     }
                     Err(e) => {
                         tracing::warn!(task_id = %task_id, error = %e, "cannot read the task back after a lease extension");
+                        false
                     }
+                };
+                if lost {
+                    this.counters.leases_lost.inc();
+                    let _ = events
+                        .send(Event::Slot(Input::LeaseLost { execution_id }))
+                        .await;
+                    return;
                 }
             }
         });

@@ -1,7 +1,7 @@
 //! The gRPC services on the broker socket: `Slot` (executors), `Control` (the supervisor) and
 //! `Admin` (operators). They translate requests into actor events; the actor decides.
 
-use crate::{state::Event, wire};
+use crate::{actor::Event, state::Input, wire};
 use perago_core::{attempt::AttemptSnapshot, conductor::ConductorClient};
 use perago_proto::{
     CONTROL_TOKEN_METADATA,
@@ -73,18 +73,18 @@ impl Slot for SlotService {
                 let event = match message {
                     Ok(proto::ExecutorMessage {
                         message: Some(Inbound::Completion(completion)),
-                    }) => Event::Completion {
+                    }) => Event::Slot(Input::Completion {
                         slot,
                         generation,
                         completion,
-                    },
+                    }),
                     Ok(proto::ExecutorMessage {
                         message: Some(Inbound::Progress(progress)),
-                    }) => Event::Progress {
+                    }) => Event::Slot(Input::Progress {
                         slot,
                         generation,
                         progress,
-                    },
+                    }),
                     Ok(_) => {
                         tracing::warn!(
                             slot,
@@ -102,7 +102,9 @@ impl Slot for SlotService {
                     return;
                 }
             }
-            let _ = events.send(Event::StreamEnded { slot, generation }).await;
+            let _ = events
+                .send(Event::Slot(Input::StreamEnded { slot, generation }))
+                .await;
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
@@ -172,10 +174,8 @@ impl Control for ControlService {
         request: Request<proto::SlotStarted>,
     ) -> Result<Response<proto::ControlAck>, Status> {
         self.authorize(&request)?;
-        self.events
-            .send(Event::SlotStarted(request.into_inner()))
-            .await
-            .map_err(|_| Status::unavailable("the broker is shutting down"))?;
+        let started = request.into_inner();
+        ask(&self.events, |reply| Event::SlotStarted { started, reply }).await??;
         Ok(Response::new(proto::ControlAck {}))
     }
 
@@ -185,7 +185,7 @@ impl Control for ControlService {
     ) -> Result<Response<proto::ControlAck>, Status> {
         self.authorize(&request)?;
         self.events
-            .send(Event::SlotExited(request.into_inner()))
+            .send(Event::Slot(Input::SlotExited(request.into_inner())))
             .await
             .map_err(|_| Status::unavailable("the broker is shutting down"))?;
         Ok(Response::new(proto::ControlAck {}))

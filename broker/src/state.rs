@@ -1,20 +1,26 @@
-//! The broker's one owner of truth: an actor that holds every slot and decides dispatch,
-//! completion, executor death and drain. Services, the poller and the reporters talk to it
-//! only by [`Event`]s; nothing else touches slot state.
+//! The broker's one owner of truth: a state machine that holds every slot and decides dispatch,
+//! completion, executor death and drain. [`Machine::handle`] takes one [`Input`] and returns
+//! the [`Effect`]s to perform (messages to executors, result updates, lease extenders, poll
+//! grants) plus the answer to the caller; it performs no I/O and spawns nothing, so every
+//! transition can be driven step by step in a unit test. The actor in [`crate::actor`] owns the
+//! connections and the Conductor side and carries the effects out.
 //!
-//! A slot is *free* when its current generation is attached, idle and not stopping, and the
-//! broker is not draining. Polls ask for at most `free − reserved` tasks; a completion whose
-//! update goes through update-v2 keeps its slot reserved (`AwaitingNext`) so the task the
-//! server hands back takes exactly the slot that was freed, and never more than N tasks are
-//! held.
+//! A slot is *free* when its current generation is attached, idle and not stopping. Polls ask
+//! for at most `free − reserved − held` tasks; a completion whose update goes through
+//! update-v2 keeps its slot reserved (`AwaitingNext`) so the task the server hands back takes
+//! exactly the slot that was freed, and never more than N tasks are held.
+//!
+//! A task the broker received is run, not handed back, wherever that can be done: a task that
+//! arrives for a slot that has gone (update-v2's next task after its executor died, a poll
+//! that returned while a slot died) is *held* with its lease extended until a slot is free;
+//! a drain waits for the poll in flight and runs what it returns before it stops the idle
+//! executors. Hand-backs remain only where nothing can run the task (more tasks than asked
+//! for, or every executor gone during a drain): Conductor keeps the attempt's `startTime`, so
+//! its `timeoutSeconds` keeps running (see docs/runtime.md).
 
-use crate::{
-    counters::{Counters, Gauges},
-    report::{Reporter, Update},
-    wire,
-};
+use crate::{counters::Counters, counters::Gauges, wire};
 use perago_core::{
-    attempt::{AttemptError, AttemptSnapshot, task_ref},
+    attempt::{AttemptError, AttemptSnapshot, TaskRef, task_ref},
     identity::{Slot as SlotNumber, WorkerPrefix},
     result::{Reason, RuntimeResult},
 };
@@ -25,25 +31,13 @@ use std::{
     sync::Arc,
     time::{SystemTime, UNIX_EPOCH},
 };
-use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
-/// After a busy executor's stream ends, how long to wait for the supervisor's exit report
-/// before failing the assignment without an exit status.
-const EXIT_REPORT_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// Messages to one executor's `Attach` response stream.
-pub(crate) type SlotSender = mpsc::Sender<Result<proto::BrokerMessage, Status>>;
-
-/// Everything the actor reacts to.
+/// Everything the machine reacts to.
 #[derive(Debug)]
-pub(crate) enum Event {
-    /// An executor said hello on a new `Attach` stream.
-    Hello {
-        hello: proto::Hello,
-        tx: SlotSender,
-        reply: oneshot::Sender<Result<(u32, u64), Status>>,
-    },
+pub(crate) enum Input {
+    /// An executor said hello on a new `Attach` stream. Answer: [`Reply::Hello`].
+    Hello(proto::Hello),
     /// An executor finished an assignment.
     Completion {
         slot: u32,
@@ -60,33 +54,106 @@ pub(crate) enum Event {
     StreamEnded { slot: u32, generation: u64 },
     /// The grace after a stream end passed without an exit report from the supervisor.
     StreamGraceOver { slot: u32, generation: u64 },
-    /// The supervisor (re)started a slot.
+    /// A message to an executor could not be queued: its stream is gone.
+    SendFailed { slot: u32, generation: u64 },
+    /// The supervisor (re)started a slot. Answer: [`Reply::SlotStarted`].
     SlotStarted(proto::SlotStarted),
     /// The supervisor reaped a slot's process.
     SlotExited(proto::SlotExited),
-    /// `ReloadAttempt`: which task may this caller read?
+    /// `ReloadAttempt`: which task may this caller read? Answer: [`Reply::Fence`].
     FenceTarget {
         credentials: proto::SlotCredentials,
         execution_id: String,
-        reply: oneshot::Sender<Result<String, Status>>,
     },
-    /// The poller wants to know how many tasks it may poll for (waits while none).
-    PollRequest { reply: oneshot::Sender<u32> },
+    /// The poller wants to know how many tasks it may poll for; answered by
+    /// [`Effect::GrantPoll`] as soon as a slot is free.
+    PollRequest,
     /// A poll returned.
     Polled { tasks: Vec<Value>, reserved: u32 },
     /// A poll failed; its reservation is released.
     PollFailed { reserved: u32 },
-    /// A result update finished (successfully or not).
+    /// A result update (or a hand-back, with `slot` and `next_task` empty) finished.
     UpdateDone {
         slot: Option<u32>,
         next_task: Option<Value>,
     },
-    /// Start draining.
-    Drain { reply: oneshot::Sender<bool> },
-    /// A status snapshot.
-    Status {
-        reply: oneshot::Sender<admin::StatusResponse>,
+    /// Conductor no longer has this execution's attempt in progress (read back after a lease
+    /// extension): it timed the attempt out or retried it elsewhere.
+    LeaseLost { execution_id: String },
+    /// Start draining. Answer: [`Reply::Drain`] (whether a drain was already under way).
+    Drain,
+    /// A status snapshot. Answer: [`Reply::Status`].
+    Status,
+}
+
+/// The machine's answer to the caller of an input that asks a question.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// Nothing to answer.
+    None,
+    /// The attach is accepted as (slot, generation), or refused.
+    Hello(Result<(u32, u64), Status>),
+    /// `SlotStarted` was taken, or refused (the supervisor acts on the refusal).
+    SlotStarted(Result<(), Status>),
+    /// The task id the caller may read back, or why not.
+    Fence(Result<String, Status>),
+    /// A drain was already under way.
+    Drain(bool),
+    /// The status snapshot.
+    Status(Box<admin::StatusResponse>),
+}
+
+/// A result update to deliver.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Report {
+    pub(crate) workflow_instance_id: String,
+    pub(crate) task_id: String,
+    pub(crate) execution_id: String,
+    pub(crate) result: RuntimeResult,
+    /// Through update-v2, whose answer may be the next task for `slot`.
+    pub(crate) use_v2: bool,
+    /// The slot waiting for update-v2's next task.
+    pub(crate) slot: Option<u32>,
+}
+
+/// What the actor must do after a transition, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Effect {
+    /// Queue a message on the stream of the slot's current generation; if that fails, feed
+    /// back [`Input::SendFailed`].
+    Send {
+        slot: u32,
+        generation: u64,
+        message: proto::BrokerMessage,
     },
+    /// Drop the slot's stream (the executor sees its end).
+    Detach { slot: u32 },
+    /// Start extending the lease of this execution's attempt.
+    StartLease {
+        execution_id: String,
+        attempt: Box<AttemptSnapshot>,
+    },
+    /// Stop extending a lease that no update will stop (the attempt was dropped).
+    StopLease { execution_id: String },
+    /// Deliver a result (the lease of `execution_id` stops once it is acknowledged).
+    Report(Box<Report>),
+    /// Give a task back to Conductor (IN_PROGRESS, `callbackAfterSeconds: 0`, v1).
+    HandBack(TaskRef),
+    /// Feed back [`Input::StreamGraceOver`] after a short grace.
+    ArmExitGrace { slot: u32, generation: u64 },
+    /// Answer the waiting poller: poll for this many tasks (0: stop polling).
+    GrantPoll(u32),
+    /// From now on every update goes through v1.
+    DisableV2,
+    /// The drain is complete: every executor detached, every result reported.
+    Drained,
+}
+
+/// The output of one transition.
+#[derive(Debug)]
+pub(crate) struct Output {
+    pub(crate) reply: Reply,
+    pub(crate) effects: Vec<Effect>,
 }
 
 #[derive(Debug)]
@@ -95,7 +162,6 @@ struct Running {
     attempt: AttemptSnapshot,
     dispatched_at: SystemTime,
     phase: proto::Phase,
-    lease: Option<tokio::task::AbortHandle>,
 }
 
 #[derive(Debug)]
@@ -113,28 +179,47 @@ struct Slot {
     generation: u64,
     token: String,
     pid: u32,
-    conn: Option<SlotSender>,
+    attached: bool,
     work: Work,
     stopping: bool,
     exited: bool,
 }
 
-/// The actor.
+impl Slot {
+    fn free(&self) -> bool {
+        self.attached && matches!(self.work, Work::Idle) && !self.stopping
+    }
+}
+
+/// A task received for which no slot was free yet: its lease runs until one is.
 #[derive(Debug)]
-pub(crate) struct Broker {
+struct Held {
+    execution_id: String,
+    attempt: AttemptSnapshot,
+}
+
+/// The state machine.
+#[derive(Debug)]
+pub(crate) struct Machine {
     task_name: String,
     broker_id: String,
     slots: Vec<Slot>,
+    held: VecDeque<Held>,
     draining: bool,
+    /// Tasks granted to the poll in flight.
     reserved: u32,
-    poll_waiters: VecDeque<oneshot::Sender<u32>>,
+    poll_wanted: bool,
+    /// The poller has been told to stop.
+    poll_stopped: bool,
     updates_in_flight: u32,
-    reporter: Reporter,
+    /// Whether completions go through update-v2 (shared with the reporter, which turns it
+    /// off when the server lacks update-v2).
+    v2: Arc<std::sync::atomic::AtomicBool>,
     counters: Arc<Counters>,
     gauges: Arc<Gauges>,
-    events: mpsc::Sender<Event>,
     started_at: SystemTime,
-    drained: Option<oneshot::Sender<()>>,
+    drained: bool,
+    effects: Vec<Effect>,
 }
 
 fn unix_ms(t: SystemTime) -> i64 {
@@ -151,20 +236,22 @@ fn same_secret(a: &str, b: &str) -> bool {
             == 0
 }
 
-impl Broker {
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one constructor call site, all fields named"
-    )]
+fn stop_message(reason: &str) -> proto::BrokerMessage {
+    proto::BrokerMessage {
+        message: Some(proto::broker_message::Message::Stop(proto::Stop {
+            reason: reason.to_owned(),
+        })),
+    }
+}
+
+impl Machine {
     pub(crate) fn new(
         task_name: String,
         prefix: &WorkerPrefix,
         slots: u32,
-        reporter: Reporter,
+        v2: Arc<std::sync::atomic::AtomicBool>,
         counters: Arc<Counters>,
         gauges: Arc<Gauges>,
-        events: mpsc::Sender<Event>,
-        drained: oneshot::Sender<()>,
         started_at: SystemTime,
     ) -> Self {
         gauges
@@ -177,7 +264,7 @@ impl Broker {
                 generation: 0,
                 token: String::new(),
                 pid: 0,
-                conn: None,
+                attached: false,
                 work: Work::Idle,
                 stopping: false,
                 exited: false,
@@ -187,62 +274,56 @@ impl Broker {
             task_name,
             broker_id: prefix.broker_id(),
             slots,
+            held: VecDeque::new(),
             draining: false,
             reserved: 0,
-            poll_waiters: VecDeque::new(),
+            poll_wanted: false,
+            poll_stopped: false,
             updates_in_flight: 0,
-            reporter,
+            v2,
             counters,
             gauges,
-            events,
             started_at,
-            drained: Some(drained),
+            drained: false,
+            effects: Vec::new(),
         }
     }
 
-    /// Runs until every event sender is gone.
-    pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<Event>) {
-        while let Some(event) = rx.recv().await {
-            self.handle(event);
-            self.answer_poll_waiters();
-            self.check_drained();
-            let busy = self
-                .slots
-                .iter()
-                .filter(|s| matches!(s.work, Work::Busy(_)))
-                .count() as u64;
-            self.gauges
-                .busy_slots
-                .store(busy, std::sync::atomic::Ordering::Relaxed);
-        }
+    /// The broker's own worker id (polls, hand-backs).
+    pub(crate) fn broker_id(&self) -> &str {
+        &self.broker_id
     }
 
-    fn slot_mut(&mut self, number: u32) -> Option<&mut Slot> {
-        self.slots
-            .get_mut(usize::try_from(number).ok()?.checked_sub(1)?)
-    }
-
-    fn free_slots(&self) -> u32 {
-        if self.draining {
-            return 0;
-        }
-        self.slots
+    /// One transition: the answer to `input` and the effects to perform, in order.
+    pub(crate) fn handle(&mut self, input: Input) -> Output {
+        let reply = self.step(input);
+        self.run_held();
+        self.settle_drain();
+        self.grant_poll();
+        self.check_drained();
+        let busy = self
+            .slots
             .iter()
-            .filter(|s| s.conn.is_some() && matches!(s.work, Work::Idle) && !s.stopping)
-            .count() as u32
+            .filter(|s| matches!(s.work, Work::Busy(_)))
+            .count() as u64;
+        self.gauges
+            .busy_slots
+            .store(busy, std::sync::atomic::Ordering::Relaxed);
+        Output {
+            reply,
+            effects: std::mem::take(&mut self.effects),
+        }
     }
 
-    fn handle(&mut self, event: Event) {
-        match event {
-            Event::Hello { hello, tx, reply } => {
-                let _ = reply.send(self.attach(hello, tx));
-            }
-            Event::Completion {
+    fn step(&mut self, input: Input) -> Reply {
+        match input {
+            Input::Hello(hello) => return Reply::Hello(self.attach(hello)),
+            Input::Completion {
                 slot,
                 generation,
                 completion,
             } => self.complete(slot, generation, completion),
-            Event::Progress {
+            Input::Progress {
                 slot,
                 generation,
                 progress,
@@ -256,12 +337,15 @@ impl Broker {
                         proto::Phase::try_from(progress.phase).unwrap_or(proto::Phase::Unspecified);
                 }
             }
-            Event::StreamEnded { slot, generation } => self.stream_ended(slot, generation),
-            Event::StreamGraceOver { slot, generation } => {
-                self.generation_gone(slot, generation, "attach stream closed")
+            Input::StreamEnded { slot, generation } => self.stream_ended(slot, generation),
+            Input::StreamGraceOver { slot, generation } => {
+                self.generation_gone(slot, generation, "attach stream closed");
             }
-            Event::SlotStarted(started) => self.slot_started(started),
-            Event::SlotExited(exited) => {
+            Input::SendFailed { slot, generation } => {
+                self.generation_gone(slot, generation, "its stream closed");
+            }
+            Input::SlotStarted(started) => return Reply::SlotStarted(self.slot_started(started)),
+            Input::SlotExited(exited) => {
                 let status = exited.status.clone();
                 if let Some(s) = self.slot_mut(exited.slot)
                     && s.generation == exited.generation
@@ -273,24 +357,21 @@ impl Broker {
                 }
                 self.generation_gone(exited.slot, exited.generation, &status);
             }
-            Event::FenceTarget {
+            Input::FenceTarget {
                 credentials,
                 execution_id,
-                reply,
-            } => {
-                let _ = reply.send(self.fence_target(&credentials, &execution_id));
-            }
-            Event::PollRequest { reply } => self.poll_waiters.push_back(reply),
-            Event::Polled { tasks, reserved } => {
+            } => return Reply::Fence(self.fence_target(&credentials, &execution_id)),
+            Input::PollRequest => self.poll_wanted = true,
+            Input::Polled { tasks, reserved } => {
                 self.reserved = self.reserved.saturating_sub(reserved);
                 for task in tasks {
-                    self.dispatch(task, None);
+                    self.receive(task, None);
                 }
             }
-            Event::PollFailed { reserved } => {
+            Input::PollFailed { reserved } => {
                 self.reserved = self.reserved.saturating_sub(reserved);
             }
-            Event::UpdateDone { slot, next_task } => {
+            Input::UpdateDone { slot, next_task } => {
                 self.updates_in_flight = self.updates_in_flight.saturating_sub(1);
                 let mut reserved_slot = None;
                 if let Some(n) = slot
@@ -301,21 +382,34 @@ impl Broker {
                     reserved_slot = Some(n);
                 }
                 if let Some(task) = next_task {
-                    self.dispatch(task, reserved_slot);
+                    self.receive(task, reserved_slot);
                 }
             }
-            Event::Drain { reply } => {
+            Input::LeaseLost { execution_id } => self.lease_lost(&execution_id),
+            Input::Drain => {
                 let already = self.draining;
                 self.start_drain();
-                let _ = reply.send(already);
+                return Reply::Drain(already);
             }
-            Event::Status { reply } => {
-                let _ = reply.send(self.status());
-            }
+            Input::Status => return Reply::Status(Box::new(self.status())),
         }
+        Reply::None
     }
 
-    fn attach(&mut self, hello: proto::Hello, tx: SlotSender) -> Result<(u32, u64), Status> {
+    fn slot_mut(&mut self, number: u32) -> Option<&mut Slot> {
+        self.slots
+            .get_mut(usize::try_from(number).ok()?.checked_sub(1)?)
+    }
+
+    fn send(&mut self, slot: u32, generation: u64, message: proto::BrokerMessage) {
+        self.effects.push(Effect::Send {
+            slot,
+            generation,
+            message,
+        });
+    }
+
+    fn attach(&mut self, hello: proto::Hello) -> Result<(u32, u64), Status> {
         if hello.protocol_version != proto::ProtocolVersion::ProtocolVersion1 as i32 {
             return Err(Status::failed_precondition(format!(
                 "protocol version {} is not supported; this broker speaks version 1",
@@ -325,7 +419,6 @@ impl Broker {
         let creds = hello
             .credentials
             .ok_or_else(|| Status::unauthenticated("hello without credentials"))?;
-        let draining = self.draining;
         let broker_id = self.broker_id.clone();
         let Some(slot) = self.slot_mut(creds.slot) else {
             return Err(Status::unauthenticated(format!(
@@ -353,7 +446,7 @@ impl Broker {
             );
             return Err(Status::unauthenticated("wrong slot token"));
         }
-        if slot.conn.is_some() {
+        if slot.attached {
             return Err(Status::already_exists(format!(
                 "generation {} of slot {} is already attached",
                 creds.generation, creds.slot
@@ -372,42 +465,25 @@ impl Broker {
                 broker_worker_id: broker_id,
             })),
         };
-        if tx.try_send(Ok(welcome)).is_err() {
-            return Err(Status::unavailable(
-                "the attach stream closed during the handshake",
-            ));
-        }
         slot.pid = hello.pid;
-        slot.conn = Some(tx);
+        slot.attached = true;
         slot.work = Work::Idle;
         slot.exited = false;
         tracing::info!(slot = slot.number, generation = slot.generation, worker_id = %slot.worker_id, pid = hello.pid, "executor attached");
-        if draining {
-            Self::send_stop(slot, "drain");
-        }
+        self.send(creds.slot, creds.generation, welcome);
         Ok((creds.slot, creds.generation))
     }
 
-    fn send_stop(slot: &mut Slot, reason: &str) {
-        slot.stopping = true;
-        if let Some(tx) = &slot.conn {
-            let stop = proto::BrokerMessage {
-                message: Some(proto::broker_message::Message::Stop(proto::Stop {
-                    reason: reason.to_owned(),
-                })),
-            };
-            let _ = tx.try_send(Ok(stop));
-        }
-    }
-
-    fn slot_started(&mut self, started: proto::SlotStarted) {
+    fn slot_started(&mut self, started: proto::SlotStarted) -> Result<(), Status> {
         let number = started.slot;
         let Some(slot) = self.slot_mut(number) else {
             tracing::warn!(
                 slot = number,
                 "SlotStarted for a slot this broker does not have"
             );
-            return;
+            return Err(Status::not_found(format!(
+                "this broker has no slot {number}"
+            )));
         };
         if started.generation <= slot.generation {
             tracing::warn!(
@@ -416,51 +492,50 @@ impl Broker {
                 current = slot.generation,
                 "ignored SlotStarted of an old generation"
             );
-            return;
+            return Err(Status::failed_precondition(format!(
+                "generation {} of slot {number} is not newer than the current {}",
+                started.generation, slot.generation
+            )));
         }
+        // The old generation is gone first (its assignment failed and reported, its stream
+        // dropped): only then does the new one take the slot.
         let previous = slot.generation;
+        self.generation_gone(number, previous, "replaced by a new generation");
+        let slot = self.slot_mut(number).expect("checked above");
         slot.generation = started.generation;
         slot.token = started.token;
         slot.pid = started.pid;
         slot.stopping = false;
         slot.exited = false;
-        // A newer generation supersedes whatever the old one was doing.
-        self.generation_gone(number, previous, "replaced by a new generation");
-        if let Some(slot) = self.slot_mut(number) {
-            slot.conn = None;
-        }
+        slot.attached = false;
+        slot.work = Work::Idle;
+        Ok(())
     }
 
     /// The executor's stream ended. An idle slot is simply detached; a busy one waits a moment
     /// for the supervisor's exit report, whose status makes a better failure reason.
     fn stream_ended(&mut self, number: u32, generation: u64) {
-        let events = self.events.clone();
         let Some(slot) = self.slot_mut(number) else {
             return;
         };
-        if slot.generation != generation || slot.conn.is_none() {
+        if slot.generation != generation || !slot.attached {
             return;
         }
         if !matches!(slot.work, Work::Busy(_)) {
             self.generation_gone(number, generation, "attach stream closed");
             return;
         }
-        slot.conn = None;
-        tokio::spawn(async move {
-            tokio::time::sleep(EXIT_REPORT_GRACE).await;
-            let _ = events
-                .send(Event::StreamGraceOver {
-                    slot: number,
-                    generation,
-                })
-                .await;
+        slot.attached = false;
+        self.effects.push(Effect::Detach { slot: number });
+        self.effects.push(Effect::ArmExitGrace {
+            slot: number,
+            generation,
         });
     }
 
     /// A generation is gone (stream end, exit report or replacement): fail its assignment.
     /// Idempotent: the second report finds nothing to do.
     fn generation_gone(&mut self, number: u32, generation: u64, how: &str) {
-        let counters = Arc::clone(&self.counters);
         let draining = self.draining;
         let Some(slot) = self.slot_mut(number) else {
             return;
@@ -468,14 +543,18 @@ impl Broker {
         if slot.generation != generation || generation == 0 {
             return;
         }
-        let was_attached = slot.conn.take().is_some() || matches!(slot.work, Work::Busy(_));
+        let had_stream = std::mem::replace(&mut slot.attached, false);
+        let was_attached = had_stream || matches!(slot.work, Work::Busy(_));
         let work = std::mem::replace(&mut slot.work, Work::Idle);
         let worker_id = slot.worker_id.clone();
         let pid = slot.pid;
+        if had_stream {
+            self.effects.push(Effect::Detach { slot: number });
+        }
         if was_attached {
             tracing::info!(slot = number, generation, worker_id = %worker_id, "executor detached: {how}");
             if !draining {
-                counters.executor_exits.inc();
+                self.counters.executor_exits.inc();
             }
         }
         if let Work::Busy(run) = work {
@@ -511,8 +590,7 @@ impl Broker {
 
     fn complete(&mut self, number: u32, generation: u64, completion: proto::Completion) {
         let counters = Arc::clone(&self.counters);
-        let draining = self.draining;
-        let v2 = !draining && self.reporter.v2_enabled();
+        let v2 = !self.draining && self.v2.load(std::sync::atomic::Ordering::Relaxed);
         let Some(slot) = self.slot_mut(number) else {
             return;
         };
@@ -555,36 +633,37 @@ impl Broker {
 
     fn report(&mut self, slot: Option<u32>, run: Running, result: RuntimeResult, v2: bool) {
         self.updates_in_flight += 1;
-        let update = Update {
+        self.effects.push(Effect::Report(Box::new(Report {
             workflow_instance_id: run.attempt.workflow_instance_id,
             task_id: run.attempt.task_id,
             execution_id: run.execution_id,
             result,
             use_v2: v2,
-            lease: run.lease,
             slot,
-        };
-        self.reporter.spawn(update, self.events.clone());
+        })));
     }
 
-    /// Hands a task the broker will not run back to Conductor, re-queued without spending a
-    /// retry (IN_PROGRESS with `callbackAfterSeconds: 0`, always through v1).
-    fn hand_back(&mut self, task: &Value, why: &str) {
-        let Ok(ids) = task_ref(task) else {
-            tracing::warn!("dropped a task without taskId/workflowInstanceId: {why}");
-            return;
-        };
-        tracing::info!(task_id = %ids.task_id, "handing a task back to Conductor: {why}");
+    /// Hands a task the broker cannot run back to Conductor, re-queued without spending a
+    /// retry. Its `startTime` stays, so the task's `timeoutSeconds` keeps running.
+    fn hand_back(&mut self, ids: TaskRef, why: &str) {
+        tracing::warn!(task_id = %ids.task_id, "handing a task back to Conductor: {why}; its timeout keeps running from its first start");
         self.updates_in_flight += 1;
-        self.reporter
-            .spawn_hand_back(ids, self.broker_id.clone(), self.events.clone());
+        self.effects.push(Effect::HandBack(ids));
     }
 
-    fn dispatch(&mut self, task: Value, preferred: Option<u32>) {
-        if self.draining {
-            self.hand_back(&task, "draining");
-            return;
-        }
+    /// Tasks received or held now, free slots excluded.
+    fn tasks_held(&self) -> usize {
+        self.held.len()
+            + self
+                .slots
+                .iter()
+                .filter(|s| !matches!(s.work, Work::Idle))
+                .count()
+    }
+
+    /// A task arrived (from a poll or update-v2): run it on a free slot (`preferred` first),
+    /// else hold it while fewer than N tasks are held, else hand it back.
+    fn receive(&mut self, task: Value, preferred: Option<u32>) {
         let attempt = match AttemptSnapshot::from_conductor(&task) {
             Ok(a) => a,
             Err(AttemptError::Unidentifiable { field }) => {
@@ -600,33 +679,57 @@ impl Broker {
                 let result =
                     RuntimeResult::failed(self.broker_id.clone(), Reason::new(e.to_string()));
                 self.updates_in_flight += 1;
-                self.reporter.spawn(
-                    Update {
-                        workflow_instance_id: ids.workflow_instance_id,
-                        task_id: ids.task_id,
-                        execution_id: String::from("-"),
-                        result,
-                        use_v2: false,
-                        lease: None,
-                        slot: None,
-                    },
-                    self.events.clone(),
-                );
+                self.effects.push(Effect::Report(Box::new(Report {
+                    workflow_instance_id: ids.workflow_instance_id,
+                    task_id: ids.task_id,
+                    execution_id: String::from("-"),
+                    result,
+                    use_v2: false,
+                    slot: None,
+                })));
                 return;
             }
         };
-        let free = |s: &Slot| s.conn.is_some() && matches!(s.work, Work::Idle) && !s.stopping;
+        let execution_id = uuid::Uuid::new_v4().to_string();
         let index = preferred
             .and_then(|n| usize::try_from(n).ok()?.checked_sub(1))
-            .filter(|&i| self.slots.get(i).is_some_and(free))
-            .or_else(|| self.slots.iter().position(free));
-        let Some(index) = index else {
-            // More tasks than requested (a server may return more than `count`).
-            self.hand_back(&task, "no free slot");
+            .filter(|&i| self.slots.get(i).is_some_and(Slot::free))
+            .or_else(|| self.slots.iter().position(Slot::free));
+        if let Some(index) = index {
+            self.effects.push(Effect::StartLease {
+                execution_id: execution_id.clone(),
+                attempt: Box::new(attempt.clone()),
+            });
+            self.assign(index, execution_id, attempt);
             return;
+        }
+        let can_run_later = !self.draining || self.slots.iter().any(|s| s.attached && !s.stopping);
+        if self.tasks_held() < self.slots.len() && can_run_later {
+            tracing::info!(task_id = %attempt.task_id, execution_id = %execution_id, "holding a task until a slot is free; its lease is extended meanwhile");
+            self.effects.push(Effect::StartLease {
+                execution_id: execution_id.clone(),
+                attempt: Box::new(attempt.clone()),
+            });
+            self.held.push_back(Held {
+                execution_id,
+                attempt,
+            });
+            return;
+        }
+        let ids = TaskRef {
+            task_id: attempt.task_id,
+            workflow_instance_id: attempt.workflow_instance_id,
         };
-        let execution_id = uuid::Uuid::new_v4().to_string();
-        let lease = self.reporter.spawn_lease(&attempt, &execution_id);
+        let why = if can_run_later {
+            "more tasks than slots"
+        } else {
+            "draining and no executor left to run it"
+        };
+        self.hand_back(ids, why);
+    }
+
+    /// Sends an assignment to slot `index` (free, checked by the caller).
+    fn assign(&mut self, index: usize, execution_id: String, attempt: AttemptSnapshot) {
         let slot = &mut self.slots[index];
         let message = proto::BrokerMessage {
             message: Some(proto::broker_message::Message::Assignment(
@@ -642,42 +745,65 @@ impl Broker {
             response_timeout_seconds = attempt.response_timeout_seconds.unwrap_or(0),
             "dispatched"
         );
-        let sent = slot
-            .conn
-            .as_ref()
-            .is_some_and(|tx| tx.try_send(Ok(message)).is_ok());
         slot.work = Work::Busy(Box::new(Running {
             execution_id,
             attempt,
             dispatched_at: SystemTime::now(),
             phase: proto::Phase::Unspecified,
-            lease,
         }));
+        let (number, generation) = (slot.number, slot.generation);
         self.counters.dispatched.inc();
-        if !sent {
-            let (number, generation) = (slot.number, slot.generation);
-            self.generation_gone(number, generation, "assignment could not be sent");
+        self.send(number, generation, message);
+    }
+
+    /// Held tasks take free slots first, in arrival order.
+    fn run_held(&mut self) {
+        while !self.held.is_empty() {
+            let Some(index) = self.slots.iter().position(Slot::free) else {
+                return;
+            };
+            let held = self.held.pop_front().expect("not empty");
+            self.assign(index, held.execution_id, held.attempt);
         }
     }
 
-    fn answer_poll_waiters(&mut self) {
-        while let Some(waiter) = self.poll_waiters.front() {
-            if waiter.is_closed() {
-                self.poll_waiters.pop_front();
-                continue;
+    fn lease_lost(&mut self, execution_id: &str) {
+        if let Some(i) = self
+            .held
+            .iter()
+            .position(|h| h.execution_id == execution_id)
+        {
+            let held = self.held.remove(i).expect("index from position");
+            tracing::warn!(task_id = %held.attempt.task_id, execution_id, "dropped a held task: Conductor no longer has its attempt in progress");
+            return;
+        }
+        // A running attempt goes on: a workspace task's fence stops it from publishing, and
+        // Conductor ignores the late result.
+        tracing::warn!(
+            execution_id,
+            "the lease of a running execution is lost; its result will be ignored by Conductor"
+        );
+    }
+
+    fn grant_poll(&mut self) {
+        if !self.poll_wanted {
+            return;
+        }
+        if self.draining {
+            if !self.poll_stopped {
+                self.poll_wanted = false;
+                self.poll_stopped = true;
+                self.effects.push(Effect::GrantPoll(0));
             }
-            if self.draining {
-                let _ = self.poll_waiters.pop_front().expect("front exists").send(0);
-                continue;
-            }
-            let available = self.free_slots().saturating_sub(self.reserved);
-            if available == 0 {
-                return;
-            }
-            let waiter = self.poll_waiters.pop_front().expect("front exists");
-            if waiter.send(available).is_ok() {
-                self.reserved += available;
-            }
+            return;
+        }
+        let free = self.slots.iter().filter(|s| s.free()).count() as u32;
+        let held = u32::try_from(self.held.len()).unwrap_or(u32::MAX);
+        let available = free.saturating_sub(self.reserved).saturating_sub(held);
+        if available > 0 {
+            self.poll_wanted = false;
+            self.reserved += available;
+            self.effects.push(Effect::GrantPoll(available));
         }
     }
 
@@ -689,23 +815,71 @@ impl Broker {
         tracing::info!(
             "draining: polling stops; idle executors are told to stop, busy ones finish first"
         );
-        self.reporter.disable_v2();
-        for slot in &mut self.slots {
-            Self::send_stop(slot, "drain");
+        self.effects.push(Effect::DisableV2);
+        // Busy slots are told now (they finish their assignment, then exit); idle ones once
+        // nothing is left for them to run (see `settle_drain`). A slot awaiting update-v2's
+        // next task is idle to its executor: it is told once that task has run or not come.
+        for i in 0..self.slots.len() {
+            if matches!(self.slots[i].work, Work::Busy(_)) {
+                self.stop_slot(i);
+            }
+        }
+    }
+
+    fn stop_slot(&mut self, index: usize) {
+        let slot = &mut self.slots[index];
+        if slot.stopping {
+            return;
+        }
+        slot.stopping = true;
+        if slot.attached {
+            let (number, generation) = (slot.number, slot.generation);
+            self.send(number, generation, stop_message("drain"));
+        }
+    }
+
+    /// While draining: once no poll is in flight and nothing is held, every idle slot is told
+    /// to stop; held tasks no executor can run any more are handed back.
+    fn settle_drain(&mut self) {
+        if !self.draining || self.reserved > 0 {
+            return;
+        }
+        if !self.held.is_empty() {
+            let runnable = self.slots.iter().any(|s| s.attached && !s.stopping);
+            if runnable {
+                return;
+            }
+            while let Some(held) = self.held.pop_front() {
+                self.effects.push(Effect::StopLease {
+                    execution_id: held.execution_id,
+                });
+                let ids = TaskRef {
+                    task_id: held.attempt.task_id,
+                    workflow_instance_id: held.attempt.workflow_instance_id,
+                };
+                self.hand_back(ids, "draining and no executor left to run it");
+            }
+        }
+        for i in 0..self.slots.len() {
+            if matches!(self.slots[i].work, Work::Idle) {
+                self.stop_slot(i);
+            }
         }
     }
 
     fn check_drained(&mut self) {
-        if !self.draining || self.updates_in_flight > 0 {
+        if !self.draining || self.drained || self.updates_in_flight > 0 || self.reserved > 0 {
             return;
         }
-        let quiet = self
-            .slots
-            .iter()
-            .all(|s| s.conn.is_none() && matches!(s.work, Work::Idle));
-        if quiet && let Some(done) = self.drained.take() {
+        let quiet = self.held.is_empty()
+            && self
+                .slots
+                .iter()
+                .all(|s| !s.attached && matches!(s.work, Work::Idle));
+        if quiet {
             tracing::info!("drained: every executor detached and every result reported");
-            let _ = done.send(());
+            self.drained = true;
+            self.effects.push(Effect::Drained);
         }
     }
 
@@ -714,12 +888,12 @@ impl Broker {
             .slots
             .iter()
             .map(|s| {
-                let state = match (&s.conn, &s.work) {
-                    (None, _) if s.exited => admin::SlotState::Exited,
-                    (None, _) => admin::SlotState::Waiting,
-                    (Some(_), _) if s.stopping => admin::SlotState::Stopping,
-                    (Some(_), Work::Busy(_) | Work::AwaitingNext) => admin::SlotState::Busy,
-                    (Some(_), Work::Idle) => admin::SlotState::Idle,
+                let state = match (s.attached, &s.work) {
+                    (false, _) if s.exited => admin::SlotState::Exited,
+                    (false, _) => admin::SlotState::Waiting,
+                    (true, _) if s.stopping => admin::SlotState::Stopping,
+                    (true, Work::Busy(_) | Work::AwaitingNext) => admin::SlotState::Busy,
+                    (true, Work::Idle) => admin::SlotState::Idle,
                 };
                 let (task_id, execution_id, since, phase) = match &s.work {
                     Work::Busy(run) => (
@@ -771,3 +945,7 @@ pub(crate) fn phase_name(phase: proto::Phase) -> &'static str {
         proto::Phase::Reporting => "reporting",
     }
 }
+
+#[cfg(test)]
+#[path = "state_tests.rs"]
+mod tests;

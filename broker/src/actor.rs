@@ -1,0 +1,267 @@
+//! The actor around the broker's state machine: services, the poller and the reporters send it
+//! [`Event`]s; it feeds them to [`Machine::handle`], answers the caller, and carries out the
+//! effects — the only place that holds the executors' streams, the lease extenders and the
+//! poller's pending request.
+
+use crate::{
+    report::{Reporter, Update},
+    state::{Effect, Input, Machine, Reply},
+};
+use perago_proto::{admin::v1 as admin, slot::v1 as proto};
+use serde_json::Value;
+use std::{collections::HashMap, time::Duration};
+use tokio::{
+    sync::{mpsc, oneshot},
+    task::AbortHandle,
+};
+use tonic::Status;
+
+/// After a busy executor's stream ends, how long to wait for the supervisor's exit report
+/// before failing the assignment without an exit status.
+const EXIT_REPORT_GRACE: Duration = Duration::from_millis(500);
+
+/// Messages to one executor's `Attach` response stream.
+pub(crate) type SlotSender = mpsc::Sender<Result<proto::BrokerMessage, Status>>;
+
+/// Everything the actor reacts to; the inputs of the machine, with the channels that carry
+/// the answers back.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// An executor said hello on a new `Attach` stream.
+    Hello {
+        hello: proto::Hello,
+        tx: SlotSender,
+        reply: oneshot::Sender<Result<(u32, u64), Status>>,
+    },
+    /// A message of an attached executor, or the end of its stream.
+    Slot(Input),
+    /// The supervisor (re)started a slot.
+    SlotStarted {
+        started: proto::SlotStarted,
+        reply: oneshot::Sender<Result<(), Status>>,
+    },
+    /// `ReloadAttempt`: which task may this caller read?
+    FenceTarget {
+        credentials: proto::SlotCredentials,
+        execution_id: String,
+        reply: oneshot::Sender<Result<String, Status>>,
+    },
+    /// The poller wants to know how many tasks it may poll for (waits while none).
+    PollRequest { reply: oneshot::Sender<u32> },
+    /// Start draining.
+    Drain { reply: oneshot::Sender<bool> },
+    /// A status snapshot.
+    Status {
+        reply: oneshot::Sender<admin::StatusResponse>,
+    },
+}
+
+impl Event {
+    /// A poll returned.
+    pub(crate) fn polled(tasks: Vec<Value>, reserved: u32) -> Self {
+        Self::Slot(Input::Polled { tasks, reserved })
+    }
+}
+
+/// The actor: the machine plus what its effects act on.
+pub(crate) struct Actor {
+    machine: Machine,
+    /// Per slot (index = slot − 1): the generation attached and its stream.
+    conns: Vec<Option<(u64, SlotSender)>>,
+    leases: HashMap<String, AbortHandle>,
+    poll_reply: Option<oneshot::Sender<u32>>,
+    reporter: Reporter,
+    events: mpsc::Sender<Event>,
+    drained: Option<oneshot::Sender<()>>,
+}
+
+impl Actor {
+    pub(crate) fn new(
+        machine: Machine,
+        slots: u32,
+        reporter: Reporter,
+        events: mpsc::Sender<Event>,
+        drained: oneshot::Sender<()>,
+    ) -> Self {
+        Self {
+            machine,
+            conns: (0..slots).map(|_| None).collect(),
+            leases: HashMap::new(),
+            poll_reply: None,
+            reporter,
+            events,
+            drained: Some(drained),
+        }
+    }
+
+    /// Runs until every event sender is gone.
+    pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<Event>) {
+        while let Some(event) = rx.recv().await {
+            self.on_event(event);
+        }
+        for (_, lease) in self.leases.drain() {
+            lease.abort();
+        }
+    }
+
+    fn on_event(&mut self, event: Event) {
+        match event {
+            Event::Hello { hello, tx, reply } => {
+                let out = self.machine.handle(Input::Hello(hello));
+                let Reply::Hello(answer) = out.reply else {
+                    unreachable!("Hello is answered with Reply::Hello");
+                };
+                if let Ok((slot, generation)) = &answer
+                    && let Some(conn) = self.conn_mut(*slot)
+                {
+                    *conn = Some((*generation, tx));
+                }
+                let _ = reply.send(answer);
+                self.perform(out.effects);
+            }
+            Event::Slot(input) => {
+                let out = self.machine.handle(input);
+                self.perform(out.effects);
+            }
+            Event::SlotStarted { started, reply } => {
+                let out = self.machine.handle(Input::SlotStarted(started));
+                if let Reply::SlotStarted(answer) = out.reply {
+                    let _ = reply.send(answer);
+                }
+                self.perform(out.effects);
+            }
+            Event::FenceTarget {
+                credentials,
+                execution_id,
+                reply,
+            } => {
+                let out = self.machine.handle(Input::FenceTarget {
+                    credentials,
+                    execution_id,
+                });
+                if let Reply::Fence(answer) = out.reply {
+                    let _ = reply.send(answer);
+                }
+                self.perform(out.effects);
+            }
+            Event::PollRequest { reply } => {
+                self.poll_reply = Some(reply);
+                let out = self.machine.handle(Input::PollRequest);
+                self.perform(out.effects);
+            }
+            Event::Drain { reply } => {
+                let out = self.machine.handle(Input::Drain);
+                if let Reply::Drain(already) = out.reply {
+                    let _ = reply.send(already);
+                }
+                self.perform(out.effects);
+            }
+            Event::Status { reply } => {
+                let out = self.machine.handle(Input::Status);
+                if let Reply::Status(status) = out.reply {
+                    let _ = reply.send(*status);
+                }
+                self.perform(out.effects);
+            }
+        }
+    }
+
+    fn conn_mut(&mut self, slot: u32) -> Option<&mut Option<(u64, SlotSender)>> {
+        self.conns
+            .get_mut(usize::try_from(slot).ok()?.checked_sub(1)?)
+    }
+
+    /// Carries out effects in order; an effect that fails feeds its input back at once.
+    fn perform(&mut self, effects: Vec<Effect>) {
+        let mut queue = std::collections::VecDeque::from(effects);
+        while let Some(effect) = queue.pop_front() {
+            if let Some(feedback) = self.perform_one(effect) {
+                queue.extend(self.machine.handle(feedback).effects);
+            }
+        }
+    }
+
+    fn perform_one(&mut self, effect: Effect) -> Option<Input> {
+        match effect {
+            Effect::Send {
+                slot,
+                generation,
+                message,
+            } => {
+                let sent = self.conn_mut(slot).is_some_and(|conn| {
+                    matches!(conn, Some((g, tx)) if *g == generation && tx.try_send(Ok(message)).is_ok())
+                });
+                if !sent {
+                    return Some(Input::SendFailed { slot, generation });
+                }
+            }
+            Effect::Detach { slot } => {
+                if let Some(conn) = self.conn_mut(slot) {
+                    *conn = None;
+                }
+            }
+            Effect::StartLease {
+                execution_id,
+                attempt,
+            } => {
+                if let Some(lease) =
+                    self.reporter
+                        .spawn_lease(&attempt, &execution_id, self.events.clone())
+                {
+                    self.leases.insert(execution_id, lease);
+                }
+            }
+            Effect::StopLease { execution_id } => {
+                if let Some(lease) = self.leases.remove(&execution_id) {
+                    lease.abort();
+                }
+            }
+            Effect::Report(report) => {
+                let lease = self.leases.remove(&report.execution_id);
+                let update = Update {
+                    workflow_instance_id: report.workflow_instance_id,
+                    task_id: report.task_id,
+                    execution_id: report.execution_id,
+                    result: report.result,
+                    use_v2: report.use_v2,
+                    lease,
+                    slot: report.slot,
+                };
+                self.reporter.spawn(update, self.events.clone());
+            }
+            Effect::HandBack(ids) => {
+                self.reporter.spawn_hand_back(
+                    ids,
+                    self.machine.broker_id().to_owned(),
+                    self.events.clone(),
+                );
+            }
+            Effect::ArmExitGrace { slot, generation } => {
+                let events = self.events.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(EXIT_REPORT_GRACE).await;
+                    let _ = events
+                        .send(Event::Slot(Input::StreamGraceOver { slot, generation }))
+                        .await;
+                });
+            }
+            Effect::GrantPoll(count) => {
+                // A poller that went away cannot poll: its grant is released.
+                let taken = self
+                    .poll_reply
+                    .take()
+                    .is_some_and(|reply| reply.send(count).is_ok());
+                if !taken && count > 0 {
+                    return Some(Input::PollFailed { reserved: count });
+                }
+            }
+            Effect::DisableV2 => self.reporter.disable_v2(),
+            Effect::Drained => {
+                if let Some(done) = self.drained.take() {
+                    let _ = done.send(());
+                }
+            }
+        }
+        None
+    }
+}

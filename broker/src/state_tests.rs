@@ -1,0 +1,771 @@
+//! The broker's state machine driven step by step: each test feeds inputs and checks the
+//! effects and answers, with no process, socket or server.
+
+use super::*;
+use perago_core::result::{Outcome, ResultStatus};
+use serde_json::json;
+use std::sync::atomic::AtomicBool;
+
+const TOKEN: &str = "secret-token";
+
+struct Harness {
+    m: Machine,
+    counters: Arc<Counters>,
+}
+
+fn task(id: &str) -> Value {
+    json!({
+        "taskType": "t", "taskDefName": "t", "status": "IN_PROGRESS",
+        "inputData": {"params": {}}, "referenceTaskName": "t_ref",
+        "retryCount": 0, "seq": 1, "workflowInstanceId": format!("wf-{id}"),
+        "taskId": id, "responseTimeoutSeconds": 10
+    })
+}
+
+impl Harness {
+    fn new(slots: u32, v2: bool) -> Self {
+        let counters = Arc::new(Counters::default());
+        let m = Machine::new(
+            "t".into(),
+            &WorkerPrefix::derive("t").unwrap(),
+            slots,
+            Arc::new(AtomicBool::new(v2)),
+            Arc::clone(&counters),
+            Arc::new(Gauges::default()),
+            SystemTime::now(),
+        );
+        Self { m, counters }
+    }
+
+    fn go(&mut self, input: Input) -> Vec<Effect> {
+        self.m.handle(input).effects
+    }
+
+    fn started(&mut self, slot: u32, generation: u64) -> Result<(), Status> {
+        let out = self.m.handle(Input::SlotStarted(proto::SlotStarted {
+            slot,
+            generation,
+            token: format!("{TOKEN}-{generation}"),
+            pid: 0,
+        }));
+        match out.reply {
+            Reply::SlotStarted(r) => r,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn hello(&mut self, slot: u32, generation: u64) -> (Result<(u32, u64), Status>, Vec<Effect>) {
+        let out = self.m.handle(Input::Hello(proto::Hello {
+            protocol_version: proto::ProtocolVersion::ProtocolVersion1 as i32,
+            credentials: Some(proto::SlotCredentials {
+                slot,
+                generation,
+                token: format!("{TOKEN}-{generation}"),
+            }),
+            pid: 1000 + slot,
+            worker_id: String::new(),
+        }));
+        match out.reply {
+            Reply::Hello(r) => (r, out.effects),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Starts and attaches generation 1 of slots 1..=n.
+    fn up(&mut self, n: u32) {
+        for slot in 1..=n {
+            self.started(slot, 1).unwrap();
+            let (r, _) = self.hello(slot, 1);
+            r.unwrap();
+        }
+    }
+
+    /// Polls and returns the grant.
+    fn poll(&mut self) -> Option<u32> {
+        grant(&self.go(Input::PollRequest))
+    }
+
+    /// Polls once and delivers `tasks`; returns the effects of the delivery.
+    fn deliver(&mut self, tasks: &[&str]) -> Vec<Effect> {
+        let granted = self.poll().expect("a grant");
+        assert!(granted as usize >= tasks.len(), "granted {granted}");
+        self.go(Input::Polled {
+            tasks: tasks.iter().map(|id| task(id)).collect(),
+            reserved: granted,
+        })
+    }
+
+    fn complete(
+        &mut self,
+        slot: u32,
+        generation: u64,
+        task_id: &str,
+        execution_id: &str,
+    ) -> Vec<Effect> {
+        self.go(Input::Completion {
+            slot,
+            generation,
+            completion: proto::Completion {
+                task_id: task_id.into(),
+                execution_id: execution_id.into(),
+                result: Some(proto::TaskResult {
+                    outcome: Some(proto::task_result::Outcome::Completed(proto::Completed {
+                        output_json: r#"{"result":{}}"#.into(),
+                    })),
+                    worker_id: format!("t{slot:04}"),
+                }),
+            },
+        })
+    }
+
+    fn status(&mut self) -> admin::StatusResponse {
+        match self.m.handle(Input::Status).reply {
+            Reply::Status(s) => *s,
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+fn grant(effects: &[Effect]) -> Option<u32> {
+    effects.iter().find_map(|e| match e {
+        Effect::GrantPoll(n) => Some(*n),
+        _ => None,
+    })
+}
+
+/// (slot, execution id, task id) of every assignment sent.
+fn assignments(effects: &[Effect]) -> Vec<(u32, String, String)> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Send {
+                slot,
+                message:
+                    proto::BrokerMessage {
+                        message: Some(proto::broker_message::Message::Assignment(a)),
+                    },
+                ..
+            } => Some((
+                *slot,
+                a.execution_id.clone(),
+                a.attempt.as_ref().unwrap().task_id.clone(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+fn stops(effects: &[Effect]) -> Vec<u32> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Send {
+                slot,
+                message:
+                    proto::BrokerMessage {
+                        message: Some(proto::broker_message::Message::Stop(_)),
+                    },
+                ..
+            } => Some(*slot),
+            _ => None,
+        })
+        .collect()
+}
+
+fn reports(effects: &[Effect]) -> Vec<Report> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Report(r) => Some((**r).clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn hand_backs(effects: &[Effect]) -> Vec<String> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::HandBack(ids) => Some(ids.task_id.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn reason(report: &Report) -> String {
+    match report.result.outcome() {
+        Outcome::Failed(r) | Outcome::FailedTerminal(r) => r.as_str().to_owned(),
+        Outcome::Completed(_) => String::new(),
+    }
+}
+
+#[test]
+fn attach_needs_the_current_generation_and_its_token() {
+    let mut h = Harness::new(1, true);
+    // Before the supervisor announced the slot, nothing attaches.
+    assert_eq!(
+        h.hello(1, 1).0.unwrap_err().code(),
+        tonic::Code::Unauthenticated
+    );
+    h.started(1, 1).unwrap();
+    let (ok, effects) = h.hello(1, 1);
+    assert_eq!(ok.unwrap(), (1, 1));
+    assert!(
+        matches!(
+            &effects[..],
+            [
+                Effect::Send {
+                    slot: 1,
+                    generation: 1,
+                    message: proto::BrokerMessage {
+                        message: Some(proto::broker_message::Message::Welcome(_))
+                    }
+                },
+                ..
+            ]
+        ),
+        "{effects:?}"
+    );
+    assert_eq!(
+        h.hello(1, 1).0.unwrap_err().code(),
+        tonic::Code::AlreadyExists
+    );
+    h.started(1, 2).unwrap();
+    assert_eq!(
+        h.hello(1, 1).0.unwrap_err().code(),
+        tonic::Code::Unauthenticated
+    );
+    let bad = h.m.handle(Input::Hello(proto::Hello {
+        protocol_version: proto::ProtocolVersion::ProtocolVersion1 as i32,
+        credentials: Some(proto::SlotCredentials {
+            slot: 1,
+            generation: 2,
+            token: "wrong".into(),
+        }),
+        pid: 1,
+        worker_id: String::new(),
+    }));
+    assert!(matches!(bad.reply, Reply::Hello(Err(s)) if s.message() == "wrong slot token"));
+}
+
+#[test]
+fn polls_ask_for_free_slots_and_assignments_go_to_them() {
+    let mut h = Harness::new(2, true);
+    assert_eq!(h.poll(), None, "no slot attached: no poll");
+    h.started(1, 1).unwrap();
+    let (_, effects) = h.hello(1, 1);
+    assert_eq!(
+        grant(&effects),
+        Some(1),
+        "the waiting poll is granted once a slot attaches"
+    );
+    h.go(Input::Polled {
+        tasks: vec![],
+        reserved: 1,
+    });
+    h.started(2, 1).unwrap();
+    h.hello(2, 1).0.unwrap();
+    let effects = h.deliver(&[]);
+    assert!(assignments(&effects).is_empty());
+    let effects = h.deliver(&["a", "b"]);
+    let sent = assignments(&effects);
+    assert_eq!(sent.len(), 2, "{effects:?}");
+    assert_eq!(sent[0].2, "a");
+    assert_ne!(sent[0].1, sent[1].1, "fresh execution ids");
+    assert_eq!(
+        effects
+            .iter()
+            .filter(|e| matches!(e, Effect::StartLease { .. }))
+            .count(),
+        2
+    );
+    assert_eq!(h.poll(), None, "every slot busy: no poll");
+    assert_eq!(h.counters.dispatched.get(), 2);
+}
+
+#[test]
+fn a_completion_must_name_the_current_assignment() {
+    let mut h = Harness::new(1, false);
+    h.up(1);
+    let (_, execution, _) = assignments(&h.deliver(&["a"])).remove(0);
+    // Wrong execution id, wrong task id, old generation: refused, nothing reported.
+    assert!(reports(&h.complete(1, 1, "a", "other")).is_empty());
+    assert!(reports(&h.complete(1, 1, "b", &execution)).is_empty());
+    assert!(reports(&h.complete(1, 0, "a", &execution)).is_empty());
+    assert_eq!(h.counters.rejected_completions.get(), 3);
+    let done = reports(&h.complete(1, 1, "a", &execution));
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].result.status(), ResultStatus::Completed);
+    assert!(!done[0].use_v2);
+    // The same completion again is now stale.
+    assert!(reports(&h.complete(1, 1, "a", &execution)).is_empty());
+    assert_eq!(h.poll(), Some(1), "v1: the slot is free at once");
+}
+
+#[test]
+fn update_v2_keeps_the_slot_for_the_next_task() {
+    let mut h = Harness::new(1, true);
+    h.up(1);
+    let (_, execution, _) = assignments(&h.deliver(&["a"])).remove(0);
+    let done = reports(&h.complete(1, 1, "a", &execution));
+    assert!(done[0].use_v2);
+    assert_eq!(done[0].slot, Some(1));
+    assert_eq!(h.poll(), None, "reserved for update-v2's next task");
+    let effects = h.go(Input::UpdateDone {
+        slot: Some(1),
+        next_task: Some(task("b")),
+    });
+    let sent = assignments(&effects);
+    assert_eq!((sent[0].0, sent[0].2.as_str()), (1, "b"));
+}
+
+#[test]
+fn exit_report_then_stream_end_fail_the_assignment_once() {
+    let mut h = Harness::new(1, true);
+    h.up(1);
+    let (_, execution, _) = assignments(&h.deliver(&["a"])).remove(0);
+    let effects = h.go(Input::SlotExited(proto::SlotExited {
+        slot: 1,
+        generation: 1,
+        pid: 4242,
+        status: "killed by signal 9".into(),
+    }));
+    let failed = reports(&effects);
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].result.status(), ResultStatus::Failed);
+    assert_eq!(
+        reason(&failed[0]),
+        format!(
+            "executor t0001 (pid 4242, generation 1) exited (killed by signal 9) while running execution {execution}"
+        )
+    );
+    assert!(effects.contains(&Effect::Detach { slot: 1 }));
+    assert!(
+        reports(&h.go(Input::StreamEnded {
+            slot: 1,
+            generation: 1
+        }))
+        .is_empty()
+    );
+    assert_eq!(h.counters.executor_exits.get(), 1);
+}
+
+#[test]
+fn stream_end_then_exit_report_fail_the_assignment_once_with_the_status() {
+    let mut h = Harness::new(1, true);
+    h.up(1);
+    let (_, execution, _) = assignments(&h.deliver(&["a"])).remove(0);
+    let effects = h.go(Input::StreamEnded {
+        slot: 1,
+        generation: 1,
+    });
+    assert!(reports(&effects).is_empty(), "waits for the exit status");
+    assert!(effects.contains(&Effect::ArmExitGrace {
+        slot: 1,
+        generation: 1
+    }));
+    let failed = reports(&h.go(Input::SlotExited(proto::SlotExited {
+        slot: 1,
+        generation: 1,
+        pid: 7,
+        status: "exit status 3".into(),
+    })));
+    assert_eq!(failed.len(), 1);
+    assert!(
+        reason(&failed[0]).contains("exited (exit status 3) while running execution"),
+        "{}",
+        reason(&failed[0])
+    );
+    assert!(reason(&failed[0]).contains(&execution));
+    assert!(
+        reports(&h.go(Input::StreamGraceOver {
+            slot: 1,
+            generation: 1
+        }))
+        .is_empty()
+    );
+}
+
+#[test]
+fn stream_end_without_an_exit_report_fails_after_the_grace() {
+    let mut h = Harness::new(1, true);
+    h.up(1);
+    h.deliver(&["a"]);
+    h.go(Input::StreamEnded {
+        slot: 1,
+        generation: 1,
+    });
+    let failed = reports(&h.go(Input::StreamGraceOver {
+        slot: 1,
+        generation: 1,
+    }));
+    assert_eq!(failed.len(), 1);
+    assert!(reason(&failed[0]).contains("(attach stream closed)"));
+}
+
+/// The bug this machine was written to test: a SlotStarted that arrives before the previous
+/// generation's SlotExited used to set the new generation first, so the old one's in-flight
+/// task was never reported (and its lease extended forever).
+#[test]
+fn slot_started_before_slot_exited_fails_the_old_generations_task() {
+    let mut h = Harness::new(1, true);
+    h.up(1);
+    let (_, execution, _) = assignments(&h.deliver(&["a"])).remove(0);
+    let out = h.m.handle(Input::SlotStarted(proto::SlotStarted {
+        slot: 1,
+        generation: 2,
+        token: format!("{TOKEN}-2"),
+        pid: 0,
+    }));
+    assert!(matches!(out.reply, Reply::SlotStarted(Ok(()))));
+    let failed = reports(&out.effects);
+    assert_eq!(failed.len(), 1, "{:?}", out.effects);
+    assert_eq!(failed[0].task_id, "a");
+    assert_eq!(failed[0].execution_id, execution);
+    assert!(reason(&failed[0]).contains("replaced by a new generation"));
+    assert!(out.effects.contains(&Effect::Detach { slot: 1 }));
+    // The late exit report of generation 1 changes nothing.
+    assert!(
+        h.go(Input::SlotExited(proto::SlotExited {
+            slot: 1,
+            generation: 1,
+            pid: 1,
+            status: "x".into()
+        }))
+        .iter()
+        .all(|e| !matches!(e, Effect::Report(_)))
+    );
+    // Generation 2 attaches and works.
+    h.hello(1, 2).0.unwrap();
+    assert_eq!(h.poll(), Some(1));
+}
+
+#[test]
+fn an_old_or_unknown_slot_started_is_refused() {
+    let mut h = Harness::new(1, true);
+    h.started(1, 3).unwrap();
+    assert_eq!(
+        h.started(1, 3).unwrap_err().code(),
+        tonic::Code::FailedPrecondition
+    );
+    assert_eq!(
+        h.started(1, 2).unwrap_err().code(),
+        tonic::Code::FailedPrecondition
+    );
+    assert_eq!(h.started(2, 1).unwrap_err().code(), tonic::Code::NotFound);
+}
+
+#[test]
+fn the_fence_answers_only_the_current_assignment_of_the_caller() {
+    let mut h = Harness::new(2, true);
+    h.up(2);
+    let sent = assignments(&h.deliver(&["a"]));
+    let (slot, execution, _) = &sent[0];
+    let fence = |h: &mut Harness, slot: u32, token: String, execution: &str| match h
+        .m
+        .handle(Input::FenceTarget {
+            credentials: proto::SlotCredentials {
+                slot,
+                generation: 1,
+                token,
+            },
+            execution_id: execution.to_owned(),
+        })
+        .reply
+    {
+        Reply::Fence(r) => r,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        fence(&mut h, *slot, format!("{TOKEN}-1"), execution).unwrap(),
+        "a"
+    );
+    let other = if *slot == 1 { 2 } else { 1 };
+    assert_eq!(
+        fence(&mut h, other, format!("{TOKEN}-1"), execution)
+            .unwrap_err()
+            .code(),
+        tonic::Code::FailedPrecondition
+    );
+    assert_eq!(
+        fence(&mut h, *slot, "stolen".into(), execution)
+            .unwrap_err()
+            .code(),
+        tonic::Code::Unauthenticated
+    );
+}
+
+/// update-v2 brings the next task for a slot whose executor died meanwhile: the task is held
+/// (lease running) and runs on the next free slot, never handed back.
+#[test]
+fn update_v2_next_task_for_a_dead_slot_is_held_then_run() {
+    let mut h = Harness::new(1, true);
+    h.up(1);
+    let (_, execution, _) = assignments(&h.deliver(&["a"])).remove(0);
+    h.complete(1, 1, "a", &execution);
+    h.go(Input::SlotExited(proto::SlotExited {
+        slot: 1,
+        generation: 1,
+        pid: 1,
+        status: "killed by signal 9".into(),
+    }));
+    let effects = h.go(Input::UpdateDone {
+        slot: Some(1),
+        next_task: Some(task("b")),
+    });
+    assert!(hand_backs(&effects).is_empty(), "{effects:?}");
+    assert!(assignments(&effects).is_empty());
+    assert!(
+        effects
+            .iter()
+            .any(|e| matches!(e, Effect::StartLease { .. })),
+        "held with its lease"
+    );
+    h.started(1, 2).unwrap();
+    assert_eq!(
+        h.poll(),
+        None,
+        "the held task takes the slot before any poll"
+    );
+    let (_, effects) = h.hello(1, 2);
+    let sent = assignments(&effects);
+    assert_eq!((sent[0].0, sent[0].2.as_str()), (1, "b"), "{effects:?}");
+}
+
+#[test]
+fn never_more_than_n_tasks_are_held() {
+    let mut h = Harness::new(2, false);
+    h.up(2);
+    // A server returns more tasks than asked for: two run, the third is handed back.
+    let granted = h.poll().unwrap();
+    let effects = h.go(Input::Polled {
+        tasks: vec![task("a"), task("b"), task("c")],
+        reserved: granted,
+    });
+    assert_eq!(assignments(&effects).len(), 2);
+    assert_eq!(hand_backs(&effects), ["c"]);
+}
+
+#[test]
+fn a_held_task_whose_lease_is_lost_is_dropped() {
+    let mut h = Harness::new(1, true);
+    h.up(1);
+    let (_, execution, _) = assignments(&h.deliver(&["a"])).remove(0);
+    h.complete(1, 1, "a", &execution);
+    h.go(Input::SlotExited(proto::SlotExited {
+        slot: 1,
+        generation: 1,
+        pid: 1,
+        status: "gone".into(),
+    }));
+    let effects = h.go(Input::UpdateDone {
+        slot: Some(1),
+        next_task: Some(task("b")),
+    });
+    let held_execution = effects
+        .iter()
+        .find_map(|e| match e {
+            Effect::StartLease { execution_id, .. } => Some(execution_id.clone()),
+            _ => None,
+        })
+        .unwrap();
+    h.go(Input::LeaseLost {
+        execution_id: held_execution,
+    });
+    h.started(1, 2).unwrap();
+    let (_, effects) = h.hello(1, 2);
+    assert!(
+        assignments(&effects).is_empty(),
+        "the lost task does not run"
+    );
+    assert_eq!(h.poll(), Some(1));
+}
+
+#[test]
+fn a_lost_lease_of_a_running_task_lets_it_finish_and_report() {
+    let mut h = Harness::new(1, false);
+    h.up(1);
+    let (_, execution, _) = assignments(&h.deliver(&["a"])).remove(0);
+    assert!(
+        h.go(Input::LeaseLost {
+            execution_id: execution.clone()
+        })
+        .is_empty()
+    );
+    assert_eq!(reports(&h.complete(1, 1, "a", &execution)).len(), 1);
+}
+
+/// A drain that starts while a long poll is in flight waits for it and runs what it brings;
+/// only then are the idle executors stopped, and the drain completes once all is reported.
+#[test]
+fn drain_with_a_poll_in_flight_runs_what_the_poll_returns() {
+    let mut h = Harness::new(2, true);
+    h.up(2);
+    let granted = h.poll().unwrap();
+    assert_eq!(granted, 2);
+    let drain = h.m.handle(Input::Drain);
+    assert!(matches!(drain.reply, Reply::Drain(false)));
+    assert!(drain.effects.contains(&Effect::DisableV2));
+    assert!(
+        stops(&drain.effects).is_empty(),
+        "idle slots wait for the poll: {:?}",
+        drain.effects
+    );
+    let effects = h.go(Input::Polled {
+        tasks: vec![task("a")],
+        reserved: granted,
+    });
+    let sent = assignments(&effects);
+    assert_eq!(sent.len(), 1, "{effects:?}");
+    assert!(hand_backs(&effects).is_empty());
+    let busy = sent[0].0;
+    let idle = 3 - busy;
+    assert_eq!(
+        stops(&effects),
+        [idle],
+        "the idle slot is stopped after the dispatch"
+    );
+    // The poller asks again: it is told to stop.
+    assert_eq!(h.poll(), Some(0));
+    // The idle executor leaves.
+    h.go(Input::StreamEnded {
+        slot: idle,
+        generation: 1,
+    });
+    let effects = h.complete(busy, 1, "a", &sent[0].1);
+    let done = reports(&effects);
+    assert!(!done[0].use_v2, "updates go through v1 while draining");
+    assert_eq!(
+        stops(&effects),
+        [busy],
+        "stopped once its assignment is done"
+    );
+    let effects = h.go(Input::UpdateDone {
+        slot: None,
+        next_task: None,
+    });
+    assert!(
+        !effects.contains(&Effect::Drained),
+        "the busy executor is still attached"
+    );
+    let effects = h.go(Input::StreamEnded {
+        slot: busy,
+        generation: 1,
+    });
+    assert!(effects.contains(&Effect::Drained), "{effects:?}");
+}
+
+#[test]
+fn drain_when_idle_stops_everyone_and_completes() {
+    let mut h = Harness::new(2, true);
+    h.up(2);
+    let drain = h.go(Input::Drain);
+    assert_eq!(stops(&drain), [1, 2]);
+    assert!(matches!(h.m.handle(Input::Drain).reply, Reply::Drain(true)));
+    h.go(Input::StreamEnded {
+        slot: 1,
+        generation: 1,
+    });
+    let effects = h.go(Input::StreamEnded {
+        slot: 2,
+        generation: 1,
+    });
+    assert!(effects.contains(&Effect::Drained));
+    assert!(h.status().draining);
+}
+
+#[test]
+fn drain_while_awaiting_update_v2s_next_task_runs_it() {
+    let mut h = Harness::new(1, true);
+    h.up(1);
+    let (_, execution, _) = assignments(&h.deliver(&["a"])).remove(0);
+    h.complete(1, 1, "a", &execution);
+    let drain = h.go(Input::Drain);
+    assert!(stops(&drain).is_empty(), "the slot waits for its next task");
+    let effects = h.go(Input::UpdateDone {
+        slot: Some(1),
+        next_task: Some(task("b")),
+    });
+    assert_eq!(assignments(&effects).len(), 1);
+    assert!(hand_backs(&effects).is_empty());
+}
+
+#[test]
+fn drain_hands_back_held_tasks_only_when_no_executor_is_left() {
+    let mut h = Harness::new(1, true);
+    h.up(1);
+    let (_, execution, _) = assignments(&h.deliver(&["a"])).remove(0);
+    h.complete(1, 1, "a", &execution);
+    h.go(Input::SlotExited(proto::SlotExited {
+        slot: 1,
+        generation: 1,
+        pid: 1,
+        status: "gone".into(),
+    }));
+    h.go(Input::UpdateDone {
+        slot: Some(1),
+        next_task: Some(task("b")),
+    });
+    let effects = h.go(Input::Drain);
+    assert_eq!(hand_backs(&effects), ["b"], "{effects:?}");
+    assert!(
+        effects
+            .iter()
+            .any(|e| matches!(e, Effect::StopLease { .. }))
+    );
+    let effects = h.go(Input::UpdateDone {
+        slot: None,
+        next_task: None,
+    });
+    assert!(effects.contains(&Effect::Drained));
+}
+
+#[test]
+fn a_failed_send_fails_the_assignment() {
+    let mut h = Harness::new(1, true);
+    h.up(1);
+    let (_, execution, _) = assignments(&h.deliver(&["a"])).remove(0);
+    let failed = reports(&h.go(Input::SendFailed {
+        slot: 1,
+        generation: 1,
+    }));
+    assert_eq!(failed.len(), 1);
+    assert!(reason(&failed[0]).contains(&execution));
+}
+
+#[test]
+fn a_malformed_task_is_failed_by_the_broker_and_frees_nothing() {
+    let mut h = Harness::new(1, true);
+    h.up(1);
+    let mut bad = task("a");
+    bad.as_object_mut().unwrap().remove("seq");
+    let granted = h.poll().unwrap();
+    let effects = h.go(Input::Polled {
+        tasks: vec![bad],
+        reserved: granted,
+    });
+    let failed = reports(&effects);
+    assert_eq!(failed.len(), 1);
+    assert!(reason(&failed[0]).contains("seq"));
+    assert_eq!(failed[0].result.worker_id(), "tBroker");
+    assert_eq!(h.poll(), Some(1));
+}
+
+#[test]
+fn status_shows_each_slot() {
+    let mut h = Harness::new(2, true);
+    h.up(1);
+    h.deliver(&["a"]);
+    h.go(Input::Progress {
+        slot: 1,
+        generation: 1,
+        progress: proto::Progress {
+            execution_id: String::new(),
+            phase: proto::Phase::Body as i32,
+        },
+    });
+    let status = h.status();
+    assert_eq!(status.slots[0].state, admin::SlotState::Busy as i32);
+    assert_eq!(status.slots[0].task_id, "a");
+    assert_eq!(status.slots[1].state, admin::SlotState::Waiting as i32);
+}
