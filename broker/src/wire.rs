@@ -45,6 +45,7 @@ pub fn attempt_to_wire(attempt: &AttemptSnapshot) -> wire::AttemptSnapshot {
             .expect("a JSON map always serializes"),
         retried_task_id: attempt.retried_task_id.clone(),
         response_timeout_seconds: attempt.response_timeout_seconds,
+        timeout_clock_started_unix_ms: attempt.timeout_clock_started_ms,
     }
 }
 

@@ -95,6 +95,11 @@ pub struct AttemptSnapshot {
     pub retried_task_id: Option<String>,
     /// `responseTimeoutSeconds`.
     pub response_timeout_seconds: Option<u64>,
+    /// When Conductor's `timeoutSeconds` clock for this attempt started, in Unix ms:
+    /// `startTime + startDelayInSeconds·1000`, as Conductor's task-timeout check counts. A
+    /// task handed back and polled again keeps its `startTime`, so its body gets only the
+    /// time left. `None` when the task has not started (`startTime` absent or 0).
+    pub timeout_clock_started_ms: Option<i64>,
 }
 
 /// A Conductor task that cannot become an attempt.
@@ -253,6 +258,12 @@ impl AttemptSnapshot {
         let response_timeout_seconds = integer("responseTimeoutSeconds")?
             .map(|v| non_negative("responseTimeoutSeconds", v))
             .transpose()?;
+        let start_delay_ms = integer("startDelayInSeconds")?
+            .unwrap_or(0)
+            .saturating_mul(1000);
+        let timeout_clock_started_ms = integer("startTime")?
+            .filter(|&t| t > 0)
+            .map(|t| t.saturating_add(start_delay_ms.max(0)));
 
         Ok(Self {
             workflow_instance_id: ids.workflow_instance_id,
@@ -266,6 +277,7 @@ impl AttemptSnapshot {
             input_data,
             retried_task_id,
             response_timeout_seconds,
+            timeout_clock_started_ms,
         })
     }
 
@@ -334,7 +346,8 @@ mod tests {
             "inputData": {"params": {"n": 1}}, "referenceTaskName": "build_ref",
             "retryCount": 1, "seq": 3, "taskDefName": "features.build",
             "workflowInstanceId": "wf-1", "taskId": "t-1", "retriedTaskId": "t-0",
-            "responseTimeoutSeconds": 120, "iteration": 2, "pollCount": 1
+            "responseTimeoutSeconds": 120, "iteration": 2, "pollCount": 1,
+            "startTime": 1_700_000_000_450_i64, "startDelayInSeconds": 2
         })
     }
 
@@ -367,6 +380,7 @@ mod tests {
                 input_data: json!({"params": {"n": 1}}).as_object().unwrap().clone(),
                 retried_task_id: Some("t-0".into()),
                 response_timeout_seconds: Some(120),
+                timeout_clock_started_ms: Some(1_700_000_002_450),
             }
         );
     }

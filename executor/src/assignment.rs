@@ -14,7 +14,7 @@ use crate::{
 use perago_core::{
     attempt::AttemptSnapshot,
     command::{CommandError, resolve_program},
-    manifest::{BodyKind, BodyProtocol, Manifest},
+    manifest::{BodyKind, BodyProtocol, Manifest, TimeoutPolicy},
     result::{Reason, RuntimeResult},
     shape::{parse_input, workspace_free_output, workspace_output},
 };
@@ -261,6 +261,19 @@ impl AssignmentRunner {
         io: &AssignmentIo<'_>,
     ) -> Result<Map<String, Value>, Failure> {
         io.phase(Phase::Preparing);
+        let budget = Budget::new(
+            self.manifest.task.timeout_seconds,
+            self.manifest.task.timeout_policy != TimeoutPolicy::AlertOnly,
+            attempt.timeout_clock_started_ms,
+            now_unix_ms(),
+        );
+        if budget.exhausted() {
+            return Err(Failure::Retriable(Reason::new(format!(
+                "no time left to run: Conductor started this attempt {}s ago and task.timeout_seconds is {}s",
+                budget.spent.as_secs(),
+                budget.seconds
+            ))));
+        }
         let allowed_prefix = self
             .manifest
             .workspace
@@ -276,7 +289,6 @@ impl AssignmentRunner {
                 )))
             })?;
         }
-        let params_json = serde_json::to_vec(&params).expect("a Value always serializes");
         let mut env = vec![
             ("PERAGO_TASK_ID".to_owned(), attempt.task_id.clone()),
             ("PERAGO_EXECUTION_ID".to_owned(), execution_id.to_owned()),
@@ -288,12 +300,12 @@ impl AssignmentRunner {
         ];
         if let Some(pre) = &self.pre {
             // A pre guardrail says the input can never succeed: no retry.
-            let limits = self.guardrail_limits();
+            let limits = self.guardrail_limits(&budget);
             self.guardrail(
                 "pre",
                 pre,
                 &env,
-                params_json.clone(),
+                serde_json::to_vec(&params).expect("a Value always serializes"),
                 limits,
                 Failure::Terminal,
             )
@@ -302,7 +314,7 @@ impl AssignmentRunner {
 
         let Some(workspace_input) = input.workspace else {
             let result = self
-                .run_body(execution_id, attempt, &env, params, params_json, io)
+                .run_body(execution_id, attempt, &env, params, io, &budget)
                 .await?;
             return Ok(workspace_free_output(result));
         };
@@ -330,7 +342,7 @@ impl AssignmentRunner {
         ));
         let outcome = async {
             let result = self
-                .run_body(execution_id, attempt, &env, params, params_json, io)
+                .run_body(execution_id, attempt, &env, params, io, &budget)
                 .await?;
             io.phase(Phase::Staging);
             let changes = ws
@@ -360,9 +372,9 @@ impl AssignmentRunner {
         outcome
     }
 
-    fn guardrail_limits(&self) -> RunLimits {
+    fn guardrail_limits(&self, budget: &Budget) -> RunLimits {
         RunLimits {
-            timeout: self.time_limit(),
+            timeout: budget.left(),
             kill_grace: self.kill_grace,
             ..RunLimits::default()
         }
@@ -375,12 +387,13 @@ impl AssignmentRunner {
         attempt: &AttemptSnapshot,
         env: &[(String, String)],
         params: Value,
-        params_json: Vec<u8>,
         io: &AssignmentIo<'_>,
+        budget: &Budget,
     ) -> Result<Value, Failure> {
         io.phase(Phase::Body);
+        let params_json = serde_json::to_vec(&params).expect("a Value always serializes");
         let limits = RunLimits {
-            timeout: self.time_limit(),
+            timeout: budget.left(),
             kill_grace: self.kill_grace,
             max_stdout: MAX_OUTPUT_BYTES,
             ..RunLimits::default()
@@ -393,7 +406,7 @@ impl AssignmentRunner {
                     .map_err(|e| {
                         Failure::Retriable(Reason::new(format!("body could not start: {e}")))
                     })?;
-                body_result(&run, self.manifest.task.timeout_seconds)?
+                body_result(&run, budget)?
             }
             Body::Jsonl(body) => {
                 let field = |name: &str| {
@@ -413,7 +426,7 @@ impl AssignmentRunner {
                 // The process outlives assignments: only its stable identity is in its env.
                 let process_env = [("PERAGO_WORKER_ID".to_owned(), self.worker_id.clone())];
                 match body
-                    .call(execution_id, request, &process_env, self.time_limit())
+                    .call(execution_id, request, &process_env, budget.left())
                     .await
                 {
                     Ok(result) => {
@@ -450,7 +463,7 @@ impl AssignmentRunner {
                     workflow_id: attempt.workflow_instance_id.clone(),
                     retry_count: attempt.retry_count,
                 };
-                self.run_rust(Arc::clone(body), ctx, params).await?
+                self.run_rust(Arc::clone(body), ctx, params, budget).await?
             }
         };
         if let Some(schema) = &self.manifest.schemas.result {
@@ -462,7 +475,7 @@ impl AssignmentRunner {
         }
         if let Some(post) = &self.post {
             let result_json = serde_json::to_vec(&result).expect("a Value always serializes");
-            let limits = self.guardrail_limits();
+            let limits = self.guardrail_limits(budget);
             self.guardrail("post", post, env, result_json, limits, Failure::Retriable)
                 .await?;
         }
@@ -507,12 +520,13 @@ impl AssignmentRunner {
         body: Arc<dyn Task>,
         ctx: TaskContext,
         params: Value,
+        budget: &Budget,
     ) -> Result<Value, Failure> {
         let Value::Object(params) = params else {
             unreachable!("params were checked to be an object");
         };
         let work = tokio::task::spawn_blocking(move || body.run(&ctx, &params));
-        let outcome = match self.time_limit() {
+        let outcome = match budget.left() {
             None => work.await,
             Some(limit) => match tokio::time::timeout(limit, work).await {
                 Ok(joined) => joined,
@@ -520,8 +534,8 @@ impl AssignmentRunner {
                     self.poisoned
                         .store(true, std::sync::atomic::Ordering::SeqCst);
                     return Err(Failure::Retriable(Reason::new(format!(
-                        "body timed out after {}s (task.timeout_seconds); the executor restarts to stop it",
-                        self.manifest.task.timeout_seconds
+                        "body timed out after {}; the executor restarts to stop it",
+                        budget.describe()
                     ))));
                 }
             },
@@ -553,13 +567,6 @@ impl AssignmentRunner {
         self.poisoned.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    fn time_limit(&self) -> Option<Duration> {
-        match self.manifest.task.timeout_seconds {
-            0 => None,
-            s => Some(Duration::from_secs(s)),
-        }
-    }
-
     async fn run(
         &self,
         program: &Program,
@@ -573,6 +580,68 @@ impl AssignmentRunner {
     }
 }
 
+/// The time an attempt may still run: `task.timeout_seconds`, counted as Conductor counts its
+/// task timeout, from the attempt's start (`startTime + startDelayInSeconds`), so a task that
+/// was handed back and polled again, or waited for a slot, gets only what Conductor has left.
+/// With `ALERT_ONLY` Conductor enforces nothing and the limit counts from this execution's
+/// start; so it does when the start is unknown.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    /// `task.timeout_seconds`; 0 = no limit.
+    seconds: u64,
+    /// How much of it was gone when this execution began.
+    spent: Duration,
+    deadline: Option<tokio::time::Instant>,
+}
+
+impl Budget {
+    fn new(seconds: u64, enforced: bool, clock_started_ms: Option<i64>, now_ms: i64) -> Self {
+        let spent = match clock_started_ms {
+            Some(started) if enforced => {
+                Duration::from_millis(u64::try_from(now_ms.saturating_sub(started)).unwrap_or(0))
+            }
+            _ => Duration::ZERO,
+        };
+        let total = Duration::from_secs(seconds);
+        let deadline =
+            (seconds > 0).then(|| tokio::time::Instant::now() + total.saturating_sub(spent));
+        Self {
+            seconds,
+            spent,
+            deadline,
+        }
+    }
+
+    /// The time left from now; `None` = no limit.
+    fn left(&self) -> Option<Duration> {
+        self.deadline
+            .map(|d| d.saturating_duration_since(tokio::time::Instant::now()))
+    }
+
+    fn exhausted(&self) -> bool {
+        self.seconds > 0 && self.spent >= Duration::from_secs(self.seconds)
+    }
+
+    /// How the limit was counted, for a timeout's reason.
+    fn describe(&self) -> String {
+        if self.spent.is_zero() {
+            format!("{}s (task.timeout_seconds)", self.seconds)
+        } else {
+            format!(
+                "{}s (task.timeout_seconds) counted from the attempt's start in Conductor, {}s before this execution",
+                self.seconds,
+                self.spent.as_secs()
+            )
+        }
+    }
+}
+
+fn now_unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 #[derive(Debug)]
 enum Failure {
     Retriable(Reason),
@@ -580,7 +649,7 @@ enum Failure {
 }
 
 /// The body's result document, or why there is none.
-fn body_result(run: &Finished, timeout_seconds: u64) -> Result<Value, Failure> {
+fn body_result(run: &Finished, budget: &Budget) -> Result<Value, Failure> {
     let fail = |head: String| {
         Err(Failure::Retriable(Reason::with_tail(
             &head,
@@ -591,7 +660,8 @@ fn body_result(run: &Finished, timeout_seconds: u64) -> Result<Value, Failure> {
         Ended::Exited(0) => {}
         Ended::TimedOut => {
             return fail(format!(
-                "body timed out after {timeout_seconds}s (task.timeout_seconds) and was stopped"
+                "body timed out after {} and was stopped",
+                budget.describe()
             ));
         }
         ended => return fail(format!("body failed ({})", ended.describe())),

@@ -156,9 +156,10 @@ impl JsonlBody {
                 None => exchange.await,
                 Some(limit) => match tokio::time::timeout(limit, exchange).await {
                     Ok(r) => r,
+                    // The limit is what was left of task.timeout_seconds: whole seconds, up.
                     Err(_) => Err(format!(
                         "body timed out after {}s (task.timeout_seconds) and was stopped",
-                        limit.as_secs()
+                        limit.as_secs_f64().ceil()
                     )),
                 },
             }
@@ -179,8 +180,11 @@ impl JsonlBody {
             }
             Err(reason) => {
                 let mut reason = reason;
+                // A process that closed its stdout is usually exiting: its status, when it
+                // comes within a moment, says more than the closed pipe.
                 if let Some(r) = guard.as_mut()
-                    && let Ok(Some(status)) = r.child.try_wait()
+                    && let Ok(Ok(status)) =
+                        tokio::time::timeout(EXIT_STATUS_WAIT, r.child.wait()).await
                 {
                     reason = format!(
                         "body process exited ({status}) while running execution {execution_id}"
@@ -195,6 +199,9 @@ impl JsonlBody {
         }
     }
 }
+
+/// How long a broken exchange waits for the body process's exit status.
+const EXIT_STATUS_WAIT: Duration = Duration::from_millis(500);
 
 /// Writes the request line and reads the response line; any protocol break is an error.
 async fn exchange(

@@ -58,6 +58,7 @@ pub fn attempt_from_wire(attempt: wire::AttemptSnapshot) -> Result<AttemptSnapsh
         input_data,
         retried_task_id: attempt.retried_task_id,
         response_timeout_seconds: attempt.response_timeout_seconds,
+        timeout_clock_started_ms: attempt.timeout_clock_started_unix_ms,
     })
 }
 

@@ -48,12 +48,23 @@ impl Task {
     }
 
     async fn run(&self, input: Value) -> RuntimeResult {
-        let attempt = AttemptSnapshot::from_conductor(&json!({
+        self.run_started(input, None).await
+    }
+
+    /// Runs an attempt whose Conductor `startTime` lies `ago` in the past.
+    async fn run_started(&self, input: Value, ago: Option<Duration>) -> RuntimeResult {
+        let mut task = json!({
             "taskId": "task-1", "workflowInstanceId": "wf-1", "retryCount": 0,
             "taskDefName": "test.task", "referenceTaskName": "ref", "seq": 1,
             "status": "IN_PROGRESS", "inputData": input
-        }))
-        .unwrap();
+        });
+        if let Some(ago) = ago {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            task["startTime"] = json!((now - ago).as_millis() as i64);
+        }
+        let attempt = AttemptSnapshot::from_conductor(&task).unwrap();
         self.runner().execute("exec-1", &attempt).await
     }
 }
@@ -253,6 +264,50 @@ async fn overrunning_body_is_stopped_at_the_timeout() {
     );
     // Stopped by SIGTERM, long before the 60 s sleep would have ended.
     assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+/// A task handed back and polled again keeps Conductor's `startTime`: the body gets only the
+/// time Conductor has left, not a fresh `timeout_seconds`.
+#[tokio::test]
+async fn the_limit_counts_from_the_attempts_start_in_conductor() {
+    let manifest = |policy: &str| {
+        format!(
+            "[task]\nname = \"test.task\"\nkind = \"workspace-free\"\ntimeout_seconds = 5\n{policy}[body]\ncommand = [\"sh\", \"body.sh\"]\n"
+        )
+    };
+    let task = Task::new("echo started >&2\nexec sleep 60\n", "").file("task.toml", &manifest(""));
+    // 4 s of the 5 s are gone: the body is stopped after about 1 s.
+    let started = Instant::now();
+    let r = task
+        .run_started(json!({"params": {}}), Some(Duration::from_secs(4)))
+        .await;
+    let why = reason(&r, ResultStatus::Failed);
+    assert!(
+        why.starts_with("body timed out after 5s (task.timeout_seconds) counted from the attempt's start in Conductor, 4s before this execution"),
+        "{why}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // All of it is gone: the body does not start at all.
+    let r = task
+        .run_started(json!({"params": {}}), Some(Duration::from_secs(9)))
+        .await;
+    assert_eq!(
+        reason(&r, ResultStatus::Failed),
+        "no time left to run: Conductor started this attempt 9s ago and task.timeout_seconds is 5s"
+    );
+
+    // ALERT_ONLY: Conductor enforces nothing, the limit counts from this execution's start.
+    let task = Task::new("echo done >&2\necho '{}'\n", "")
+        .file("task.toml", &manifest("timeout_policy = \"ALERT_ONLY\"\n"));
+    let r = task
+        .run_started(json!({"params": {}}), Some(Duration::from_secs(9)))
+        .await;
+    assert_eq!(r.status(), ResultStatus::Completed, "{r:?}");
 }
 
 #[tokio::test]

@@ -16,7 +16,7 @@ fn attempt(status: TaskStatus) -> AttemptSnapshot {
         "taskId": "t-1", "workflowInstanceId": "wf-1", "retryCount": 2, "taskDefName": "d",
         "referenceTaskName": "r", "seq": 9, "iteration": 1, "status": "IN_PROGRESS",
         "inputData": {"params": {"big": 9007199254740993_u64, "f": 1.5}},
-        "retriedTaskId": "t-0", "responseTimeoutSeconds": 60
+        "retriedTaskId": "t-0", "responseTimeoutSeconds": 60, "startTime": 1_700_000_000_000_i64
     }))
     .unwrap();
     a.status = status;
