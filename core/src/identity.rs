@@ -10,6 +10,10 @@ use std::fmt;
 /// The highest slot number: worker ids carry the slot as four digits.
 pub const MAX_SLOT: u32 = 9999;
 
+/// The longest prefix: log folders are named `worker_id=<prefix>Broker`, within the 255-byte
+/// file name limit.
+pub const MAX_PREFIX_BYTES: usize = 200;
+
 /// A worker id prefix that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PrefixError {
@@ -21,9 +25,10 @@ pub enum PrefixError {
         /// The task name.
         task_name: String,
     },
-    /// `PERAGO_WORKER_ID_PREFIX` holds characters outside `[A-Za-z0-9_-]`, or nothing.
+    /// `PERAGO_WORKER_ID_PREFIX` holds characters outside `[A-Za-z0-9_-]`, nothing, or more
+    /// than [`MAX_PREFIX_BYTES`].
     #[error(
-        "PERAGO_WORKER_ID_PREFIX {value:?} is invalid: use one or more of A-Z, a-z, 0-9, _ and -"
+        "PERAGO_WORKER_ID_PREFIX {value:?} is invalid: use one to 200 of A-Z, a-z, 0-9, _ and -"
     )]
     Invalid {
         /// The value as given.
@@ -53,6 +58,7 @@ impl WorkerPrefix {
     /// An explicit prefix, which must match `[A-Za-z0-9_-]+`.
     pub fn explicit(value: &str) -> Result<Self, PrefixError> {
         let valid = !value.is_empty()
+            && value.len() <= MAX_PREFIX_BYTES
             && value
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
@@ -175,7 +181,7 @@ mod tests {
             WorkerPrefix::resolve("x", Some("a b"))
                 .unwrap_err()
                 .to_string(),
-            r#"PERAGO_WORKER_ID_PREFIX "a b" is invalid: use one or more of A-Z, a-z, 0-9, _ and -"#
+            r#"PERAGO_WORKER_ID_PREFIX "a b" is invalid: use one to 200 of A-Z, a-z, 0-9, _ and -"#
         );
     }
 

@@ -11,6 +11,7 @@ pub mod backoff;
 pub mod command;
 pub mod conductor;
 pub mod env;
+pub mod files;
 pub mod identity;
 pub mod logging;
 pub mod manifest;

@@ -3,16 +3,26 @@
 use crate::errors::ExpectedError;
 use perago_core::{
     command::resolve_program,
+    identity::WorkerPrefix,
     manifest::{BodyKind, Manifest},
 };
 use std::{ffi::OsString, fmt::Write as _, os::unix::fs::PermissionsExt, path::Path};
 
 /// Loads the manifest, compiles its schemas, and checks that the body and guardrail commands
 /// exist; returns the report printed on success.
-pub(crate) fn check(path: &Path, path_var: Option<&OsString>) -> Result<String, ExpectedError> {
+pub(crate) fn check(
+    path: &Path,
+    path_var: Option<&OsString>,
+    prefix_var: Option<&str>,
+) -> Result<String, ExpectedError> {
     let manifest = Manifest::load(path)?;
     let mut problems = Vec::new();
     let prefix = format!("manifest {}", path.display());
+    // `start` derives worker ids from the task name (or PERAGO_WORKER_ID_PREFIX): a name it
+    // would refuse is refused here too.
+    if let Err(e) = WorkerPrefix::resolve(&manifest.task.name, prefix_var) {
+        problems.push(format!("{prefix}: task.name: {e}"));
+    }
     let mut body_line = String::new();
     match &manifest.body.kind {
         BodyKind::Command { argv, protocol } => {

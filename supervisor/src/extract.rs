@@ -12,13 +12,23 @@ pub(crate) fn extract(manifest: &Path, output: &Path) -> Result<Option<String>, 
         .expect("a serde_json::Value always serializes");
     json.push('\n');
     if output == Path::new("-") {
-        print!("{json}");
+        crate::out::print(&json)?;
         return Ok(None);
     }
     let write_err = |source| ExpectedError::Write {
         path: output.to_owned(),
         source,
     };
+    // The rename below would replace whatever is at the path: only a regular file may be
+    // replaced, never a symlink (or what it points to), a FIFO or a device.
+    match fs::symlink_metadata(output) {
+        Ok(meta) if !meta.file_type().is_file() => {
+            return Err(write_err(std::io::Error::other(
+                "it exists and is not a regular file (a symlink, folder, FIFO or device); refusing to replace it",
+            )));
+        }
+        _ => {}
+    }
     let dir = match output.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -32,7 +42,11 @@ pub(crate) fn extract(manifest: &Path, output: &Path) -> Result<Option<String>, 
         file_name.to_string_lossy(),
         std::process::id()
     ));
-    let result = fs::File::create(&tmp)
+    // `create_new`: never through a symlink or file someone left at the temporary name.
+    let result = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
         .and_then(|mut f| {
             f.write_all(json.as_bytes())?;
             f.sync_all()

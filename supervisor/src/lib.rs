@@ -7,6 +7,7 @@ pub mod cli;
 mod dev;
 pub mod errors;
 mod extract;
+mod out;
 mod runtime;
 mod start;
 mod status;
@@ -65,7 +66,12 @@ fn dispatch(cli: Cli, vars: &BTreeMap<String, String>) -> Result<(), ExpectedErr
     match cli.command {
         Command::Check(args) => {
             let path = vars.get("PATH").map(std::ffi::OsString::from);
-            print!("{}", check::check(&args.manifest, path.as_ref())?);
+            let prefix = vars.get(perago_core::env::PERAGO_WORKER_ID_PREFIX);
+            out::print(&check::check(
+                &args.manifest,
+                path.as_ref(),
+                prefix.map(String::as_str),
+            )?)?;
         }
         Command::Extract(args) => {
             if let Some(note) = extract::extract(&args.manifest, &args.output)? {

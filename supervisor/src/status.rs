@@ -196,12 +196,11 @@ pub(crate) fn status(
         ))
     })?;
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&to_json(&status)).expect("json")
-        );
+        let mut json = serde_json::to_string_pretty(&to_json(&status)).expect("json");
+        json.push('\n');
+        crate::out::print(&json)?;
     } else {
-        print!("{}", to_table(&status));
+        crate::out::print(&to_table(&status))?;
     }
     Ok(())
 }

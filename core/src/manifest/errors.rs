@@ -30,12 +30,14 @@ pub enum ManifestError {
         #[source]
         source: io::Error,
     },
-    /// The file is not valid TOML.
-    #[error("manifest {} is not valid TOML: {message}", path.display())]
+    /// The file is not valid TOML: one line, `manifest <path>:<line>:<column>: …`.
+    #[error("manifest {}{}: not valid TOML: {message}", path.display(), position.map(|(l, c)| format!(":{l}:{c}")).unwrap_or_default())]
     Syntax {
         /// The manifest path as given.
         path: PathBuf,
-        /// The parser's message, with line and column.
+        /// The line and column (1-based, in characters) the parser points at.
+        position: Option<(usize, usize)>,
+        /// The parser's message on one line, without the source line it quotes.
         message: String,
     },
     /// The TOML is valid but the manifest is not: every problem found, one per line, each

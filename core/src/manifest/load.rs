@@ -25,10 +25,13 @@ const MAX_SECONDS: i64 = i32::MAX as i64;
 impl Manifest {
     /// Reads and validates the manifest at `path`, and compiles its schemas.
     pub fn load(path: &Path) -> Result<Self, ManifestError> {
-        let text = fs::read_to_string(path).map_err(|source| ManifestError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text =
+            crate::files::read_regular(path, crate::files::MAX_CONFIG_BYTES).map_err(|source| {
+                ManifestError::Read {
+                    path: path.to_owned(),
+                    source,
+                }
+            })?;
         let parent = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),
@@ -44,7 +47,8 @@ impl Manifest {
     pub fn parse(path: &Path, dir: &Path, text: &str) -> Result<Self, ManifestError> {
         let root: Table = toml::from_str(text).map_err(|e| ManifestError::Syntax {
             path: path.to_owned(),
-            message: e.to_string().trim_end().to_owned(),
+            position: syntax_position(text, &e),
+            message: e.message().split_whitespace().collect::<Vec<_>>().join(" "),
         })?;
         let mut p = Problems::default();
         let manifest = read_manifest(&mut p, path, dir, &root);
@@ -56,6 +60,16 @@ impl Manifest {
             }),
         }
     }
+}
+
+/// The 1-based line and column (in characters) a TOML error points at.
+fn syntax_position(text: &str, e: &toml::de::Error) -> Option<(usize, usize)> {
+    let start = e.span()?.start.min(text.len());
+    let start = (0..=start).rev().find(|&i| text.is_char_boundary(i))?;
+    let before = &text[..start];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    Some((line, column))
 }
 
 fn read_manifest(p: &mut Problems, path: &Path, dir: &Path, root: &Table) -> Option<Manifest> {
@@ -260,10 +274,23 @@ fn read_task(p: &mut Problems, dir: &Path, mut s: Section<'_>) -> Option<TaskSpe
     })
 }
 
+/// The longest task name: it becomes a folder name, and worker ids and their log folders
+/// (`worker_id=<prefix>Broker`) must stay within the 255-byte file name limit.
+const MAX_NAME_BYTES: usize = crate::identity::MAX_PREFIX_BYTES;
+
 /// Task names become Conductor queue names, log folders and workspace folders.
 fn check_task_name(p: &mut Problems, name: &str) {
+    let too_long;
     let problem = if name.is_empty() {
         Some("must not be empty")
+    } else if name.len() > MAX_NAME_BYTES {
+        too_long = format!(
+            "is {} bytes long; at most {MAX_NAME_BYTES} (the name becomes a folder name and part of worker ids)",
+            name.len()
+        );
+        Some(too_long.as_str())
+    } else if name == "." {
+        Some("must not be '.' (the name becomes a folder name)")
     } else if name.contains('/') {
         Some("must not contain '/' (the name becomes a folder name)")
     } else if name.contains("..") {

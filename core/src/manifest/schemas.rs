@@ -28,7 +28,7 @@ impl fmt::Debug for Schema {
 impl Schema {
     /// Reads and compiles a schema file; the error says what is wrong with it.
     pub fn load(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
+        let text = crate::files::read_regular(path, crate::files::MAX_CONFIG_BYTES)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let document: Value = serde_json::from_str(&text)
             .map_err(|e| format!("{} is not valid JSON: {e}", path.display()))?;

@@ -184,10 +184,17 @@ env = { RUST_LOG = "info" }"#,
 #[test]
 fn syntax_errors_carry_line_and_column() {
     let err = parse("[task]\nname = \n").unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "manifest task.toml:2:8: not valid TOML: string values must be quoted, expected literal string"
+    );
+    // One line, never an echo of the offending source line, however long it is.
+    let long = format!("[task]\nname = \"x\" {}\n", "y".repeat(1 << 20));
+    let err = parse(&long).unwrap_err().to_string();
+    assert!(!err.contains('\n'), "{err}");
+    assert!(err.len() < 300, "{} bytes", err.len());
     assert!(
-        err.starts_with(
-            "manifest task.toml is not valid TOML: TOML parse error at line 2, column 8"
-        ),
+        err.starts_with("manifest task.toml:2:12: not valid TOML: "),
         "{err}"
     );
 }

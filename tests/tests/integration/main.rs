@@ -1,6 +1,7 @@
 //! End-to-end tests that run the real perago binaries as separate processes.
 
 mod auth;
+mod bad_input;
 mod bench;
 mod broker;
 mod cli;
