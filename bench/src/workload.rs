@@ -171,6 +171,9 @@ pub(crate) async fn ceiling(conductor: &Conductor, task: &str, n: usize) -> Resu
             .await
             .map_err(|e| e.to_string())?;
         for t in tasks {
+            let perago_core::conductor::Polled::Task(t) = t else {
+                return Err("the ceiling client polled an undecodable task".to_owned());
+            };
             let body = json!({
                 "workflowInstanceId": t["workflowInstanceId"], "taskId": t["taskId"],
                 "status": "COMPLETED", "workerId": "ceiling",

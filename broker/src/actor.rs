@@ -7,8 +7,8 @@ use crate::{
     report::{Reporter, Update},
     state::{Effect, Input, Machine, Reply},
 };
+use perago_core::conductor::Polled;
 use perago_proto::{admin::v1 as admin, slot::v1 as proto};
-use serde_json::Value;
 use std::{collections::HashMap, time::Duration};
 use tokio::{
     sync::{mpsc, oneshot},
@@ -58,7 +58,7 @@ pub(crate) enum Event {
 
 impl Event {
     /// A poll returned.
-    pub(crate) fn polled(tasks: Vec<Value>, reserved: u32) -> Self {
+    pub(crate) fn polled(tasks: Vec<Polled>, reserved: u32) -> Self {
         Self::Slot(Input::Polled { tasks, reserved })
     }
 }

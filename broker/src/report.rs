@@ -11,7 +11,7 @@ use crate::{
 use perago_core::{
     attempt::{AttemptSnapshot, TaskRef, TaskStatus},
     backoff::Backoff,
-    conductor::{ConductorClient, ConductorError},
+    conductor::{ConductorClient, ConductorError, Polled},
     result::{ResultStatus, RuntimeResult},
 };
 use serde_json::{Value, json};
@@ -111,7 +111,7 @@ impl Reporter {
         });
     }
 
-    async fn deliver(&self, update: Update) -> Option<Value> {
+    async fn deliver(&self, update: Update) -> Option<Polled> {
         let body = update.result.to_conductor(
             &update.workflow_instance_id,
             &update.task_id,
@@ -146,7 +146,7 @@ impl Reporter {
         use_v2: bool,
         task_id: &str,
         execution_id: &str,
-    ) -> Option<Option<Value>> {
+    ) -> Option<Option<Polled>> {
         let started = Instant::now();
         let mut attempt = 0u32;
         let mut waker = Waker::default();

@@ -21,11 +21,11 @@
 use crate::{counters::Counters, counters::Gauges, wire};
 use perago_core::{
     attempt::{AttemptError, AttemptSnapshot, TaskRef, task_ref},
+    conductor::Polled,
     identity::{Slot as SlotNumber, WorkerPrefix},
     result::{Reason, RuntimeResult},
 };
 use perago_proto::{admin::v1 as admin, slot::v1 as proto};
-use serde_json::Value;
 use std::{
     collections::VecDeque,
     sync::Arc,
@@ -69,13 +69,13 @@ pub(crate) enum Input {
     /// [`Effect::GrantPoll`] as soon as a slot is free.
     PollRequest,
     /// A poll returned.
-    Polled { tasks: Vec<Value>, reserved: u32 },
+    Polled { tasks: Vec<Polled>, reserved: u32 },
     /// A poll failed; its reservation is released.
     PollFailed { reserved: u32 },
     /// A result update (or a hand-back, with `slot` and `next_task` empty) finished.
     UpdateDone {
         slot: Option<u32>,
-        next_task: Option<Value>,
+        next_task: Option<Polled>,
     },
     /// Conductor no longer has this execution's attempt in progress (read back after a lease
     /// extension): it timed the attempt out or retried it elsewhere.
@@ -661,9 +661,40 @@ impl Machine {
                 .count()
     }
 
+    /// Fails a task the broker cannot map, for good: a retry would get the same task.
+    fn fail_unmappable(&mut self, ids: TaskRef, problem: &str) {
+        tracing::warn!(task_id = %ids.task_id, "failing a task that cannot be run: {problem}");
+        let result = RuntimeResult::failed_terminal(self.broker_id.clone(), Reason::new(problem));
+        self.updates_in_flight += 1;
+        self.effects.push(Effect::Report(Box::new(Report {
+            workflow_instance_id: ids.workflow_instance_id,
+            task_id: ids.task_id,
+            execution_id: String::from("-"),
+            result,
+            use_v2: false,
+            slot: None,
+        })));
+    }
+
     /// A task arrived (from a poll or update-v2): run it on a free slot (`preferred` first),
     /// else hold it while fewer than N tasks are held, else hand it back.
-    fn receive(&mut self, task: Value, preferred: Option<u32>) {
+    fn receive(&mut self, task: Polled, preferred: Option<u32>) {
+        let task = match task {
+            Polled::Task(task) => task,
+            Polled::Undecodable {
+                ids: Some(ids),
+                problem,
+            } => {
+                self.fail_unmappable(ids, &format!("the task cannot be decoded: {problem}"));
+                return;
+            }
+            Polled::Undecodable { ids: None, problem } => {
+                tracing::error!(
+                    "dropped a polled task that cannot be decoded or identified: {problem}"
+                );
+                return;
+            }
+        };
         let attempt = match AttemptSnapshot::from_conductor(&task) {
             Ok(a) => a,
             Err(AttemptError::Unidentifiable { field }) => {
@@ -675,18 +706,7 @@ impl Machine {
             }
             Err(e) => {
                 let ids = task_ref(&task).expect("identifiable: checked by from_conductor");
-                tracing::warn!(task_id = %ids.task_id, "failing a malformed task: {e}");
-                let result =
-                    RuntimeResult::failed(self.broker_id.clone(), Reason::new(e.to_string()));
-                self.updates_in_flight += 1;
-                self.effects.push(Effect::Report(Box::new(Report {
-                    workflow_instance_id: ids.workflow_instance_id,
-                    task_id: ids.task_id,
-                    execution_id: String::from("-"),
-                    result,
-                    use_v2: false,
-                    slot: None,
-                })));
+                self.fail_unmappable(ids, &e.to_string());
                 return;
             }
         };

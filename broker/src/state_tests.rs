@@ -3,7 +3,7 @@
 
 use super::*;
 use perago_core::result::{Outcome, ResultStatus};
-use serde_json::json;
+use serde_json::{Value, json};
 use std::sync::atomic::AtomicBool;
 
 const TOKEN: &str = "secret-token";
@@ -13,7 +13,11 @@ struct Harness {
     counters: Arc<Counters>,
 }
 
-fn task(id: &str) -> Value {
+fn task(id: &str) -> Polled {
+    Polled::Task(raw_task(id))
+}
+
+fn raw_task(id: &str) -> Value {
     json!({
         "taskType": "t", "taskDefName": "t", "status": "IN_PROGRESS",
         "inputData": {"params": {}}, "referenceTaskName": "t_ref",
@@ -737,18 +741,67 @@ fn a_failed_send_fails_the_assignment() {
 fn a_malformed_task_is_failed_by_the_broker_and_frees_nothing() {
     let mut h = Harness::new(1, true);
     h.up(1);
-    let mut bad = task("a");
+    let mut bad = raw_task("a");
     bad.as_object_mut().unwrap().remove("seq");
     let granted = h.poll().unwrap();
     let effects = h.go(Input::Polled {
-        tasks: vec![bad],
+        tasks: vec![Polled::Task(bad)],
         reserved: granted,
     });
     let failed = reports(&effects);
     assert_eq!(failed.len(), 1);
     assert!(reason(&failed[0]).contains("seq"));
+    assert_eq!(
+        failed[0].result.status(),
+        ResultStatus::FailedWithTerminalError
+    );
     assert_eq!(failed[0].result.worker_id(), "tBroker");
     assert_eq!(h.poll(), Some(1));
+}
+
+/// One task nested deeper than anything can decode fails alone: its batch-mates run.
+#[test]
+fn an_undecodable_task_fails_alone_and_its_batch_runs() {
+    let mut h = Harness::new(2, true);
+    h.up(2);
+    let deep = format!(
+        r#"{{"taskId": "deep", "workflowInstanceId": "wf-deep", "inputData": {{"params": {{"x": {}1{}}}}}}}"#,
+        "[".repeat(5000),
+        "]".repeat(5000)
+    );
+    let polled = Polled::decode(&deep);
+    assert!(
+        matches!(&polled, Polled::Undecodable { ids: Some(_), .. }),
+        "{polled:?}"
+    );
+    let granted = h.poll().unwrap();
+    let effects = h.go(Input::Polled {
+        tasks: vec![polled, task("ok")],
+        reserved: granted,
+    });
+    let failed = reports(&effects);
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].task_id, "deep");
+    assert_eq!(
+        failed[0].result.status(),
+        ResultStatus::FailedWithTerminalError
+    );
+    assert_eq!(
+        reason(&failed[0]),
+        "the task cannot be decoded: JSON nested 1001 levels deep; at most 1000 are accepted"
+    );
+    let sent = assignments(&effects);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].2, "ok");
+    // Without readable ids there is nothing to tell Conductor: dropped, nothing sent.
+    let effects = h.go(Input::UpdateDone {
+        slot: None,
+        next_task: Some(Polled::Undecodable {
+            ids: None,
+            problem: "x".into(),
+        }),
+    });
+    assert!(reports(&effects).is_empty() && assignments(&effects).is_empty());
 }
 
 #[test]

@@ -65,7 +65,7 @@ pub fn result_from_wire(result: wire::TaskResult) -> Result<RuntimeResult, WireE
     };
     match result.outcome {
         None => Err(WireError("the result has no outcome".into())),
-        Some(W::Completed(c)) => match serde_json::from_str(&c.output_json) {
+        Some(W::Completed(c)) => match perago_core::json::from_str(&c.output_json) {
             Ok(Value::Object(output)) => Ok(RuntimeResult::completed(worker, output)),
             Ok(_) => Err(WireError("output_json is not a JSON object".into())),
             Err(e) => Err(WireError(format!("output_json is not JSON: {e}"))),

@@ -13,6 +13,7 @@ pub mod conductor;
 pub mod env;
 pub mod files;
 pub mod identity;
+pub mod json;
 pub mod logging;
 pub mod manifest;
 pub mod mode;

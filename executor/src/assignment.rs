@@ -676,6 +676,6 @@ fn body_result(run: &Finished, budget: &Budget) -> Result<Value, Failure> {
     if text.trim().is_empty() {
         return fail("body printed no result on stdout (expected one JSON document)".to_owned());
     }
-    serde_json::from_str(&text)
+    perago_core::json::from_str(&text)
         .or_else(|e| fail(format!("body result on stdout is not valid JSON: {e}")))
 }

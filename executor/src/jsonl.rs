@@ -220,7 +220,7 @@ async fn exchange(
         Ok(None) => return Err("the body process closed its stdout".to_owned()),
         Err(e) => return Err(format!("cannot read from the body process: {e}")),
     };
-    let response: Value = serde_json::from_str(&answer).map_err(|e| {
+    let response: Value = perago_core::json::from_str(&answer).map_err(|e| {
         format!(
             "the body process wrote a line that is not JSON ({e}): {}",
             answer.chars().take(120).collect::<String>()

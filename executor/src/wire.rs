@@ -36,7 +36,8 @@ pub fn attempt_from_wire(attempt: wire::AttemptSnapshot) -> Result<AttemptSnapsh
         .ok()
         .and_then(status_from_wire)
         .ok_or_else(|| WireError(format!("unknown task status {}", attempt.status)))?;
-    let input_data = match serde_json::from_str(&attempt.input_data_json) {
+    // As deep as Conductor allows (serde_json alone stops at 128 levels).
+    let input_data = match perago_core::json::from_str(&attempt.input_data_json) {
         Ok(Value::Object(map)) => map,
         Ok(_) => return Err(WireError("input_data_json is not a JSON object".into())),
         Err(e) => return Err(WireError(format!("input_data_json is not JSON: {e}"))),

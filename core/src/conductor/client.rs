@@ -6,14 +6,57 @@
 
 use super::auth::{self, Credentials, CredentialsError, TokenState};
 use super::errors::ConductorError;
+use crate::attempt::TaskRef;
 use crate::url::encode_segment as segment;
 use reqwest::header::HeaderValue;
 use reqwest::{Method, StatusCode};
-use serde_json::Value;
+use serde_json::{Value, value::RawValue};
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// A task as a poll (or update-v2) returned it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Polled {
+    /// The task JSON.
+    Task(Value),
+    /// A task whose JSON cannot be taken (nested deeper than Conductor allows, or broken):
+    /// its ids, when they can be read, so it can be failed, and what is wrong.
+    Undecodable {
+        /// `taskId` and `workflowInstanceId`, if readable.
+        ids: Option<TaskRef>,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+impl Polled {
+    /// Decodes one task. The ids of an undecodable one are read by skipping every other
+    /// field, which serde_json does without recursion.
+    pub fn decode(text: &str) -> Self {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Ids {
+            task_id: String,
+            workflow_instance_id: String,
+        }
+        match crate::json::from_str(text) {
+            Ok(Value::Object(task)) => Self::Task(Value::Object(task)),
+            Ok(_) => Self::Undecodable {
+                ids: None,
+                problem: "a polled task is not a JSON object".to_owned(),
+            },
+            Err(e) => Self::Undecodable {
+                ids: serde_json::from_str::<Ids>(text).ok().map(|ids| TaskRef {
+                    task_id: ids.task_id,
+                    workflow_instance_id: ids.workflow_instance_id,
+                }),
+                problem: e.to_string(),
+            },
+        }
+    }
+}
 
 /// The longest long-poll Conductor accepts (`timeout` > 5000 ms is a 400).
 pub const MAX_LONG_POLL: Duration = Duration::from_millis(5000);
@@ -362,7 +405,7 @@ impl ConductorClient {
         base: &str,
         text: &str,
     ) -> Result<Value, ConductorError> {
-        serde_json::from_str(text).map_err(|e| ConductorError::Decode {
+        crate::json::from_str(text).map_err(|e| ConductorError::Decode {
             method,
             url: format!("{base}{path}"),
             message: format!("invalid JSON: {e}"),
@@ -392,7 +435,7 @@ impl ConductorClient {
         worker_id: &str,
         count: u32,
         wait: Duration,
-    ) -> Result<Vec<Value>, ConductorError> {
+    ) -> Result<Vec<Polled>, ConductorError> {
         let wait = wait.min(MAX_LONG_POLL);
         let path = format!("/tasks/poll/batch/{}", segment(task_type));
         let query = [
@@ -406,14 +449,15 @@ impl ConductorClient {
         if status == StatusCode::NO_CONTENT || text.trim().is_empty() {
             return Ok(Vec::new());
         }
-        match Self::decode("GET", &path, &self.base, &text)? {
-            Value::Array(tasks) => Ok(tasks),
-            _ => Err(ConductorError::Decode {
+        // The array is split without parsing its elements (serde_json skips values
+        // iteratively), then each task is decoded on its own: one bad task fails alone.
+        let tasks: Vec<Box<RawValue>> =
+            serde_json::from_str(&text).map_err(|e| ConductorError::Decode {
                 method: "GET",
                 url: format!("{}{path}", self.base),
-                message: "expected a JSON array of tasks".into(),
-            }),
-        }
+                message: format!("expected a JSON array of tasks: {e}"),
+            })?;
+        Ok(tasks.iter().map(|raw| Polled::decode(raw.get())).collect())
     }
 
     /// `POST /tasks` (update v1). A 200 does not prove the update was applied: Conductor
@@ -426,7 +470,9 @@ impl ConductorClient {
 
     /// `POST /tasks/update-v2`: the update, then the next task of the same type for the same
     /// worker, if any.
-    pub async fn update_task_v2(&self, result: &Value) -> Result<Option<Value>, ConductorError> {
+    /// The update was applied once this returns `Ok`, even when the next task it brings
+    /// cannot be decoded (that task is [`Polled::Undecodable`]).
+    pub async fn update_task_v2(&self, result: &Value) -> Result<Option<Polled>, ConductorError> {
         let path = "/tasks/update-v2";
         let (status, text) = self
             .send(Method::POST, path, &[], Some(result), REQUEST_TIMEOUT)
@@ -434,7 +480,7 @@ impl ConductorClient {
         if status == StatusCode::NO_CONTENT || text.trim().is_empty() {
             return Ok(None);
         }
-        Self::decode("POST", path, &self.base, &text).map(Some)
+        Ok(Some(Polled::decode(&text)))
     }
 
     /// `GET /tasks/{taskId}`. A 204 (servers before 3.21.20) counts as not found.

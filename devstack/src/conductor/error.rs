@@ -103,8 +103,55 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Jackson's default `StreamReadConstraints.maxNestingDepth`, which the server keeps.
+pub(crate) const MAX_NESTING_DEPTH: usize = 1000;
+
+/// The deepest array/object nesting of `body`, counted without recursion (brackets inside
+/// strings skipped); stops counting past `limit`.
+fn nesting_depth(body: &[u8], limit: usize) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &b in body {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+                if deepest > limit {
+                    break;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
 /// Parses a JSON request body the way the server's Jackson mapper does: unknown fields are
-/// ignored; malformed JSON and unknown enum values are a 500 (not in the exception map).
+/// ignored; nesting up to 1,000 levels is accepted (serde_json alone stops at 128); malformed
+/// JSON, deeper nesting and unknown enum values are a 500 (not in the exception map).
 pub(crate) fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::Internal(format!("JSON parse error: {e}")))
+    let parse_error = |e: String| ApiError::Internal(format!("JSON parse error: {e}"));
+    let depth = nesting_depth(body, MAX_NESTING_DEPTH);
+    if depth > MAX_NESTING_DEPTH {
+        return Err(parse_error(format!(
+            "Document nesting depth ({depth}) exceeds the maximum allowed ({MAX_NESTING_DEPTH})"
+        )));
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    de.disable_recursion_limit();
+    // Within the depth checked above, on a stack that grows as needed.
+    let value = T::deserialize(serde_stacker::Deserializer::new(&mut de))
+        .map_err(|e| parse_error(e.to_string()))?;
+    de.end().map_err(|e| parse_error(e.to_string()))?;
+    Ok(value)
 }

@@ -7,6 +7,7 @@ mod broker;
 mod cli;
 mod deploy;
 mod harness;
+mod hostile_tasks;
 mod ops;
 mod runtime;
 mod wire;

@@ -1,0 +1,56 @@
+//! Hostile tasks end to end: one bad task harms nothing else in its batch.
+
+use crate::harness::{Conductor, SupervisorProc, TaskFixture};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// `depth` levels of arrays around a 1.
+fn nested(depth: usize) -> Value {
+    let mut v = json!(1);
+    for _ in 0..depth {
+        v = json!([v]);
+    }
+    v
+}
+
+fn depth_of(mut v: &Value) -> usize {
+    let mut depth = 0;
+    while let Some(inner) = v.as_array().and_then(|a| a.first()) {
+        depth += 1;
+        v = inner;
+    }
+    depth
+}
+
+/// Conductor accepts input nested up to 1,000 levels; serde_json alone stops at 128, which
+/// made the whole batch-poll answer undecodable (its healthy batch-mates timed out). Now the
+/// deep task runs like the others, and all four come back in one batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deeply_nested_input_runs_and_its_batch_mates_too() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("e2e.deep", "cat\n", "");
+    conductor.register(&task).await;
+    let deep = conductor
+        .start_workflow(&task, json!({"deep": nested(900)}))
+        .await;
+    let mut others = Vec::new();
+    for n in 0..3 {
+        others.push(conductor.start_workflow(&task, json!({"n": n})).await);
+    }
+    // Started after the workflows, so its first batch poll takes all four.
+    let _sup = SupervisorProc::start(&task, &conductor, 4, &[]);
+    let wf = conductor
+        .wait_terminal(&deep, Duration::from_secs(30))
+        .await;
+    assert_eq!(
+        wf["status"], "COMPLETED",
+        "{}",
+        wf["tasks"][0]["reasonForIncompletion"]
+    );
+    assert_eq!(depth_of(&wf["output"]["result"]["deep"]), 900);
+    for id in others {
+        let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+        assert_eq!(wf["status"], "COMPLETED");
+        assert_eq!(wf["tasks"].as_array().unwrap().len(), 1, "no retry needed");
+    }
+}
