@@ -109,19 +109,19 @@ pub(crate) fn start(
     .map_err(|e| problems.push(e.to_string()))
     .ok()
     .flatten();
-    let mut gc = [
+    let mut durations = [
         (env::PERAGO_WORKSPACE_GC_INTERVAL, Duration::from_secs(300)),
         (env::PERAGO_WORKSPACE_GC_TTL, Duration::from_secs(24 * 3600)),
         (env::PERAGO_ROOT_LOCK_WAIT, DEFAULT_ROOT_LOCK_WAIT),
     ];
-    for (name, value) in &mut gc {
+    for (name, value) in &mut durations {
         match env::duration_var(name, vars.get(*name).map(String::as_str)) {
             Ok(Some(d)) => *value = d,
             Ok(None) => {}
             Err(e) => problems.push(e.to_string()),
         }
     }
-    let [(_, gc_interval), (_, gc_ttl), (_, lock_wait)] = gc;
+    let [(_, gc_interval), (_, gc_ttl), (_, lock_wait)] = durations;
     let conductor = ConductorClient::from_lookup(|name| vars.get(name).cloned())
         .map_err(|e| problems.push(e.to_string()))
         .ok();
