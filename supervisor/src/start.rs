@@ -4,7 +4,7 @@
 use crate::runtime::{
     children::Launcher,
     gc, root,
-    supervise::{RuntimeSpec, supervise},
+    supervise::{self, RuntimeError, RuntimeSpec, supervise},
 };
 use crate::{cli::StartArgs, errors::ExpectedError};
 use perago_core::{
@@ -164,6 +164,10 @@ pub(crate) fn start(
             .await
             .map_err(|e| ExpectedError::Root(e.to_string()))?;
         tracing::info!(root = %locked.root.display(), runtime_dir = %locked.runtime_dir.display(), "workspace root locked");
+        // Another runtime's broker on the socket: touch nothing of it, not even its attempts.
+        if let Some(foreign) = supervise::foreign_broker(&locked.socket).await {
+            return Err(ExpectedError::Runtime(foreign.to_string()));
+        }
         gc::sweep_all(&locked.root, "left behind by an earlier runtime");
         let launcher = match plan.mode {
             ExecutionMode::Process => Launcher::Process {
@@ -201,7 +205,9 @@ pub(crate) fn start(
             child_env: Vec::new(),
         };
         let result = supervise(spec, launcher, std::future::pending()).await;
-        gc::sweep_all(&locked.root, "final sweep after shutdown");
+        if !matches!(result, Err(RuntimeError::ForeignBroker { .. })) {
+            gc::sweep_all(&locked.root, "final sweep after shutdown");
+        }
         drop(locked);
         result.map_err(|e| ExpectedError::Runtime(e.to_string()))
     })

@@ -396,8 +396,17 @@ impl Supervisor {
     }
 }
 
-/// Who serves on `socket` now, if anyone: `a broker (pid N)`, or `a process` when it does not
-/// say. Only for messages: every answer means "not ours".
+/// The error to stop with if anything already serves on `socket`: under a locked root, a
+/// server there belongs to a runtime the lock does not cover (one that is not ours, whatever
+/// it is), and is never talked to. Says who answers: `a broker (pid N)`, else `a process`.
+pub(crate) async fn foreign_broker(socket: &std::path::Path) -> Option<RuntimeError> {
+    let who = serving(socket).await?;
+    Some(RuntimeError::ForeignBroker {
+        socket: socket.to_owned(),
+        who,
+    })
+}
+
 async fn serving(socket: &std::path::Path) -> Option<String> {
     let channel = perago_executor::slot::connect(socket).await.ok()?;
     let status = tokio::time::timeout(
@@ -502,13 +511,8 @@ pub(crate) async fn supervise(
         broker_failed: None,
     };
     broker_env.extend(sup.base_env());
-    // The root is locked, so nothing of an earlier runtime under it is alive; a server on the
-    // socket anyway belongs to a runtime the lock does not cover. Never talk to it.
-    if let Some(who) = serving(&sup.spec.socket).await {
-        return Err(RuntimeError::ForeignBroker {
-            socket: sup.spec.socket.clone(),
-            who,
-        });
+    if let Some(foreign) = foreign_broker(&sup.spec.socket).await {
+        return Err(foreign);
     }
     let broker = sup
         .launcher

@@ -576,7 +576,28 @@ echo '{}'
         || async { child_named(next.pid(), "perago-conductor-broker") },
     )
     .await;
-    assert!(!alive(broker.pid) && !alive(executor.pid));
+    eventually(
+        "the old runtime to be gone",
+        Duration::from_secs(5),
+        || async { (!alive(broker.pid) && !alive(executor.pid)).then_some(()) },
+    )
+    .await;
+    // Its executor attaches (a drain before that would only test the attach timeout).
+    let socket = root.join("run/broker.sock");
+    eventually(
+        "the next runtime's slot to be idle",
+        Duration::from_secs(20),
+        || async {
+            use perago_proto::admin::v1::{SlotState, StatusRequest, admin_client::AdminClient};
+            let channel = perago_executor::slot::connect(&socket).await.ok()?;
+            let status = AdminClient::new(channel)
+                .status(StatusRequest {})
+                .await
+                .ok()?;
+            (status.get_ref().slots.first()?.state() == SlotState::Idle).then_some(())
+        },
+    )
+    .await;
     next.signal("TERM");
     let log = next.log_text();
     assert_eq!(
@@ -638,6 +659,8 @@ async fn start_never_talks_to_a_broker_it_did_not_start() {
     std::fs::create_dir_all(ws.join("run")).unwrap();
     std::fs::set_permissions(ws.join("run"), std::fs::Permissions::from_mode(0o700)).unwrap();
     let socket = ws.join("run/broker.sock");
+    // One of its attempts, whose owner this test cannot show to be alive.
+    std::fs::create_dir_all(ws.join("attempts/theirs/work")).unwrap();
     let mut foreign = perago_tests::command(crate::harness::BROKER)
         .env("CONDUCTOR_SERVER_URL", conductor.server.base_url())
         .env("PERAGO_SOCKET", &socket)
@@ -677,6 +700,11 @@ async fn start_never_talks_to_a_broker_it_did_not_start() {
     assert!(!log.contains("control token"), "{log}");
     assert!(alive(foreign.id()), "the foreign broker was left alone");
     assert!(socket.exists());
+    assert_eq!(
+        attempts_left(&ws),
+        ["theirs"],
+        "its attempts were left alone"
+    );
     let _ = foreign.kill();
     let _ = foreign.wait();
 }
