@@ -407,15 +407,25 @@ pub(crate) async fn foreign_broker(socket: &std::path::Path) -> Option<RuntimeEr
     })
 }
 
+/// Who listens on `socket`, if anyone. A listener that accepts the connection but never
+/// answers (a wedged process) holds the path all the same: "a process".
 async fn serving(socket: &std::path::Path) -> Option<String> {
-    let channel = perago_executor::slot::connect(socket).await.ok()?;
-    let status = tokio::time::timeout(
-        Duration::from_secs(1),
-        AdminClient::new(channel).status(admin::StatusRequest {}),
-    )
+    const ASK: Duration = Duration::from_secs(1);
+    match tokio::time::timeout(ASK, tokio::net::UnixStream::connect(socket)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(_)) => return None,
+        Err(_) => return Some("a process".to_owned()),
+    }
+    let status = tokio::time::timeout(ASK, async {
+        let channel = perago_executor::slot::connect(socket).await.ok()?;
+        AdminClient::new(channel)
+            .status(admin::StatusRequest {})
+            .await
+            .ok()
+    })
     .await;
     Some(match status {
-        Ok(Ok(s)) => format!("a broker (pid {})", s.get_ref().broker_pid),
+        Ok(Some(s)) => format!("a broker (pid {})", s.get_ref().broker_pid),
         _ => "a process".to_owned(),
     })
 }
@@ -628,6 +638,27 @@ pub(crate) async fn supervise(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_socket_anyone_listens_on_is_foreign() {
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("broker.sock");
+        assert!(foreign_broker(&socket).await.is_none(), "no file");
+        // A listener that never accepts nor answers still holds the path.
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let err = foreign_broker(&socket).await.expect("held").to_string();
+        assert_eq!(
+            err,
+            format!(
+                "another runtime is running under this workspace root: a process already answers on {}; this supervisor did not start it and will not use it (stop that runtime first)",
+                socket.display()
+            )
+        );
+        // A stale file nobody listens on is the broker's to clean up, not a foreign runtime.
+        drop(listener);
+        assert!(socket.exists());
+        assert!(foreign_broker(&socket).await.is_none(), "stale file");
+    }
 
     #[test]
     fn restart_backoff_steps() {
