@@ -6,8 +6,9 @@
 //! SIGTERM if the supervisor dies. Each child also inherits the workspace root's lock (its
 //! descriptor number in `PERAGO_ROOT_LOCK_FD`), so the root stays locked until the last process
 //! of the runtime has exited, even when the supervisor was killed first; the children mark it
-//! close-on-exec at once, so their bodies never hold it. Thread mode runs the same broker and slot code in this
-//! process, over the same socket; bodies are still subprocesses.
+//! close-on-exec at once, so their bodies never hold it. Thread mode runs the same broker and
+//! slot code in this process, over the same socket; bodies are still subprocesses (and never
+//! inherit the lock, which is opened close-on-exec).
 
 use perago_core::{
     manifest::{BodyKind, Manifest},
