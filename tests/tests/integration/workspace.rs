@@ -476,6 +476,21 @@ async fn a_stale_lock_is_reclaimed_and_orphans_are_swept_at_start_and_shutdown()
     assert!(attempts_left(&ws).is_empty());
 }
 
+/// Waits until slot 1 of the runtime serving under `root` is attached and idle.
+async fn first_slot_idle(root: &Path) {
+    use perago_proto::admin::v1::{SlotState, StatusRequest, admin_client::AdminClient};
+    let socket = root.join("run/broker.sock");
+    eventually("slot 1 to be idle", Duration::from_secs(20), || async {
+        let channel = perago_executor::slot::connect(&socket).await.ok()?;
+        let status = AdminClient::new(channel)
+            .status(StatusRequest {})
+            .await
+            .ok()?;
+        (status.get_ref().slots.first()?.state() == SlotState::Idle).then_some(())
+    })
+    .await;
+}
+
 /// Whether the three seeded files under `data/` are on `main` as seeded, apart from `a.txt`.
 async fn untouched_but_a(lakefs: &Lakefs) -> bool {
     lakefs.read(REPO, "data/b.txt").await.as_deref() == Some("b\n")
@@ -583,21 +598,7 @@ echo '{}'
     )
     .await;
     // Its executor attaches (a drain before that would only test the attach timeout).
-    let socket = root.join("run/broker.sock");
-    eventually(
-        "the next runtime's slot to be idle",
-        Duration::from_secs(20),
-        || async {
-            use perago_proto::admin::v1::{SlotState, StatusRequest, admin_client::AdminClient};
-            let channel = perago_executor::slot::connect(&socket).await.ok()?;
-            let status = AdminClient::new(channel)
-                .status(StatusRequest {})
-                .await
-                .ok()?;
-            (status.get_ref().slots.first()?.state() == SlotState::Idle).then_some(())
-        },
-    )
-    .await;
+    first_slot_idle(&root).await;
     next.signal("TERM");
     let log = next.log_text();
     assert_eq!(
@@ -886,4 +887,47 @@ async fn an_unreadable_attempt_fails_closed_after_the_fence_patience() {
     );
     assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
     assert!(attempts_left(&sup.workspace_root()).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_left_by_a_body_never_holds_the_root() {
+    let conductor = Conductor::start().await;
+    // The body leaves a daemon behind (its own session, stdio closed), as careless bodies do.
+    let body = "read p\n( setsid sleep 20 </dev/null >/dev/null 2>&1 & echo $! > daemon.pid )\necho '{}'\n";
+    let task = TaskFixture::new("ws.daemon", body, "");
+    conductor.register(&task).await;
+    let mut first = SupervisorProc::start(&task, &conductor, 1, &[]);
+    let id = conductor.start_workflow(&task, json!({})).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
+    let daemon: u32 = std::fs::read_to_string(task.dir.path().join("daemon.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    first.signal("TERM");
+    assert_eq!(
+        first.wait_exit(Duration::from_secs(20)).await.code(),
+        Some(0)
+    );
+
+    // The runtime is gone; the daemon may live on, but the root is free at once.
+    let root = first.workspace_root();
+    let mut next = SupervisorProc::start(
+        &task,
+        &conductor,
+        1,
+        &[
+            ("PERAGO_WORKSPACE_ROOT", root.to_str().unwrap()),
+            ("PERAGO_ROOT_LOCK_WAIT", "200ms"),
+        ],
+    );
+    first_slot_idle(&root).await;
+    let log = next.log_text();
+    assert!(!log.contains("still draining"), "{log}");
+    if alive(daemon) {
+        signal_pid(daemon, "KILL");
+    }
+    next.signal("TERM");
+    next.wait_exit(Duration::from_secs(20)).await;
 }
