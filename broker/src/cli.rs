@@ -71,6 +71,12 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
 
 /// Runs the broker process; returns the exit code.
 pub fn main() -> i32 {
+    // Hold the workspace root's lock for as long as this process lives, but never pass it on.
+    perago_core::process::adopt_root_lock(
+        std::env::var(perago_core::process::ROOT_LOCK_FD)
+            .ok()
+            .as_deref(),
+    );
     let config = match config_from(|name| std::env::var(name).ok()) {
         Ok(c) => c,
         Err(message) => {

@@ -20,6 +20,9 @@ pub const PERAGO_WORKER_ID_PREFIX: &str = "PERAGO_WORKER_ID_PREFIX";
 pub const PERAGO_WORKER_ID: &str = "PERAGO_WORKER_ID";
 /// Root of the attempt workspaces, the runtime dir and the supervisor lock.
 pub const PERAGO_WORKSPACE_ROOT: &str = "PERAGO_WORKSPACE_ROOT";
+/// How long `start` waits for the processes of an earlier runtime (whose supervisor died) to
+/// finish draining and release the workspace root (default 30s); past it, `start` refuses.
+pub const PERAGO_ROOT_LOCK_WAIT: &str = "PERAGO_ROOT_LOCK_WAIT";
 /// Root of the JSONL logs.
 pub const PERAGO_LOG_ROOT: &str = "PERAGO_LOG_ROOT";
 /// How often the workspace GC runs (default 5m).

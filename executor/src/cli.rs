@@ -100,6 +100,13 @@ pub fn main() -> i32 {
 /// Runs an executor process whose body is `task` (a Rust task binary) or the manifest's
 /// command; returns the exit code.
 pub(crate) fn main_with(task: Option<Arc<dyn crate::task::Task>>) -> i32 {
+    // This process holds the workspace root's lock (inherited from the supervisor) until it
+    // exits; close-on-exec keeps it from every body, which might daemonize and outlive us.
+    perago_core::process::adopt_root_lock(
+        std::env::var(perago_core::process::ROOT_LOCK_FD)
+            .ok()
+            .as_deref(),
+    );
     let (identity, manifest_path) = match identity_from(|name| std::env::var(name).ok()) {
         Ok(v) => v,
         Err(message) => {

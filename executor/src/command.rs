@@ -112,11 +112,15 @@ pub(crate) const RUNTIME_SECRETS: [&str; 3] = [
     "LAKEFS_SECRET_ACCESS_KEY",
 ];
 
-/// Removes [`RUNTIME_SECRETS`] from a body's environment.
+/// Removes [`RUNTIME_SECRETS`] from a body's environment, and keeps every descriptor of the
+/// executor but stdio from it: a body must never hold the workspace root's lock (a daemon it
+/// leaves behind would keep the root locked forever) or a socket of the runtime.
 pub(crate) fn strip_runtime_secrets(cmd: &mut tokio::process::Command) {
     for name in RUNTIME_SECRETS {
         cmd.env_remove(name);
     }
+    cmd.env_remove(unix::ROOT_LOCK_FD);
+    unix::inherit_only_stdio(cmd);
 }
 
 /// Runs `spec` with `stdin` as its standard input, within `limits`.

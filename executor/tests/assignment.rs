@@ -423,3 +423,30 @@ async fn a_workspace_assignment_without_lakefs_config_fails_and_says_what_is_mis
     let again = runner.execute("e2", &attempt).await;
     assert_eq!(again.status(), ResultStatus::Failed);
 }
+
+#[tokio::test]
+async fn a_body_inherits_no_descriptor_of_its_executor_but_stdio() {
+    use std::os::fd::AsRawFd as _;
+    // As the workspace root's lock is in an executor: open and inheritable.
+    let lock = tempfile::NamedTempFile::new().unwrap();
+    let fd = lock.as_file().as_raw_fd();
+    perago_core::process::set_cloexec(fd, false).unwrap();
+    let task = Task::new(
+        r#"read params
+fd=$(printf '%s' "$params" | tr -cd 0-9)
+printf '{"held": "%s"}' "$(readlink /proc/$$/fd/$fd)"
+"#,
+        "",
+    );
+    let result = task.run(json!({"params": {"fd": fd}})).await;
+    let held = output(&result)["result"]["held"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    perago_core::process::set_cloexec(fd, true).unwrap();
+    assert_ne!(
+        held,
+        lock.path().to_str().unwrap(),
+        "the body holds the lock"
+    );
+}

@@ -137,13 +137,16 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
         );
 
         let root = std::env::temp_dir().join(format!("perago-dev-{}", std::process::id()));
-        let locked = crate::runtime::root::lock(&root, vars)
+        // A fresh root of this process's own: nothing can be draining there.
+        let locked = crate::runtime::root::lock(&root, vars, Duration::ZERO)
+            .await
             .map_err(|e| ExpectedError::Root(e.to_string()))?;
         let launcher = match mode {
             ExecutionMode::Thread => {
                 Launcher::thread(Arc::new(manifest.clone())).map_err(ExpectedError::Runtime)?
             }
             ExecutionMode::Process => Launcher::Process {
+                lock_fd: Some(locked.lock_fd()),
                 broker_bin: crate::start::sibling_binary(
                     vars,
                     "PERAGO_BROKER_BIN",

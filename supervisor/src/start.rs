@@ -4,7 +4,7 @@
 use crate::runtime::{
     children::Launcher,
     gc, root,
-    supervise::{RuntimeSpec, supervise},
+    supervise::{self, RuntimeError, RuntimeSpec, supervise},
 };
 use crate::{cli::StartArgs, errors::ExpectedError};
 use perago_core::{
@@ -15,6 +15,9 @@ use perago_core::{
     mode::{ExecutionMode, WorkerCount},
 };
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
+
+/// How long `start` waits, by default, for an earlier runtime under the same root to drain.
+const DEFAULT_ROOT_LOCK_WAIT: Duration = Duration::from_secs(30);
 
 /// What `start` resolved from its arguments and environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,18 +109,19 @@ pub(crate) fn start(
     .map_err(|e| problems.push(e.to_string()))
     .ok()
     .flatten();
-    let mut gc = [
+    let mut durations = [
         (env::PERAGO_WORKSPACE_GC_INTERVAL, Duration::from_secs(300)),
         (env::PERAGO_WORKSPACE_GC_TTL, Duration::from_secs(24 * 3600)),
+        (env::PERAGO_ROOT_LOCK_WAIT, DEFAULT_ROOT_LOCK_WAIT),
     ];
-    for (name, value) in &mut gc {
+    for (name, value) in &mut durations {
         match env::duration_var(name, vars.get(*name).map(String::as_str)) {
             Ok(Some(d)) => *value = d,
             Ok(None) => {}
             Err(e) => problems.push(e.to_string()),
         }
     }
-    let [(_, gc_interval), (_, gc_ttl)] = gc;
+    let [(_, gc_interval), (_, gc_ttl), (_, lock_wait)] = durations;
     let conductor = ConductorClient::from_lookup(|name| vars.get(name).cloned())
         .map_err(|e| problems.push(e.to_string()))
         .ok();
@@ -154,11 +158,20 @@ pub(crate) fn start(
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
             .unwrap_or_else(|| root::default_root(name, vars));
-        let locked = root::lock(&root_path, vars).map_err(|e| ExpectedError::Root(e.to_string()))?;
+        // The lock is held by every process of a runtime: once it is ours, no process of an
+        // earlier runtime is left to use its attempt directories, and the sweep is safe.
+        let locked = root::lock(&root_path, vars, lock_wait)
+            .await
+            .map_err(|e| ExpectedError::Root(e.to_string()))?;
         tracing::info!(root = %locked.root.display(), runtime_dir = %locked.runtime_dir.display(), "workspace root locked");
-        gc::sweep_all(&locked.root, "left behind by an earlier supervisor");
+        // Another runtime's broker on the socket: touch nothing of it, not even its attempts.
+        if let Some(foreign) = supervise::foreign_broker(&locked.socket).await {
+            return Err(ExpectedError::Runtime(foreign.to_string()));
+        }
+        gc::sweep_all(&locked.root, "left behind by an earlier runtime");
         let launcher = match plan.mode {
             ExecutionMode::Process => Launcher::Process {
+                lock_fd: Some(locked.lock_fd()),
                 broker_bin: sibling_binary(vars, "PERAGO_BROKER_BIN", "perago-broker"),
                 executor_bin: match &manifest.body.kind {
                     BodyKind::Executor(path) => path.clone(),
@@ -192,7 +205,9 @@ pub(crate) fn start(
             child_env: Vec::new(),
         };
         let result = supervise(spec, launcher, std::future::pending()).await;
-        gc::sweep_all(&locked.root, "final sweep after shutdown");
+        if !matches!(result, Err(RuntimeError::ForeignBroker { .. })) {
+            gc::sweep_all(&locked.root, "final sweep after shutdown");
+        }
         drop(locked);
         result.map_err(|e| ExpectedError::Runtime(e.to_string()))
     })

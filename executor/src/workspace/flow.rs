@@ -74,7 +74,7 @@ fn failed(message: impl Into<String>) -> WorkspaceFailure {
 pub struct Attempt {
     client: LakefsClient,
     input: WorkspaceInput,
-    dir: PathBuf,
+    dir: AttemptDir,
     work: PathBuf,
     /// The commit the files were read from.
     source_commit: String,
@@ -90,6 +90,90 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// The attempt directory this executor created, and proof that it still is: an open handle on
+/// the directory and its `work/` folder (the kernel never reuses the inode of a directory that
+/// is open, so a folder made again at the same path always has another one) and the owner
+/// file's exact content.
+#[derive(Debug)]
+pub(crate) struct AttemptDir {
+    path: PathBuf,
+    work: PathBuf,
+    owner_text: String,
+    handles: [(PathBuf, fs::File); 2],
+}
+
+fn identity(meta: &fs::Metadata) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt as _;
+    (meta.dev(), meta.ino())
+}
+
+impl AttemptDir {
+    /// Creates `<root>/attempts/<execution_id>/work` and writes the owner file.
+    pub(crate) fn create(
+        root: &Path,
+        execution_id: &str,
+        owner: Owner,
+    ) -> Result<Self, WorkspaceFailure> {
+        let path = root.join("attempts").join(execution_id);
+        let work = path.join("work");
+        let cannot = |what: &str, e: std::io::Error| {
+            failed(format!(
+                "cannot {what} the attempt directory {}: {e}",
+                path.display()
+            ))
+        };
+        fs::create_dir_all(&work).map_err(|e| cannot("create", e))?;
+        let owner_text = json!({
+            "slot": owner.slot, "generation": owner.generation, "pid": std::process::id(),
+            "execution_id": execution_id, "created": now_secs(),
+        })
+        .to_string();
+        fs::write(path.join(OWNER_FILE), &owner_text)
+            .map_err(|e| cannot("write the owner file in", e))?;
+        let open = |p: &Path| fs::File::open(p).map(|f| (p.to_owned(), f));
+        let handles = [
+            open(&path).map_err(|e| cannot("open", e))?,
+            open(&work).map_err(|e| cannot("open", e))?,
+        ];
+        Ok(Self {
+            path,
+            work,
+            owner_text,
+            handles,
+        })
+    }
+
+    /// Ok while the directory, its `work/` folder and its owner file are the ones created.
+    pub(crate) fn verify(&self) -> Result<(), WorkspaceFailure> {
+        let gone = |why: String| {
+            failed(format!(
+                "the attempt directory {} is no longer the one this executor created and filled: {why}; its input snapshot is lost, so the change cannot be known; nothing was published",
+                self.path.display()
+            ))
+        };
+        for (path, handle) in &self.handles {
+            let held = handle
+                .metadata()
+                .map_err(|e| gone(format!("cannot read {}: {e}", path.display())))?;
+            match fs::symlink_metadata(path) {
+                Ok(now) if identity(&now) == identity(&held) => {}
+                Ok(_) => {
+                    return Err(gone(format!(
+                        "{} was removed and made again",
+                        path.display()
+                    )));
+                }
+                Err(e) => return Err(gone(format!("{} was removed ({e})", path.display()))),
+            }
+        }
+        match fs::read_to_string(self.path.join(OWNER_FILE)) {
+            Ok(text) if text == self.owner_text => Ok(()),
+            Ok(_) => Err(gone(format!("its {OWNER_FILE} file was rewritten"))),
+            Err(e) => Err(gone(format!("its {OWNER_FILE} file is gone ({e})"))),
+        }
+    }
+}
+
 impl Attempt {
     /// Creates the attempt directory with its owner file and downloads the input prefix at
     /// the commit the input ref points to now.
@@ -100,29 +184,12 @@ impl Attempt {
         owner: Owner,
         input: WorkspaceInput,
     ) -> Result<Self, WorkspaceFailure> {
-        let dir = root.join("attempts").join(execution_id);
-        let work = dir.join("work");
-        fs::create_dir_all(&work).map_err(|e| {
-            failed(format!(
-                "cannot create the attempt directory {}: {e}",
-                dir.display()
-            ))
-        })?;
-        let owner_json = json!({
-            "slot": owner.slot, "generation": owner.generation, "pid": std::process::id(),
-            "execution_id": execution_id, "created": now_secs(),
-        });
-        fs::write(dir.join(OWNER_FILE), owner_json.to_string()).map_err(|e| {
-            failed(format!(
-                "cannot write the owner file in {}: {e}",
-                dir.display()
-            ))
-        })?;
+        let dir = AttemptDir::create(root, execution_id, owner)?;
         let mut attempt = Self {
             client,
             input,
+            work: dir.work.clone(),
             dir,
-            work,
             source_commit: String::new(),
             downloaded: BTreeMap::new(),
             staging: None,
@@ -194,9 +261,15 @@ impl Attempt {
         Ok(())
     }
 
-    /// The change the body made.
+    /// The change the body made. Fails closed, before and after the scan, unless the attempt
+    /// directory is still the one this executor created and filled: a folder swept and made
+    /// again (by a body, or by anyone) would otherwise read as "every input file deleted".
     pub fn changes(&self) -> Result<Changes, WorkspaceFailure> {
-        scan(&self.work, &self.input.prefix, &self.downloaded).map_err(|e| failed(e.to_string()))
+        self.dir.verify()?;
+        let changes = scan(&self.work, &self.input.prefix, &self.downloaded)
+            .map_err(|e| failed(e.to_string()))?;
+        self.dir.verify()?;
+        Ok(changes)
     }
 
     /// Stages and publishes `changes`; returns the `workspace` output object.
@@ -235,11 +308,13 @@ impl Attempt {
                 "changed": changes.changed.len(), "removed": changes.removed.len(),
             })
         };
+        // The fence runs whatever the body did: an attempt Conductor has given up on is FAILED,
+        // also when it has nothing to publish.
+        check_fence(fence, polled, "before staging").await?;
         if changes.is_empty() {
             tracing::info!("the body changed nothing; nothing to publish");
             return Ok(counts(&self.source_commit.clone()));
         }
-        check_fence(fence, polled, "before staging").await?;
 
         let repo = self.input.repository.clone();
         let staging = format!("perago-staging-{execution_id}");
@@ -249,6 +324,8 @@ impl Attempt {
             .map_err(|e| failed(format!("staging failed: {e}")))?;
         self.staging = Some(staging.clone());
         self.upload(&repo, &staging, changes).await?;
+        // What was uploaded was read from the directory this executor filled.
+        self.dir.verify()?;
         if !changes.removed.is_empty() {
             self.client
                 .delete_objects(&repo, &staging, &changes.removed)
@@ -350,8 +427,8 @@ impl Attempt {
         {
             tracing::warn!(error = %e, branch = %staging, "cannot delete the staging branch");
         }
-        if let Err(e) = fs::remove_dir_all(&self.dir) {
-            tracing::warn!(error = %e, dir = %self.dir.display(), "cannot remove the attempt directory");
+        if let Err(e) = fs::remove_dir_all(&self.dir.path) {
+            tracing::warn!(error = %e, dir = %self.dir.path.display(), "cannot remove the attempt directory");
         }
     }
 }
@@ -387,5 +464,225 @@ pub async fn check_fence(
                 wait = (wait * 2).min(Duration::from_secs(2));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workspace::lakefs::LakefsConfig;
+    use std::sync::{
+        Mutex,
+        atomic::{AtomicUsize, Ordering},
+    };
+
+    fn snapshot(status: &str) -> AttemptSnapshot {
+        AttemptSnapshot::from_conductor(&json!({
+            "taskId": "task-1", "workflowInstanceId": "wf-1", "retryCount": 0,
+            "taskDefName": "t", "referenceTaskName": "ref", "seq": 1,
+            "status": status, "inputData": {}
+        }))
+        .unwrap()
+    }
+
+    /// Answers the scripted reads in order, then "unavailable"; counts the reads.
+    #[derive(Default)]
+    struct Scripted {
+        reads: Mutex<Vec<FenceRead>>,
+        calls: AtomicUsize,
+    }
+
+    impl Scripted {
+        fn new(reads: Vec<FenceRead>) -> Self {
+            Self {
+                reads: Mutex::new(reads.into_iter().rev().collect()),
+                calls: AtomicUsize::new(0),
+            }
+        }
+        fn calls(&self) -> usize {
+            self.calls.load(Ordering::SeqCst)
+        }
+    }
+
+    impl Fence for Scripted {
+        fn reload(&self) -> std::pin::Pin<Box<dyn Future<Output = FenceRead> + Send + '_>> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let next = self.reads.lock().unwrap().pop();
+            Box::pin(async move {
+                next.unwrap_or_else(|| FenceRead::Unavailable("connection refused".to_owned()))
+            })
+        }
+    }
+
+    fn fresh(status: &str) -> FenceRead {
+        FenceRead::Fresh(Box::new(snapshot(status)))
+    }
+
+    fn message(result: Result<impl std::fmt::Debug, WorkspaceFailure>) -> String {
+        match result {
+            Err(WorkspaceFailure::Failed(m)) => m,
+            Ok(v) => panic!("expected a failure, got {v:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_fence_passes_only_a_fresh_in_progress_read() {
+        let polled = snapshot("IN_PROGRESS");
+        let fence = Scripted::new(vec![fresh("IN_PROGRESS")]);
+        check_fence(&fence, &polled, "before staging")
+            .await
+            .unwrap();
+
+        let fence = Scripted::new(vec![fresh("TIMED_OUT")]);
+        assert_eq!(
+            message(check_fence(&fence, &polled, "before publishing").await),
+            "stale attempt: task status is TIMED_OUT, expected IN_PROGRESS (before publishing); nothing was published"
+        );
+        // A 404 from Conductor: stale at once, not retried.
+        let fence = Scripted::new(vec![FenceRead::Gone]);
+        assert_eq!(
+            message(check_fence(&fence, &polled, "before staging").await),
+            "stale attempt: Conductor no longer knows task task-1 (before staging); nothing was published"
+        );
+        assert_eq!(fence.calls(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unavailable_fence_is_retried_then_fails_closed() {
+        let polled = snapshot("IN_PROGRESS");
+        // A blip is retried...
+        let fence = Scripted::new(vec![
+            FenceRead::Unavailable("HTTP 503".to_owned()),
+            fresh("IN_PROGRESS"),
+        ]);
+        check_fence(&fence, &polled, "before staging")
+            .await
+            .unwrap();
+        assert_eq!(fence.calls(), 2);
+        // ...an outage longer than the patience fails the attempt: never a publish unfenced.
+        let started = tokio::time::Instant::now();
+        let fence = Scripted::new(Vec::new());
+        assert_eq!(
+            message(check_fence(&fence, &polled, "before staging").await),
+            "attempt fence unavailable: connection refused"
+        );
+        assert!(started.elapsed() >= FENCE_PATIENCE);
+        assert!(fence.calls() > 3, "{}", fence.calls());
+    }
+
+    /// An attempt with a downloaded snapshot of `files` (key under `p/` → content), made without
+    /// lakeFS; its client points at a port nothing listens on.
+    fn attempt(root: &Path, files: &[(&str, &str)]) -> Attempt {
+        let dir = AttemptDir::create(
+            root,
+            "exec-1",
+            Owner {
+                slot: 1,
+                generation: 1,
+            },
+        )
+        .unwrap();
+        let mut downloaded = BTreeMap::new();
+        for (name, text) in files {
+            let path = dir.work.join(name);
+            fs::write(&path, text).unwrap();
+            downloaded.insert(
+                format!("p/{name}"),
+                super::super::scan::md5_hex(&path).unwrap(),
+            );
+        }
+        let client = LakefsClient::new(&LakefsConfig {
+            endpoint: "http://127.0.0.1:9".to_owned(),
+            access_key_id: "k".to_owned(),
+            secret_access_key: "s".to_owned(),
+        })
+        .unwrap();
+        Attempt {
+            client,
+            input: WorkspaceInput {
+                repository: "repo".to_owned(),
+                branch: "main".to_owned(),
+                prefix: "p/".to_owned(),
+                source_ref: None,
+            },
+            work: dir.work.clone(),
+            dir,
+            source_commit: "c0".to_owned(),
+            downloaded,
+            staging: None,
+        }
+    }
+
+    fn spec() -> WorkspaceSpec {
+        WorkspaceSpec {
+            prefix: String::new(),
+            merge_timeout_seconds: 5,
+            publish_budget: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_that_changed_nothing_is_still_fenced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut ws = attempt(tmp.path(), &[("a.txt", "a")]);
+        let changes = ws.changes().unwrap();
+        assert!(changes.is_empty());
+        let polled = snapshot("IN_PROGRESS");
+        let stale = Scripted::new(vec![fresh("CANCELED")]);
+        let result = ws
+            .publish(&changes, &spec(), &stale, &polled, "exec-1", Map::new())
+            .await;
+        assert_eq!(
+            message(result),
+            "stale attempt: task status is CANCELED, expected IN_PROGRESS (before staging); nothing was published"
+        );
+        assert_eq!(stale.calls(), 1);
+
+        let current = Scripted::new(vec![fresh("IN_PROGRESS")]);
+        let output = ws
+            .publish(&changes, &spec(), &current, &polled, "exec-1", Map::new())
+            .await
+            .unwrap();
+        assert_eq!(output["commit_id"], "c0");
+        assert_eq!(current.calls(), 1, "one fence read, nothing staged");
+    }
+
+    #[test]
+    fn a_swept_and_remade_attempt_directory_fails_closed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = attempt(tmp.path(), &[("a.txt", "a"), ("b.txt", "b")]);
+        fs::write(ws.work.join("a.txt"), "edited").unwrap();
+        assert_eq!(ws.changes().unwrap().changed.len(), 1);
+
+        // Swept while the body ran; a body then makes its folder again with only its output.
+        let path = ws.dir.path.clone();
+        fs::remove_dir_all(&path).unwrap();
+        fs::create_dir_all(&ws.work).unwrap();
+        fs::write(ws.work.join("a.txt"), "edited").unwrap();
+        let reason = message(ws.changes());
+        assert!(
+            reason.starts_with(&format!(
+                "the attempt directory {} is no longer the one this executor created and filled: {} was removed and made again",
+                path.display(),
+                path.display()
+            )),
+            "{reason}"
+        );
+        assert!(reason.ends_with("nothing was published"), "{reason}");
+
+        // Even an owner file put back by hand is not the one written.
+        fs::write(path.join(OWNER_FILE), "{}").unwrap();
+        assert!(message(ws.changes()).contains("was removed and made again"));
+    }
+
+    #[test]
+    fn an_attempt_directory_with_a_foreign_owner_file_fails_closed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = attempt(tmp.path(), &[("a.txt", "a")]);
+        ws.changes().unwrap();
+        fs::write(ws.dir.path.join(OWNER_FILE), "{}").unwrap();
+        assert!(message(ws.changes()).contains("its .perago-owner file was rewritten"),);
+        fs::remove_file(ws.dir.path.join(OWNER_FILE)).unwrap();
+        assert!(message(ws.changes()).contains("its .perago-owner file is gone"));
     }
 }

@@ -3,8 +3,12 @@
 //!
 //! Process mode: argv[0] is the name operators see in `ps -o args` (`comm` holds only 15
 //! bytes, so the full name lives in argv[0]); each child leads its own process group and gets
-//! SIGTERM if the supervisor dies. Thread mode runs the same broker and slot code in this
-//! process, over the same socket; bodies are still subprocesses.
+//! SIGTERM if the supervisor dies. Each child also inherits the workspace root's lock (its
+//! descriptor number in `PERAGO_ROOT_LOCK_FD`), so the root stays locked until the last process
+//! of the runtime has exited, even when the supervisor was killed first; the children mark it
+//! close-on-exec at once, so their bodies never hold it. Thread mode runs the same broker and
+//! slot code in this process, over the same socket; bodies are still subprocesses (and never
+//! inherit the lock, which is opened close-on-exec).
 
 use perago_core::{
     manifest::{BodyKind, Manifest},
@@ -12,6 +16,7 @@ use perago_core::{
 };
 use std::{
     collections::BTreeMap,
+    os::fd::RawFd,
     path::PathBuf,
     process::ExitStatus,
     sync::{Arc, atomic::AtomicBool},
@@ -98,6 +103,8 @@ pub(crate) enum Launcher {
     Process {
         broker_bin: PathBuf,
         executor_bin: PathBuf,
+        /// The workspace root lock's descriptor, inherited by every child.
+        lock_fd: Option<RawFd>,
     },
     Thread {
         manifest: Arc<Manifest>,
@@ -125,10 +132,16 @@ impl Launcher {
         argv0: &str,
         env: &[(String, String)],
         kind: ChildKind,
+        lock_fd: Option<RawFd>,
         exits: &mpsc::UnboundedSender<ChildExit>,
     ) -> std::io::Result<Child> {
         let mut cmd = Command::new(program);
         cmd.arg0(argv0).envs(env.iter().map(|(k, v)| (k, v)));
+        cmd.env_remove(process::ROOT_LOCK_FD);
+        if let Some(fd) = lock_fd {
+            process::inherit_fd(&mut cmd, fd);
+            cmd.env(process::ROOT_LOCK_FD, fd.to_string());
+        }
         if matches!(kind, ChildKind::Executor { .. }) {
             // Only the broker talks to Conductor: executors, and the task bodies they run,
             // never see its credentials.
@@ -184,11 +197,16 @@ impl Launcher {
         exits: &mpsc::UnboundedSender<ChildExit>,
     ) -> std::io::Result<Child> {
         match self {
-            Self::Process { broker_bin, .. } => Self::spawn_process(
+            Self::Process {
+                broker_bin,
+                lock_fd,
+                ..
+            } => Self::spawn_process(
                 &broker_bin.clone(),
                 "perago-conductor-broker",
                 env,
                 ChildKind::Broker,
+                *lock_fd,
                 exits,
             ),
             Self::Thread { .. } => {
@@ -214,9 +232,11 @@ impl Launcher {
         exits: &mpsc::UnboundedSender<ChildExit>,
     ) -> std::io::Result<Child> {
         match self {
-            Self::Process { executor_bin, .. } => {
-                Self::spawn_process(&executor_bin.clone(), slot_name, env, kind, exits)
-            }
+            Self::Process {
+                executor_bin,
+                lock_fd,
+                ..
+            } => Self::spawn_process(&executor_bin.clone(), slot_name, env, kind, *lock_fd, exits),
             Self::Thread { manifest, .. } => {
                 let (identity, _) = perago_executor::cli::identity_from(lookup(env))
                     .map_err(std::io::Error::other)?;

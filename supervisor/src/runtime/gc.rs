@@ -1,7 +1,9 @@
 //! Garbage collection of attempt directories under `<root>/attempts/`. Executors write
 //! `<attempt>/.perago-owner` (`slot, generation, pid, execution_id, created`) before
 //! downloading; the supervisor removes:
-//! - at start and after shutdown: every attempt (nothing can be live under the root lock);
+//! - at start and after shutdown: every attempt (nothing can be live under the root lock, which
+//!   every process of a runtime holds); as a second guard, one whose owner pid is a live
+//!   `perago-executor-*` process is left alone and logged;
 //! - after an executor dies: the attempts of that slot generation (targeted GC);
 //! - every GC interval: attempts older than the TTL whose owner is not live.
 
@@ -55,10 +57,26 @@ fn attempts(root: &Path) -> Vec<AttemptDir> {
         .collect()
 }
 
+/// Renames a directory out of its attempt path, then deletes it: a removal that fails half-way
+/// never leaves a thinned-out folder where an executor would take it for its own (the executor
+/// checks that its attempt path still names the directory it filled, see
+/// `perago_executor::workspace::flow`).
+fn remove_dir(path: &Path) -> std::io::Result<()> {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let doomed = if name.starts_with(".removing-") {
+        path.to_owned()
+    } else {
+        let doomed = path.with_file_name(format!(".removing-{name}"));
+        fs::rename(path, &doomed)?;
+        doomed
+    };
+    fs::remove_dir_all(doomed)
+}
+
 fn remove(dirs: impl IntoIterator<Item = AttemptDir>, why: &str) -> usize {
     let mut removed = 0;
     for dir in dirs {
-        match fs::remove_dir_all(&dir.path) {
+        match remove_dir(&dir.path) {
             Ok(()) => {
                 removed += 1;
                 tracing::info!(dir = %dir.path.display(), slot = ?dir.slot, generation = ?dir.generation, "removed an attempt directory ({why})");
@@ -71,9 +89,22 @@ fn remove(dirs: impl IntoIterator<Item = AttemptDir>, why: &str) -> usize {
     removed
 }
 
-/// Start and final sweep: every attempt directory goes.
+/// Whether `pid` is a live executor (its argv[0] is `perago-executor-<slot>`), whoever started it.
+fn is_live_executor(pid: u32) -> bool {
+    pid_alive(pid)
+        && fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|argv| argv.starts_with(b"perago-executor-"))
+}
+
+/// Start and final sweep: every attempt directory goes, except one a live executor owns.
 pub(crate) fn sweep_all(root: &Path, why: &str) -> usize {
-    remove(attempts(root), why)
+    let (live, dead): (Vec<_>, Vec<_>) = attempts(root)
+        .into_iter()
+        .partition(|d| d.pid.is_some_and(is_live_executor));
+    for dir in live {
+        tracing::warn!(dir = %dir.path.display(), pid = ?dir.pid, "left an attempt directory in place: its executor is alive");
+    }
+    remove(dead, why)
 }
 
 /// Targeted GC: the attempts of one dead slot generation.
@@ -197,5 +228,35 @@ mod tests {
             "a fresh dir without an owner file is young by its mtime"
         );
         assert_eq!(sweep_expired(tmp.path(), Duration::ZERO, |_, _| false), 3);
+    }
+
+    #[test]
+    fn the_start_sweep_never_removes_a_live_executors_attempt() {
+        use std::os::unix::process::CommandExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let mut executor = std::process::Command::new("sleep")
+            .arg0("perago-executor-0001")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let live = attempt(
+            tmp.path(),
+            "live",
+            Some(json!({"slot": 1, "generation": 1, "pid": executor.id(), "created": now()})),
+        );
+        let dead = attempt(
+            tmp.path(),
+            "dead",
+            Some(json!({"slot": 1, "generation": 1, "pid": 999_999_999u64, "created": now()})),
+        );
+        // A removal that failed half-way earlier, renamed out of the attempt path.
+        let half = tmp.path().join("attempts/.removing-old");
+        fs::create_dir_all(half.join("work")).unwrap();
+        assert_eq!(sweep_all(tmp.path(), "test"), 2);
+        assert!(live.exists() && !dead.exists() && !half.exists());
+        executor.kill().unwrap();
+        executor.wait().unwrap();
+        assert_eq!(sweep_all(tmp.path(), "test"), 1);
+        assert!(!live.exists());
     }
 }

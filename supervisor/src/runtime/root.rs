@@ -1,12 +1,22 @@
 //! The workspace root: where the supervisor lock, the runtime directory (broker socket) and,
-//! for workspace tasks, the attempt directories live. One supervisor per root, enforced with
+//! for workspace tasks, the attempt directories live. One runtime per root, enforced with
 //! `flock` on `.perago-supervisor.lock`.
+//!
+//! The lock belongs to the whole runtime, not only to the supervisor: the broker and every
+//! executor inherit the lock's open file description (see `children.rs`), and a `flock` lasts
+//! until the last descriptor of that description is closed. A supervisor killed with SIGKILL
+//! thus leaves the root locked while its broker and executors drain, and a new `start` waits
+//! for them (bounded by `PERAGO_ROOT_LOCK_WAIT`) instead of sweeping their live attempts.
 
 use std::{
     fs::{self, File, OpenOptions},
     io::{self, Write as _},
-    os::unix::fs::{DirBuilderExt as _, PermissionsExt as _},
+    os::{
+        fd::{AsRawFd as _, RawFd},
+        unix::fs::{DirBuilderExt as _, PermissionsExt as _},
+    },
     path::{Path, PathBuf},
+    time::{Duration, Instant},
 };
 
 /// Unix socket paths must fit in `sun_path` (108 bytes including the NUL).
@@ -48,6 +58,13 @@ pub(crate) struct LockedRoot {
     _lock: File,
 }
 
+impl LockedRoot {
+    /// The lock's descriptor, for the children that must hold the lock too.
+    pub(crate) fn lock_fd(&self) -> RawFd {
+        self._lock.as_raw_fd()
+    }
+}
+
 /// A root that cannot be taken.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum RootError {
@@ -56,6 +73,16 @@ pub(crate) enum RootError {
         root: PathBuf,
         pid: String,
         host: String,
+    },
+    #[error(
+        "workspace root {} is still held by the runtime of perago supervisor pid {pid}, which has exited: its processes are still draining ({holders}); waited {}; start again once they have exited (or raise PERAGO_ROOT_LOCK_WAIT)",
+        root.display(), waited_text(*waited)
+    )]
+    Draining {
+        root: PathBuf,
+        pid: String,
+        holders: String,
+        waited: Duration,
     },
     #[error("cannot prepare {}: {source}", path.display())]
     Io {
@@ -118,11 +145,109 @@ pub(crate) fn runtime_dir(
     base.join(path_hash(root))
 }
 
+/// Who holds a lock that could not be taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Holder {
+    /// The supervisor named in the lock file is alive: a runtime is running.
+    Supervisor { pid: String, host: String },
+    /// That supervisor is gone but processes of its runtime still hold the lock.
+    Orphans {
+        pid: String,
+        holders: Vec<(u32, String)>,
+    },
+}
+
+/// The other processes that have `path` open, with their argv[0] (`perago-executor-0001`).
+/// Only processes this user may inspect are seen; this one (which opened the file to try the
+/// lock) is left out.
+fn processes_holding(path: &Path) -> Vec<(u32, String)> {
+    let me = std::process::id();
+    let mut out = Vec::new();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+            .filter(|pid| *pid != me)
+        else {
+            continue;
+        };
+        let Ok(fds) = fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        if fds
+            .flatten()
+            .any(|fd| fs::read_link(fd.path()).is_ok_and(|target| target == path))
+        {
+            let name = fs::read(entry.path().join("cmdline"))
+                .ok()
+                .and_then(|raw| {
+                    raw.split(|b| *b == 0)
+                        .next()
+                        .map(|a| String::from_utf8_lossy(a).into_owned())
+                })
+                .filter(|a| !a.is_empty())
+                .unwrap_or_else(|| "?".to_owned());
+            out.push((pid, name));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Reads the lock file and decides whose lock it is.
+fn holder(lock_path: &Path) -> Holder {
+    let text = fs::read_to_string(lock_path).unwrap_or_default();
+    let mut parts = text.split_whitespace();
+    let pid = parts.next().unwrap_or("?").to_owned();
+    let host = parts.next().unwrap_or("?").to_owned();
+    if host != host_name() {
+        // Another host (a shared file system): nothing to inspect, so it counts as running.
+        return Holder::Supervisor { pid, host };
+    }
+    let holders = processes_holding(lock_path);
+    let supervisor_alive = pid.parse().is_ok_and(|p: u32| {
+        crate::runtime::gc::pid_alive(p)
+            && (holders.is_empty() || holders.iter().any(|(h, _)| *h == p))
+    });
+    if supervisor_alive {
+        Holder::Supervisor { pid, host }
+    } else {
+        Holder::Orphans { pid, holders }
+    }
+}
+
+/// `500ms`, `30s`.
+fn waited_text(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+fn describe(holders: &[(u32, String)]) -> String {
+    if holders.is_empty() {
+        return "processes this user cannot inspect".to_owned();
+    }
+    holders
+        .iter()
+        .map(|(pid, name)| format!("{name} (pid {pid})"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Creates the root if needed and takes its lock. A lock file whose lock can be taken is
-/// stale, whatever pid it names.
-pub(crate) fn lock(
+/// stale, whatever pid it names. A lock held by a live supervisor is refused at once; one held
+/// only by the processes of a supervisor that has died (its broker and executors draining) is
+/// waited for, up to `wait`, polling every 100 ms and logging once why.
+pub(crate) async fn lock(
     root: &Path,
     vars: &std::collections::BTreeMap<String, String>,
+    wait: Duration,
 ) -> Result<LockedRoot, RootError> {
     fs::create_dir_all(root).map_err(io_err(root))?;
     let root = fs::canonicalize(root).map_err(io_err(root))?;
@@ -134,18 +259,44 @@ pub(crate) fn lock(
         .truncate(false)
         .open(&lock_path)
         .map_err(io_err(&lock_path))?;
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(fs::TryLockError::WouldBlock) => {
-            let holder = fs::read_to_string(&lock_path).unwrap_or_default();
-            let mut parts = holder.split_whitespace();
-            return Err(RootError::Locked {
-                root,
-                pid: parts.next().unwrap_or("?").to_owned(),
-                host: parts.next().unwrap_or("?").to_owned(),
-            });
+    let started = Instant::now();
+    let mut logged = false;
+    loop {
+        match file.try_lock() {
+            Ok(()) => break,
+            Err(fs::TryLockError::WouldBlock) => {}
+            Err(fs::TryLockError::Error(e)) => return Err(io_err(&lock_path)(e)),
         }
-        Err(fs::TryLockError::Error(e)) => return Err(io_err(&lock_path)(e)),
+        match holder(&lock_path) {
+            Holder::Supervisor { pid, host } => {
+                return Err(RootError::Locked { root, pid, host });
+            }
+            Holder::Orphans { pid, holders } => {
+                if started.elapsed() >= wait {
+                    return Err(RootError::Draining {
+                        root,
+                        pid,
+                        holders: describe(&holders),
+                        waited: wait,
+                    });
+                }
+                if !logged {
+                    logged = true;
+                    tracing::warn!(
+                        root = %root.display(), supervisor_pid = %pid, holders = %describe(&holders),
+                        wait_s = wait.as_secs_f64(),
+                        "the runtime of a supervisor that has exited is still draining under this root; waiting for it to finish"
+                    );
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if logged {
+        tracing::info!(
+            waited_ms = started.elapsed().as_millis() as u64,
+            "the earlier runtime has finished; root taken"
+        );
     }
     let started = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -170,18 +321,26 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
-    #[test]
-    fn second_lock_is_refused_and_released_on_drop() {
+    const NO_WAIT: Duration = Duration::from_millis(1);
+
+    #[tokio::test]
+    async fn second_lock_is_refused_and_released_on_drop() {
         let tmp = tempfile::tempdir().unwrap();
         let vars = BTreeMap::new();
-        let first = lock(tmp.path(), &vars).unwrap();
+        let first = lock(tmp.path(), &vars, NO_WAIT).await.unwrap();
         let mode = fs::metadata(&first.runtime_dir)
             .unwrap()
             .permissions()
             .mode()
             & 0o777;
         assert_eq!(mode, 0o700);
-        let err = lock(tmp.path(), &vars).unwrap_err().to_string();
+        // A live supervisor's lock is refused at once, however long the caller would wait.
+        let asked = Instant::now();
+        let err = lock(tmp.path(), &vars, Duration::from_secs(30))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(asked.elapsed() < Duration::from_secs(5));
         let root = fs::canonicalize(tmp.path()).unwrap();
         assert_eq!(
             err,
@@ -195,11 +354,69 @@ mod tests {
         drop(first);
         // A lock file left behind (here: by the dropped holder) is stale once unlocked.
         assert!(root.join(LOCK_FILE).exists());
-        lock(tmp.path(), &vars).unwrap();
+        lock(tmp.path(), &vars, NO_WAIT).await.unwrap();
     }
 
-    #[test]
-    fn long_roots_fall_back_to_a_short_runtime_dir() {
+    /// A child holding the lock as the broker and executors do.
+    fn holding_child(locked: &LockedRoot, seconds: &str) -> tokio::process::Child {
+        let mut cmd = tokio::process::Command::new("sleep");
+        cmd.arg(seconds).kill_on_drop(true);
+        perago_core::process::inherit_fd(&mut cmd, locked.lock_fd());
+        cmd.spawn().unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_lock_outlives_the_supervisor_while_its_children_run() {
+        let tmp = tempfile::tempdir().unwrap();
+        let vars = BTreeMap::new();
+        let locked = lock(tmp.path(), &vars, NO_WAIT).await.unwrap();
+        let mut child = holding_child(&locked, "30");
+        let child_pid = child.id().unwrap();
+        // The supervisor is gone (its descriptor closed); its child still holds the lock.
+        drop(locked);
+        let err = lock(tmp.path(), &vars, Duration::from_millis(300))
+            .await
+            .unwrap_err()
+            .to_string();
+        let root = fs::canonicalize(tmp.path()).unwrap();
+        assert_eq!(
+            err,
+            format!(
+                "workspace root {} is still held by the runtime of perago supervisor pid {}, which has exited: its processes are still draining (sleep (pid {child_pid})); waited 300ms; start again once they have exited (or raise PERAGO_ROOT_LOCK_WAIT)",
+                root.display(),
+                std::process::id()
+            )
+        );
+        child.kill().await.unwrap();
+        lock(tmp.path(), &vars, NO_WAIT).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_start_waits_for_the_draining_runtime_to_finish() {
+        let tmp = tempfile::tempdir().unwrap();
+        let vars = BTreeMap::new();
+        let locked = lock(tmp.path(), &vars, NO_WAIT).await.unwrap();
+        let mut child = holding_child(&locked, "0.5");
+        drop(locked);
+        let asked = Instant::now();
+        let taken = lock(tmp.path(), &vars, Duration::from_secs(20))
+            .await
+            .unwrap();
+        assert!(
+            asked.elapsed() >= Duration::from_millis(300),
+            "{:?}",
+            asked.elapsed()
+        );
+        child.wait().await.unwrap();
+        let text = fs::read_to_string(taken.root.join(LOCK_FILE)).unwrap();
+        assert!(
+            text.starts_with(&format!("{} ", std::process::id())),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn long_roots_fall_back_to_a_short_runtime_dir() {
         let tmp = tempfile::tempdir().unwrap();
         let deep = tmp.path().join("a".repeat(60)).join("b".repeat(60));
         let runtime = tempfile::tempdir().unwrap();
@@ -207,7 +424,7 @@ mod tests {
             "XDG_RUNTIME_DIR".to_owned(),
             runtime.path().to_str().unwrap().to_owned(),
         )]);
-        let locked = lock(&deep, &vars).unwrap();
+        let locked = lock(&deep, &vars, NO_WAIT).await.unwrap();
         assert!(locked.socket.starts_with(runtime.path().join("perago")));
         assert!(locked.socket.as_os_str().len() <= MAX_SOCKET_PATH);
     }

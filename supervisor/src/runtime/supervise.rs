@@ -3,7 +3,7 @@
 //! executor generation over `Control`, and starts a drain over `Admin`.
 //!
 //! ```text
-//! broker up (socket answers) → per slot: SlotStarted(gen, token) → spawn executor
+//! socket free → broker up (answers with its own pid) → per slot: SlotStarted(gen, token) → spawn executor
 //! executor exits, not draining → SlotExited → restart after 1, 2, 4, 8, 16, 30, 30… s
 //! SIGINT/SIGTERM → Admin.Drain; the broker stops executors and exits once all is reported
 //! broker exits unexpectedly → SIGTERM executors, wait, exit 1
@@ -91,6 +91,11 @@ pub(crate) enum RuntimeError {
     BrokerStart { socket: PathBuf },
     #[error("the broker exited during start-up ({status})")]
     BrokerDiedAtStart { status: String },
+    #[error(
+        "another runtime is running under this workspace root: {who} already answers on {}; this supervisor did not start it and will not use it (stop that runtime first)",
+        socket.display()
+    )]
+    ForeignBroker { socket: PathBuf, who: String },
     #[error("cannot reach the broker's control service: {0}")]
     Control(#[from] tonic::Status),
     #[error("the broker exited ({status}) while the runtime was running")]
@@ -391,8 +396,46 @@ impl Supervisor {
     }
 }
 
+/// The error to stop with if anything already serves on `socket`: under a locked root, a
+/// server there belongs to a runtime the lock does not cover (one that is not ours, whatever
+/// it is), and is never talked to. Says who answers: `a broker (pid N)`, else `a process`.
+pub(crate) async fn foreign_broker(socket: &std::path::Path) -> Option<RuntimeError> {
+    let who = serving(socket).await?;
+    Some(RuntimeError::ForeignBroker {
+        socket: socket.to_owned(),
+        who,
+    })
+}
+
+/// Who listens on `socket`, if anyone. A listener that accepts the connection but never
+/// answers (a wedged process) holds the path all the same: "a process".
+async fn serving(socket: &std::path::Path) -> Option<String> {
+    const ASK: Duration = Duration::from_secs(1);
+    match tokio::time::timeout(ASK, tokio::net::UnixStream::connect(socket)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(_)) => return None,
+        Err(_) => return Some("a process".to_owned()),
+    }
+    let status = tokio::time::timeout(ASK, async {
+        let channel = perago_executor::slot::connect(socket).await.ok()?;
+        AdminClient::new(channel)
+            .status(admin::StatusRequest {})
+            .await
+            .ok()
+    })
+    .await;
+    Some(match status {
+        Ok(Some(s)) => format!("a broker (pid {})", s.get_ref().broker_pid),
+        _ => "a process".to_owned(),
+    })
+}
+
+/// Waits until the broker this supervisor started (`broker_pid`) serves on the socket. A
+/// server that answers but reports another pid is another runtime's broker: an error, never a
+/// broker to talk to.
 async fn wait_for_broker(
     spec: &RuntimeSpec,
+    broker_pid: u32,
     exits: &mut mpsc::UnboundedReceiver<ChildExit>,
 ) -> Result<Channel, RuntimeError> {
     let deadline = tokio::time::Instant::now() + BROKER_START_DEADLINE;
@@ -403,7 +446,17 @@ async fn wait_for_broker(
             });
         }
         if let Ok(channel) = perago_executor::slot::connect(&spec.socket).await {
-            return Ok(channel);
+            match bounded(AdminClient::new(channel.clone()).status(admin::StatusRequest {})).await {
+                Ok(status) if status.get_ref().broker_pid == broker_pid => return Ok(channel),
+                Ok(status) => {
+                    return Err(RuntimeError::ForeignBroker {
+                        socket: spec.socket.clone(),
+                        who: format!("a broker (pid {})", status.get_ref().broker_pid),
+                    });
+                }
+                // Serving, but not ready to answer yet: try again.
+                Err(_) => {}
+            }
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(RuntimeError::BrokerStart {
@@ -468,6 +521,9 @@ pub(crate) async fn supervise(
         broker_failed: None,
     };
     broker_env.extend(sup.base_env());
+    if let Some(foreign) = foreign_broker(&sup.spec.socket).await {
+        return Err(foreign);
+    }
     let broker = sup
         .launcher
         .broker(&broker_env, &sup.exits)
@@ -477,7 +533,12 @@ pub(crate) async fn supervise(
         })?;
     sup.broker = Some(broker);
     tracing::info!(pid = broker.pid(), "broker started");
-    let channel = match wait_for_broker(&sup.spec, &mut exits).await {
+    // A thread-mode broker runs in this process.
+    let broker_pid = match broker {
+        Child::Process(pid) => pid,
+        Child::Task => std::process::id(),
+    };
+    let channel = match wait_for_broker(&sup.spec, broker_pid, &mut exits).await {
         Ok(c) => c,
         Err(e) => {
             broker.signal(process::SIGKILL);
@@ -577,6 +638,27 @@ pub(crate) async fn supervise(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_socket_anyone_listens_on_is_foreign() {
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("broker.sock");
+        assert!(foreign_broker(&socket).await.is_none(), "no file");
+        // A listener that never accepts nor answers still holds the path.
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let err = foreign_broker(&socket).await.expect("held").to_string();
+        assert_eq!(
+            err,
+            format!(
+                "another runtime is running under this workspace root: a process already answers on {}; this supervisor did not start it and will not use it (stop that runtime first)",
+                socket.display()
+            )
+        );
+        // A stale file nobody listens on is the broker's to clean up, not a foreign runtime.
+        drop(listener);
+        assert!(socket.exists());
+        assert!(foreign_broker(&socket).await.is_none(), "stale file");
+    }
 
     #[test]
     fn restart_backoff_steps() {

@@ -2,7 +2,7 @@
 //! Conductor and lakeFS on loopback.
 
 use crate::harness::{
-    Conductor, Lakefs, SupervisorProc, TaskFixture, child_named, eventually, signal_pid,
+    Conductor, Lakefs, SupervisorProc, TaskFixture, alive, child_named, eventually, signal_pid,
 };
 use perago_devstack::faults::FaultSpec;
 use serde_json::{Value, json};
@@ -474,4 +474,460 @@ async fn a_stale_lock_is_reclaimed_and_orphans_are_swept_at_start_and_shutdown()
     sup.signal("TERM");
     assert_eq!(sup.wait_exit(Duration::from_secs(30)).await.code(), Some(0));
     assert!(attempts_left(&ws).is_empty());
+}
+
+/// Waits until slot 1 of the runtime serving under `root` is attached and idle.
+async fn first_slot_idle(root: &Path) {
+    use perago_proto::admin::v1::{SlotState, StatusRequest, admin_client::AdminClient};
+    let socket = root.join("run/broker.sock");
+    eventually("slot 1 to be idle", Duration::from_secs(20), || async {
+        let channel = perago_executor::slot::connect(&socket).await.ok()?;
+        let status = AdminClient::new(channel)
+            .status(StatusRequest {})
+            .await
+            .ok()?;
+        (status.get_ref().slots.first()?.state() == SlotState::Idle).then_some(())
+    })
+    .await;
+}
+
+/// Whether the three seeded files under `data/` are on `main` as seeded, apart from `a.txt`.
+async fn untouched_but_a(lakefs: &Lakefs) -> bool {
+    lakefs.read(REPO, "data/b.txt").await.as_deref() == Some("b\n")
+        && lakefs.read(REPO, "data/c.txt").await.as_deref() == Some("c\n")
+        && lakefs.read(REPO, "other/x.txt").await.as_deref() == Some("x\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_while_the_orphaned_runtime_drains_never_destroys_its_work() {
+    let conductor = Conductor::start().await;
+    let lakefs = seeded().await;
+    // A careless body: if its folder vanished, it makes a new one holding only its output (the
+    // sweep of a live attempt used to turn that into "the body deleted every other file").
+    let body = r#"read params
+touch started
+while [ ! -e go ]; do sleep 0.05; done
+mkdir -p "$PERAGO_WORKSPACE_DIR"
+echo edited > "$PERAGO_WORKSPACE_DIR/a.txt"
+echo '{}'
+"#;
+    let task = TaskFixture::workspace("ws.restart", body, "retry_count = 0", "");
+    let mut first = start(&task, &conductor, &lakefs, 1).await;
+    let id = conductor.start_with(&task, input("data")).await;
+    let started = task.dir.path().join("started");
+    eventually("the body to start", Duration::from_secs(20), || async {
+        started.exists().then_some(())
+    })
+    .await;
+    let root = first.workspace_root();
+    let attempt = attempts_left(&root);
+    assert_eq!(attempt.len(), 1);
+    let broker = child_named(first.pid(), "perago-conductor-broker").unwrap();
+    let executor = child_named(first.pid(), "perago-executor-0001").unwrap();
+
+    // The supervisor dies; its broker and executor drain on (parent-death signal: SIGTERM).
+    first.signal("KILL");
+    first.wait_exit(Duration::from_secs(5)).await;
+    let with_root = |wait: &str| {
+        let mut env = lakefs.env();
+        env.push(("PERAGO_WORKSPACE_ROOT", root.display().to_string()));
+        env.push(("PERAGO_ROOT_LOCK_WAIT", wait.to_owned()));
+        env
+    };
+
+    // A start at once that will not wait long refuses, and says why; it sweeps nothing.
+    let mut refused = SupervisorProc::start_owned(&task, &conductor, 1, &with_root("500ms"));
+    let status = refused.wait_exit(Duration::from_secs(20)).await;
+    let log = refused.log_text();
+    assert_eq!(status.code(), Some(1), "{log}");
+    let message = format!(
+        "error: workspace root {} is still held by the runtime of perago supervisor pid {}, which has exited: its processes are still draining",
+        std::fs::canonicalize(&root).unwrap().display(),
+        first.pid()
+    );
+    assert!(log.contains(&message), "{log}");
+    for (name, pid) in [
+        ("perago-conductor-broker", broker.pid),
+        ("perago-executor-0001", executor.pid),
+    ] {
+        assert!(log.contains(&format!("{name} (pid {pid})")), "{log}");
+    }
+    assert!(!log.contains("control token"), "{log}");
+    assert_eq!(attempts_left(&root), attempt, "the live attempt was swept");
+    assert!(alive(broker.pid) && alive(executor.pid));
+
+    // A start that waits takes the root once the old runtime has finished, and not before.
+    let mut next = SupervisorProc::start_owned(&task, &conductor, 1, &with_root("30s"));
+    eventually(
+        "the next start to wait",
+        Duration::from_secs(10),
+        || async {
+            next.log_text()
+                .contains("waiting for it to finish")
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(child_named(next.pid(), "perago-conductor-broker").is_none());
+    assert_eq!(attempts_left(&root), attempt, "the live attempt was swept");
+
+    std::fs::write(task.dir.path().join("go"), "").unwrap();
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
+    // Exactly the body's change: a.txt edited, nothing deleted.
+    assert_eq!(
+        lakefs.read(REPO, "data/a.txt").await.as_deref(),
+        Some("edited\n")
+    );
+    assert!(
+        untouched_but_a(&lakefs).await,
+        "main lost files the body never deleted"
+    );
+    assert_eq!(wf["output"]["workspace"]["removed"], 0);
+
+    eventually(
+        "the next runtime to start once the old one is gone",
+        Duration::from_secs(20),
+        || async { child_named(next.pid(), "perago-conductor-broker") },
+    )
+    .await;
+    eventually(
+        "the old runtime to be gone",
+        Duration::from_secs(5),
+        || async { (!alive(broker.pid) && !alive(executor.pid)).then_some(()) },
+    )
+    .await;
+    // Its executor attaches (a drain before that would only test the attach timeout).
+    first_slot_idle(&root).await;
+    next.signal("TERM");
+    let log = next.log_text();
+    assert_eq!(
+        next.wait_exit(Duration::from_secs(20)).await.code(),
+        Some(0),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_changed_nothing_is_still_fenced() {
+    let conductor = Conductor::start().await;
+    let lakefs = seeded().await;
+    let body = "read params\ntouch started\nwhile [ ! -e go ]; do sleep 0.05; done\necho '{}'\n";
+    let task = TaskFixture::workspace("ws.unchanged", body, "retry_count = 0", "");
+    let sup = start(&task, &conductor, &lakefs, 1).await;
+    let id = conductor.start_with(&task, input("data")).await;
+    let started = task.dir.path().join("started");
+    eventually("the body to start", Duration::from_secs(20), || async {
+        started.exists().then_some(())
+    })
+    .await;
+    // Conductor forgets the task while the body runs: its fence read answers 404.
+    let task_id = task_of(&conductor.workflow(&id).await)["taskId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    conductor
+        .server
+        .faults()
+        .add(FaultSpec {
+            method: Some("GET".into()),
+            path: format!("/api/tasks/{task_id}"),
+            status: Some(404),
+            ..FaultSpec::default()
+        })
+        .unwrap();
+    std::fs::write(task.dir.path().join("go"), "").unwrap();
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "FAILED", "{wf:#}\n{}", sup.log_text());
+    assert_eq!(
+        task_of(&wf)["reasonForIncompletion"],
+        format!(
+            "stale attempt: Conductor no longer knows task {task_id} (before staging); nothing was published"
+        )
+    );
+    assert!(attempts_left(&sup.workspace_root()).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_never_talks_to_a_broker_it_did_not_start() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("ws.foreign", "read p\necho '{}'\n", "");
+    conductor.register(&task).await;
+    // A broker serving under the root without holding its lock (another runtime's).
+    let root = tempfile::tempdir().unwrap();
+    let ws = std::fs::canonicalize(root.path()).unwrap().join("ws");
+    std::fs::create_dir_all(ws.join("run")).unwrap();
+    std::fs::set_permissions(ws.join("run"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let socket = ws.join("run/broker.sock");
+    // One of its attempts, whose owner this test cannot show to be alive.
+    std::fs::create_dir_all(ws.join("attempts/theirs/work")).unwrap();
+    let mut foreign = perago_tests::command(crate::harness::BROKER)
+        .env("CONDUCTOR_SERVER_URL", conductor.server.base_url())
+        .env("PERAGO_SOCKET", &socket)
+        .env("PERAGO_SLOTS", "1")
+        .env("PERAGO_CONTROL_TOKEN", "not-yours")
+        .env("PERAGO_TASK_NAME", &task.name)
+        .env("PERAGO_WORKER_ID_PREFIX", task.prefix())
+        .env("PERAGO_POLL_WAIT_MS", "200")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually(
+        "the foreign broker to serve",
+        Duration::from_secs(10),
+        || async { perago_executor::slot::connect(&socket).await.ok() },
+    )
+    .await;
+
+    let mut sup = SupervisorProc::start(
+        &task,
+        &conductor,
+        1,
+        &[("PERAGO_WORKSPACE_ROOT", ws.to_str().unwrap())],
+    );
+    let status = sup.wait_exit(Duration::from_secs(20)).await;
+    let log = sup.log_text();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains(&format!(
+            "error: another runtime is running under this workspace root: a broker (pid {}) already answers on {}; this supervisor did not start it and will not use it (stop that runtime first)",
+            foreign.id(),
+            socket.display()
+        )),
+        "{log}"
+    );
+    assert!(!log.contains("control token"), "{log}");
+    assert!(alive(foreign.id()), "the foreign broker was left alone");
+    assert!(socket.exists());
+    assert_eq!(
+        attempts_left(&ws),
+        ["theirs"],
+        "its attempts were left alone"
+    );
+    let _ = foreign.kill();
+    let _ = foreign.wait();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_directory_removed_under_the_body_publishes_nothing() {
+    let conductor = Conductor::start().await;
+    let lakefs = seeded().await;
+    // Whoever removes the attempt directory (here the body itself), the input snapshot is gone:
+    // the folder made again holds only the output, which must not read as "deleted the rest".
+    let body = r#"read params
+rm -rf "$(dirname "$PERAGO_WORKSPACE_DIR")"
+mkdir -p "$PERAGO_WORKSPACE_DIR"
+echo edited > "$PERAGO_WORKSPACE_DIR/a.txt"
+echo '{}'
+"#;
+    let task = TaskFixture::workspace("ws.swept", body, "retry_count = 0", "");
+    let sup = start(&task, &conductor, &lakefs, 1).await;
+    let before = lakefs.client.log(REPO, "main", 1).await.unwrap()[0]
+        .id
+        .clone();
+    let id = conductor.start_with(&task, input("data")).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "FAILED", "{wf:#}\n{}", sup.log_text());
+    let reason = task_of(&wf)["reasonForIncompletion"].as_str().unwrap();
+    assert!(
+        reason.starts_with("the attempt directory ")
+            && reason.contains("is no longer the one this executor created and filled"),
+        "{reason}"
+    );
+    assert_eq!(
+        lakefs.client.log(REPO, "main", 1).await.unwrap()[0].id,
+        before,
+        "nothing published"
+    );
+    assert_eq!(
+        lakefs.read(REPO, "data/a.txt").await.as_deref(),
+        Some("a\n")
+    );
+    assert!(untouched_but_a(&lakefs).await);
+    assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
+}
+
+/// The attempt fence, scripted: the reads in order, then "unavailable".
+struct ScriptedFence(std::sync::Mutex<Vec<perago_executor::workspace::flow::FenceRead>>);
+
+impl perago_executor::workspace::flow::Fence for ScriptedFence {
+    fn reload(
+        &self,
+    ) -> std::pin::Pin<
+        Box<dyn Future<Output = perago_executor::workspace::flow::FenceRead> + Send + '_>,
+    > {
+        let next = self.0.lock().unwrap().pop();
+        Box::pin(async move {
+            next.unwrap_or(perago_executor::workspace::flow::FenceRead::Unavailable(
+                "script ended".to_owned(),
+            ))
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_second_fence_stops_a_staged_change_before_it_is_published() {
+    use perago_core::attempt::AttemptSnapshot;
+    use perago_executor::workspace::flow::{Attempt, FenceRead, Owner, WorkspaceFailure};
+    let lakefs = seeded().await;
+    let snapshot = |status: &str| {
+        AttemptSnapshot::from_conductor(&json!({
+            "taskId": "t-1", "workflowInstanceId": "wf-1", "retryCount": 0,
+            "taskDefName": "ws.fence", "referenceTaskName": "t", "seq": 1,
+            "status": status, "inputData": input("data")
+        }))
+        .unwrap()
+    };
+    let root = tempfile::tempdir().unwrap();
+    let input = perago_core::shape::WorkspaceInput {
+        repository: REPO.to_owned(),
+        branch: "main".to_owned(),
+        prefix: "data/".to_owned(),
+        source_ref: None,
+    };
+    let before = lakefs.client.resolve_commit(REPO, "main").await.unwrap();
+    let mut ws = Attempt::prepare(
+        lakefs.client.clone(),
+        root.path(),
+        "exec-1",
+        Owner {
+            slot: 1,
+            generation: 1,
+        },
+        input,
+    )
+    .await
+    .unwrap();
+    std::fs::write(ws.work_dir().join("a.txt"), "edited\n").unwrap();
+    let changes = ws.changes().unwrap();
+    assert_eq!(changes.changed.len(), 1);
+    // Current before staging; timed out (a retry scheduled) once the change is staged.
+    let fence = ScriptedFence(std::sync::Mutex::new(vec![
+        FenceRead::Fresh(Box::new(snapshot("TIMED_OUT"))),
+        FenceRead::Fresh(Box::new(snapshot("IN_PROGRESS"))),
+    ]));
+    let spec = perago_core::manifest::WorkspaceSpec {
+        prefix: String::new(),
+        merge_timeout_seconds: 10,
+        publish_budget: None,
+    };
+    let result = ws
+        .publish(
+            &changes,
+            &spec,
+            &fence,
+            &snapshot("IN_PROGRESS"),
+            "exec-1",
+            serde_json::Map::new(),
+        )
+        .await;
+    let Err(WorkspaceFailure::Failed(reason)) = result else {
+        panic!("published past a stale fence: {result:?}");
+    };
+    assert_eq!(
+        reason,
+        "stale attempt: task status is TIMED_OUT, expected IN_PROGRESS (before publishing); nothing was published"
+    );
+    // The staged commit exists, but main never saw it; cleanup removes the staging branch.
+    assert_eq!(
+        lakefs.client.list_branches(REPO).await.unwrap(),
+        ["main", "perago-staging-exec-1"]
+    );
+    assert_eq!(
+        lakefs.client.resolve_commit(REPO, "main").await.unwrap(),
+        before
+    );
+    ws.cleanup().await;
+    assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
+    assert!(attempts_left(root.path()).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_attempt_fails_closed_after_the_fence_patience() {
+    let conductor = Conductor::start().await;
+    let lakefs = seeded().await;
+    let body = "read params\ntouch started\nwhile [ ! -e go ]; do sleep 0.05; done\n\
+                echo edited > \"$PERAGO_WORKSPACE_DIR/a.txt\"\necho '{}'\n";
+    let task = TaskFixture::workspace("ws.fenceless", body, "retry_count = 0", "");
+    let sup = start(&task, &conductor, &lakefs, 1).await;
+    let id = conductor.start_with(&task, input("data")).await;
+    let started = task.dir.path().join("started");
+    eventually("the body to start", Duration::from_secs(20), || async {
+        started.exists().then_some(())
+    })
+    .await;
+    // Conductor cannot answer the fence read (for longer than the executor's ≈10 s patience).
+    let task_id = task_of(&conductor.workflow(&id).await)["taskId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    conductor
+        .server
+        .faults()
+        .add(FaultSpec {
+            method: Some("GET".into()),
+            path: format!("/api/tasks/{task_id}"),
+            status: Some(503),
+            ..FaultSpec::default()
+        })
+        .unwrap();
+    std::fs::write(task.dir.path().join("go"), "").unwrap();
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "FAILED", "{wf:#}\n{}", sup.log_text());
+    let reason = task_of(&wf)["reasonForIncompletion"].as_str().unwrap();
+    assert!(
+        reason.starts_with("attempt fence unavailable: "),
+        "{reason}"
+    );
+    assert_eq!(
+        lakefs.read(REPO, "data/a.txt").await.as_deref(),
+        Some("a\n")
+    );
+    assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
+    assert!(attempts_left(&sup.workspace_root()).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_left_by_a_body_never_holds_the_root() {
+    let conductor = Conductor::start().await;
+    // The body leaves a daemon behind (its own session, stdio closed), as careless bodies do.
+    let body = "read p\n( setsid sleep 20 </dev/null >/dev/null 2>&1 & echo $! > daemon.pid )\necho '{}'\n";
+    let task = TaskFixture::new("ws.daemon", body, "");
+    conductor.register(&task).await;
+    let mut first = SupervisorProc::start(&task, &conductor, 1, &[]);
+    let id = conductor.start_workflow(&task, json!({})).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
+    let daemon: u32 = std::fs::read_to_string(task.dir.path().join("daemon.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    first.signal("TERM");
+    assert_eq!(
+        first.wait_exit(Duration::from_secs(20)).await.code(),
+        Some(0)
+    );
+
+    // The runtime is gone; the daemon may live on, but the root is free at once.
+    let root = first.workspace_root();
+    let mut next = SupervisorProc::start(
+        &task,
+        &conductor,
+        1,
+        &[
+            ("PERAGO_WORKSPACE_ROOT", root.to_str().unwrap()),
+            ("PERAGO_ROOT_LOCK_WAIT", "200ms"),
+        ],
+    );
+    first_slot_idle(&root).await;
+    let log = next.log_text();
+    assert!(!log.contains("still draining"), "{log}");
+    if alive(daemon) {
+        signal_pid(daemon, "KILL");
+    }
+    next.signal("TERM");
+    next.wait_exit(Duration::from_secs(20)).await;
 }
