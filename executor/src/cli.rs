@@ -122,6 +122,11 @@ pub(crate) fn main_with(task: Option<Arc<dyn crate::task::Task>>) -> i32 {
         eprintln!("error: {message}");
         return 1;
     }
+    // Whatever a body starts and leaves behind is re-parented here, not to init, so it can
+    // be killed when the assignment ends.
+    if let Err(e) = perago_core::process::become_subreaper() {
+        tracing::warn!(error = %e, "cannot become a child subreaper: processes a body detaches may outlive it");
+    }
     let path = std::env::var_os("PATH");
     let built = match task {
         None => AssignmentRunner::new(manifest, identity.worker_id.clone(), path.as_deref()),

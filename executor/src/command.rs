@@ -7,6 +7,7 @@ use std::{
     io,
     path::PathBuf,
     process::{ExitStatus, Stdio},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 use tokio::{
@@ -14,8 +15,9 @@ use tokio::{
     task::JoinHandle,
 };
 
-/// How long the pipes may stay open after the process group is gone (a grandchild that left
-/// the group may hold them); past this the output read so far is used.
+/// How long the pipes may stay open after the command and everything it left behind were
+/// killed (only a process that escaped the subreaper could still hold them); past this the
+/// output read so far is used.
 const PIPE_DRAIN_LIMIT: Duration = Duration::from_secs(1);
 
 /// What to run.
@@ -132,8 +134,8 @@ pub async fn run(spec: &CommandSpec, stdin: Vec<u8>, limits: RunLimits) -> io::R
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     unix::isolate(&mut cmd, unix::SIGKILL);
-    let mut child = cmd.spawn()?;
-    let pgid = child.id().expect("a just-spawned child has a pid");
+    let (mut child, managed) = unix::spawn(&mut cmd)?;
+    let pgid = managed.pid();
 
     let writer = child.stdin.take().map(|mut pipe| {
         tokio::spawn(async move {
@@ -142,10 +144,10 @@ pub async fn run(spec: &CommandSpec, stdin: Vec<u8>, limits: RunLimits) -> io::R
             let _ = pipe.shutdown().await;
         })
     });
-    let stdout = child
-        .stdout
-        .take()
-        .map(|pipe| tokio::spawn(read_capped(pipe, limits.max_stdout)));
+    let kept = Arc::new(Mutex::new((Vec::new(), false)));
+    let stdout = child.stdout.take().map(|pipe| {
+        tokio::spawn(read_capped(pipe, limits.max_stdout, Arc::clone(&kept)))
+    });
     let stderr = child
         .stderr
         .take()
@@ -170,14 +172,23 @@ pub async fn run(spec: &CommandSpec, stdin: Vec<u8>, limits: RunLimits) -> io::R
             }
         },
     };
-    // Whatever the body left running in its group is an orphan now: end it, so its pipes
-    // close and nothing outlives the assignment.
+    drop(managed);
+    // Whatever the body left running is an orphan now, in its group or (a double fork, a
+    // `setsid`) re-parented to this subreaper: end it all, so its pipes close and nothing
+    // outlives the assignment.
     unix::signal_group(pgid, unix::SIGKILL)?;
+    let killed = unix::kill_adopted();
+    if killed > 0 {
+        tracing::info!(pgid, killed, "killed the processes the command left running");
+    }
 
     if let Some(writer) = writer {
         writer.abort();
     }
-    let (stdout, stdout_overflow) = join_pipe(stdout).await.unwrap_or_default();
+    // The output is what was read by now and within the drain limit: a process that escaped
+    // every kill and still holds the pipe cannot withhold the body's result.
+    let _ = join_pipe(stdout).await;
+    let (stdout, stdout_overflow) = std::mem::take(&mut *kept.lock().expect("not poisoned"));
     let stderr_tail = join_pipe(stderr).await.unwrap_or_default();
     Ok(Finished {
         ended,
@@ -202,23 +213,27 @@ async fn join_pipe<T: Default>(task: Option<JoinHandle<T>>) -> Option<T> {
     }
 }
 
-async fn read_capped(mut pipe: impl AsyncRead + Unpin, cap: usize) -> (Vec<u8>, bool) {
-    let mut kept = Vec::new();
-    let mut overflow = false;
+/// Reads `pipe` to its end into `kept` (at most `cap` bytes; the flag says there was more).
+/// The bytes live outside the task, so output read before a stuck pipe is given up on stays.
+async fn read_capped(
+    mut pipe: impl AsyncRead + Unpin,
+    cap: usize,
+    kept: Arc<Mutex<(Vec<u8>, bool)>>,
+) {
     let mut buf = [0u8; 16 * 1024];
     loop {
         match pipe.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
-                let room = cap.saturating_sub(kept.len());
+                let mut kept = kept.lock().expect("not poisoned");
+                let room = cap.saturating_sub(kept.0.len());
                 if n > room {
-                    overflow = true;
+                    kept.1 = true;
                 }
-                kept.extend_from_slice(&buf[..n.min(room)]);
+                kept.0.extend_from_slice(&buf[..n.min(room)]);
             }
         }
     }
-    (kept, overflow)
 }
 
 /// Longest stderr line logged whole; longer ones are cut.

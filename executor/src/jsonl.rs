@@ -35,7 +35,8 @@ pub(crate) enum JsonlFailure {
 
 struct Running {
     child: Child,
-    pgid: u32,
+    /// The process's pid and group, kept out of `kill_adopted` while it runs.
+    managed: process::Managed,
     stdin: ChildStdin,
     stdout: Lines<BufReader<ChildStdout>>,
 }
@@ -81,8 +82,8 @@ impl JsonlBody {
             .stderr(Stdio::piped())
             .kill_on_drop(true);
         process::isolate(&mut cmd, process::SIGKILL);
-        let mut child = cmd.spawn()?;
-        let pgid = child.id().expect("a just-spawned child has a pid");
+        let (mut child, managed) = process::spawn(&mut cmd)?;
+        let pgid = managed.pid();
         let stdin = child.stdin.take().expect("piped");
         let stdout = BufReader::new(child.stdout.take().expect("piped")).lines();
         let mut stderr = child.stderr.take().expect("piped");
@@ -119,17 +120,20 @@ impl JsonlBody {
         tracing::info!(pid = pgid, program = %self.spec.program.display(), "started the jsonl body process");
         Ok(Running {
             child,
-            pgid,
+            managed,
             stdin,
             stdout,
         })
     }
 
-    /// Stops the process (its whole group) so the next call starts a fresh one.
+    /// Stops the process (its whole group, and whatever it left re-parented to this
+    /// subreaper) so the next call starts a fresh one.
     async fn discard(running: &mut Option<Running>) {
         if let Some(mut r) = running.take() {
-            let _ = process::signal_group(r.pgid, process::SIGKILL);
+            let _ = process::signal_group(r.managed.pid(), process::SIGKILL);
             let _ = r.child.wait().await;
+            drop(r);
+            process::kill_adopted();
         }
     }
 

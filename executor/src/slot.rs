@@ -164,6 +164,49 @@ fn message(m: ToBroker) -> proto::ExecutorMessage {
     proto::ExecutorMessage { message: Some(m) }
 }
 
+/// After the broker is gone, how long the running body has between SIGTERM and SIGKILL:
+/// its result can no longer be reported, so the executor does not wait for it.
+pub const BROKER_GONE_GRACE: Duration = Duration::from_secs(2);
+
+/// Runs one assignment while watching the slot stream. A `Stop` that arrives meanwhile is
+/// kept in `stop_pending`; if the stream ends (the broker died) the assignment is abandoned:
+/// every body process gets SIGTERM, then SIGKILL after [`BROKER_GONE_GRACE`], and `None`
+/// is returned.
+async fn run_watching_broker(
+    work: impl Future<Output = RuntimeResult>,
+    inbound: &mut tonic::Streaming<proto::BrokerMessage>,
+    stop_pending: &mut Option<String>,
+) -> Option<RuntimeResult> {
+    {
+        let mut work = std::pin::pin!(work);
+        loop {
+            tokio::select! {
+                result = &mut work => return Some(result),
+                next = inbound.message() => match next {
+                    Ok(Some(proto::BrokerMessage { message: Some(FromBroker::Stop(stop)) })) => {
+                        stop_pending.get_or_insert(stop.reason);
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) | Err(_) => break,
+                },
+            }
+        }
+        tracing::error!(
+            grace_s = BROKER_GONE_GRACE.as_secs(),
+            "the broker is gone while an assignment runs: its result cannot be reported; stopping the body (SIGTERM, then SIGKILL)"
+        );
+        perago_core::process::signal_managed(perago_core::process::SIGTERM);
+        if tokio::time::timeout(BROKER_GONE_GRACE, &mut work)
+            .await
+            .is_err()
+        {
+            perago_core::process::signal_managed(perago_core::process::SIGKILL);
+        }
+    }
+    perago_core::process::kill_adopted();
+    None
+}
+
 /// Attaches and serves assignments until `Stop` (returns `Ok`) or the broker goes away.
 /// `stop_requested` is the signal flag: checked whenever the executor is idle.
 pub async fn serve(
@@ -198,7 +241,13 @@ pub async fn serve(
         _ => return Err(SlotError::BrokerGone),
     }
 
+    // A Stop that arrived while an assignment ran, honoured once it is reported.
+    let mut stop_pending: Option<String> = None;
     loop {
+        if let Some(reason) = stop_pending.take() {
+            tracing::info!(reason = %reason, "stop from the broker; exiting while idle");
+            return close(tx, inbound).await;
+        }
         if stop_requested.load(Ordering::SeqCst) {
             tracing::info!("stop requested by signal; exiting while idle");
             return close(tx, inbound).await;
@@ -244,7 +293,12 @@ pub async fn serve(
                             fence: Some(&fence),
                             progress: Some(&progress),
                         };
-                        let result = runner.execute_with(&execution_id, &attempt, &io).await;
+                        let work = runner.execute_with(&execution_id, &attempt, &io);
+                        let Some(result) =
+                            run_watching_broker(work, &mut inbound, &mut stop_pending).await
+                        else {
+                            return Err(SlotError::BrokerGone);
+                        };
                         match result.outcome() {
                             perago_core::result::Outcome::Failed(reason)
                             | perago_core::result::Outcome::FailedTerminal(reason) => {
@@ -273,6 +327,12 @@ pub async fn serve(
                     execution_id,
                     result: Some(wire::result_to_wire(&result)),
                 };
+                // Whatever the body left running (orphans re-parented to this subreaper) ends
+                // with the assignment.
+                let killed = perago_core::process::kill_adopted();
+                if killed > 0 {
+                    tracing::info!(killed, "killed the processes the assignment left running");
+                }
                 tx.send(message(ToBroker::Completion(completion)))
                     .await
                     .map_err(|_| SlotError::BrokerGone)?;

@@ -4,7 +4,7 @@
 use crate::runtime::{
     children::Launcher,
     gc, root,
-    supervise::{RuntimeSpec, supervise},
+    supervise::{RuntimeError, RuntimeSpec, supervise},
 };
 use crate::{cli::StartArgs, errors::ExpectedError};
 use perago_core::{
@@ -194,7 +194,10 @@ pub(crate) fn start(
         let result = supervise(spec, launcher, std::future::pending()).await;
         gc::sweep_all(&locked.root, "final sweep after shutdown");
         drop(locked);
-        result.map_err(|e| ExpectedError::Runtime(e.to_string()))
+        result.map_err(|e| match e {
+            RuntimeError::ForceKilled { .. } => ExpectedError::ForceKilled(e.to_string()),
+            e => ExpectedError::Runtime(e.to_string()),
+        })
     })
 }
 

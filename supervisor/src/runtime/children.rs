@@ -101,7 +101,7 @@ pub(crate) enum Launcher {
     },
     Thread {
         manifest: Arc<Manifest>,
-        tasks: Vec<AbortHandle>,
+        tasks: Vec<(ChildKind, AbortHandle)>,
     },
 }
 
@@ -137,11 +137,12 @@ impl Launcher {
             }
         }
         process::isolate(&mut cmd, process::SIGTERM);
-        let mut child = cmd.spawn()?;
-        let pid = child.id().expect("a just-spawned child has a pid");
+        let (mut child, managed) = process::spawn(&mut cmd)?;
+        let pid = managed.pid();
         let exits = exits.clone();
         tokio::spawn(async move {
             let status = child.wait().await;
+            drop(managed);
             let _ = exits.send(ChildExit {
                 kind,
                 pid,
@@ -159,7 +160,8 @@ impl Launcher {
     ) -> Child {
         let handle = tokio::spawn(work);
         if let Self::Thread { tasks, .. } = self {
-            tasks.push(handle.abort_handle());
+            tasks.retain(|(_, task)| !task.is_finished());
+            tasks.push((kind, handle.abort_handle()));
         }
         let exits = exits.clone();
         tokio::spawn(async move {
@@ -243,10 +245,22 @@ impl Launcher {
         }
     }
 
-    /// Aborts every thread-mode task (the force-kill of thread mode).
+    /// Aborts every thread-mode executor task (the force-kill of thread mode): dropping an
+    /// assignment SIGKILLs its body; the broker task stays to report it.
+    pub(crate) fn abort_executors(&self) {
+        if let Self::Thread { tasks, .. } = self {
+            for (kind, task) in tasks {
+                if matches!(kind, ChildKind::Executor { .. }) {
+                    task.abort();
+                }
+            }
+        }
+    }
+
+    /// Aborts every thread-mode task, the broker's too.
     pub(crate) fn abort_all(&self) {
         if let Self::Thread { tasks, .. } = self {
-            for task in tasks {
+            for (_, task) in tasks {
                 task.abort();
             }
         }

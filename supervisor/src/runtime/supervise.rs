@@ -35,6 +35,9 @@ const BROKER_KILL_DELAY: Duration = Duration::from_secs(2);
 /// A replacement that has run this long resets its slot's restart backoff.
 const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
 
+/// How often the supervisor reads the broker's status (drain state) while running.
+const STATUS_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Every call to the broker is bounded: a wedged broker must not wedge the dispatcher.
 const CONTROL_CALL_DEADLINE: Duration = Duration::from_secs(5);
 
@@ -95,6 +98,11 @@ pub(crate) enum RuntimeError {
     Control(#[from] tonic::Status),
     #[error("the broker exited ({status}) while the runtime was running")]
     BrokerDied { status: String },
+    #[error(
+        "the drain did not finish within PERAGO_SHUTDOWN_FORCE_KILL_AFTER ({}s): executors still running were killed and their tasks reported FAILED",
+        deadline.as_secs()
+    )]
+    ForceKilled { deadline: Duration },
 }
 
 #[derive(Debug, Clone)]
@@ -127,6 +135,8 @@ struct SlotProc {
     started_at: Instant,
     restarts: u32,
     restart_at: Option<Instant>,
+    /// Killed at the shutdown deadline (its exit report says so).
+    force_killed: bool,
 }
 
 struct Supervisor {
@@ -139,9 +149,29 @@ struct Supervisor {
     admin: Option<AdminClient<Channel>>,
     draining: bool,
     broker_failed: Option<String>,
+    /// When the running executors are force-killed (`PERAGO_SHUTDOWN_FORCE_KILL_AFTER` after
+    /// the drain started, whoever started it).
+    force_kill_at: Option<tokio::time::Instant>,
+    /// The deadline passed and executors still running were killed.
+    force_killed: bool,
 }
 
 impl Supervisor {
+    /// From now on no slot restarts, and the shutdown deadline runs (once, from the first
+    /// drain: a signal, Admin.Drain or the broker's death).
+    fn set_draining(&mut self) {
+        self.draining = true;
+        for proc in self.slots.values_mut() {
+            proc.restart_at = None;
+        }
+        if self.force_kill_at.is_none()
+            && !self.force_killed
+            && let Some(after) = self.spec.force_kill_after
+        {
+            self.force_kill_at = Some(tokio::time::Instant::now() + after);
+        }
+    }
+
     fn base_env(&self) -> Vec<(String, String)> {
         let mut env = vec![
             (
@@ -235,7 +265,7 @@ impl Supervisor {
                 let clean = exit.ended.success();
                 if clean && !self.draining {
                     tracing::info!("the broker finished a drain requested over Admin.Drain");
-                    self.draining = true;
+                    self.set_draining();
                 }
                 if clean {
                     tracing::info!(pid = exit.pid, "broker finished its drain");
@@ -243,11 +273,12 @@ impl Supervisor {
                 }
                 tracing::error!(pid = exit.pid, status = %status, "broker exited; stopping the runtime");
                 self.broker_failed = Some(status);
-                self.draining = true;
+                self.set_draining();
                 for proc in self.slots.values_mut() {
-                    proc.restart_at = None;
                     if let Some(child) = proc.child {
-                        // Executors finish or fail their assignment, then exit.
+                        // No result can be reported any more: executors stop their bodies
+                        // (SIGTERM, a short grace, SIGKILL) as soon as their slot stream ends,
+                        // and exit; an idle one exits on this signal.
                         child.signal(process::SIGTERM);
                     }
                 }
@@ -262,6 +293,15 @@ impl Supervisor {
                 proc.child = None;
                 let ran = proc.started_at.elapsed();
                 let worker_id = proc.worker_id.clone();
+                let status = if std::mem::take(&mut proc.force_killed) {
+                    // The broker puts this in the FAILED reason Conductor gets.
+                    format!(
+                        "killed by the supervisor at the shutdown deadline, PERAGO_SHUTDOWN_FORCE_KILL_AFTER={}s after the drain started: {status}",
+                        self.spec.force_kill_after.unwrap_or_default().as_secs()
+                    )
+                } else {
+                    status
+                };
                 if let Some(control) = &mut self.control {
                     let report = proto::SlotExited {
                         slot,
@@ -278,15 +318,17 @@ impl Supervisor {
                         }
                     }
                 }
-                // The executor is gone, and its bodies with it (parent-death signal): its
-                // attempt directories can go too.
+                // The executor is gone, and its bodies with it (parent-death signal); whatever
+                // they started was re-parented to this subreaper: kill it before its attempt
+                // directories go.
+                let killed = process::kill_adopted();
+                if killed > 0 {
+                    tracing::info!(worker_id = %worker_id, killed, "killed the processes its bodies left running");
+                }
                 super::gc::sweep_generation(&self.spec.workspace_root, slot, generation);
                 if !self.draining && self.broker_draining().await {
                     tracing::info!("the broker is draining (Admin.Drain): no restarts");
-                    self.draining = true;
-                    for proc in self.slots.values_mut() {
-                        proc.restart_at = None;
-                    }
+                    self.set_draining();
                 }
                 let proc = self.slots.get_mut(&slot).expect("checked above");
                 if self.draining {
@@ -315,10 +357,7 @@ impl Supervisor {
             return;
         }
         tracing::info!("{why}: draining (no new tasks; running ones finish and are reported)");
-        self.draining = true;
-        for proc in self.slots.values_mut() {
-            proc.restart_at = None;
-        }
+        self.set_draining();
         if let Some(admin) = &mut self.admin
             && let Err(e) = bounded(admin.drain(admin::DrainRequest {})).await
         {
@@ -329,16 +368,20 @@ impl Supervisor {
         }
     }
 
+    /// Kills every executor still running. The broker stays up to report their assignments
+    /// FAILED (with the deadline as the reason); it is killed [`BROKER_KILL_DELAY`] later.
     async fn force_kill(&mut self, deadline: Duration) {
         let phases = self.phases().await;
-        for (slot, proc) in &self.slots {
+        for (slot, proc) in &mut self.slots {
             if let Some(child) = proc.child {
                 let phase = phases.get(slot).map_or("unknown", String::as_str);
                 tracing::error!(worker_id = %proc.worker_id, pid = child.pid(), phase = %phase, deadline_s = deadline.as_secs(), "force-killing an executor still running after the shutdown deadline");
                 child.signal(process::SIGKILL);
+                proc.force_killed = true;
+                self.force_killed = true;
             }
         }
-        self.launcher.abort_all();
+        self.launcher.abort_executors();
     }
 
     async fn phases(&mut self) -> BTreeMap<u32, String> {
@@ -430,6 +473,11 @@ pub(crate) async fn supervise(
     let mut stop = std::pin::pin!(stop);
     let mut stop_fired = false;
     let (exits_tx, mut exits) = mpsc::unbounded_channel();
+    // What bodies start and leave behind is re-parented here when their executor dies (or, in
+    // thread mode, when the body exits), so it can be killed.
+    if let Err(e) = process::become_subreaper() {
+        tracing::warn!(error = %e, "cannot become a child subreaper: processes a body detaches may outlive it");
+    }
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
 
@@ -452,6 +500,7 @@ pub(crate) async fn supervise(
                     started_at: Instant::now(),
                     restarts: 0,
                     restart_at: None,
+                    force_killed: false,
                 },
             )
         })
@@ -466,6 +515,8 @@ pub(crate) async fn supervise(
         admin: None,
         draining: false,
         broker_failed: None,
+        force_kill_at: None,
+        force_killed: false,
     };
     broker_env.extend(sup.base_env());
     let broker = sup
@@ -504,11 +555,16 @@ pub(crate) async fn supervise(
         }
     }
 
+    // How the supervisor learns of a drain started over Admin.Drain while executors are busy.
+    let mut status_timer = tokio::time::interval_at(
+        tokio::time::Instant::now() + STATUS_INTERVAL,
+        STATUS_INTERVAL,
+    );
+    status_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut gc_timer = tokio::time::interval_at(
         tokio::time::Instant::now() + sup.spec.gc_interval,
         sup.spec.gc_interval,
     );
-    let mut force_kill_at: Option<tokio::time::Instant> = None;
     let mut broker_kill_at: Option<tokio::time::Instant> = None;
     loop {
         if sup.broker.is_none() && sup.alive_executors() == 0 {
@@ -520,16 +576,12 @@ pub(crate) async fn supervise(
             // Exits first: a burst of signals must not starve reaping.
             biased;
             Some(exit) = exits.recv() => sup.on_exit(exit).await,
-            _ = term.recv() => {
-                sup.start_drain("SIGTERM").await;
-                if force_kill_at.is_none() && let Some(after) = sup.spec.force_kill_after {
-                    force_kill_at = Some(tokio::time::Instant::now() + after);
-                }
-            }
-            _ = int.recv() => {
-                sup.start_drain("SIGINT").await;
-                if force_kill_at.is_none() && let Some(after) = sup.spec.force_kill_after {
-                    force_kill_at = Some(tokio::time::Instant::now() + after);
+            _ = term.recv() => sup.start_drain("SIGTERM").await,
+            _ = int.recv() => sup.start_drain("SIGINT").await,
+            _ = status_timer.tick(), if !sup.draining => {
+                if sup.broker_draining().await {
+                    tracing::info!("the broker is draining (Admin.Drain): no restarts");
+                    sup.set_draining();
                 }
             }
             _ = gc_timer.tick() => {
@@ -553,8 +605,8 @@ pub(crate) async fn supervise(
                     proc.restarts += 1;
                 }
             }
-            () = sleep_until(force_kill_at.unwrap_or(far)), if force_kill_at.is_some() => {
-                force_kill_at = None;
+            () = sleep_until(sup.force_kill_at.unwrap_or(far)), if sup.force_kill_at.is_some() => {
+                sup.force_kill_at = None;
                 let after = sup.spec.force_kill_after.unwrap_or_default();
                 sup.force_kill(after).await;
                 broker_kill_at = Some(tokio::time::Instant::now() + BROKER_KILL_DELAY);
@@ -565,12 +617,18 @@ pub(crate) async fn supervise(
                     tracing::error!(pid = broker.pid(), "force-killing the broker after the shutdown deadline");
                     broker.signal(process::SIGKILL);
                 }
+                sup.launcher.abort_all();
             }
         }
     }
-    match sup.broker_failed {
-        Some(status) => Err(RuntimeError::BrokerDied { status }),
-        None => Ok(()),
+    // Bodies of executors that died last may have left processes to this subreaper.
+    process::kill_adopted();
+    match (sup.broker_failed, sup.force_killed) {
+        (Some(status), _) => Err(RuntimeError::BrokerDied { status }),
+        (None, true) => Err(RuntimeError::ForceKilled {
+            deadline: sup.spec.force_kill_after.unwrap_or_default(),
+        }),
+        (None, false) => Ok(()),
     }
 }
 
