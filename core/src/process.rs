@@ -71,7 +71,9 @@ pub fn become_subreaper() -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     let me = std::process::id();
-    let mut managed = MANAGED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut managed = MANAGED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     for pid in children(me) {
         if !managed.contains(&pid) {
             managed.push(pid);
@@ -98,7 +100,9 @@ impl Managed {
 
 impl Drop for Managed {
     fn drop(&mut self) {
-        let mut managed = MANAGED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut managed = MANAGED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(at) = managed.iter().position(|p| *p == self.0) {
             managed.swap_remove(at);
         }
@@ -108,7 +112,9 @@ impl Drop for Managed {
 /// Spawns `cmd` and registers the child as [`Managed`].
 pub fn spawn(cmd: &mut tokio::process::Command) -> io::Result<(tokio::process::Child, Managed)> {
     // Held across the spawn so a concurrent kill_adopted never sees the child unregistered.
-    let mut managed = MANAGED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut managed = MANAGED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let child = cmd.spawn()?;
     let pid = child.id().expect("a just-spawned child has a pid");
     managed.push(pid);
@@ -161,7 +167,10 @@ pub fn children(pid: u32) -> Vec<u32> {
     };
     for task in tasks.flatten() {
         match std::fs::read_to_string(task.path().join("children")) {
-            Ok(list) => found.extend(list.split_ascii_whitespace().filter_map(|p| p.parse::<u32>().ok())),
+            Ok(list) => found.extend(
+                list.split_ascii_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            ),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return children_by_scan(pid),
             Err(_) => {}
         }
@@ -210,7 +219,9 @@ pub fn kill_adopted() -> usize {
     let mut killed = 0;
     loop {
         let adopted: Vec<u32> = {
-            let managed = MANAGED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let managed = MANAGED
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             children(me)
                 .into_iter()
                 .filter(|p| !managed.contains(p))
@@ -234,10 +245,172 @@ pub fn kill_adopted() -> usize {
             unsafe { libc::waitpid(orphan as i32, &mut status, libc::WNOHANG) };
         }
         if std::time::Instant::now() >= deadline {
-            tracing::warn!(left = adopted.len(), "processes left behind by a body would not die");
+            tracing::warn!(
+                left = adopted.len(),
+                "processes left behind by a body would not die"
+            );
             return killed;
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// The first argument that turns a perago binary into a body guard (see [`body_guard_main`]).
+pub const BODY_GUARD_ARG: &str = "__perago-body-guard";
+
+static BODY_GUARD: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// Runs every body of this process under `program` (a perago binary that dispatches
+/// [`BODY_GUARD_ARG`] to [`body_guard_main`]). Thread mode sets it: there the bodies' parent is
+/// the supervisor, and nothing else would be left to kill what they started if the
+/// supervisor were SIGKILLed.
+pub fn set_body_guard(program: std::path::PathBuf) {
+    let _ = BODY_GUARD.set(program);
+}
+
+/// A command for `program`: itself, or wrapped in the body guard if one is set.
+pub fn body_command(program: &std::path::Path) -> tokio::process::Command {
+    match BODY_GUARD.get() {
+        Some(guard) => {
+            let mut cmd = tokio::process::Command::new(guard);
+            cmd.arg(BODY_GUARD_ARG).arg(program);
+            cmd
+        }
+        None => tokio::process::Command::new(program),
+    }
+}
+
+/// The body guard: a process between a thread-mode supervisor and one body. It is a child
+/// subreaper, runs `args` (program, arguments) with the guard's stdio in the guard's process
+/// group, and kills everything the body started as soon as the body exits or the guard's
+/// parent dies (its parent-death signal is SIGUSR1, which it waits for). It then exits as the
+/// body did. Signals the guard itself receives (the group's SIGTERM at a time limit) also
+/// reached the body and are otherwise ignored. Returns the exit code.
+pub fn body_guard_main(args: &[std::ffi::OsString]) -> i32 {
+    use std::os::unix::process::CommandExt as _;
+    let Some((program, rest)) = args.split_first() else {
+        eprintln!("error: {BODY_GUARD_ARG} needs a program");
+        return 2;
+    };
+    // SAFETY: plain syscalls on this process; the sigset lives on this stack.
+    let (parent, waited) = unsafe {
+        let parent = libc::getppid();
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in [
+            libc::SIGCHLD,
+            libc::SIGUSR1,
+            libc::SIGTERM,
+            libc::SIGINT,
+            libc::SIGHUP,
+            libc::SIGQUIT,
+        ] {
+            libc::sigaddset(&mut set, signal);
+        }
+        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGUSR1, 0, 0, 0);
+        (parent, set)
+    };
+    // The parent died before the parent-death signal was armed: nothing was started yet.
+    // SAFETY: getppid(2) has no preconditions.
+    if unsafe { libc::getppid() } != parent {
+        return 1;
+    }
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(rest);
+    // SAFETY: prctl(2) only, async-signal-safe; std resets the signal mask in the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let body = match cmd.spawn() {
+        Ok(child) => child.id(),
+        Err(e) => {
+            eprintln!("error: cannot start {}: {e}", program.to_string_lossy());
+            return 127;
+        }
+    };
+    // The guard must not hold the body's pipes open: their end is the body's business.
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        use std::os::fd::AsRawFd as _;
+        for fd in 0..=2 {
+            // SAFETY: dup2(2) onto the standard descriptors.
+            unsafe { libc::dup2(null.as_raw_fd(), fd) };
+        }
+    }
+    let mut status: Option<libc::c_int> = None;
+    while status.is_none() {
+        let mut signal = 0;
+        // SAFETY: sigwait(2) on the set blocked above.
+        if unsafe { libc::sigwait(&waited, &mut signal) } != 0 {
+            continue;
+        }
+        match signal {
+            libc::SIGCHLD => loop {
+                let mut raw = 0;
+                // SAFETY: every child of the guard is its own to reap.
+                let pid = unsafe { libc::waitpid(-1, &mut raw, libc::WNOHANG) };
+                if pid <= 0 {
+                    break;
+                }
+                if pid as u32 == body {
+                    status = Some(raw);
+                }
+            },
+            // The parent (the supervisor) died: end the body and all it started.
+            libc::SIGUSR1 => {
+                kill_all_children();
+                return 137;
+            }
+            _ => {}
+        }
+    }
+    kill_all_children();
+    let raw = status.expect("loop ends with a status");
+    if libc::WIFEXITED(raw) {
+        return libc::WEXITSTATUS(raw);
+    }
+    let signal = libc::WTERMSIG(raw);
+    // SAFETY: restore the default action and die of the body's signal, so the caller sees it.
+    unsafe {
+        libc::signal(signal, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, signal);
+        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::kill(libc::getpid(), signal);
+    }
+    128 + signal
+}
+
+/// The body guard's clean-up: every child (all of them adopted or the body) and everything
+/// below, SIGKILLed and reaped, for at most [`ADOPTED_PATIENCE`].
+fn kill_all_children() {
+    let me = std::process::id();
+    let deadline = std::time::Instant::now() + ADOPTED_PATIENCE;
+    loop {
+        let kids = children(me);
+        if kids.is_empty() || std::time::Instant::now() >= deadline {
+            return;
+        }
+        for kid in kids {
+            for pid in tree(kid) {
+                // SAFETY: kill(2) on one pid below this guard.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        // SAFETY: every child of the guard is its own to reap.
+        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
     }
 }
 
@@ -291,7 +464,11 @@ mod tests {
     fn alive_with(marker: &str) -> Vec<u32> {
         let mut found = Vec::new();
         for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
                 continue;
             };
             let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
@@ -341,6 +518,10 @@ mod tests {
             None,
             "and reaped, not left a zombie (or its pid reused)"
         );
-        assert_eq!(alive_with(&managed).len(), 1, "a managed child is not touched");
+        assert_eq!(
+            alive_with(&managed).len(),
+            1,
+            "a managed child is not touched"
+        );
     }
 }

@@ -124,7 +124,7 @@ pub(crate) fn strip_runtime_secrets(cmd: &mut tokio::process::Command) {
 /// Runs `spec` with `stdin` as its standard input, within `limits`.
 pub async fn run(spec: &CommandSpec, stdin: Vec<u8>, limits: RunLimits) -> io::Result<Finished> {
     let started = Instant::now();
-    let mut cmd = tokio::process::Command::new(&spec.program);
+    let mut cmd = unix::body_command(&spec.program);
     strip_runtime_secrets(&mut cmd);
     cmd.args(&spec.args)
         .current_dir(&spec.dir)
@@ -145,9 +145,10 @@ pub async fn run(spec: &CommandSpec, stdin: Vec<u8>, limits: RunLimits) -> io::R
         })
     });
     let kept = Arc::new(Mutex::new((Vec::new(), false)));
-    let stdout = child.stdout.take().map(|pipe| {
-        tokio::spawn(read_capped(pipe, limits.max_stdout, Arc::clone(&kept)))
-    });
+    let stdout = child
+        .stdout
+        .take()
+        .map(|pipe| tokio::spawn(read_capped(pipe, limits.max_stdout, Arc::clone(&kept))));
     let stderr = child
         .stderr
         .take()
@@ -179,7 +180,11 @@ pub async fn run(spec: &CommandSpec, stdin: Vec<u8>, limits: RunLimits) -> io::R
     unix::signal_group(pgid, unix::SIGKILL)?;
     let killed = unix::kill_adopted();
     if killed > 0 {
-        tracing::info!(pgid, killed, "killed the processes the command left running");
+        tracing::info!(
+            pgid,
+            killed,
+            "killed the processes the command left running"
+        );
     }
 
     if let Some(writer) = writer {
@@ -278,4 +283,72 @@ async fn read_tail(mut pipe: impl AsyncRead + Unpin, keep: usize, label: String)
         tail.drain(..tail.len() - keep);
     }
     String::from_utf8_lossy(&tail).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alive_with(marker: &str) -> usize {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                String::from_utf8_lossy(&cmdline).contains(marker)
+                    && e.file_name()
+                        .to_str()
+                        .and_then(|p| p.parse().ok())
+                        .and_then(unix::stat)
+                        .is_some_and(|s| s.state != 'Z')
+            })
+            .count()
+    }
+
+    fn sh(script: &str) -> CommandSpec {
+        CommandSpec {
+            program: PathBuf::from("/bin/sh"),
+            args: vec!["-c".to_owned(), script.to_owned()],
+            dir: std::env::temp_dir(),
+            env: Vec::new(),
+            label: "body".to_owned(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_double_forked_setsid_daemon_holding_stdout_neither_delays_nor_spoils_the_result() {
+        unix::become_subreaper().unwrap();
+        let marker = format!("9000.{}1", std::process::id());
+        let script = format!("(setsid sleep {marker} &); echo '{{\"ok\": true}}'");
+        let run = run(&sh(&script), Vec::new(), RunLimits::default())
+            .await
+            .unwrap();
+        assert_eq!(run.ended, Ended::Exited(0));
+        assert_eq!(
+            String::from_utf8_lossy(&run.stdout).trim(),
+            r#"{"ok": true}"#
+        );
+        assert!(
+            run.elapsed < PIPE_DRAIN_LIMIT,
+            "the result waited on the daemon: {:?}",
+            run.elapsed
+        );
+        assert_eq!(alive_with(&marker), 0, "the daemon outlived the body");
+    }
+
+    #[tokio::test]
+    async fn a_background_job_of_a_timed_out_body_is_killed_with_it() {
+        unix::become_subreaper().unwrap();
+        let marker = format!("9000.{}2", std::process::id());
+        let limits = RunLimits {
+            timeout: Some(Duration::from_millis(300)),
+            kill_grace: Duration::from_millis(200),
+            ..RunLimits::default()
+        };
+        // The shell ignores SIGTERM; its setsid child is outside the group the limit signals.
+        let script = format!("trap '' TERM; setsid sleep {marker} & wait");
+        let run = run(&sh(&script), Vec::new(), limits).await.unwrap();
+        assert_eq!(run.ended, Ended::TimedOut);
+        assert_eq!(alive_with(&marker), 0, "the job outlived the body");
+    }
 }

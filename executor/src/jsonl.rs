@@ -21,6 +21,12 @@ use tokio::{
     sync::Mutex,
 };
 
+/// The failure when the process closed its stdout (usually: it is exiting).
+const STDOUT_CLOSED: &str = "the body process closed its stdout";
+
+/// How long a process that closed its stdout gets to show its exit status, for the reason.
+const EXIT_PATIENCE: Duration = Duration::from_millis(500);
+
 /// Bytes of stderr kept for failure reasons.
 const STDERR_TAIL: usize = 2048;
 
@@ -71,7 +77,7 @@ impl JsonlBody {
     }
 
     fn start(&self, env: &[(String, String)]) -> std::io::Result<Running> {
-        let mut cmd = tokio::process::Command::new(&self.spec.program);
+        let mut cmd = process::body_command(&self.spec.program);
         crate::command::strip_runtime_secrets(&mut cmd);
         cmd.args(&self.spec.args)
             .current_dir(&self.spec.dir)
@@ -183,8 +189,16 @@ impl JsonlBody {
             }
             Err(reason) => {
                 let mut reason = reason;
+                // Stdout closes a moment before the exit status is there to read.
+                let exiting = reason == STDOUT_CLOSED;
                 if let Some(r) = guard.as_mut()
-                    && let Ok(Some(status)) = r.child.try_wait()
+                    && let Ok(Some(status)) = if exiting {
+                        tokio::time::timeout(EXIT_PATIENCE, r.child.wait())
+                            .await
+                            .map_or(Ok(None), |status| status.map(Some))
+                    } else {
+                        r.child.try_wait()
+                    }
                 {
                     reason = format!(
                         "body process exited ({status}) while running execution {execution_id}"
@@ -214,7 +228,7 @@ async fn exchange(
     let _ = running.stdin.flush().await;
     let answer = match running.stdout.next_line().await {
         Ok(Some(answer)) => answer,
-        Ok(None) => return Err("the body process closed its stdout".to_owned()),
+        Ok(None) => return Err(STDOUT_CLOSED.to_owned()),
         Err(e) => return Err(format!("cannot read from the body process: {e}")),
     };
     let response: Value = serde_json::from_str(&answer).map_err(|e| {

@@ -114,6 +114,14 @@ impl Launcher {
                 path.display()
             ));
         }
+        // Bodies run under this same binary as their guard: a subreaper that kills whatever
+        // the body started when the body exits or when this process dies, even by SIGKILL.
+        match std::env::current_exe() {
+            Ok(exe) => process::set_body_guard(exe),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot find this program to guard thread-mode bodies: processes a body starts may outlive a SIGKILLed supervisor")
+            }
+        }
         Ok(Self::Thread {
             manifest,
             tasks: Vec::new(),

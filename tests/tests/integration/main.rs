@@ -5,6 +5,7 @@ mod bench;
 mod broker;
 mod cli;
 mod deploy;
+mod descendants;
 mod harness;
 mod ops;
 mod runtime;

@@ -626,10 +626,10 @@ async fn force_kill_after_the_deadline_reports_the_killed_task() {
         first["reasonForIncompletion"]
             .as_str()
             .unwrap()
-            .contains("exited (signal 9 (SIGKILL)) while running execution"),
+            .contains("exited (killed by the supervisor at the shutdown deadline, PERAGO_SHUTDOWN_FORCE_KILL_AFTER=1s after the drain started: signal 9 (SIGKILL)) while running execution"),
         "{wf:#}"
     );
-    assert!(status.code().is_some(), "{log}");
+    assert_eq!(status.code(), Some(3), "a forced shutdown exits 3: {log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
