@@ -38,6 +38,37 @@ pub fn isolate(cmd: &mut tokio::process::Command, death_signal: i32) {
     }
 }
 
+/// Lets the child started by `cmd` inherit `fd` (which stays close-on-exec in this process).
+pub fn inherit_fd(cmd: &mut tokio::process::Command, fd: std::os::fd::RawFd) {
+    // SAFETY: the closure runs in the forked child before exec and only calls fcntl(2),
+    // which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Takes ownership of the open descriptor `fd` handed over by number (an inherited pipe end, or
+/// in thread mode one the supervisor gave up), marked close-on-exec so bodies do not inherit
+/// it. `None` if `fd` is not open or is a standard stream.
+pub fn adopt_fd(fd: std::os::fd::RawFd) -> Option<std::fs::File> {
+    use std::os::fd::FromRawFd as _;
+    if fd <= 2 {
+        return None;
+    }
+    // SAFETY: fcntl(2) on a descriptor number; F_GETFD fails with EBADF if it is not open.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
+        return None;
+    }
+    // SAFETY: the descriptor is open and was handed to this process to own; nothing else
+    // in it uses the number (the supervisor forgot it in thread mode, see children.rs).
+    Some(unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
 /// Sends `signal` to every process of the group led by `pgid`. A group that is already gone
 /// is not an error.
 pub fn signal_group(pgid: u32, signal: i32) -> io::Result<()> {

@@ -80,6 +80,8 @@ pub struct SlotIdentity {
     pub token: String,
     /// The broker socket.
     pub socket: PathBuf,
+    /// Where to tell the supervisor of each completed assignment (`PERAGO_COMPLETION_FD`).
+    pub completions: Option<Arc<std::fs::File>>,
 }
 
 /// Why the slot loop ended abnormally.
@@ -336,6 +338,11 @@ pub async fn serve(
                 tx.send(message(ToBroker::Completion(completion)))
                     .await
                     .map_err(|_| SlotError::BrokerGone)?;
+                if let Some(pipe) = &identity.completions {
+                    use std::io::Write as _;
+                    // Non-blocking: a full pipe only loses a hint.
+                    let _ = (&**pipe).write(b".");
+                }
                 if runner.poisoned() {
                     tracing::warn!(
                         "a Rust body overran its time limit and may still be running; exiting so the supervisor replaces this process"

@@ -134,8 +134,12 @@ impl Launcher {
         env: &[(String, String)],
         kind: ChildKind,
         exits: &mpsc::UnboundedSender<ChildExit>,
+        inherit: Option<std::os::fd::RawFd>,
     ) -> std::io::Result<Child> {
         let mut cmd = Command::new(program);
+        if let Some(fd) = inherit {
+            process::inherit_fd(&mut cmd, fd);
+        }
         cmd.arg0(argv0).envs(env.iter().map(|(k, v)| (k, v)));
         if matches!(kind, ChildKind::Executor { .. }) {
             // Only the broker talks to Conductor: executors, and the task bodies they run,
@@ -200,6 +204,7 @@ impl Launcher {
                 env,
                 ChildKind::Broker,
                 exits,
+                None,
             ),
             Self::Thread { .. } => {
                 let config =
@@ -215,19 +220,42 @@ impl Launcher {
         }
     }
 
-    /// Starts the executor of `slot` at `generation` with `env` (identity included).
+    /// Starts the executor of `slot` at `generation` with `env` (identity included). Each
+    /// assignment it completes is sent to `completions`.
     pub(crate) fn executor(
         &mut self,
         slot_name: &str,
         kind: ChildKind,
         env: &[(String, String)],
         exits: &mpsc::UnboundedSender<ChildExit>,
+        completions: &mpsc::UnboundedSender<ChildKind>,
     ) -> std::io::Result<Child> {
+        use std::os::fd::{AsRawFd as _, IntoRawFd as _};
+        let pipe = completion_pipe(kind, completions)?;
+        let mut env = env.to_vec();
         match self {
             Self::Process { executor_bin, .. } => {
-                Self::spawn_process(&executor_bin.clone(), slot_name, env, kind, exits)
+                env.push((
+                    perago_executor::cli::PERAGO_COMPLETION_FD.to_owned(),
+                    pipe.as_raw_fd().to_string(),
+                ));
+                // The child has its copy; ours closes when `pipe` drops.
+                Self::spawn_process(
+                    &executor_bin.clone(),
+                    slot_name,
+                    &env,
+                    kind,
+                    exits,
+                    Some(pipe.as_raw_fd()),
+                )
             }
             Self::Thread { manifest, .. } => {
+                // The executor task owns the write end from here (`adopt_fd`).
+                env.push((
+                    perago_executor::cli::PERAGO_COMPLETION_FD.to_owned(),
+                    pipe.into_raw_fd().to_string(),
+                ));
+                let env = env.as_slice();
                 let (identity, _) = perago_executor::cli::identity_from(lookup(env))
                     .map_err(std::io::Error::other)?;
                 let workspace = perago_executor::cli::workspace_runtime(&identity, lookup(env));
@@ -273,6 +301,29 @@ impl Launcher {
             }
         }
     }
+}
+
+/// A pipe from one executor generation: each byte it writes is an assignment it completed,
+/// reported as `kind` on `completions`. Returns the write end (non-blocking).
+fn completion_pipe(
+    kind: ChildKind,
+    completions: &mpsc::UnboundedSender<ChildKind>,
+) -> std::io::Result<std::os::fd::OwnedFd> {
+    use tokio::io::AsyncReadExt as _;
+    let (write, mut read) = tokio::net::unix::pipe::pipe()?;
+    let completions = completions.clone();
+    tokio::spawn(async move {
+        let mut buf = [0u8; 64];
+        while let Ok(n) = read.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            for _ in 0..n {
+                let _ = completions.send(kind);
+            }
+        }
+    });
+    write.into_nonblocking_fd()
 }
 
 /// Looks names up in `env`, then in this process's environment.

@@ -32,7 +32,8 @@ use tonic::{service::Interceptor, transport::Channel};
 const BROKER_START_DEADLINE: Duration = Duration::from_secs(15);
 /// After the executors are force-killed, the broker gets this long to report their failures.
 const BROKER_KILL_DELAY: Duration = Duration::from_secs(2);
-/// A replacement that has run this long resets its slot's restart backoff.
+/// A replacement that has run this long resets its slot's restart backoff (so does its first
+/// completed assignment).
 const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
 
 /// How often the supervisor reads the broker's status (drain state) while running.
@@ -143,6 +144,8 @@ struct Supervisor {
     spec: RuntimeSpec,
     launcher: Launcher,
     exits: mpsc::UnboundedSender<ChildExit>,
+    /// Each assignment an executor generation completes (see `completion_pipe`).
+    completions: mpsc::UnboundedSender<ChildKind>,
     slots: BTreeMap<u32, SlotProc>,
     broker: Option<Child>,
     control: Option<Control>,
@@ -240,6 +243,7 @@ impl Supervisor {
                 ChildKind::Executor { slot, generation },
                 &env,
                 &self.exits,
+                &self.completions,
             )
             .map_err(|source| RuntimeError::Spawn {
                 what: format!("executor {worker_id}"),
@@ -346,6 +350,24 @@ impl Supervisor {
                     restart_in_s = delay.as_secs(), "executor exited; slot restart scheduled"
                 );
             }
+        }
+    }
+
+    /// An executor generation completed an assignment: it works, so the slot's next restart
+    /// starts the backoff over (an agent killing executors now and then cannot park a slot at
+    /// the 30 s cap while it does useful work in between).
+    fn on_completion(&mut self, kind: ChildKind) {
+        if let ChildKind::Executor { slot, generation } = kind
+            && let Some(proc) = self.slots.get_mut(&slot)
+            && proc.generation == generation
+            && proc.restarts > 0
+        {
+            tracing::debug!(
+                slot,
+                generation,
+                "a replacement completed an assignment: restart backoff reset"
+            );
+            proc.restarts = 0;
         }
     }
 
@@ -473,6 +495,7 @@ pub(crate) async fn supervise(
     let mut stop = std::pin::pin!(stop);
     let mut stop_fired = false;
     let (exits_tx, mut exits) = mpsc::unbounded_channel();
+    let (completions_tx, mut completions) = mpsc::unbounded_channel();
     // What bodies start and leave behind is re-parented here when their executor dies (or, in
     // thread mode, when the body exits), so it can be killed.
     if let Err(e) = process::become_subreaper() {
@@ -509,6 +532,7 @@ pub(crate) async fn supervise(
         spec,
         launcher,
         exits: exits_tx,
+        completions: completions_tx,
         slots,
         broker: None,
         control: None,
@@ -576,6 +600,7 @@ pub(crate) async fn supervise(
             // Exits first: a burst of signals must not starve reaping.
             biased;
             Some(exit) = exits.recv() => sup.on_exit(exit).await,
+            Some(kind) = completions.recv() => sup.on_completion(kind),
             _ = term.recv() => sup.start_drain("SIGTERM").await,
             _ = int.recv() => sup.start_drain("SIGINT").await,
             _ = status_timer.tick(), if !sup.draining => {
