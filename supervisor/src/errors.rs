@@ -79,3 +79,17 @@ impl ExpectedError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forced_shutdown_has_its_own_exit_code() {
+        let forced = ExpectedError::ForceKilled("deadline".to_owned());
+        assert_eq!(forced.process_exit_code(), exit_codes::FORCE_KILLED);
+        assert_eq!(exit_codes::FORCE_KILLED, 3);
+        let died = ExpectedError::Runtime("the broker exited".to_owned());
+        assert_eq!(died.process_exit_code(), exit_codes::FAILURE);
+    }
+}
