@@ -305,11 +305,11 @@ mod tests {
             .count()
     }
 
-    fn sh(script: &str) -> CommandSpec {
+    fn sh(script: &str, dir: &std::path::Path) -> CommandSpec {
         CommandSpec {
             program: PathBuf::from("/bin/sh"),
             args: vec!["-c".to_owned(), script.to_owned()],
-            dir: std::env::temp_dir(),
+            dir: dir.to_owned(),
             env: Vec::new(),
             label: "body".to_owned(),
         }
@@ -319,8 +319,14 @@ mod tests {
     async fn a_double_forked_setsid_daemon_holding_stdout_neither_delays_nor_spoils_the_result() {
         unix::become_subreaper().unwrap();
         let marker = format!("9000.{}1", std::process::id());
-        let script = format!("(setsid sleep {marker} &); echo '{{\"ok\": true}}'");
-        let run = run(&sh(&script), Vec::new(), RunLimits::default())
+        let dir = tempfile::tempdir().unwrap();
+        // The body exits only once the daemon has left its group and session.
+        let script = format!(
+            "(setsid sh -c 'touch detached; exec sleep {marker}' &)\n\
+             while [ ! -e detached ]; do sleep 0.01; done\n\
+             echo '{{\"ok\": true}}'"
+        );
+        let run = run(&sh(&script, dir.path()), Vec::new(), RunLimits::default())
             .await
             .unwrap();
         assert_eq!(run.ended, Ended::Exited(0));
@@ -347,7 +353,10 @@ mod tests {
         };
         // The shell ignores SIGTERM; its setsid child is outside the group the limit signals.
         let script = format!("trap '' TERM; setsid sleep {marker} & wait");
-        let run = run(&sh(&script), Vec::new(), limits).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let run = run(&sh(&script, dir.path()), Vec::new(), limits)
+            .await
+            .unwrap();
         assert_eq!(run.ended, Ended::TimedOut);
         assert_eq!(alive_with(&marker), 0, "the job outlived the body");
     }

@@ -68,8 +68,13 @@ async fn body_started(task: &TaskFixture, marker: &str) {
 async fn a_setsid_daemon_holding_stdout_keeps_no_result_hostage_and_is_killed() {
     let mark = marker(1);
     let conductor = Conductor::start().await;
-    // The daemon double-forks out of the body's process group and session, holding stdout.
-    let body = format!("read params\n(setsid sleep {mark} &)\necho '{{\"ok\": true}}'\n");
+    // The daemon double-forks out of the body's process group and session, holding stdout;
+    // the body exits once it has.
+    let body = format!(
+        "read params\n(setsid sh -c 'touch detached; exec sleep {mark}' &)\n\
+         while [ ! -e detached ]; do sleep 0.01; done\n\
+         echo '{{\"ok\": true}}'\n"
+    );
     let task = TaskFixture::new("e2e.daemon", &body, "retry_count = 0");
     conductor.register(&task).await;
     let sup = SupervisorProc::start(&task, &conductor, 1, &[]);
