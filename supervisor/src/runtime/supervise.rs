@@ -456,6 +456,29 @@ impl Supervisor {
     }
 }
 
+/// Reads the broker's status every [`STATUS_INTERVAL`] on its own task (a wedged broker must
+/// not stall the dispatcher) and reports once when it is draining.
+fn watch_for_drain(admin: Option<AdminClient<Channel>>) -> mpsc::Receiver<()> {
+    let (tx, rx) = mpsc::channel(1);
+    if let Some(mut admin) = admin {
+        tokio::spawn(async move {
+            while !tx.is_closed() {
+                tokio::time::sleep(STATUS_INTERVAL).await;
+                let status =
+                    tokio::time::timeout(STATUS_INTERVAL, admin.status(admin::StatusRequest {}))
+                        .await;
+                if let Ok(Ok(status)) = status
+                    && status.get_ref().draining
+                {
+                    let _ = tx.send(()).await;
+                    return;
+                }
+            }
+        });
+    }
+    rx
+}
+
 async fn wait_for_broker(
     spec: &RuntimeSpec,
     exits: &mut mpsc::UnboundedReceiver<ChildExit>,
@@ -580,11 +603,7 @@ pub(crate) async fn supervise(
     }
 
     // How the supervisor learns of a drain started over Admin.Drain while executors are busy.
-    let mut status_timer = tokio::time::interval_at(
-        tokio::time::Instant::now() + STATUS_INTERVAL,
-        STATUS_INTERVAL,
-    );
-    status_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut drain_seen = watch_for_drain(sup.admin.clone());
     let mut gc_timer = tokio::time::interval_at(
         tokio::time::Instant::now() + sup.spec.gc_interval,
         sup.spec.gc_interval,
@@ -603,8 +622,8 @@ pub(crate) async fn supervise(
             Some(kind) = completions.recv() => sup.on_completion(kind),
             _ = term.recv() => sup.start_drain("SIGTERM").await,
             _ = int.recv() => sup.start_drain("SIGINT").await,
-            _ = status_timer.tick(), if !sup.draining => {
-                if sup.broker_draining().await {
+            Some(()) = drain_seen.recv() => {
+                if !sup.draining {
                     tracing::info!("the broker is draining (Admin.Drain): no restarts");
                     sup.set_draining();
                 }
