@@ -1,7 +1,15 @@
 //! The only libc calls of perago: process groups, the parent-death signal and signals to a
-//! group. Every child perago starts (broker, executors, bodies, guardrails) leads its own
-//! process group, so a terminal's Ctrl-C or a service manager's SIGTERM reaches only the
-//! supervisor, and a whole child tree can be signalled at once.
+//! group; the child subreaper and the clean-up of what bodies leave behind; the thread-mode
+//! body guard; handing a pipe to a child. Every child perago starts (broker, executors,
+//! bodies, guardrails) leads its own process group, so a terminal's Ctrl-C or a service
+//! manager's SIGTERM reaches only the supervisor, and a whole child tree can be signalled at
+//! once.
+//!
+//! Nothing a body starts outlives it: the executor and the supervisor are child subreapers, so
+//! whatever a body detaches (double fork, `setsid`) is re-parented to them instead of init, and
+//! [`kill_adopted`] SIGKILLs and reaps every child that is not [`Managed`] (spawned through
+//! [`spawn`] and still waited for). In thread mode bodies run under [`body_guard_main`], which
+//! does the same when the supervisor dies.
 //!
 //! Pitfall: `PR_SET_PDEATHSIG` fires when the *thread* that spawned the child exits, not the
 //! process. Children must therefore be spawned from a long-lived thread (a current-thread

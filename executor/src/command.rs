@@ -114,11 +114,13 @@ pub(crate) const RUNTIME_SECRETS: [&str; 3] = [
     "LAKEFS_SECRET_ACCESS_KEY",
 ];
 
-/// Removes [`RUNTIME_SECRETS`] from a body's environment.
+/// Removes [`RUNTIME_SECRETS`] from a body's environment, and the executor's completion pipe
+/// (a descriptor number bodies do not inherit).
 pub(crate) fn strip_runtime_secrets(cmd: &mut tokio::process::Command) {
     for name in RUNTIME_SECRETS {
         cmd.env_remove(name);
     }
+    cmd.env_remove(crate::cli::PERAGO_COMPLETION_FD);
 }
 
 /// Runs `spec` with `stdin` as its standard input, within `limits`.

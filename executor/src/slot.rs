@@ -8,7 +8,10 @@
 //! ```
 //!
 //! SIGTERM/SIGINT only set a flag: an assignment in progress always finishes and its
-//! completion is sent; the executor exits at the next idle point.
+//! completion is sent; the executor exits at the next idle point. Only a broker that goes away
+//! mid-assignment cuts it short (its result could not be reported): the bodies are stopped
+//! and the executor exits 1. After every assignment, whatever its bodies left running is
+//! killed.
 
 use crate::{
     assignment::{AssignmentIo, AssignmentRunner},
@@ -171,13 +174,13 @@ fn message(m: ToBroker) -> proto::ExecutorMessage {
 pub const BROKER_GONE_GRACE: Duration = Duration::from_secs(2);
 
 /// Runs one assignment while watching the slot stream. A `Stop` that arrives meanwhile is
-/// kept in `stop_pending`; if the stream ends (the broker died) the assignment is abandoned:
+/// queued in `pending` for after it (like any other message); if the stream ends (the broker died) the assignment is abandoned:
 /// every body process gets SIGTERM, then SIGKILL after [`BROKER_GONE_GRACE`], and `None`
 /// is returned.
 async fn run_watching_broker(
     work: impl Future<Output = RuntimeResult>,
     inbound: &mut tonic::Streaming<proto::BrokerMessage>,
-    stop_pending: &mut Option<String>,
+    pending: &mut std::collections::VecDeque<FromBroker>,
 ) -> Option<RuntimeResult> {
     {
         let mut work = std::pin::pin!(work);
@@ -185,10 +188,10 @@ async fn run_watching_broker(
             tokio::select! {
                 result = &mut work => return Some(result),
                 next = inbound.message() => match next {
-                    Ok(Some(proto::BrokerMessage { message: Some(FromBroker::Stop(stop)) })) => {
-                        stop_pending.get_or_insert(stop.reason);
+                    Ok(Some(proto::BrokerMessage { message: Some(message) })) => {
+                        pending.push_back(message);
                     }
-                    Ok(Some(_)) => {}
+                    Ok(Some(proto::BrokerMessage { message: None })) => {}
                     Ok(None) | Err(_) => break,
                 },
             }
@@ -243,26 +246,28 @@ pub async fn serve(
         _ => return Err(SlotError::BrokerGone),
     }
 
-    // A Stop that arrived while an assignment ran, honoured once it is reported.
-    let mut stop_pending: Option<String> = None;
+    // Messages that arrived while an assignment ran (a drain's Stop), handled after it.
+    let mut pending = std::collections::VecDeque::new();
     loop {
-        if let Some(reason) = stop_pending.take() {
-            tracing::info!(reason = %reason, "stop from the broker; exiting while idle");
-            return close(tx, inbound).await;
-        }
         if stop_requested.load(Ordering::SeqCst) {
             tracing::info!("stop requested by signal; exiting while idle");
             return close(tx, inbound).await;
         }
-        let next = tokio::select! {
-            next = inbound.message() => next?,
-            Some(()) = signalled.recv() => continue,
-        };
-        let Some(proto::BrokerMessage {
-            message: Some(next),
-        }) = next
-        else {
-            return Err(SlotError::BrokerGone);
+        let next = match pending.pop_front() {
+            Some(next) => next,
+            None => {
+                let next = tokio::select! {
+                    next = inbound.message() => next?,
+                    Some(()) = signalled.recv() => continue,
+                };
+                let Some(proto::BrokerMessage {
+                    message: Some(next),
+                }) = next
+                else {
+                    return Err(SlotError::BrokerGone);
+                };
+                next
+            }
         };
         match next {
             FromBroker::Stop(stop) => {
@@ -297,7 +302,7 @@ pub async fn serve(
                         };
                         let work = runner.execute_with(&execution_id, &attempt, &io);
                         let Some(result) =
-                            run_watching_broker(work, &mut inbound, &mut stop_pending).await
+                            run_watching_broker(work, &mut inbound, &mut pending).await
                         else {
                             return Err(SlotError::BrokerGone);
                         };
