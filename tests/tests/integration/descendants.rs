@@ -217,3 +217,55 @@ async fn the_deadline_also_bounds_a_drain_started_over_admin_drain() {
     let wf = conductor.wait_terminal(&id, Duration::from_secs(5)).await;
     assert_eq!(wf["status"], "FAILED", "{wf:#}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_body_guard_exits_as_its_body_did_and_kills_what_it_left() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let mark = marker(8);
+    let dir = tempfile::tempdir().unwrap();
+    let guard = |script: &str| {
+        std::process::Command::new(crate::harness::SUPERVISOR)
+            .arg(perago_core::process::BODY_GUARD_ARG)
+            .args(["sh", "-c", script])
+            .current_dir(dir.path())
+            .status()
+            .unwrap()
+    };
+    let status = guard(&format!(
+        "(setsid sh -c 'touch detached; exec sleep {mark}' &)\n\
+         while [ ! -e detached ]; do sleep 0.01; done\nexit 3"
+    ));
+    assert_eq!(status.code(), Some(3));
+    assert_eq!(
+        marked(&mark),
+        Vec::<u32>::new(),
+        "the guard killed the daemon"
+    );
+    assert_eq!(
+        guard("kill -9 $$").signal(),
+        Some(9),
+        "and dies of the body's signal"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_supervisor_sigkill_in_process_mode_lets_the_body_finish_then_ends_what_it_left() {
+    let mark = marker(9);
+    let conductor = Conductor::start().await;
+    // The body leaves a detached daemon behind and finishes a second later.
+    let body = format!(
+        "read params\n(setsid sh -c 'touch detached; exec sleep {mark}' &)\n\
+         while [ ! -e detached ]; do sleep 0.01; done\ntouch started\nsleep 1\necho '{{}}'\n"
+    );
+    let task = TaskFixture::new("e2e.orphanedrun", &body, "retry_count = 0");
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(&task, &conductor, 1, &[]);
+    let id = conductor.start_workflow(&task, json!({})).await;
+    body_started(&task, &mark).await;
+    // The orphaned executor drains (parent-death SIGTERM): its body finishes and is reported,
+    // and what the body left dies with the assignment.
+    sup.signal("KILL");
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(10)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
+    none_left(&mark, Duration::from_secs(2), || sup.log_text()).await;
+}
