@@ -1,7 +1,15 @@
-//! The only libc calls of perago: process groups, the parent-death signal, signals to a
-//! group and the descriptors a child inherits (the workspace root's lock). Every child perago starts (broker, executors, bodies, guardrails) leads its own
-//! process group, so a terminal's Ctrl-C or a service manager's SIGTERM reaches only the
-//! supervisor, and a whole child tree can be signalled at once.
+//! The only libc calls of perago: process groups, the parent-death signal and signals to a
+//! group; the descriptors a child inherits (the workspace root's lock, a pipe); the child
+//! subreaper and the clean-up of what bodies leave behind; the thread-mode body guard. Every
+//! child perago starts (broker, executors, bodies, guardrails) leads its own process group, so
+//! a terminal's Ctrl-C or a service manager's SIGTERM reaches only the supervisor, and a whole
+//! child tree can be signalled at once.
+//!
+//! Nothing a body starts outlives it: the executor and the supervisor are child subreapers, so
+//! whatever a body detaches (double fork, `setsid`) is re-parented to them instead of init, and
+//! [`kill_adopted`] SIGKILLs and reaps every child that is not [`Managed`] (spawned through
+//! [`spawn`] and still waited for). In thread mode bodies run under [`body_guard_main`], which
+//! does the same when the supervisor dies.
 //!
 //! Pitfall: `PR_SET_PDEATHSIG` fires when the *thread* that spawned the child exits, not the
 //! process. Children must therefore be spawned from a long-lived thread (a current-thread
@@ -119,6 +127,23 @@ pub fn inherit_only_stdio(cmd: &mut tokio::process::Command) {
     }
 }
 
+/// Takes ownership of the open descriptor `fd` handed over by number (an inherited pipe end, or
+/// in thread mode one the supervisor gave up), marked close-on-exec so bodies do not inherit
+/// it. `None` if `fd` is not open or is a standard stream.
+pub fn adopt_fd(fd: std::os::fd::RawFd) -> Option<std::fs::File> {
+    use std::os::fd::FromRawFd as _;
+    if fd <= 2 {
+        return None;
+    }
+    // SAFETY: fcntl(2) on a descriptor number; F_GETFD fails with EBADF if it is not open.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
+        return None;
+    }
+    // SAFETY: the descriptor is open and was handed to this process to own; nothing else
+    // in it uses the number (the supervisor forgot it in thread mode, see children.rs).
+    Some(unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
 /// Sends `signal` to every process of the group led by `pgid`. A group that is already gone
 /// is not an error.
 pub fn signal_group(pgid: u32, signal: i32) -> io::Result<()> {
@@ -139,6 +164,359 @@ pub fn signal_group(pgid: u32, signal: i32) -> io::Result<()> {
         Ok(())
     } else {
         Err(err)
+    }
+}
+
+/// Makes this process a child subreaper (`PR_SET_CHILD_SUBREAPER`): a process started below it
+/// whose parent dies is re-parented to this process instead of init, so [`kill_adopted`] can
+/// find it, however it detached (double fork, `setsid`). The processes that are already our
+/// children (a shell that `exec`ed us may have left some) are remembered as not ours to kill.
+pub fn become_subreaper() -> io::Result<()> {
+    // SAFETY: prctl(2) with integer arguments; no memory is involved.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let me = std::process::id();
+    let mut managed = MANAGED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for pid in children(me) {
+        if !managed.contains(&pid) {
+            managed.push(pid);
+        }
+    }
+    Ok(())
+}
+
+/// The children this process started itself (and still waits for through their `Child`), plus
+/// those it had before [`become_subreaper`]: never killed or reaped by [`kill_adopted`].
+static MANAGED: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+/// Keeps a spawned child out of [`kill_adopted`]'s reach until dropped: hold it as long as the
+/// `Child` it belongs to (reaping it behind tokio's back would make its `wait` fail).
+#[derive(Debug)]
+pub struct Managed(u32);
+
+impl Managed {
+    /// The child's pid.
+    pub fn pid(&self) -> u32 {
+        self.0
+    }
+}
+
+impl Drop for Managed {
+    fn drop(&mut self) {
+        let mut managed = MANAGED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(at) = managed.iter().position(|p| *p == self.0) {
+            managed.swap_remove(at);
+        }
+    }
+}
+
+/// Spawns `cmd` and registers the child as [`Managed`].
+pub fn spawn(cmd: &mut tokio::process::Command) -> io::Result<(tokio::process::Child, Managed)> {
+    // Held across the spawn so a concurrent kill_adopted never sees the child unregistered.
+    let mut managed = MANAGED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let child = cmd.spawn()?;
+    let pid = child.id().expect("a just-spawned child has a pid");
+    managed.push(pid);
+    Ok((child, Managed(pid)))
+}
+
+/// Sends `signal` to the process group of every [`Managed`] child (each leads its own group).
+pub fn signal_managed(signal: i32) {
+    let pids = MANAGED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    for pid in pids {
+        let _ = signal_group(pid, signal);
+    }
+}
+
+/// What `/proc/<pid>/stat` says: the state letter, the parent and the process group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    /// `R`, `S`, `D`, `Z` (zombie), …
+    pub state: char,
+    /// The parent's pid.
+    pub ppid: u32,
+    /// The process group.
+    pub pgid: u32,
+}
+
+/// Parses the text of `/proc/<pid>/stat`; the command name may hold spaces and parentheses.
+pub fn parse_stat(text: &str) -> Option<Stat> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let mut fields = rest.split_ascii_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    let pgid = fields.next()?.parse().ok()?;
+    Some(Stat { state, ppid, pgid })
+}
+
+/// The stat of `pid`, `None` once it is gone.
+pub fn stat(pid: u32) -> Option<Stat> {
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// The children of `pid`, from `/proc/<pid>/task/*/children`, or by scanning every
+/// `/proc/*/stat` where the kernel lacks that file.
+pub fn children(pid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return found;
+    };
+    for task in tasks.flatten() {
+        match std::fs::read_to_string(task.path().join("children")) {
+            Ok(list) => found.extend(
+                list.split_ascii_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            ),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return children_by_scan(pid),
+            Err(_) => {}
+        }
+    }
+    found.sort_unstable();
+    found.dedup();
+    found
+}
+
+fn children_by_scan(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| stat(*pid).is_some_and(|s| s.ppid == parent))
+        .collect()
+}
+
+/// `pid` and every process below it, parents first.
+pub fn tree(pid: u32) -> Vec<u32> {
+    let mut all = vec![pid];
+    let mut next = 0;
+    while next < all.len() {
+        for kid in children(all[next]) {
+            if !all.contains(&kid) {
+                all.push(kid);
+            }
+        }
+        next += 1;
+    }
+    all
+}
+
+/// How long [`kill_adopted`] keeps killing and reaping before it gives up.
+const ADOPTED_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// SIGKILLs every child of this process that is not [`Managed`] (orphans re-parented to this
+/// subreaper: what a body left behind) with everything below it, and reaps them. Loops until
+/// none is left (a dying process hands its own children to us), for at most 2 s. Returns how
+/// many live processes it killed.
+pub fn kill_adopted() -> usize {
+    let me = std::process::id();
+    let deadline = std::time::Instant::now() + ADOPTED_PATIENCE;
+    let mut killed = 0;
+    loop {
+        let adopted: Vec<u32> = {
+            let managed = MANAGED
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            children(me)
+                .into_iter()
+                .filter(|p| !managed.contains(p))
+                .collect()
+        };
+        if adopted.is_empty() {
+            return killed;
+        }
+        for &orphan in &adopted {
+            for pid in tree(orphan) {
+                if stat(pid).is_some_and(|s| s.state != 'Z') {
+                    killed += 1;
+                    // SAFETY: kill(2) on one pid; no memory is involved.
+                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                }
+            }
+        }
+        for &orphan in &adopted {
+            let mut status = 0;
+            // SAFETY: waitpid(2) on a child that is ours and that no `Child` waits for.
+            unsafe { libc::waitpid(orphan as i32, &mut status, libc::WNOHANG) };
+        }
+        if std::time::Instant::now() >= deadline {
+            tracing::warn!(
+                left = adopted.len(),
+                "processes left behind by a body would not die"
+            );
+            return killed;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// The first argument that turns a perago binary into a body guard (see [`body_guard_main`]).
+pub const BODY_GUARD_ARG: &str = "__perago-body-guard";
+
+static BODY_GUARD: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// Runs every body of this process under `program` (a perago binary that dispatches
+/// [`BODY_GUARD_ARG`] to [`body_guard_main`]). Thread mode sets it: there the bodies' parent is
+/// the supervisor, and nothing else would be left to kill what they started if the
+/// supervisor were SIGKILLed.
+pub fn set_body_guard(program: std::path::PathBuf) {
+    let _ = BODY_GUARD.set(program);
+}
+
+/// A command for `program`: itself, or wrapped in the body guard if one is set.
+pub fn body_command(program: &std::path::Path) -> tokio::process::Command {
+    match BODY_GUARD.get() {
+        Some(guard) => {
+            let mut cmd = tokio::process::Command::new(guard);
+            cmd.arg(BODY_GUARD_ARG).arg(program);
+            cmd
+        }
+        None => tokio::process::Command::new(program),
+    }
+}
+
+/// The body guard: a process between a thread-mode supervisor and one body. It is a child
+/// subreaper, runs `args` (program, arguments) with the guard's stdio in the guard's process
+/// group, and kills everything the body started as soon as the body exits or the guard's
+/// parent dies (its parent-death signal is SIGUSR1, which it waits for). It then exits as the
+/// body did. Signals the guard itself receives (the group's SIGTERM at a time limit) also
+/// reached the body and are otherwise ignored. Returns the exit code.
+pub fn body_guard_main(args: &[std::ffi::OsString]) -> i32 {
+    use std::os::unix::process::CommandExt as _;
+    let Some((program, rest)) = args.split_first() else {
+        eprintln!("error: {BODY_GUARD_ARG} needs a program");
+        return 2;
+    };
+    // SAFETY: plain syscalls on this process; the sigset lives on this stack.
+    let (parent, waited) = unsafe {
+        let parent = libc::getppid();
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in [
+            libc::SIGCHLD,
+            libc::SIGUSR1,
+            libc::SIGTERM,
+            libc::SIGINT,
+            libc::SIGHUP,
+            libc::SIGQUIT,
+        ] {
+            libc::sigaddset(&mut set, signal);
+        }
+        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGUSR1, 0, 0, 0);
+        (parent, set)
+    };
+    // The parent died before the parent-death signal was armed: nothing was started yet.
+    // SAFETY: getppid(2) has no preconditions.
+    if unsafe { libc::getppid() } != parent {
+        return 1;
+    }
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(rest);
+    // SAFETY: prctl(2) only, async-signal-safe; std resets the signal mask in the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let body = match cmd.spawn() {
+        Ok(child) => child.id(),
+        Err(e) => {
+            eprintln!("error: cannot start {}: {e}", program.to_string_lossy());
+            return 127;
+        }
+    };
+    // The guard must not hold the body's pipes open: their end is the body's business.
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        use std::os::fd::AsRawFd as _;
+        for fd in 0..=2 {
+            // SAFETY: dup2(2) onto the standard descriptors.
+            unsafe { libc::dup2(null.as_raw_fd(), fd) };
+        }
+    }
+    let mut status: Option<libc::c_int> = None;
+    while status.is_none() {
+        let mut signal = 0;
+        // SAFETY: sigwait(2) on the set blocked above.
+        if unsafe { libc::sigwait(&waited, &mut signal) } != 0 {
+            continue;
+        }
+        match signal {
+            libc::SIGCHLD => loop {
+                let mut raw = 0;
+                // SAFETY: every child of the guard is its own to reap.
+                let pid = unsafe { libc::waitpid(-1, &mut raw, libc::WNOHANG) };
+                if pid <= 0 {
+                    break;
+                }
+                if pid as u32 == body {
+                    status = Some(raw);
+                }
+            },
+            // The parent (the supervisor) died: end the body and all it started.
+            libc::SIGUSR1 => {
+                kill_all_children();
+                return 137;
+            }
+            _ => {}
+        }
+    }
+    kill_all_children();
+    let raw = status.expect("loop ends with a status");
+    if libc::WIFEXITED(raw) {
+        return libc::WEXITSTATUS(raw);
+    }
+    let signal = libc::WTERMSIG(raw);
+    // SAFETY: restore the default action and die of the body's signal, so the caller sees it.
+    unsafe {
+        libc::signal(signal, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, signal);
+        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::kill(libc::getpid(), signal);
+    }
+    128 + signal
+}
+
+/// The body guard's clean-up: every child (all of them adopted or the body) and everything
+/// below, SIGKILLed and reaped, for at most [`ADOPTED_PATIENCE`].
+fn kill_all_children() {
+    let me = std::process::id();
+    let deadline = std::time::Instant::now() + ADOPTED_PATIENCE;
+    loop {
+        let kids = children(me);
+        if kids.is_empty() || std::time::Instant::now() >= deadline {
+            return;
+        }
+        for kid in kids {
+            for pid in tree(kid) {
+                // SAFETY: kill(2) on one pid below this guard.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        // SAFETY: every child of the guard is its own to reap.
+        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
     }
 }
 
@@ -206,5 +584,87 @@ mod tests {
         assert_eq!(adopt_root_lock(Some("1")), None, "never stdio");
         assert_eq!(adopt_root_lock(Some("x")), None);
         assert_eq!(adopt_root_lock(Some("999999")), None, "not open");
+    }
+
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn stat_parses_names_with_spaces_and_parentheses() {
+        assert_eq!(
+            parse_stat("42 (a b) c) S 7 40 40 0 -1 4194560"),
+            Some(Stat {
+                state: 'S',
+                ppid: 7,
+                pgid: 40
+            })
+        );
+        assert_eq!(parse_stat("42 no parenthesis"), None);
+        let me = stat(std::process::id()).expect("this process has a stat");
+        assert_ne!(me.state, 'Z');
+    }
+
+    /// Live processes whose command line contains `marker`.
+    fn alive_with(marker: &str) -> Vec<u32> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(marker)
+                && stat(pid).is_some_and(|s| s.state != 'Z')
+            {
+                found.push(pid);
+            }
+        }
+        found
+    }
+
+    fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[tokio::test]
+    async fn kill_adopted_ends_a_double_forked_setsid_daemon_and_spares_managed_children() {
+        become_subreaper().unwrap();
+        // Unique durations mark the processes: `sleep` has no other argument to carry a marker.
+        let daemon = format!("1000.{}1", std::process::id());
+        let managed = format!("1000.{}2", std::process::id());
+        let mut keep = tokio::process::Command::new("sleep");
+        keep.arg(&managed).kill_on_drop(true);
+        let (_kept, _kept_guard) = spawn(&mut keep).unwrap();
+        let mut body = tokio::process::Command::new("sh");
+        body.args(["-c", &format!("(setsid sleep {daemon} &); exit 0")]);
+        let (mut body, guard) = spawn(&mut body).unwrap();
+        assert!(body.wait().await.unwrap().success());
+        drop(guard);
+        wait_for("the daemon to start", || !alive_with(&daemon).is_empty());
+        let pid = alive_with(&daemon)[0];
+        assert_eq!(
+            stat(pid).unwrap().ppid,
+            std::process::id(),
+            "a subreaper adopts the daemon"
+        );
+
+        assert!(kill_adopted() >= 1);
+        assert_eq!(alive_with(&daemon), Vec::<u32>::new(), "the daemon is gone");
+        assert_eq!(
+            stat(pid),
+            None,
+            "and reaped, not left a zombie (or its pid reused)"
+        );
+        assert_eq!(
+            alive_with(&managed).len(),
+            1,
+            "a managed child is not touched"
+        );
     }
 }

@@ -25,6 +25,9 @@ pub const PERAGO_SLOT_TOKEN: &str = "PERAGO_SLOT_TOKEN";
 pub const PERAGO_SOCKET: &str = "PERAGO_SOCKET";
 /// The task manifest.
 pub const PERAGO_MANIFEST: &str = "PERAGO_MANIFEST";
+/// A pipe to the supervisor: one byte per assignment this generation completed (the
+/// supervisor then resets the slot's restart backoff). Optional.
+pub const PERAGO_COMPLETION_FD: &str = "PERAGO_COMPLETION_FD";
 
 /// The slot identity and manifest path from `lookup` (the process environment for the
 /// binary; the supervisor's child environment in thread mode).
@@ -32,7 +35,7 @@ pub fn identity_from(
     lookup: impl Fn(&str) -> Option<String>,
 ) -> Result<(SlotIdentity, PathBuf), String> {
     let [worker_id, slot, generation, token, socket, manifest] = env::require(
-        lookup,
+        &lookup,
         [
             env::PERAGO_WORKER_ID,
             PERAGO_SLOT,
@@ -54,6 +57,10 @@ pub fn identity_from(
     let generation = generation
         .parse()
         .map_err(|_| format!("{PERAGO_GENERATION} must be a generation number"))?;
+    let completions = lookup(PERAGO_COMPLETION_FD)
+        .and_then(|fd| fd.parse().ok())
+        .and_then(perago_core::process::adopt_fd)
+        .map(Arc::new);
     Ok((
         SlotIdentity {
             worker_id,
@@ -61,6 +68,7 @@ pub fn identity_from(
             generation,
             token,
             socket: PathBuf::from(socket),
+            completions,
         },
         PathBuf::from(manifest),
     ))
@@ -128,6 +136,11 @@ pub(crate) fn main_with(task: Option<Arc<dyn crate::task::Task>>) -> i32 {
     ) {
         eprintln!("error: {message}");
         return 1;
+    }
+    // Whatever a body starts and leaves behind is re-parented here, not to init, so it can
+    // be killed when the assignment ends.
+    if let Err(e) = perago_core::process::become_subreaper() {
+        tracing::warn!(error = %e, "cannot become a child subreaper: processes a body detaches may outlive it");
     }
     let path = std::env::var_os("PATH");
     let built = match task {

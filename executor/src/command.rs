@@ -7,6 +7,7 @@ use std::{
     io,
     path::PathBuf,
     process::{ExitStatus, Stdio},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 use tokio::{
@@ -14,8 +15,9 @@ use tokio::{
     task::JoinHandle,
 };
 
-/// How long the pipes may stay open after the process group is gone (a grandchild that left
-/// the group may hold them); past this the output read so far is used.
+/// How long the pipes may stay open after the command and everything it left behind were
+/// killed (only a process that escaped the subreaper could still hold them); past this the
+/// output read so far is used.
 const PIPE_DRAIN_LIMIT: Duration = Duration::from_secs(1);
 
 /// What to run.
@@ -112,21 +114,23 @@ pub(crate) const RUNTIME_SECRETS: [&str; 3] = [
     "LAKEFS_SECRET_ACCESS_KEY",
 ];
 
-/// Removes [`RUNTIME_SECRETS`] from a body's environment, and keeps every descriptor of the
-/// executor but stdio from it: a body must never hold the workspace root's lock (a daemon it
-/// leaves behind would keep the root locked forever) or a socket of the runtime.
+/// Removes [`RUNTIME_SECRETS`] from a body's environment, with the executor's completion pipe
+/// number, and keeps every descriptor of the executor but stdio from it: a body must never
+/// hold the workspace root's lock (a daemon it leaves behind would keep the root locked
+/// forever), the completion pipe or a socket of the runtime.
 pub(crate) fn strip_runtime_secrets(cmd: &mut tokio::process::Command) {
     for name in RUNTIME_SECRETS {
         cmd.env_remove(name);
     }
     cmd.env_remove(unix::ROOT_LOCK_FD);
     unix::inherit_only_stdio(cmd);
+    cmd.env_remove(crate::cli::PERAGO_COMPLETION_FD);
 }
 
 /// Runs `spec` with `stdin` as its standard input, within `limits`.
 pub async fn run(spec: &CommandSpec, stdin: Vec<u8>, limits: RunLimits) -> io::Result<Finished> {
     let started = Instant::now();
-    let mut cmd = tokio::process::Command::new(&spec.program);
+    let mut cmd = unix::body_command(&spec.program);
     strip_runtime_secrets(&mut cmd);
     cmd.args(&spec.args)
         .current_dir(&spec.dir)
@@ -136,8 +140,8 @@ pub async fn run(spec: &CommandSpec, stdin: Vec<u8>, limits: RunLimits) -> io::R
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     unix::isolate(&mut cmd, unix::SIGKILL);
-    let mut child = cmd.spawn()?;
-    let pgid = child.id().expect("a just-spawned child has a pid");
+    let (mut child, managed) = unix::spawn(&mut cmd)?;
+    let pgid = managed.pid();
 
     let writer = child.stdin.take().map(|mut pipe| {
         tokio::spawn(async move {
@@ -146,10 +150,11 @@ pub async fn run(spec: &CommandSpec, stdin: Vec<u8>, limits: RunLimits) -> io::R
             let _ = pipe.shutdown().await;
         })
     });
+    let kept = Arc::new(Mutex::new((Vec::new(), false)));
     let stdout = child
         .stdout
         .take()
-        .map(|pipe| tokio::spawn(read_capped(pipe, limits.max_stdout)));
+        .map(|pipe| tokio::spawn(read_capped(pipe, limits.max_stdout, Arc::clone(&kept))));
     let stderr = child
         .stderr
         .take()
@@ -174,14 +179,27 @@ pub async fn run(spec: &CommandSpec, stdin: Vec<u8>, limits: RunLimits) -> io::R
             }
         },
     };
-    // Whatever the body left running in its group is an orphan now: end it, so its pipes
-    // close and nothing outlives the assignment.
+    drop(managed);
+    // Whatever the body left running is an orphan now, in its group or (a double fork, a
+    // `setsid`) re-parented to this subreaper: end it all, so its pipes close and nothing
+    // outlives the assignment.
     unix::signal_group(pgid, unix::SIGKILL)?;
+    let killed = unix::kill_adopted();
+    if killed > 0 {
+        tracing::info!(
+            pgid,
+            killed,
+            "killed the processes the command left running"
+        );
+    }
 
     if let Some(writer) = writer {
         writer.abort();
     }
-    let (stdout, stdout_overflow) = join_pipe(stdout).await.unwrap_or_default();
+    // The output is what was read by now and within the drain limit: a process that escaped
+    // every kill and still holds the pipe cannot withhold the body's result.
+    let _ = join_pipe(stdout).await;
+    let (stdout, stdout_overflow) = std::mem::take(&mut *kept.lock().expect("not poisoned"));
     let stderr_tail = join_pipe(stderr).await.unwrap_or_default();
     Ok(Finished {
         ended,
@@ -206,23 +224,27 @@ async fn join_pipe<T: Default>(task: Option<JoinHandle<T>>) -> Option<T> {
     }
 }
 
-async fn read_capped(mut pipe: impl AsyncRead + Unpin, cap: usize) -> (Vec<u8>, bool) {
-    let mut kept = Vec::new();
-    let mut overflow = false;
+/// Reads `pipe` to its end into `kept` (at most `cap` bytes; the flag says there was more).
+/// The bytes live outside the task, so output read before a stuck pipe is given up on stays.
+async fn read_capped(
+    mut pipe: impl AsyncRead + Unpin,
+    cap: usize,
+    kept: Arc<Mutex<(Vec<u8>, bool)>>,
+) {
     let mut buf = [0u8; 16 * 1024];
     loop {
         match pipe.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
-                let room = cap.saturating_sub(kept.len());
+                let mut kept = kept.lock().expect("not poisoned");
+                let room = cap.saturating_sub(kept.0.len());
                 if n > room {
-                    overflow = true;
+                    kept.1 = true;
                 }
-                kept.extend_from_slice(&buf[..n.min(room)]);
+                kept.0.extend_from_slice(&buf[..n.min(room)]);
             }
         }
     }
-    (kept, overflow)
 }
 
 /// Longest stderr line logged whole; longer ones are cut.
@@ -267,4 +289,81 @@ async fn read_tail(mut pipe: impl AsyncRead + Unpin, keep: usize, label: String)
         tail.drain(..tail.len() - keep);
     }
     String::from_utf8_lossy(&tail).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alive_with(marker: &str) -> usize {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                String::from_utf8_lossy(&cmdline).contains(marker)
+                    && e.file_name()
+                        .to_str()
+                        .and_then(|p| p.parse().ok())
+                        .and_then(unix::stat)
+                        .is_some_and(|s| s.state != 'Z')
+            })
+            .count()
+    }
+
+    fn sh(script: &str, dir: &std::path::Path) -> CommandSpec {
+        CommandSpec {
+            program: PathBuf::from("/bin/sh"),
+            args: vec!["-c".to_owned(), script.to_owned()],
+            dir: dir.to_owned(),
+            env: Vec::new(),
+            label: "body".to_owned(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_double_forked_setsid_daemon_holding_stdout_neither_delays_nor_spoils_the_result() {
+        unix::become_subreaper().unwrap();
+        let marker = format!("9000.{}1", std::process::id());
+        let dir = tempfile::tempdir().unwrap();
+        // The body exits only once the daemon has left its group and session.
+        let script = format!(
+            "(setsid sh -c 'touch detached; exec sleep {marker}' &)\n\
+             while [ ! -e detached ]; do sleep 0.01; done\n\
+             echo '{{\"ok\": true}}'"
+        );
+        let run = run(&sh(&script, dir.path()), Vec::new(), RunLimits::default())
+            .await
+            .unwrap();
+        assert_eq!(run.ended, Ended::Exited(0));
+        assert_eq!(
+            String::from_utf8_lossy(&run.stdout).trim(),
+            r#"{"ok": true}"#
+        );
+        assert!(
+            run.elapsed < PIPE_DRAIN_LIMIT,
+            "the result waited on the daemon: {:?}",
+            run.elapsed
+        );
+        assert_eq!(alive_with(&marker), 0, "the daemon outlived the body");
+    }
+
+    #[tokio::test]
+    async fn a_background_job_of_a_timed_out_body_is_killed_with_it() {
+        unix::become_subreaper().unwrap();
+        let marker = format!("9000.{}2", std::process::id());
+        let limits = RunLimits {
+            timeout: Some(Duration::from_millis(300)),
+            kill_grace: Duration::from_millis(200),
+            ..RunLimits::default()
+        };
+        // The shell ignores SIGTERM; its setsid child is outside the group the limit signals.
+        let script = format!("trap '' TERM; setsid sleep {marker} & wait");
+        let dir = tempfile::tempdir().unwrap();
+        let run = run(&sh(&script, dir.path()), Vec::new(), limits)
+            .await
+            .unwrap();
+        assert_eq!(run.ended, Ended::TimedOut);
+        assert_eq!(alive_with(&marker), 0, "the job outlived the body");
+    }
 }

@@ -21,6 +21,12 @@ use tokio::{
     sync::Mutex,
 };
 
+/// The failure when the process closed its stdout (usually: it is exiting).
+const STDOUT_CLOSED: &str = "the body process closed its stdout";
+
+/// How long a process that closed its stdout gets to show its exit status, for the reason.
+const EXIT_PATIENCE: Duration = Duration::from_millis(500);
+
 /// Bytes of stderr kept for failure reasons.
 const STDERR_TAIL: usize = 2048;
 
@@ -35,7 +41,8 @@ pub(crate) enum JsonlFailure {
 
 struct Running {
     child: Child,
-    pgid: u32,
+    /// The process's pid and group, kept out of `kill_adopted` while it runs.
+    managed: process::Managed,
     stdin: ChildStdin,
     stdout: Lines<BufReader<ChildStdout>>,
 }
@@ -70,7 +77,7 @@ impl JsonlBody {
     }
 
     fn start(&self, env: &[(String, String)]) -> std::io::Result<Running> {
-        let mut cmd = tokio::process::Command::new(&self.spec.program);
+        let mut cmd = process::body_command(&self.spec.program);
         crate::command::strip_runtime_secrets(&mut cmd);
         cmd.args(&self.spec.args)
             .current_dir(&self.spec.dir)
@@ -81,8 +88,8 @@ impl JsonlBody {
             .stderr(Stdio::piped())
             .kill_on_drop(true);
         process::isolate(&mut cmd, process::SIGKILL);
-        let mut child = cmd.spawn()?;
-        let pgid = child.id().expect("a just-spawned child has a pid");
+        let (mut child, managed) = process::spawn(&mut cmd)?;
+        let pgid = managed.pid();
         let stdin = child.stdin.take().expect("piped");
         let stdout = BufReader::new(child.stdout.take().expect("piped")).lines();
         let mut stderr = child.stderr.take().expect("piped");
@@ -119,17 +126,20 @@ impl JsonlBody {
         tracing::info!(pid = pgid, program = %self.spec.program.display(), "started the jsonl body process");
         Ok(Running {
             child,
-            pgid,
+            managed,
             stdin,
             stdout,
         })
     }
 
-    /// Stops the process (its whole group) so the next call starts a fresh one.
+    /// Stops the process (its whole group, and whatever it left re-parented to this
+    /// subreaper) so the next call starts a fresh one.
     async fn discard(running: &mut Option<Running>) {
         if let Some(mut r) = running.take() {
-            let _ = process::signal_group(r.pgid, process::SIGKILL);
+            let _ = process::signal_group(r.managed.pid(), process::SIGKILL);
             let _ = r.child.wait().await;
+            drop(r);
+            process::kill_adopted();
         }
     }
 
@@ -180,11 +190,16 @@ impl JsonlBody {
             }
             Err(reason) => {
                 let mut reason = reason;
-                // A process that closed its stdout is usually exiting: its status, when it
-                // comes within a moment, says more than the closed pipe.
+                // Stdout closes a moment before the exit status is there to read.
+                let exiting = reason == STDOUT_CLOSED;
                 if let Some(r) = guard.as_mut()
-                    && let Ok(Ok(status)) =
-                        tokio::time::timeout(EXIT_STATUS_WAIT, r.child.wait()).await
+                    && let Ok(Some(status)) = if exiting {
+                        tokio::time::timeout(EXIT_PATIENCE, r.child.wait())
+                            .await
+                            .map_or(Ok(None), |status| status.map(Some))
+                    } else {
+                        r.child.try_wait()
+                    }
                 {
                     reason = format!(
                         "body process exited ({status}) while running execution {execution_id}"
@@ -200,9 +215,6 @@ impl JsonlBody {
     }
 }
 
-/// How long a broken exchange waits for the body process's exit status.
-const EXIT_STATUS_WAIT: Duration = Duration::from_millis(500);
-
 /// Writes the request line and reads the response line; any protocol break is an error.
 async fn exchange(
     running: &mut Running,
@@ -217,7 +229,7 @@ async fn exchange(
     let _ = running.stdin.flush().await;
     let answer = match running.stdout.next_line().await {
         Ok(Some(answer)) => answer,
-        Ok(None) => return Err("the body process closed its stdout".to_owned()),
+        Ok(None) => return Err(STDOUT_CLOSED.to_owned()),
         Err(e) => return Err(format!("cannot read from the body process: {e}")),
     };
     let response: Value = perago_core::json::from_str(&answer).map_err(|e| {

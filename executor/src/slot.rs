@@ -8,7 +8,10 @@
 //! ```
 //!
 //! SIGTERM/SIGINT only set a flag: an assignment in progress always finishes and its
-//! completion is sent; the executor exits at the next idle point.
+//! completion is sent; the executor exits at the next idle point. Only a broker that goes away
+//! mid-assignment cuts it short (its result could not be reported): the bodies are stopped
+//! and the executor exits 1. After every assignment, whatever its bodies left running is
+//! killed.
 
 use crate::{
     assignment::{AssignmentIo, AssignmentRunner},
@@ -80,6 +83,8 @@ pub struct SlotIdentity {
     pub token: String,
     /// The broker socket.
     pub socket: PathBuf,
+    /// Where to tell the supervisor of each completed assignment (`PERAGO_COMPLETION_FD`).
+    pub completions: Option<Arc<std::fs::File>>,
 }
 
 /// Why the slot loop ended abnormally.
@@ -164,6 +169,49 @@ fn message(m: ToBroker) -> proto::ExecutorMessage {
     proto::ExecutorMessage { message: Some(m) }
 }
 
+/// After the broker is gone, how long the running body has between SIGTERM and SIGKILL:
+/// its result can no longer be reported, so the executor does not wait for it.
+pub const BROKER_GONE_GRACE: Duration = Duration::from_secs(2);
+
+/// Runs one assignment while watching the slot stream. A `Stop` that arrives meanwhile is
+/// queued in `pending` for after it (like any other message); if the stream ends (the broker died) the assignment is abandoned:
+/// every body process gets SIGTERM, then SIGKILL after [`BROKER_GONE_GRACE`], and `None`
+/// is returned.
+async fn run_watching_broker(
+    work: impl Future<Output = RuntimeResult>,
+    inbound: &mut tonic::Streaming<proto::BrokerMessage>,
+    pending: &mut std::collections::VecDeque<FromBroker>,
+) -> Option<RuntimeResult> {
+    {
+        let mut work = std::pin::pin!(work);
+        loop {
+            tokio::select! {
+                result = &mut work => return Some(result),
+                next = inbound.message() => match next {
+                    Ok(Some(proto::BrokerMessage { message: Some(message) })) => {
+                        pending.push_back(message);
+                    }
+                    Ok(Some(proto::BrokerMessage { message: None })) => {}
+                    Ok(None) | Err(_) => break,
+                },
+            }
+        }
+        tracing::error!(
+            grace_s = BROKER_GONE_GRACE.as_secs(),
+            "the broker is gone while an assignment runs: its result cannot be reported; stopping the body (SIGTERM, then SIGKILL)"
+        );
+        perago_core::process::signal_managed(perago_core::process::SIGTERM);
+        if tokio::time::timeout(BROKER_GONE_GRACE, &mut work)
+            .await
+            .is_err()
+        {
+            perago_core::process::signal_managed(perago_core::process::SIGKILL);
+        }
+    }
+    perago_core::process::kill_adopted();
+    None
+}
+
 /// Attaches and serves assignments until `Stop` (returns `Ok`) or the broker goes away.
 /// `stop_requested` is the signal flag: checked whenever the executor is idle.
 pub async fn serve(
@@ -198,20 +246,28 @@ pub async fn serve(
         _ => return Err(SlotError::BrokerGone),
     }
 
+    // Messages that arrived while an assignment ran (a drain's Stop), handled after it.
+    let mut pending = std::collections::VecDeque::new();
     loop {
         if stop_requested.load(Ordering::SeqCst) {
             tracing::info!("stop requested by signal; exiting while idle");
             return close(tx, inbound).await;
         }
-        let next = tokio::select! {
-            next = inbound.message() => next?,
-            Some(()) = signalled.recv() => continue,
-        };
-        let Some(proto::BrokerMessage {
-            message: Some(next),
-        }) = next
-        else {
-            return Err(SlotError::BrokerGone);
+        let next = match pending.pop_front() {
+            Some(next) => next,
+            None => {
+                let next = tokio::select! {
+                    next = inbound.message() => next?,
+                    Some(()) = signalled.recv() => continue,
+                };
+                let Some(proto::BrokerMessage {
+                    message: Some(next),
+                }) = next
+                else {
+                    return Err(SlotError::BrokerGone);
+                };
+                next
+            }
         };
         match next {
             FromBroker::Stop(stop) => {
@@ -244,7 +300,12 @@ pub async fn serve(
                             fence: Some(&fence),
                             progress: Some(&progress),
                         };
-                        let result = runner.execute_with(&execution_id, &attempt, &io).await;
+                        let work = runner.execute_with(&execution_id, &attempt, &io);
+                        let Some(result) =
+                            run_watching_broker(work, &mut inbound, &mut pending).await
+                        else {
+                            return Err(SlotError::BrokerGone);
+                        };
                         match result.outcome() {
                             perago_core::result::Outcome::Failed(reason)
                             | perago_core::result::Outcome::FailedTerminal(reason) => {
@@ -273,9 +334,20 @@ pub async fn serve(
                     execution_id,
                     result: Some(wire::result_to_wire(&result)),
                 };
+                // Whatever the body left running (orphans re-parented to this subreaper) ends
+                // with the assignment.
+                let killed = perago_core::process::kill_adopted();
+                if killed > 0 {
+                    tracing::info!(killed, "killed the processes the assignment left running");
+                }
                 tx.send(message(ToBroker::Completion(completion)))
                     .await
                     .map_err(|_| SlotError::BrokerGone)?;
+                if let Some(pipe) = &identity.completions {
+                    use std::io::Write as _;
+                    // Non-blocking: a full pipe only loses a hint.
+                    let _ = (&**pipe).write(b".");
+                }
                 if runner.poisoned() {
                     tracing::warn!(
                         "a Rust body overran its time limit and may still be running; exiting so the supervisor replaces this process"

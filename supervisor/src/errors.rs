@@ -11,6 +11,9 @@ pub mod exit_codes {
     pub const FAILURE: i32 = 1;
     /// Bad command-line usage.
     pub const USAGE: i32 = 2;
+    /// `start`: the shutdown deadline (`PERAGO_SHUTDOWN_FORCE_KILL_AFTER`) passed and running
+    /// executors were killed; their tasks were reported FAILED.
+    pub const FORCE_KILLED: i32 = 3;
 }
 
 /// An error the command line reports as `error: <message>` and exits with.
@@ -61,6 +64,9 @@ pub enum ExpectedError {
     /// The runtime failed (e.g. the broker died).
     #[error("{0}")]
     Runtime(String),
+    /// The drain hit the shutdown deadline and running executors were killed.
+    #[error("{0}")]
+    ForceKilled(String),
 }
 
 impl ExpectedError {
@@ -68,7 +74,22 @@ impl ExpectedError {
     pub fn process_exit_code(&self) -> i32 {
         match self {
             Self::WorkerCount(_) => exit_codes::USAGE,
+            Self::ForceKilled(_) => exit_codes::FORCE_KILLED,
             _ => exit_codes::FAILURE,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forced_shutdown_has_its_own_exit_code() {
+        let forced = ExpectedError::ForceKilled("deadline".to_owned());
+        assert_eq!(forced.process_exit_code(), exit_codes::FORCE_KILLED);
+        assert_eq!(exit_codes::FORCE_KILLED, 3);
+        let died = ExpectedError::Runtime("the broker exited".to_owned());
+        assert_eq!(died.process_exit_code(), exit_codes::FAILURE);
     }
 }

@@ -19,6 +19,14 @@ use std::collections::BTreeMap;
 /// Runs the command line with the process's arguments and environment; returns the exit code.
 /// `bin_name` is the name help and usage show (`perago-supervisor` or `perago`).
 pub fn run(bin_name: &'static str) -> i32 {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args
+        .get(1)
+        .is_some_and(|a| a == perago_core::process::BODY_GUARD_ARG)
+    {
+        // This process is the guard of one thread-mode body (see children.rs).
+        return perago_core::process::body_guard_main(&args[2..]);
+    }
     let vars: BTreeMap<String, String> = std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
         .collect();

@@ -209,7 +209,10 @@ pub(crate) fn start(
             gc::sweep_all(&locked.root, "final sweep after shutdown");
         }
         drop(locked);
-        result.map_err(|e| ExpectedError::Runtime(e.to_string()))
+        result.map_err(|e| match e {
+            RuntimeError::ForceKilled { .. } => ExpectedError::ForceKilled(e.to_string()),
+            e => ExpectedError::Runtime(e.to_string()),
+        })
     })
 }
 

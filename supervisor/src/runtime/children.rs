@@ -108,7 +108,7 @@ pub(crate) enum Launcher {
     },
     Thread {
         manifest: Arc<Manifest>,
-        tasks: Vec<AbortHandle>,
+        tasks: Vec<(ChildKind, AbortHandle)>,
     },
 }
 
@@ -120,6 +120,14 @@ impl Launcher {
                 "body.executor {} cannot run in thread mode; use --execution-mode process",
                 path.display()
             ));
+        }
+        // Bodies run under this same binary as their guard: a subreaper that kills whatever
+        // the body started when the body exits or when this process dies, even by SIGKILL.
+        match std::env::current_exe() {
+            Ok(exe) => process::set_body_guard(exe),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot find this program to guard thread-mode bodies: processes a body starts may outlive a SIGKILLed supervisor")
+            }
         }
         Ok(Self::Thread {
             manifest,
@@ -134,8 +142,12 @@ impl Launcher {
         kind: ChildKind,
         lock_fd: Option<RawFd>,
         exits: &mpsc::UnboundedSender<ChildExit>,
+        inherit: Option<std::os::fd::RawFd>,
     ) -> std::io::Result<Child> {
         let mut cmd = Command::new(program);
+        if let Some(fd) = inherit {
+            process::inherit_fd(&mut cmd, fd);
+        }
         cmd.arg0(argv0).envs(env.iter().map(|(k, v)| (k, v)));
         cmd.env_remove(process::ROOT_LOCK_FD);
         if let Some(fd) = lock_fd {
@@ -150,11 +162,12 @@ impl Launcher {
             }
         }
         process::isolate(&mut cmd, process::SIGTERM);
-        let mut child = cmd.spawn()?;
-        let pid = child.id().expect("a just-spawned child has a pid");
+        let (mut child, managed) = process::spawn(&mut cmd)?;
+        let pid = managed.pid();
         let exits = exits.clone();
         tokio::spawn(async move {
             let status = child.wait().await;
+            drop(managed);
             let _ = exits.send(ChildExit {
                 kind,
                 pid,
@@ -172,7 +185,8 @@ impl Launcher {
     ) -> Child {
         let handle = tokio::spawn(work);
         if let Self::Thread { tasks, .. } = self {
-            tasks.push(handle.abort_handle());
+            tasks.retain(|(_, task)| !task.is_finished());
+            tasks.push((kind, handle.abort_handle()));
         }
         let exits = exits.clone();
         tokio::spawn(async move {
@@ -208,6 +222,7 @@ impl Launcher {
                 ChildKind::Broker,
                 *lock_fd,
                 exits,
+                None,
             ),
             Self::Thread { .. } => {
                 let config =
@@ -223,21 +238,47 @@ impl Launcher {
         }
     }
 
-    /// Starts the executor of `slot` at `generation` with `env` (identity included).
+    /// Starts the executor of `slot` at `generation` with `env` (identity included). Each
+    /// assignment it completes is sent to `completions`.
     pub(crate) fn executor(
         &mut self,
         slot_name: &str,
         kind: ChildKind,
         env: &[(String, String)],
         exits: &mpsc::UnboundedSender<ChildExit>,
+        completions: &mpsc::UnboundedSender<ChildKind>,
     ) -> std::io::Result<Child> {
+        use std::os::fd::{AsRawFd as _, IntoRawFd as _};
+        let pipe = completion_pipe(kind, completions)?;
+        let mut env = env.to_vec();
         match self {
             Self::Process {
                 executor_bin,
                 lock_fd,
                 ..
-            } => Self::spawn_process(&executor_bin.clone(), slot_name, env, kind, *lock_fd, exits),
+            } => {
+                env.push((
+                    perago_executor::cli::PERAGO_COMPLETION_FD.to_owned(),
+                    pipe.as_raw_fd().to_string(),
+                ));
+                // The child has its copy; ours closes when `pipe` drops.
+                Self::spawn_process(
+                    &executor_bin.clone(),
+                    slot_name,
+                    &env,
+                    kind,
+                    *lock_fd,
+                    exits,
+                    Some(pipe.as_raw_fd()),
+                )
+            }
             Self::Thread { manifest, .. } => {
+                // The executor task owns the write end from here (`adopt_fd`).
+                env.push((
+                    perago_executor::cli::PERAGO_COMPLETION_FD.to_owned(),
+                    pipe.into_raw_fd().to_string(),
+                ));
+                let env = env.as_slice();
                 let (identity, _) = perago_executor::cli::identity_from(lookup(env))
                     .map_err(std::io::Error::other)?;
                 let workspace = perago_executor::cli::workspace_runtime(&identity, lookup(env));
@@ -263,14 +304,49 @@ impl Launcher {
         }
     }
 
-    /// Aborts every thread-mode task (the force-kill of thread mode).
+    /// Aborts every thread-mode executor task (the force-kill of thread mode): dropping an
+    /// assignment SIGKILLs its body; the broker task stays to report it.
+    pub(crate) fn abort_executors(&self) {
+        if let Self::Thread { tasks, .. } = self {
+            for (kind, task) in tasks {
+                if matches!(kind, ChildKind::Executor { .. }) {
+                    task.abort();
+                }
+            }
+        }
+    }
+
+    /// Aborts every thread-mode task, the broker's too.
     pub(crate) fn abort_all(&self) {
         if let Self::Thread { tasks, .. } = self {
-            for task in tasks {
+            for (_, task) in tasks {
                 task.abort();
             }
         }
     }
+}
+
+/// A pipe from one executor generation: each byte it writes is an assignment it completed,
+/// reported as `kind` on `completions`. Returns the write end (non-blocking).
+fn completion_pipe(
+    kind: ChildKind,
+    completions: &mpsc::UnboundedSender<ChildKind>,
+) -> std::io::Result<std::os::fd::OwnedFd> {
+    use tokio::io::AsyncReadExt as _;
+    let (write, mut read) = tokio::net::unix::pipe::pipe()?;
+    let completions = completions.clone();
+    tokio::spawn(async move {
+        let mut buf = [0u8; 64];
+        while let Ok(n) = read.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            for _ in 0..n {
+                let _ = completions.send(kind);
+            }
+        }
+    });
+    write.into_nonblocking_fd()
 }
 
 /// Looks names up in `env`, then in this process's environment.

@@ -32,8 +32,12 @@ use tonic::{service::Interceptor, transport::Channel};
 const BROKER_START_DEADLINE: Duration = Duration::from_secs(15);
 /// After the executors are force-killed, the broker gets this long to report their failures.
 const BROKER_KILL_DELAY: Duration = Duration::from_secs(2);
-/// A replacement that has run this long resets its slot's restart backoff.
+/// A replacement that has run this long resets its slot's restart backoff (so does its first
+/// completed assignment).
 const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
+
+/// How often the supervisor reads the broker's status (drain state) while running.
+const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Every call to the broker is bounded: a wedged broker must not wedge the dispatcher.
 const CONTROL_CALL_DEADLINE: Duration = Duration::from_secs(5);
@@ -100,6 +104,11 @@ pub(crate) enum RuntimeError {
     Control(#[from] tonic::Status),
     #[error("the broker exited ({status}) while the runtime was running")]
     BrokerDied { status: String },
+    #[error(
+        "the drain did not finish within PERAGO_SHUTDOWN_FORCE_KILL_AFTER ({}s): executors still running were killed and their tasks reported FAILED",
+        deadline.as_secs()
+    )]
+    ForceKilled { deadline: Duration },
 }
 
 #[derive(Debug, Clone)]
@@ -132,21 +141,45 @@ struct SlotProc {
     started_at: Instant,
     restarts: u32,
     restart_at: Option<Instant>,
+    /// Killed at the shutdown deadline (its exit report says so).
+    force_killed: bool,
 }
 
 struct Supervisor {
     spec: RuntimeSpec,
     launcher: Launcher,
     exits: mpsc::UnboundedSender<ChildExit>,
+    /// Each assignment an executor generation completes (see `completion_pipe`).
+    completions: mpsc::UnboundedSender<ChildKind>,
     slots: BTreeMap<u32, SlotProc>,
     broker: Option<Child>,
     control: Option<Control>,
     admin: Option<AdminClient<Channel>>,
     draining: bool,
     broker_failed: Option<String>,
+    /// When the running executors are force-killed (`PERAGO_SHUTDOWN_FORCE_KILL_AFTER` after
+    /// the drain started, whoever started it).
+    force_kill_at: Option<tokio::time::Instant>,
+    /// The deadline passed and executors still running were killed.
+    force_killed: bool,
 }
 
 impl Supervisor {
+    /// From now on no slot restarts, and the shutdown deadline runs (once, from the first
+    /// drain: a signal, Admin.Drain or the broker's death).
+    fn set_draining(&mut self) {
+        self.draining = true;
+        for proc in self.slots.values_mut() {
+            proc.restart_at = None;
+        }
+        if self.force_kill_at.is_none()
+            && !self.force_killed
+            && let Some(after) = self.spec.force_kill_after
+        {
+            self.force_kill_at = Some(tokio::time::Instant::now() + after);
+        }
+    }
+
     fn base_env(&self) -> Vec<(String, String)> {
         let mut env = vec![
             (
@@ -215,6 +248,7 @@ impl Supervisor {
                 ChildKind::Executor { slot, generation },
                 &env,
                 &self.exits,
+                &self.completions,
             )
             .map_err(|source| RuntimeError::Spawn {
                 what: format!("executor {worker_id}"),
@@ -240,7 +274,7 @@ impl Supervisor {
                 let clean = exit.ended.success();
                 if clean && !self.draining {
                     tracing::info!("the broker finished a drain requested over Admin.Drain");
-                    self.draining = true;
+                    self.set_draining();
                 }
                 if clean {
                     tracing::info!(pid = exit.pid, "broker finished its drain");
@@ -248,11 +282,12 @@ impl Supervisor {
                 }
                 tracing::error!(pid = exit.pid, status = %status, "broker exited; stopping the runtime");
                 self.broker_failed = Some(status);
-                self.draining = true;
+                self.set_draining();
                 for proc in self.slots.values_mut() {
-                    proc.restart_at = None;
                     if let Some(child) = proc.child {
-                        // Executors finish or fail their assignment, then exit.
+                        // No result can be reported any more: executors stop their bodies
+                        // (SIGTERM, a short grace, SIGKILL) as soon as their slot stream ends,
+                        // and exit; an idle one exits on this signal.
                         child.signal(process::SIGTERM);
                     }
                 }
@@ -267,6 +302,15 @@ impl Supervisor {
                 proc.child = None;
                 let ran = proc.started_at.elapsed();
                 let worker_id = proc.worker_id.clone();
+                let status = if std::mem::take(&mut proc.force_killed) {
+                    // The broker puts this in the FAILED reason Conductor gets.
+                    format!(
+                        "killed by the supervisor at the shutdown deadline, PERAGO_SHUTDOWN_FORCE_KILL_AFTER={}s after the drain started: {status}",
+                        self.spec.force_kill_after.unwrap_or_default().as_secs()
+                    )
+                } else {
+                    status
+                };
                 if let Some(control) = &mut self.control {
                     let report = proto::SlotExited {
                         slot,
@@ -283,15 +327,17 @@ impl Supervisor {
                         }
                     }
                 }
-                // The executor is gone, and its bodies with it (parent-death signal): its
-                // attempt directories can go too.
+                // The executor is gone, and its bodies with it (parent-death signal); whatever
+                // they started was re-parented to this subreaper: kill it before its attempt
+                // directories go.
+                let killed = process::kill_adopted();
+                if killed > 0 {
+                    tracing::info!(worker_id = %worker_id, killed, "killed the processes its bodies left running");
+                }
                 super::gc::sweep_generation(&self.spec.workspace_root, slot, generation);
                 if !self.draining && self.broker_draining().await {
                     tracing::info!("the broker is draining (Admin.Drain): no restarts");
-                    self.draining = true;
-                    for proc in self.slots.values_mut() {
-                        proc.restart_at = None;
-                    }
+                    self.set_draining();
                 }
                 let proc = self.slots.get_mut(&slot).expect("checked above");
                 if self.draining {
@@ -312,6 +358,24 @@ impl Supervisor {
         }
     }
 
+    /// An executor generation completed an assignment: it works, so the slot's next restart
+    /// starts the backoff over (an agent killing executors now and then cannot park a slot at
+    /// the 30 s cap while it does useful work in between).
+    fn on_completion(&mut self, kind: ChildKind) {
+        if let ChildKind::Executor { slot, generation } = kind
+            && let Some(proc) = self.slots.get_mut(&slot)
+            && proc.generation == generation
+            && proc.restarts > 0
+        {
+            tracing::debug!(
+                slot,
+                generation,
+                "a replacement completed an assignment: restart backoff reset"
+            );
+            proc.restarts = 0;
+        }
+    }
+
     async fn start_drain(&mut self, why: &str) {
         if self.draining {
             tracing::warn!(
@@ -320,10 +384,7 @@ impl Supervisor {
             return;
         }
         tracing::info!("{why}: draining (no new tasks; running ones finish and are reported)");
-        self.draining = true;
-        for proc in self.slots.values_mut() {
-            proc.restart_at = None;
-        }
+        self.set_draining();
         if let Some(admin) = &mut self.admin
             && let Err(e) = bounded(admin.drain(admin::DrainRequest {})).await
         {
@@ -334,16 +395,20 @@ impl Supervisor {
         }
     }
 
+    /// Kills every executor still running. The broker stays up to report their assignments
+    /// FAILED (with the deadline as the reason); it is killed [`BROKER_KILL_DELAY`] later.
     async fn force_kill(&mut self, deadline: Duration) {
         let phases = self.phases().await;
-        for (slot, proc) in &self.slots {
+        for (slot, proc) in &mut self.slots {
             if let Some(child) = proc.child {
                 let phase = phases.get(slot).map_or("unknown", String::as_str);
                 tracing::error!(worker_id = %proc.worker_id, pid = child.pid(), phase = %phase, deadline_s = deadline.as_secs(), "force-killing an executor still running after the shutdown deadline");
                 child.signal(process::SIGKILL);
+                proc.force_killed = true;
+                self.force_killed = true;
             }
         }
-        self.launcher.abort_all();
+        self.launcher.abort_executors();
     }
 
     async fn phases(&mut self) -> BTreeMap<u32, String> {
@@ -394,6 +459,29 @@ impl Supervisor {
             .filter_map(|(slot, p)| p.restart_at.map(|at| (*slot, at)))
             .min_by_key(|(_, at)| *at)
     }
+}
+
+/// Reads the broker's status every [`STATUS_INTERVAL`] on its own task (a wedged broker must
+/// not stall the dispatcher) and reports once when it is draining.
+fn watch_for_drain(admin: Option<AdminClient<Channel>>) -> mpsc::Receiver<()> {
+    let (tx, rx) = mpsc::channel(1);
+    if let Some(mut admin) = admin {
+        tokio::spawn(async move {
+            while !tx.is_closed() {
+                tokio::time::sleep(STATUS_INTERVAL).await;
+                let status =
+                    tokio::time::timeout(STATUS_INTERVAL, admin.status(admin::StatusRequest {}))
+                        .await;
+                if let Ok(Ok(status)) = status
+                    && status.get_ref().draining
+                {
+                    let _ = tx.send(()).await;
+                    return;
+                }
+            }
+        });
+    }
+    rx
 }
 
 /// The error to stop with if anything already serves on `socket`: under a locked root, a
@@ -483,6 +571,12 @@ pub(crate) async fn supervise(
     let mut stop = std::pin::pin!(stop);
     let mut stop_fired = false;
     let (exits_tx, mut exits) = mpsc::unbounded_channel();
+    let (completions_tx, mut completions) = mpsc::unbounded_channel();
+    // What bodies start and leave behind is re-parented here when their executor dies (or, in
+    // thread mode, when the body exits), so it can be killed.
+    if let Err(e) = process::become_subreaper() {
+        tracing::warn!(error = %e, "cannot become a child subreaper: processes a body detaches may outlive it");
+    }
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
 
@@ -505,6 +599,7 @@ pub(crate) async fn supervise(
                     started_at: Instant::now(),
                     restarts: 0,
                     restart_at: None,
+                    force_killed: false,
                 },
             )
         })
@@ -513,12 +608,15 @@ pub(crate) async fn supervise(
         spec,
         launcher,
         exits: exits_tx,
+        completions: completions_tx,
         slots,
         broker: None,
         control: None,
         admin: None,
         draining: false,
         broker_failed: None,
+        force_kill_at: None,
+        force_killed: false,
     };
     broker_env.extend(sup.base_env());
     if let Some(foreign) = foreign_broker(&sup.spec.socket).await {
@@ -565,11 +663,12 @@ pub(crate) async fn supervise(
         }
     }
 
+    // How the supervisor learns of a drain started over Admin.Drain while executors are busy.
+    let mut drain_seen = watch_for_drain(sup.admin.clone());
     let mut gc_timer = tokio::time::interval_at(
         tokio::time::Instant::now() + sup.spec.gc_interval,
         sup.spec.gc_interval,
     );
-    let mut force_kill_at: Option<tokio::time::Instant> = None;
     let mut broker_kill_at: Option<tokio::time::Instant> = None;
     loop {
         if sup.broker.is_none() && sup.alive_executors() == 0 {
@@ -581,16 +680,13 @@ pub(crate) async fn supervise(
             // Exits first: a burst of signals must not starve reaping.
             biased;
             Some(exit) = exits.recv() => sup.on_exit(exit).await,
-            _ = term.recv() => {
-                sup.start_drain("SIGTERM").await;
-                if force_kill_at.is_none() && let Some(after) = sup.spec.force_kill_after {
-                    force_kill_at = Some(tokio::time::Instant::now() + after);
-                }
-            }
-            _ = int.recv() => {
-                sup.start_drain("SIGINT").await;
-                if force_kill_at.is_none() && let Some(after) = sup.spec.force_kill_after {
-                    force_kill_at = Some(tokio::time::Instant::now() + after);
+            Some(kind) = completions.recv() => sup.on_completion(kind),
+            _ = term.recv() => sup.start_drain("SIGTERM").await,
+            _ = int.recv() => sup.start_drain("SIGINT").await,
+            Some(()) = drain_seen.recv() => {
+                if !sup.draining {
+                    tracing::info!("the broker is draining (Admin.Drain): no restarts");
+                    sup.set_draining();
                 }
             }
             _ = gc_timer.tick() => {
@@ -614,8 +710,8 @@ pub(crate) async fn supervise(
                     proc.restarts += 1;
                 }
             }
-            () = sleep_until(force_kill_at.unwrap_or(far)), if force_kill_at.is_some() => {
-                force_kill_at = None;
+            () = sleep_until(sup.force_kill_at.unwrap_or(far)), if sup.force_kill_at.is_some() => {
+                sup.force_kill_at = None;
                 let after = sup.spec.force_kill_after.unwrap_or_default();
                 sup.force_kill(after).await;
                 broker_kill_at = Some(tokio::time::Instant::now() + BROKER_KILL_DELAY);
@@ -626,12 +722,18 @@ pub(crate) async fn supervise(
                     tracing::error!(pid = broker.pid(), "force-killing the broker after the shutdown deadline");
                     broker.signal(process::SIGKILL);
                 }
+                sup.launcher.abort_all();
             }
         }
     }
-    match sup.broker_failed {
-        Some(status) => Err(RuntimeError::BrokerDied { status }),
-        None => Ok(()),
+    // Bodies of executors that died last may have left processes to this subreaper.
+    process::kill_adopted();
+    match (sup.broker_failed, sup.force_killed) {
+        (Some(status), _) => Err(RuntimeError::BrokerDied { status }),
+        (None, true) => Err(RuntimeError::ForceKilled {
+            deadline: sup.spec.force_kill_after.unwrap_or_default(),
+        }),
+        (None, false) => Ok(()),
     }
 }
 

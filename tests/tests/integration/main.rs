@@ -6,6 +6,7 @@ mod bench;
 mod broker;
 mod cli;
 mod deploy;
+mod descendants;
 mod harness;
 mod hostile_tasks;
 mod ops;

@@ -315,6 +315,50 @@ async fn repeated_executor_deaths_follow_the_restart_backoff() {
     assert!(log.contains("generation=3"), "{log}");
 }
 
+/// The `restart_in_s` of every restart the supervisor scheduled so far.
+fn restart_delays(log: &str) -> Vec<String> {
+    log.lines()
+        .filter(|l| l.contains("slot restart scheduled"))
+        .filter_map(|l| l.split("restart_in_s=").nth(1))
+        .map(|d| d.split_whitespace().next().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completed_assignment_resets_the_restart_backoff() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("e2e.backoffreset", ECHO, "");
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(&task, &conductor, 1, &[]);
+    let mut last = 0;
+    for round in 1..=3 {
+        let victim = eventually("the executor to run", Duration::from_secs(20), || async {
+            child_named(sup.pid(), "perago-executor-0001").filter(|p| p.pid != last)
+        })
+        .await;
+        last = victim.pid;
+        if round == 3 {
+            // The third generation does useful work before it is killed.
+            let id = conductor.start_workflow(&task, json!({"n": 1})).await;
+            let wf = conductor.wait_terminal(&id, Duration::from_secs(20)).await;
+            assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
+        }
+        signal_pid(victim.pid, "KILL");
+        eventually(
+            "the restart to be scheduled",
+            Duration::from_secs(10),
+            || async { (restart_delays(&sup.log_text()).len() == round).then_some(()) },
+        )
+        .await;
+    }
+    let log = sup.log_text();
+    assert_eq!(
+        restart_delays(&log),
+        ["1", "2", "1"],
+        "a completed assignment starts the backoff over: {log}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_worker_writes_jsonl_with_ids() {
     let conductor = Conductor::start().await;
@@ -626,10 +670,10 @@ async fn force_kill_after_the_deadline_reports_the_killed_task() {
         first["reasonForIncompletion"]
             .as_str()
             .unwrap()
-            .contains("exited (signal 9 (SIGKILL)) while running execution"),
+            .contains("exited (killed by the supervisor at the shutdown deadline, PERAGO_SHUTDOWN_FORCE_KILL_AFTER=1s after the drain started: signal 9 (SIGKILL)) while running execution"),
         "{wf:#}"
     );
-    assert!(status.code().is_some(), "{log}");
+    assert_eq!(status.code(), Some(3), "a forced shutdown exits 3: {log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
