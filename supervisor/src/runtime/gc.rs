@@ -239,6 +239,14 @@ mod tests {
             .arg("30")
             .spawn()
             .unwrap();
+        // Until it has exec'd, the child's command line is still this test's.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !fs::read(format!("/proc/{}/cmdline", executor.id()))
+            .is_ok_and(|argv| argv.starts_with(b"perago-executor-"))
+        {
+            assert!(std::time::Instant::now() < deadline, "sleep never exec'd");
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let live = attempt(
             tmp.path(),
             "live",
