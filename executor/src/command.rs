@@ -114,17 +114,27 @@ pub(crate) const RUNTIME_SECRETS: [&str; 3] = [
     "LAKEFS_SECRET_ACCESS_KEY",
 ];
 
-/// Removes [`RUNTIME_SECRETS`] from a body's environment, with the executor's completion pipe
-/// number, and keeps every descriptor of the executor but stdio from it: a body must never
-/// hold the workspace root's lock (a daemon it leaves behind would keep the root locked
+/// The prefixes of the runtime's own variables. A body inherits none of them: not the slot
+/// token or socket (with them it could pose as its executor), not the Conductor or lakeFS
+/// configuration and secrets. It gets the per-task `PERAGO_*` variables of SPEC §2, set after
+/// this, and its manifest's `body.env`.
+const RUNTIME_PREFIXES: [&str; 3] = ["PERAGO_", "CONDUCTOR_", "LAKEFS_"];
+
+/// Removes the runtime's variables ([`RUNTIME_PREFIXES`], [`RUNTIME_SECRETS`]) from a body's
+/// environment, and keeps every descriptor of the executor but stdio from it: a body must
+/// never hold the workspace root's lock (a daemon it leaves behind would keep the root locked
 /// forever), the completion pipe or a socket of the runtime.
 pub(crate) fn strip_runtime_secrets(cmd: &mut tokio::process::Command) {
     for name in RUNTIME_SECRETS {
         cmd.env_remove(name);
     }
-    cmd.env_remove(unix::ROOT_LOCK_FD);
+    for (name, _) in std::env::vars_os() {
+        let text = name.to_string_lossy();
+        if RUNTIME_PREFIXES.iter().any(|p| text.starts_with(p)) {
+            cmd.env_remove(&name);
+        }
+    }
     unix::inherit_only_stdio(cmd);
-    cmd.env_remove(crate::cli::PERAGO_COMPLETION_FD);
 }
 
 /// Runs `spec` with `stdin` as its standard input, within `limits`.

@@ -54,3 +54,64 @@ async fn a_deeply_nested_input_runs_and_its_batch_mates_too() {
         assert_eq!(wf["tasks"].as_array().unwrap().len(), 1, "no retry needed");
     }
 }
+
+/// A body gets the per-task variables and its manifest's `body.env`, never the runtime's:
+/// not the slot token or socket (with them it could pose as its executor to the broker), not
+/// the Conductor or lakeFS configuration. In both execution modes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_sees_none_of_the_runtimes_variables() {
+    for mode in ["process", "thread"] {
+        let conductor = Conductor::start().await;
+        let dump = tempfile::tempdir().unwrap();
+        let task = TaskFixture::new(
+            "e2e.envdump",
+            "env > \"$DUMP/$PERAGO_EXECUTION_ID.env\"\necho '{}'\n",
+            "",
+        )
+        .with_manifest_tail(&format!(
+            "env = {{ DUMP = \"{}\" }}\n",
+            dump.path().display()
+        ));
+        conductor.register(&task).await;
+        let sup = SupervisorProc::start(
+            &task,
+            &conductor,
+            1,
+            &[
+                ("PERAGO_EXECUTION_MODE", mode),
+                ("LAKEFS_SECRET_ACCESS_KEY", "lakefs-secret-value"),
+                ("CONDUCTOR_AUTH_KEY", "conductor-key"),
+                ("CONDUCTOR_AUTH_SECRET", "conductor-secret-value"),
+            ],
+        );
+        let id = conductor.start_workflow(&task, json!({})).await;
+        let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+        assert_eq!(wf["status"], "COMPLETED", "{mode}: {wf}\n{}", sup.log_text());
+        let file = std::fs::read_dir(dump.path())
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        let env = std::fs::read_to_string(file.path()).unwrap();
+        let names: Vec<&str> = env.lines().filter_map(|l| l.split('=').next()).collect();
+        for name in &names {
+            let runtime = name.starts_with("CONDUCTOR_") || name.starts_with("LAKEFS_");
+            let per_task = [
+                "PERAGO_TASK_ID",
+                "PERAGO_EXECUTION_ID",
+                "PERAGO_WORKER_ID",
+                "PERAGO_WORKFLOW_ID",
+            ]
+            .contains(name);
+            assert!(
+                !runtime && (per_task || !name.starts_with("PERAGO_")),
+                "{mode}: the body sees {name}\n{env}"
+            );
+        }
+        assert!(
+            names.contains(&"PERAGO_EXECUTION_ID") && names.contains(&"DUMP"),
+            "{env}"
+        );
+        assert!(!env.contains("secret-value"), "{mode}: {env}");
+    }
+}
