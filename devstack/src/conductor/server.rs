@@ -155,6 +155,7 @@ impl ConductorServerBuilder {
         );
         Ok(ConductorHandle {
             addr,
+            conductor,
             auth,
             faults,
             shutdown,
@@ -168,6 +169,7 @@ impl ConductorServerBuilder {
 #[derive(Debug)]
 pub struct ConductorHandle {
     addr: SocketAddr,
+    conductor: Arc<Conductor>,
     auth: Option<Arc<AuthState>>,
     faults: Faults,
     shutdown: watch::Sender<bool>,
@@ -211,6 +213,12 @@ impl ConductorHandle {
         if let Some(auth) = &self.auth {
             auth.revoke_all();
         }
+    }
+
+    /// Polls (single, batch or update-v2's follow-up) that found no task and are waiting for
+    /// one right now: a test can wait for a client's long poll to be in flight.
+    pub fn polls_waiting(&self) -> usize {
+        self.conductor.polls_waiting()
     }
 
     /// The fault-injection rules, to set them without going through HTTP.
