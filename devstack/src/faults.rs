@@ -197,9 +197,10 @@ impl Faults {
         let mut table = self.table();
         let rule = table.rules.iter_mut().find(|r| {
             r.matches_head(method, path)
-                && r.spec.body_contains.as_deref().is_none_or(|needle| {
-                    body.is_some_and(|b| contains(b, needle.as_bytes()))
-                })
+                && r.spec
+                    .body_contains
+                    .as_deref()
+                    .is_none_or(|needle| body.is_some_and(|b| contains(b, needle.as_bytes())))
         })?;
         rule.hits += 1;
         if let Some(remaining) = &mut rule.remaining {

@@ -153,13 +153,19 @@ async fn a_body_contains_rule_matches_only_requests_whose_body_has_the_text() {
     }
     assert_eq!(dev.server.faults().hits(id), Some(2));
     assert_eq!(
-        dev.update(&task, "COMPLETED", json!({"done": true})).await.status,
+        dev.update(&task, "COMPLETED", json!({"done": true}))
+            .await
+            .status,
         StatusCode::OK
     );
     assert_eq!(dev.server.faults().hits(id), Some(2));
     let stored = dev.task(task["taskId"].as_str().unwrap()).await;
     assert_eq!(stored["status"], "COMPLETED");
-    assert_eq!(stored["outputData"], json!({"done": true}), "the body was passed on");
+    assert_eq!(
+        stored["outputData"],
+        json!({"done": true}),
+        "the body was passed on"
+    );
     // Over HTTP too, and listed with its counters.
     let rule = json!({"path": "/api/health", "bodyContains": "x", "status": 500});
     dev.send(dev.http.post(admin(&dev)).json(&rule)).await;

@@ -3,6 +3,7 @@
 mod auth;
 mod bench;
 mod broker;
+mod chaos;
 mod cli;
 mod deploy;
 mod harness;
