@@ -221,6 +221,12 @@ impl ConductorHandle {
         self.conductor.polls_waiting()
     }
 
+    /// Messages queued for `task_type` (no domain), delayed ones included, as
+    /// `GET /api/tasks/queue/size?taskType=` answers.
+    pub fn queue_size(&self, task_type: &str) -> usize {
+        self.conductor.with(|s| s.queues.size(task_type))
+    }
+
     /// The fault-injection rules, to set them without going through HTTP.
     pub fn faults(&self) -> &Faults {
         &self.faults

@@ -135,10 +135,13 @@ async fn waiting_polls_are_counted_until_they_answer_or_their_client_leaves() {
         (dev.server.polls_waiting() == 1).then_some(())
     })
     .await;
+    assert_eq!(dev.server.queue_size("work"), 0);
     dev.start_workflow("wf", json!({"x": 1})).await;
     let body: serde_json::Value = serde_json::from_str(&answered.await.unwrap()).unwrap();
     assert_eq!(body.as_array().unwrap().len(), 1, "{body}");
     assert_eq!(dev.server.polls_waiting(), 0);
+    dev.start_workflow("wf", json!({"x": 2})).await;
+    assert_eq!(dev.server.queue_size("work"), 1);
 }
 
 #[tokio::test]
