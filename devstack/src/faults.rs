@@ -1,13 +1,14 @@
 //! Fault injection for tests, administered under `/__devstack/faults` and applied by a
 //! middleware in front of the served API (never in front of the admin routes themselves).
 //!
-//! A rule matches requests by optional method and path prefix and does, in order: wait
+//! A rule matches requests by optional method, path prefix and body substring, and does, in order: wait
 //! `latencyMs`, then either answer `status` with an `ErrorResponse` body, drop the connection
 //! without answering (`drop: true`), or pass the request on. `count` limits how many requests
 //! the rule applies to (absent: until deleted). The first matching rule with budget left wins.
 //!
 //! ```text
 //! POST   /__devstack/faults        {"method":"POST","path":"/api/tasks","status":503,"count":2}
+//! POST   /__devstack/faults        {"path":"/api/tasks","bodyContains":"\"extendLease\":true","status":503}
 //! GET    /__devstack/faults        -> [{"id":1,...,"remaining":2,"hits":0}]
 //! DELETE /__devstack/faults/{id}   remove one rule
 //! DELETE /__devstack/faults        remove all
@@ -31,6 +32,9 @@ use crate::http::ConnectionControl;
 /// Where the admin routes live.
 pub const ADMIN_PATH: &str = "/__devstack/faults";
 
+/// The longest request body a `bodyContains` rule reads.
+pub const MAX_MATCHED_BODY: usize = 16 << 20;
+
 /// A rule as posted by a test. In-process:
 /// `FaultSpec { path: "/api/tasks".into(), status: Some(503), count: Some(1), ..Default::default() }`.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -41,6 +45,11 @@ pub struct FaultSpec {
     pub method: Option<String>,
     /// Path prefix to match, e.g. `"/api/tasks/poll/"`.
     pub path: String,
+    /// Match only requests whose body contains this text, e.g. `"\"extendLease\":true"` for
+    /// Conductor lease extensions. The body of a request such a rule could match is read (up to
+    /// [`MAX_MATCHED_BODY`] bytes; a longer one is answered 413) and passed on unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_contains: Option<String>,
     /// Answer this status instead of serving the request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
@@ -71,6 +80,24 @@ struct FaultRule {
     remaining: Option<u64>,
     /// Requests the rule was applied to.
     hits: u64,
+}
+
+impl FaultRule {
+    /// Budget left, path prefix and method match (the body is checked apart).
+    fn matches_head(&self, method: &Method, path: &str) -> bool {
+        self.remaining != Some(0)
+            && path.starts_with(&self.spec.path)
+            && self
+                .spec
+                .method
+                .as_deref()
+                .is_none_or(|m| m.eq_ignore_ascii_case(method.as_str()))
+    }
+}
+
+/// Whether `needle` occurs in `haystack` (an empty needle always does).
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    needle.is_empty() || haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// What to do with one request.
@@ -147,15 +174,33 @@ impl Faults {
         self.table().rules.clear();
     }
 
-    fn take(&self, method: &Method, path: &str) -> Option<Action> {
+    /// How many requests rule `id` was applied to so far; `None` if there is no such rule.
+    pub fn hits(&self, id: u64) -> Option<u64> {
+        self.table()
+            .rules
+            .iter()
+            .find(|r| r.id == id)
+            .map(|r| r.hits)
+    }
+
+    /// Whether some rule with budget left needs the body of this request to decide.
+    fn needs_body(&self, method: &Method, path: &str) -> bool {
+        self.table()
+            .rules
+            .iter()
+            .any(|r| r.spec.body_contains.is_some() && r.matches_head(method, path))
+    }
+
+    /// The first rule with budget left that matches, counted as applied. `body` is `None` when
+    /// no rule needed it: then `bodyContains` rules do not match.
+    fn take(&self, method: &Method, path: &str, body: Option<&[u8]>) -> Option<Action> {
         let mut table = self.table();
         let rule = table.rules.iter_mut().find(|r| {
-            r.remaining != Some(0)
-                && path.starts_with(&r.spec.path)
+            r.matches_head(method, path)
                 && r.spec
-                    .method
+                    .body_contains
                     .as_deref()
-                    .is_none_or(|m| m.eq_ignore_ascii_case(method.as_str()))
+                    .is_none_or(|needle| body.is_some_and(|b| contains(b, needle.as_bytes())))
         })?;
         rule.hits += 1;
         if let Some(remaining) = &mut rule.remaining {
@@ -171,7 +216,24 @@ impl Faults {
 
 /// The middleware: applies the first matching rule, if any.
 pub(crate) async fn inject(State(faults): State<Faults>, request: Request, next: Next) -> Response {
-    let Some(action) = faults.take(request.method(), request.uri().path()) else {
+    let (request, body) = if faults.needs_body(request.method(), request.uri().path()) {
+        let (parts, body) = request.into_parts();
+        match axum::body::to_bytes(body, MAX_MATCHED_BODY).await {
+            Ok(bytes) => (
+                Request::from_parts(parts, Body::from(bytes.clone())),
+                Some(bytes),
+            ),
+            Err(error) => {
+                return error_body(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    &format!("cannot read the body for a bodyContains fault: {error}"),
+                );
+            }
+        }
+    } else {
+        (request, None)
+    };
+    let Some(action) = faults.take(request.method(), request.uri().path(), body.as_deref()) else {
         return next.run(request).await;
     };
     tracing::info!(method = %request.method(), path = request.uri().path(), ?action, "fault injected");

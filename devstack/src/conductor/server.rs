@@ -155,6 +155,7 @@ impl ConductorServerBuilder {
         );
         Ok(ConductorHandle {
             addr,
+            conductor,
             auth,
             faults,
             shutdown,
@@ -168,6 +169,7 @@ impl ConductorServerBuilder {
 #[derive(Debug)]
 pub struct ConductorHandle {
     addr: SocketAddr,
+    conductor: Arc<Conductor>,
     auth: Option<Arc<AuthState>>,
     faults: Faults,
     shutdown: watch::Sender<bool>,
@@ -211,6 +213,18 @@ impl ConductorHandle {
         if let Some(auth) = &self.auth {
             auth.revoke_all();
         }
+    }
+
+    /// Polls (single, batch or update-v2's follow-up) that found no task and are waiting for
+    /// one right now: a test can wait for a client's long poll to be in flight.
+    pub fn polls_waiting(&self) -> usize {
+        self.conductor.polls_waiting()
+    }
+
+    /// Messages queued for `task_type` (no domain), delayed ones included, as
+    /// `GET /api/tasks/queue/size?taskType=` answers.
+    pub fn queue_size(&self, task_type: &str) -> usize {
+        self.conductor.with(|s| s.queues.size(task_type))
     }
 
     /// The fault-injection rules, to set them without going through HTTP.

@@ -8,6 +8,7 @@
 //! `sweeper.rs`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
@@ -194,6 +195,18 @@ impl State {
 pub(crate) struct Conductor {
     state: Mutex<State>,
     pub(crate) sweeper_wake: Notify,
+    /// Polls waiting for a task right now (see [`Conductor::polls_waiting`]).
+    polls_waiting: AtomicUsize,
+}
+
+/// Counts one waiting poll while alive.
+#[derive(Debug)]
+pub(crate) struct WaitingPoll<'a>(&'a AtomicUsize);
+
+impl Drop for WaitingPoll<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Conductor {
@@ -201,7 +214,19 @@ impl Conductor {
         Self {
             state: Mutex::new(State::new(scale)),
             sweeper_wake: Notify::new(),
+            polls_waiting: AtomicUsize::new(0),
         }
+    }
+
+    /// Polls that found no task and are waiting for one (long polls in flight).
+    pub(crate) fn polls_waiting(&self) -> usize {
+        self.polls_waiting.load(Ordering::SeqCst)
+    }
+
+    /// Marks a poll as waiting until the guard is dropped.
+    pub(crate) fn poll_waits(&self) -> WaitingPoll<'_> {
+        self.polls_waiting.fetch_add(1, Ordering::SeqCst);
+        WaitingPoll(&self.polls_waiting)
     }
 
     /// Runs `f` under the lock, then wakes the sweeper if `f` created an earlier deadline.

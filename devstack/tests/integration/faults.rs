@@ -124,3 +124,54 @@ async fn faults_can_be_set_in_process() {
     let error = dev.server.faults().add(FaultSpec::default()).unwrap_err();
     assert!(error.to_string().contains("needs status"), "{error}");
 }
+
+#[tokio::test]
+async fn a_body_contains_rule_matches_only_requests_whose_body_has_the_text() {
+    let dev = Dev::start().await;
+    dev.linear_workflow("wf", &["work"]).await;
+    dev.start_workflow("wf", json!({"x": 1})).await;
+    let task = dev.poll_one("work").await;
+    let id = dev
+        .server
+        .faults()
+        .add(FaultSpec {
+            method: Some("POST".into()),
+            path: "/api/tasks".into(),
+            body_contains: Some("\"extendLease\":true".into()),
+            status: Some(503),
+            ..Default::default()
+        })
+        .unwrap();
+
+    // A lease extension is refused (twice), a completion with the same route goes through.
+    let mut extension = crate::support::result(&task, "IN_PROGRESS", json!({}));
+    extension["extendLease"] = json!(true);
+    for _ in 0..2 {
+        dev.post("/tasks", &extension)
+            .await
+            .assert_error(503, "fault injected");
+    }
+    assert_eq!(dev.server.faults().hits(id), Some(2));
+    assert_eq!(
+        dev.update(&task, "COMPLETED", json!({"done": true}))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(dev.server.faults().hits(id), Some(2));
+    let stored = dev.task(task["taskId"].as_str().unwrap()).await;
+    assert_eq!(stored["status"], "COMPLETED");
+    assert_eq!(
+        stored["outputData"],
+        json!({"done": true}),
+        "the body was passed on"
+    );
+    // Over HTTP too, and listed with its counters.
+    let rule = json!({"path": "/api/health", "bodyContains": "x", "status": 500});
+    dev.send(dev.http.post(admin(&dev)).json(&rule)).await;
+    assert_eq!(dev.get("/health").await.status, StatusCode::OK);
+    let listed = dev.send(dev.http.get(admin(&dev))).await.json();
+    assert_eq!(listed[1]["bodyContains"], "x");
+    assert_eq!(listed[1]["hits"], 0);
+    assert_eq!(dev.server.faults().hits(999), None);
+}

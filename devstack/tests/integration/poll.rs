@@ -113,6 +113,38 @@ async fn long_poll_wakes_as_soon_as_a_task_is_queued() {
 }
 
 #[tokio::test]
+async fn waiting_polls_are_counted_until_they_answer_or_their_client_leaves() {
+    let dev = Dev::start().await;
+    dev.linear_workflow("wf", &["work"]).await;
+    assert_eq!(dev.server.polls_waiting(), 0);
+    let url = format!("{}/tasks/poll/batch/work?count=1&timeout=5000", dev.api);
+    let answered = {
+        let (http, url) = (dev.http.clone(), url.clone());
+        tokio::spawn(async move { http.get(url).send().await.unwrap().text().await.unwrap() })
+    };
+    let abandoned = {
+        let http = dev.http.clone();
+        tokio::spawn(async move { http.get(url).send().await })
+    };
+    crate::support::eventually("two polls are waiting", || async {
+        (dev.server.polls_waiting() == 2).then_some(())
+    })
+    .await;
+    abandoned.abort();
+    crate::support::eventually("the abandoned poll is no longer counted", || async {
+        (dev.server.polls_waiting() == 1).then_some(())
+    })
+    .await;
+    assert_eq!(dev.server.queue_size("work"), 0);
+    dev.start_workflow("wf", json!({"x": 1})).await;
+    let body: serde_json::Value = serde_json::from_str(&answered.await.unwrap()).unwrap();
+    assert_eq!(body.as_array().unwrap().len(), 1, "{body}");
+    assert_eq!(dev.server.polls_waiting(), 0);
+    dev.start_workflow("wf", json!({"x": 2})).await;
+    assert_eq!(dev.server.queue_size("work"), 1);
+}
+
+#[tokio::test]
 async fn domains_have_their_own_queues() {
     let dev = Dev::start().await;
     dev.linear_workflow("wf", &["work"]).await;

@@ -182,9 +182,8 @@ async fn a_second_rejection_is_returned_after_one_refresh() {
             method: None,
             path: "/api/metadata/taskdefs/".into(),
             status: Some(401),
-            latency_ms: None,
-            drop: false,
             count: Some(5),
+            ..FaultSpec::default()
         })
         .unwrap();
     let err = client.get_task_def("auth.none").await.unwrap_err();
@@ -218,9 +217,8 @@ async fn a_failing_token_route_is_a_retryable_error() {
             method: Some("POST".into()),
             path: "/api/token".into(),
             status: Some(503),
-            latency_ms: None,
-            drop: false,
             count: Some(1),
+            ..FaultSpec::default()
         })
         .unwrap();
     let client = client(&server, Some(SECRET));

@@ -4,6 +4,7 @@ mod auth;
 mod bad_input;
 mod bench;
 mod broker;
+mod chaos;
 mod cli;
 mod deploy;
 mod descendants;

@@ -57,6 +57,7 @@ pub(crate) async fn poll_wait(
     let queue = queue_name(task_type, domain);
     let notify = conductor.with(|s| s.queues.notifier(&queue));
     let deadline = Instant::now() + timeout;
+    let mut waiting = None;
     loop {
         let notified = notify.notified();
         tokio::pin!(notified);
@@ -69,6 +70,8 @@ pub(crate) async fn poll_wait(
         if !tasks.is_empty() || Instant::now() >= deadline {
             return tasks;
         }
+        // Counted from the first empty look until the poll answers or its client goes away.
+        waiting.get_or_insert_with(|| conductor.poll_waits());
         let wake = next_due.map_or(deadline, |due| {
             deadline.min(Instant::now() + ms_duration(due.saturating_sub(now_ms())))
         });
