@@ -86,7 +86,12 @@ async fn a_body_sees_none_of_the_runtimes_variables() {
         );
         let id = conductor.start_workflow(&task, json!({})).await;
         let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
-        assert_eq!(wf["status"], "COMPLETED", "{mode}: {wf}\n{}", sup.log_text());
+        assert_eq!(
+            wf["status"],
+            "COMPLETED",
+            "{mode}: {wf}\n{}",
+            sup.log_text()
+        );
         let file = std::fs::read_dir(dump.path())
             .unwrap()
             .next()
