@@ -152,7 +152,9 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     let slot = proto::slot_server::SlotServer::new(service::SlotService {
         events: events.clone(),
         conductor: config.conductor.clone(),
-    });
+    })
+    .max_decoding_message_size(perago_proto::MAX_SLOT_MESSAGE_BYTES)
+    .max_encoding_message_size(perago_proto::MAX_SLOT_MESSAGE_BYTES);
     let control = proto::control_server::ControlServer::new(service::ControlService {
         events: events.clone(),
         token: config.control_token.clone(),

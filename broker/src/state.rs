@@ -710,6 +710,23 @@ impl Machine {
                 return;
             }
         };
+        // The whole input crosses the slot protocol in one message: above Conductor's largest
+        // payload threshold it is failed here, naming the size and the limit.
+        let input_bytes = wire::input_json_len(&attempt);
+        if input_bytes > perago_proto::MAX_TASK_PAYLOAD_BYTES {
+            let ids = TaskRef {
+                task_id: attempt.task_id,
+                workflow_instance_id: attempt.workflow_instance_id,
+            };
+            self.fail_unmappable(
+                ids,
+                &format!(
+                    "task input is {input_bytes} bytes; perago takes at most {} bytes inline (Conductor's largest payload threshold)",
+                    perago_proto::MAX_TASK_PAYLOAD_BYTES
+                ),
+            );
+            return;
+        }
         let execution_id = uuid::Uuid::new_v4().to_string();
         let index = preferred
             .and_then(|n| usize::try_from(n).ok()?.checked_sub(1))

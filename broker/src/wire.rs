@@ -30,6 +30,16 @@ pub fn status_to_wire(status: TaskStatus) -> wire::TaskStatus {
     }
 }
 
+/// The attempt's input as the JSON text the slot protocol carries.
+fn input_json(attempt: &AttemptSnapshot) -> String {
+    serde_json::to_string(&attempt.input_data).expect("a JSON map always serializes")
+}
+
+/// The length of [`input_json`], counted without building the text.
+pub fn input_json_len(attempt: &AttemptSnapshot) -> usize {
+    perago_core::json::encoded_len(&attempt.input_data)
+}
+
 /// The wire form of an attempt.
 pub fn attempt_to_wire(attempt: &AttemptSnapshot) -> wire::AttemptSnapshot {
     wire::AttemptSnapshot {
@@ -41,8 +51,7 @@ pub fn attempt_to_wire(attempt: &AttemptSnapshot) -> wire::AttemptSnapshot {
         seq: attempt.seq,
         iteration: attempt.iteration,
         status: status_to_wire(attempt.status) as i32,
-        input_data_json: serde_json::to_string(&attempt.input_data)
-            .expect("a JSON map always serializes"),
+        input_data_json: input_json(attempt),
         retried_task_id: attempt.retried_task_id.clone(),
         response_timeout_seconds: attempt.response_timeout_seconds,
         timeout_clock_started_unix_ms: attempt.timeout_clock_started_ms,

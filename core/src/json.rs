@@ -77,6 +77,24 @@ pub fn from_str(text: &str) -> Result<Value, JsonError> {
     Ok(value)
 }
 
+/// The length of `value`'s compact JSON text, counted without building it.
+pub fn encoded_len(value: &impl serde::Serialize) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing to a counter cannot fail; a value that cannot serialize counts what it wrote.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,6 +105,12 @@ mod tests {
             "[".repeat(depth - 1),
             "]".repeat(depth - 1)
         )
+    }
+
+    #[test]
+    fn encoded_len_is_the_length_of_the_text() {
+        let v = serde_json::json!({"a": [1, "é", null], "b": {"c": 1.5}});
+        assert_eq!(encoded_len(&v), serde_json::to_string(&v).unwrap().len());
     }
 
     #[test]

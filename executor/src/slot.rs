@@ -221,7 +221,9 @@ pub async fn serve(
     mut signalled: mpsc::Receiver<()>,
 ) -> Result<(), SlotError> {
     let channel = connect_patiently(&identity.socket).await?;
-    let mut client = SlotClient::new(channel.clone());
+    let mut client = SlotClient::new(channel.clone())
+        .max_decoding_message_size(perago_proto::MAX_SLOT_MESSAGE_BYTES)
+        .max_encoding_message_size(perago_proto::MAX_SLOT_MESSAGE_BYTES);
     let (tx, rx) = mpsc::channel(8);
     let credentials = proto::SlotCredentials {
         slot: identity.slot,

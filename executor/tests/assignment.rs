@@ -450,3 +450,40 @@ printf '{"held": "%s"}' "$(readlink /proc/$$/fd/$fd)"
         "the body holds the lock"
     );
 }
+
+/// A Rust body's output is held to the same size limit as a command body's.
+#[tokio::test]
+async fn an_oversized_rust_task_output_fails_with_its_size() {
+    struct Big;
+    impl perago_executor::task::Task for Big {
+        fn run(
+            &self,
+            _ctx: &perago_executor::task::TaskContext,
+            _params: &serde_json::Map<String, Value>,
+        ) -> Result<Value, perago_executor::task::TaskError> {
+            Ok(json!({"blob": "x".repeat(4 << 20)}))
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(
+        dir.path().join("task.toml"),
+        "[task]\nname = \"test.task\"\nkind = \"workspace-free\"\ntimeout_seconds = 5\n\
+         [body]\nexecutor = \"my-task\"\n",
+    )
+    .unwrap();
+    let manifest = Manifest::load(&dir.path().join("task.toml")).unwrap();
+    let runner =
+        AssignmentRunner::with_task(Arc::new(manifest), WORKER.to_owned(), None, Arc::new(Big))
+            .unwrap();
+    let attempt = AttemptSnapshot::from_conductor(&json!({
+        "taskId": "task-1", "workflowInstanceId": "wf-1", "retryCount": 0,
+        "taskDefName": "test.task", "referenceTaskName": "ref", "seq": 1,
+        "status": "IN_PROGRESS", "inputData": {"params": {}}
+    }))
+    .unwrap();
+    let r = runner.execute("exec-1", &attempt).await;
+    assert_eq!(
+        reason(&r, ResultStatus::Failed),
+        "task output is 4194326 bytes; perago fails outputs above 3145728 bytes (Conductor would move them to external storage)"
+    );
+}

@@ -31,3 +31,12 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("pera
 
 /// The metadata key that carries the control token on `Control` calls.
 pub const CONTROL_TOKEN_METADATA: &str = "x-perago-control-token";
+
+/// The largest task input (and output) perago carries inline: Conductor's largest default
+/// payload threshold (above it Conductor fails the task or needs external storage).
+pub const MAX_TASK_PAYLOAD_BYTES: usize = 10 * 1024 * 1024;
+
+/// The slot protocol's message limit on both sides: a payload of [`MAX_TASK_PAYLOAD_BYTES`]
+/// plus the attempt's other fields (tonic's default of 4 MiB would kill an executor on a
+/// 5 MiB input).
+pub const MAX_SLOT_MESSAGE_BYTES: usize = MAX_TASK_PAYLOAD_BYTES + 1024 * 1024;

@@ -120,3 +120,51 @@ async fn a_body_sees_none_of_the_runtimes_variables() {
         assert!(!env.contains("secret-value"), "{mode}: {env}");
     }
 }
+
+/// Inputs above tonic's default 4 MiB message limit used to kill the executor (and every
+/// retry killed another). Up to Conductor's 10 MiB threshold they run; above it the task
+/// fails for good, naming the size and the limit, and the same executor goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_inputs_run_or_fail_cleanly_and_the_executor_goes_on() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new(
+        "e2e.large",
+        "n=$(wc -c)\nprintf '{\"bytes\": %s, \"pid\": %s}' \"$n\" \"$PPID\"\n",
+        "",
+    );
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(&task, &conductor, 1, &[]);
+    let five = conductor
+        .start_workflow(&task, json!({"blob": "x".repeat(5 << 20)}))
+        .await;
+    let wf = conductor
+        .wait_terminal(&five, Duration::from_secs(60))
+        .await;
+    assert_eq!(wf["status"], "COMPLETED", "{}", sup.log_text());
+    assert!(wf["output"]["result"]["bytes"].as_u64().unwrap() > 5 << 20);
+    let executor = wf["output"]["result"]["pid"].clone();
+
+    let eleven = conductor
+        .start_workflow(&task, json!({"blob": "x".repeat(11 << 20)}))
+        .await;
+    let wf = conductor
+        .wait_terminal(&eleven, Duration::from_secs(60))
+        .await;
+    let tasks = wf["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 1, "a terminal failure is not retried");
+    assert_eq!(tasks[0]["status"], "FAILED_WITH_TERMINAL_ERROR");
+    let reason = tasks[0]["reasonForIncompletion"].as_str().unwrap();
+    assert!(
+        reason.starts_with("task input is 11534")
+            && reason.contains("bytes; perago takes at most 10485760 bytes inline"),
+        "{reason}"
+    );
+
+    let small = conductor.start_workflow(&task, json!({"n": 1})).await;
+    let wf = conductor
+        .wait_terminal(&small, Duration::from_secs(30))
+        .await;
+    assert_eq!(wf["status"], "COMPLETED");
+    assert_eq!(wf["output"]["result"]["pid"], executor, "the same executor");
+    assert!(!sup.log_text().contains("restart"), "{}", sup.log_text());
+}
