@@ -15,11 +15,33 @@ pub const MAX_REASON_CHARS: usize = 500;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reason(String);
 
+/// `text` with its control characters other than newline and tab written out (`\x1b`,
+/// `\0`, `\r`): a body's bytes must not drive an operator's terminal, hide text with a
+/// carriage return, or cut a record at a NUL, in a reason or a log line.
+pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.chars().any(bad) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\0' => out.push_str("\\0"),
+            '\r' => out.push_str("\\r"),
+            c if bad(c) && (c as u32) < 0x100 => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if bad(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 impl Reason {
     /// A reason from one message; an over-long message keeps its start (the check and field
-    /// come first) and ends with `…`.
+    /// come first) and ends with `…`. Control characters are escaped.
     pub fn new(message: impl Into<String>) -> Self {
         let message = message.into();
+        let message = escape_controls(&message);
         let message = message.trim();
         if message.is_empty() {
             return Self("failed without a reason".to_owned());
@@ -37,6 +59,7 @@ impl Reason {
     /// from its start so its last, most telling lines survive.
     pub fn with_tail(head: &str, tail: &str) -> Self {
         let head = Self::new(head).0;
+        let tail = escape_controls(tail);
         let tail = tail.trim();
         if tail.is_empty() {
             return Self(head);
@@ -215,6 +238,22 @@ mod tests {
             t.to_conductor("wf", "t", "e", 0)["status"],
             "FAILED_WITH_TERMINAL_ERROR"
         );
+    }
+
+    #[test]
+    fn control_characters_are_written_out() {
+        assert_eq!(
+            Reason::new("a\u{1b}[31mred\rb\0c\u{85}d").as_str(),
+            "a\\x1b[31mred\\rb\\0c\\x85d"
+        );
+        assert_eq!(
+            Reason::with_tail("body failed", "line 1\nline\t2\u{7}").as_str(),
+            "body failed: line 1\nline\t2\\x07"
+        );
+        assert!(matches!(
+            escape_controls("plain\ttext\n"),
+            std::borrow::Cow::Borrowed(_)
+        ));
     }
 
     #[test]

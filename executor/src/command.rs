@@ -260,33 +260,85 @@ async fn read_capped(
 /// Longest stderr line logged whole; longer ones are cut.
 const MAX_LOGGED_LINE: usize = 4096;
 
-fn log_line(label: &str, line: &[u8]) {
-    let line = &line[..line.len().min(MAX_LOGGED_LINE)];
-    let text = String::from_utf8_lossy(line);
-    let text = text.trim_end();
-    if !text.is_empty() {
-        tracing::info!(stream = "stderr", source = label, "{text}");
+/// How much of a body's stderr one assignment may write to the worker log; the rest is
+/// counted and reported in one line, so a body printing hundreds of megabytes cannot rotate
+/// the runtime's own records away. The end of stderr is still kept for the failure reason.
+pub(crate) const MAX_LOGGED_STDERR: usize = 256 * 1024;
+
+/// A body's stderr on its way to the worker log: line by line, control characters written
+/// out, at most [`MAX_LOGGED_STDERR`] bytes per assignment.
+#[derive(Debug)]
+pub(crate) struct StderrLog {
+    label: String,
+    pending: Vec<u8>,
+    logged: usize,
+    dropped: u64,
+}
+
+impl StderrLog {
+    pub(crate) fn new(label: String) -> Self {
+        Self {
+            label,
+            pending: Vec::new(),
+            logged: 0,
+            dropped: 0,
+        }
+    }
+
+    /// Takes the next bytes read from stderr.
+    pub(crate) fn feed(&mut self, bytes: &[u8]) {
+        self.pending.extend_from_slice(bytes);
+        while let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.pending.drain(..=end).collect();
+            self.line(&line[..end]);
+        }
+        if self.pending.len() > MAX_LOGGED_LINE {
+            let line = std::mem::take(&mut self.pending);
+            self.line(&line);
+        }
+    }
+
+    fn line(&mut self, line: &[u8]) {
+        if self.logged >= MAX_LOGGED_STDERR {
+            self.dropped += line.len() as u64 + 1;
+            return;
+        }
+        let kept = &line[..line.len().min(MAX_LOGGED_LINE)];
+        self.logged += kept.len() + 1;
+        let text = String::from_utf8_lossy(kept);
+        let text = perago_core::result::escape_controls(text.trim_end());
+        if !text.is_empty() {
+            tracing::info!(stream = "stderr", source = %self.label, "{text}");
+        }
+    }
+
+    /// The assignment is over: logs what is left and how much was dropped, and starts the
+    /// next assignment's allowance.
+    pub(crate) fn finish(&mut self) {
+        let rest = std::mem::take(&mut self.pending);
+        self.line(&rest);
+        if self.dropped > 0 {
+            tracing::warn!(
+                stream = "stderr", source = %self.label, dropped_bytes = self.dropped,
+                "… {} bytes of stderr dropped: the log keeps {MAX_LOGGED_STDERR} bytes per assignment",
+                self.dropped
+            );
+        }
+        self.logged = 0;
+        self.dropped = 0;
     }
 }
 
 async fn read_tail(mut pipe: impl AsyncRead + Unpin, keep: usize, label: String) -> String {
     let mut tail: Vec<u8> = Vec::new();
-    let mut pending: Vec<u8> = Vec::new();
+    let mut log = StderrLog::new(label);
     let mut buf = [0u8; 8 * 1024];
     loop {
         match pipe.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
-                // Every line goes to the worker log; the tail is kept for the failure reason.
-                pending.extend_from_slice(&buf[..n]);
-                while let Some(end) = pending.iter().position(|b| *b == b'\n') {
-                    log_line(&label, &pending[..end]);
-                    pending.drain(..=end);
-                }
-                if pending.len() > MAX_LOGGED_LINE {
-                    log_line(&label, &pending);
-                    pending.clear();
-                }
+                // Lines go to the worker log; the tail is kept for the failure reason.
+                log.feed(&buf[..n]);
                 tail.extend_from_slice(&buf[..n]);
                 if tail.len() > keep * 2 {
                     tail.drain(..tail.len() - keep);
@@ -294,7 +346,7 @@ async fn read_tail(mut pipe: impl AsyncRead + Unpin, keep: usize, label: String)
             }
         }
     }
-    log_line(&label, &pending);
+    log.finish();
     if tail.len() > keep {
         tail.drain(..tail.len() - keep);
     }

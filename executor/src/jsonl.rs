@@ -52,6 +52,7 @@ pub(crate) struct JsonlBody {
     spec: CommandSpec,
     running: Mutex<Option<Running>>,
     stderr_tail: Arc<std::sync::Mutex<VecDeque<u8>>>,
+    stderr_log: Arc<std::sync::Mutex<crate::command::StderrLog>>,
 }
 
 impl std::fmt::Debug for JsonlBody {
@@ -65,9 +66,12 @@ impl std::fmt::Debug for JsonlBody {
 impl JsonlBody {
     pub(crate) fn new(spec: CommandSpec) -> Self {
         Self {
-            spec,
             running: Mutex::new(None),
             stderr_tail: Arc::new(std::sync::Mutex::new(VecDeque::new())),
+            stderr_log: Arc::new(std::sync::Mutex::new(crate::command::StderrLog::new(
+                spec.label.clone(),
+            ))),
+            spec,
         }
     }
 
@@ -94,12 +98,11 @@ impl JsonlBody {
         let stdout = BufReader::new(child.stdout.take().expect("piped")).lines();
         let mut stderr = child.stderr.take().expect("piped");
         let tail = Arc::clone(&self.stderr_tail);
-        let label = self.spec.label.clone();
-        // Stderr is drained for the whole life of the process: into the log, and its end
-        // kept for failure reasons.
+        let log = Arc::clone(&self.stderr_log);
+        // Stderr is drained for the whole life of the process: into the log (within each
+        // assignment's allowance, see `call`), and its end kept for failure reasons.
         tokio::spawn(async move {
             let mut buf = [0u8; 8192];
-            let mut pending = Vec::new();
             while let Ok(n) = stderr.read(&mut buf).await {
                 if n == 0 {
                     break;
@@ -111,17 +114,9 @@ impl JsonlBody {
                         t.pop_front();
                     }
                 }
-                pending.extend_from_slice(&buf[..n]);
-                while let Some(end) = pending.iter().position(|b| *b == b'\n') {
-                    let line = String::from_utf8_lossy(&pending[..end])
-                        .trim_end()
-                        .to_owned();
-                    if !line.is_empty() {
-                        tracing::info!(stream = "stderr", source = %label, "{line}");
-                    }
-                    pending.drain(..=end);
-                }
+                log.lock().expect("not poisoned").feed(&buf[..n]);
             }
+            log.lock().expect("not poisoned").finish();
         });
         tracing::info!(pid = pgid, program = %self.spec.program.display(), "started the jsonl body process");
         Ok(Running {
@@ -174,6 +169,8 @@ impl JsonlBody {
                 },
             }
         };
+        // Each assignment gets its own allowance of logged stderr.
+        self.stderr_log.lock().expect("not poisoned").finish();
         match outcome {
             Ok(response) => {
                 if let Some(result) = response.get("result") {

@@ -168,3 +168,53 @@ async fn large_inputs_run_or_fail_cleanly_and_the_executor_goes_on() {
     assert_eq!(wf["output"]["result"]["pid"], executor, "the same executor");
     assert!(!sup.log_text().contains("restart"), "{}", sup.log_text());
 }
+
+/// A body's stderr cannot flood the runtime's logs: 20 MB of it leave a bounded log with one
+/// line saying how much was dropped, control characters are written out, and the failure
+/// reason carries the (escaped) tail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stderr_flood_is_capped_in_the_logs_and_control_characters_escaped() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new(
+        "e2e.flood",
+        "printf 'colour \\033[31mred\\r\\n' >&2\n\
+         head -c 20000000 /dev/zero | tr '\\0' 'y' | fold -w 100 >&2\n\
+         printf 'last words \\033]0;title\\007\\n' >&2\nexit 3\n",
+        "retry_count = 0",
+    );
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(&task, &conductor, 1, &[]);
+    let id = conductor.start_workflow(&task, json!({})).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(60)).await;
+    let reason = wf["tasks"][0]["reasonForIncompletion"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        reason.ends_with("last words \\x1b]0;title\\x07"),
+        "{reason}"
+    );
+    let worker = format!("{}0001", task.prefix());
+    let dir = sup.jsonl_dir(&task, &worker);
+    let mut bytes = 0;
+    let mut text = String::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        bytes += std::fs::metadata(&path).unwrap().len();
+        text.push_str(&std::fs::read_to_string(&path).unwrap());
+    }
+    assert!(
+        bytes < 2_000_000,
+        "{bytes} bytes of executor log for 20 MB of stderr"
+    );
+    assert!(
+        text.contains("bytes of stderr dropped"),
+        "{}",
+        &text[text.len() - 2000..]
+    );
+    assert!(
+        text.contains(r"colour \\x1b[31mred"),
+        "the ESC is written out, not raw"
+    );
+    assert!(!text.contains('\u{1b}'), "no raw ESC in the log");
+}
