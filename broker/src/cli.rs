@@ -77,7 +77,12 @@ pub fn main() -> i32 {
             .ok()
             .as_deref(),
     );
-    let config = match config_from(|name| std::env::var(name).ok()) {
+    // It holds the control token and the Conductor credentials: no other process of this
+    // user may read its memory or /proc/<pid>/environ. The secrets came over a pipe.
+    if let Err(e) = perago_core::process::set_non_dumpable() {
+        eprintln!("warning: cannot make the broker non-dumpable: {e}");
+    }
+    let config = match config_from(perago_core::env::secrets_then_env()) {
         Ok(c) => c,
         Err(message) => {
             eprintln!("error: {message}");

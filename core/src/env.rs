@@ -31,6 +31,42 @@ pub const PERAGO_WORKSPACE_GC_INTERVAL: &str = "PERAGO_WORKSPACE_GC_INTERVAL";
 pub const PERAGO_WORKSPACE_GC_TTL: &str = "PERAGO_WORKSPACE_GC_TTL";
 /// Kill children still alive this long after the first stop signal; unset = never.
 pub const PERAGO_SHUTDOWN_FORCE_KILL_AFTER: &str = "PERAGO_SHUTDOWN_FORCE_KILL_AFTER";
+/// The descriptor a runtime child reads its secrets from (a JSON object of variable names and
+/// values), so that they are never in its environment.
+pub const PERAGO_SECRETS_FD: &str = "PERAGO_SECRETS_FD";
+
+/// The variables that are secrets: a runtime child gets the ones it needs over
+/// [`PERAGO_SECRETS_FD`], never in its environment, and bodies never get any.
+pub const SECRET_VARS: [&str; 6] = [
+    "PERAGO_CONTROL_TOKEN",
+    "PERAGO_SLOT_TOKEN",
+    "CONDUCTOR_AUTH_KEY",
+    "CONDUCTOR_AUTH_SECRET",
+    LAKEFS_ACCESS_KEY_ID,
+    LAKEFS_SECRET_ACCESS_KEY,
+];
+
+/// The lookup a runtime child (broker, executor) reads its configuration with: the secrets the
+/// supervisor handed over on [`PERAGO_SECRETS_FD`] (read once, here), then the environment.
+/// A descriptor that is missing or unreadable leaves only the environment.
+pub fn secrets_then_env() -> impl Fn(&str) -> Option<String> + use<> {
+    let secrets: std::collections::BTreeMap<String, String> = std::env::var(PERAGO_SECRETS_FD)
+        .ok()
+        .and_then(|fd| fd.parse().ok())
+        .and_then(crate::process::adopt_fd)
+        .and_then(|mut file| {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut file, &mut text).ok()?;
+            serde_json::from_str(&text).ok()
+        })
+        .unwrap_or_default();
+    move |name| {
+        secrets
+            .get(name)
+            .cloned()
+            .or_else(|| std::env::var(name).ok())
+    }
+}
 
 /// The values of `names` from `lookup`, an empty value counting as unset; or every name that
 /// is missing, so one message can list them all.

@@ -144,6 +144,52 @@ pub fn adopt_fd(fd: std::os::fd::RawFd) -> Option<std::fs::File> {
     Some(unsafe { std::fs::File::from_raw_fd(fd) })
 }
 
+/// Makes this process non-dumpable: another process of the same user can then no longer read
+/// its memory, its `/proc/<pid>/environ` or its open descriptors (only root can). Runtime
+/// processes hold the slot tokens, the control token and the Conductor and lakeFS secrets;
+/// bodies run as the same user by default.
+pub fn set_non_dumpable() -> io::Result<()> {
+    // SAFETY: prctl(PR_SET_DUMPABLE) changes a flag of this process; no memory is involved.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether this process is dumpable (see [`set_non_dumpable`]).
+pub fn is_dumpable() -> bool {
+    // SAFETY: prctl(PR_GET_DUMPABLE) reads a flag of this process.
+    unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) == 1 }
+}
+
+/// A pipe holding `bytes`, written and closed: the returned read end (close-on-exec) yields
+/// them, then end of file. How secrets reach a child without its environment, which
+/// `/proc/<pid>/environ` shows for the process's whole life. `bytes` must fit the pipe's
+/// buffer (64 KiB), so the write never waits for a reader.
+pub fn filled_pipe(bytes: &[u8]) -> io::Result<std::os::fd::OwnedFd> {
+    use std::io::Write as _;
+    use std::os::fd::FromRawFd as _;
+    if bytes.len() > 60 * 1024 {
+        return Err(io::Error::other("more than a pipe buffer holds"));
+    }
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 fills the two-element array it is given.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned here alone.
+    let (read, write) = unsafe {
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::fs::File::from_raw_fd(fds[1]),
+        )
+    };
+    let mut write = write;
+    write.write_all(bytes)?;
+    drop(write);
+    Ok(read)
+}
+
 /// Sends `signal` to every process of the group led by `pgid`. A group that is already gone
 /// is not an error.
 pub fn signal_group(pgid: u32, signal: i32) -> io::Result<()> {

@@ -115,7 +115,13 @@ pub(crate) fn main_with(task: Option<Arc<dyn crate::task::Task>>) -> i32 {
             .ok()
             .as_deref(),
     );
-    let (identity, manifest_path) = match identity_from(|name| std::env::var(name).ok()) {
+    // It holds its slot token and the lakeFS credentials: no body of the same user may read
+    // its memory or /proc/<pid>/environ. The secrets came over a pipe.
+    if let Err(e) = perago_core::process::set_non_dumpable() {
+        eprintln!("warning: cannot make the executor non-dumpable: {e}");
+    }
+    let lookup = perago_core::env::secrets_then_env();
+    let (identity, manifest_path) = match identity_from(&lookup) {
         Ok(v) => v,
         Err(message) => {
             eprintln!("error: {message}");
@@ -149,9 +155,7 @@ pub(crate) fn main_with(task: Option<Arc<dyn crate::task::Task>>) -> i32 {
             AssignmentRunner::with_task(manifest, identity.worker_id.clone(), path.as_deref(), task)
         }
     };
-    let built = built.map(|runner| {
-        runner.with_workspace(workspace_runtime(&identity, |n| std::env::var(n).ok()))
-    });
+    let built = built.map(|runner| runner.with_workspace(workspace_runtime(&identity, &lookup)));
     let runner = match built {
         Ok(r) => r,
         Err(e) => {

@@ -27,6 +27,11 @@ pub fn run(bin_name: &'static str) -> i32 {
         // This process is the guard of one thread-mode body (see children.rs).
         return perago_core::process::body_guard_main(&args[2..]);
     }
+    // Its environment may hold Conductor and lakeFS secrets, and it keeps the control and
+    // slot tokens: no other process of this user (a body) may read them from /proc.
+    if let Err(e) = perago_core::process::set_non_dumpable() {
+        eprintln!("warning: cannot make the supervisor non-dumpable: {e}");
+    }
     let vars: BTreeMap<String, String> = std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
         .collect();

@@ -154,15 +154,43 @@ impl Launcher {
             process::inherit_fd(&mut cmd, fd);
             cmd.env(process::ROOT_LOCK_FD, fd.to_string());
         }
-        if matches!(kind, ChildKind::Executor { .. }) {
-            // Only the broker talks to Conductor: executors, and the task bodies they run,
-            // never see its credentials.
-            for secret in ["CONDUCTOR_AUTH_KEY", "CONDUCTOR_AUTH_SECRET"] {
-                cmd.env_remove(secret);
+        // Secrets never travel in a child's environment (which /proc/<pid>/environ shows for
+        // its whole life): each child gets the ones it needs over a pipe, and no other. Only
+        // the broker talks to Conductor; only executors talk to lakeFS.
+        let wanted: &[&str] = match kind {
+            ChildKind::Broker => &[
+                "PERAGO_CONTROL_TOKEN",
+                "CONDUCTOR_AUTH_KEY",
+                "CONDUCTOR_AUTH_SECRET",
+            ],
+            ChildKind::Executor { .. } => &[
+                "PERAGO_SLOT_TOKEN",
+                perago_core::env::LAKEFS_ACCESS_KEY_ID,
+                perago_core::env::LAKEFS_SECRET_ACCESS_KEY,
+            ],
+        };
+        let mut secrets = std::collections::BTreeMap::new();
+        for name in perago_core::env::SECRET_VARS {
+            let value = env
+                .iter()
+                .rev()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+                .or_else(|| std::env::var(name).ok());
+            cmd.env_remove(name);
+            if let Some(value) = value.filter(|_| wanted.contains(&name)) {
+                secrets.insert(name, value);
             }
         }
+        let secrets = serde_json::to_vec(&secrets).expect("strings always serialize");
+        // Kept open until the child is spawned (it inherits its own copy).
+        let secrets_pipe = process::filled_pipe(&secrets)?;
+        let secrets_fd = std::os::fd::AsRawFd::as_raw_fd(&secrets_pipe);
+        process::inherit_fd(&mut cmd, secrets_fd);
+        cmd.env(perago_core::env::PERAGO_SECRETS_FD, secrets_fd.to_string());
         process::isolate(&mut cmd, process::SIGTERM);
         let (mut child, managed) = process::spawn(&mut cmd)?;
+        drop(secrets_pipe);
         let pid = managed.pid();
         let exits = exits.clone();
         tokio::spawn(async move {

@@ -234,9 +234,33 @@ impl SupervisorProc {
         jobs: u32,
         env: &[(&str, &str)],
     ) -> Self {
+        Self::start_as(task, conductor, jobs, env, None)
+    }
+
+    /// [`start`](Self::start) as the user `uid` (group `uid` too) when given: its workspace
+    /// and log roots (and the task folder) are handed to that user.
+    pub(crate) fn start_as(
+        task: &TaskFixture,
+        conductor: &Conductor,
+        jobs: u32,
+        env: &[(&str, &str)],
+        uid: Option<u32>,
+    ) -> Self {
         let root = tempfile::tempdir().unwrap();
         let log = root.path().join("supervisor.log");
         let mut cmd = perago_tests::command(SUPERVISOR);
+        if let Some(uid) = uid {
+            use std::os::unix::process::CommandExt as _;
+            for dir in [root.path(), task.dir.path()] {
+                std::os::unix::fs::chown(dir, Some(uid), Some(uid)).unwrap();
+                for entry in fs::read_dir(dir).unwrap() {
+                    std::os::unix::fs::chown(entry.unwrap().path(), Some(uid), Some(uid)).unwrap();
+                }
+            }
+            fs::File::create(&log).unwrap();
+            std::os::unix::fs::chown(&log, Some(uid), Some(uid)).unwrap();
+            cmd.uid(uid).gid(uid);
+        }
         cmd.args([
             "start",
             task.manifest().to_str().unwrap(),

@@ -218,3 +218,80 @@ async fn a_stderr_flood_is_capped_in_the_logs_and_control_characters_escaped() {
     );
     assert!(!text.contains('\u{1b}'), "no raw ESC in the log");
 }
+
+/// A body hunting for secrets finds none: not in its environment, not in any
+/// `/proc/<pid>/environ` it can read. The runtime runs as an unprivileged user (as a body of
+/// the same user would find it): its processes are non-dumpable, so their environ files are
+/// closed to the body, and secrets reach the broker and the executors over a pipe anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_finds_no_secret_in_any_environment_it_can_read() {
+    // SAFETY-free check: only root can start the runtime as another user.
+    if !std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+    {
+        eprintln!("skipped: running the runtime as another user needs root");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    let conductor = Conductor::start().await;
+    let dump = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(dump.path(), Some(NOBODY), Some(NOBODY)).unwrap();
+    let task = TaskFixture::new(
+        "e2e.hunt",
+        r#"out="$DUMP/$PERAGO_EXECUTION_ID"
+env > "$out.self"
+n=0
+for f in /proc/[0-9]*/environ; do
+  if tr '\0' '\n' < "$f" >> "$out.procs" 2>/dev/null; then n=$((n+1)); fi
+done
+echo "{\"readable\": $n}"
+"#,
+        "",
+    )
+    .with_manifest_tail(&format!(
+        "env = {{ DUMP = \"{}\" }}\n",
+        dump.path().display()
+    ));
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start_as(
+        &task,
+        &conductor,
+        2,
+        &[
+            ("CONDUCTOR_AUTH_KEY", "conductor-key-value"),
+            ("CONDUCTOR_AUTH_SECRET", "conductor-secret-value"),
+            ("LAKEFS_ENDPOINT", "http://127.0.0.1:9"),
+            ("LAKEFS_ACCESS_KEY_ID", "lakefs-key-value"),
+            ("LAKEFS_SECRET_ACCESS_KEY", "lakefs-secret-value"),
+        ],
+        Some(NOBODY),
+    );
+    let id = conductor.start_workflow(&task, json!({})).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf}\n{}", sup.log_text());
+    let readable = wf["output"]["result"]["readable"].as_u64().unwrap();
+    assert!(
+        readable >= 1,
+        "the body could not even read its own environ"
+    );
+    let mut found = String::new();
+    for entry in std::fs::read_dir(dump.path()).unwrap() {
+        found.push_str(&std::fs::read_to_string(entry.unwrap().path()).unwrap());
+    }
+    for secret in [
+        "conductor-key-value",
+        "conductor-secret-value",
+        "lakefs-key-value",
+        "lakefs-secret-value",
+        "PERAGO_SLOT_TOKEN",
+        "PERAGO_CONTROL_TOKEN",
+    ] {
+        assert!(
+            !found.contains(secret),
+            "the body found {secret} ({readable} environ files readable)"
+        );
+    }
+    eprintln!("[hunt] the body read {readable} environ files and found no secret");
+}
