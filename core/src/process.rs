@@ -190,6 +190,61 @@ pub fn filled_pipe(bytes: &[u8]) -> io::Result<std::os::fd::OwnedFd> {
     Ok(read)
 }
 
+/// The uid and primary gid of the user `name` (from the system's user database).
+pub fn user_ids(name: &str) -> Result<(u32, u32), String> {
+    let c_name =
+        std::ffi::CString::new(name).map_err(|_| format!("{name:?} is not a user name"))?;
+    let mut entry: libc::passwd = unsafe_zeroed_passwd();
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call: the name is NUL-terminated, `entry` and
+    // `buf` live on this frame with their true sizes, and `found` is written by the call.
+    let rc = unsafe {
+        libc::getpwnam_r(
+            c_name.as_ptr(),
+            &mut entry,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    if rc != 0 {
+        return Err(format!(
+            "cannot look up user {name:?}: {}",
+            io::Error::from_raw_os_error(rc)
+        ));
+    }
+    if found.is_null() {
+        return Err(format!("there is no user named {name:?} on this machine"));
+    }
+    Ok((entry.pw_uid, entry.pw_gid))
+}
+
+fn unsafe_zeroed_passwd() -> libc::passwd {
+    // SAFETY: `passwd` is a C struct of integers and pointers, for which all-zero is valid
+    // (null pointers); getpwnam_r fills it before it is read.
+    unsafe { std::mem::zeroed() }
+}
+
+/// This process's effective user id.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid(2) cannot fail and touches no memory.
+    unsafe { libc::geteuid() }
+}
+
+/// The uid and gid bodies run as for `body.user = name`: the user must exist, and a runtime
+/// that is not root can only "switch" to itself.
+pub fn body_user(name: &str) -> Result<(u32, u32), String> {
+    let (uid, gid) = user_ids(name)?;
+    let me = euid();
+    if me != 0 && me != uid {
+        return Err(format!(
+            "body.user = {name:?} needs the runtime to run as root to switch to it (it runs as uid {me})"
+        ));
+    }
+    Ok((uid, gid))
+}
+
 /// Sends `signal` to every process of the group led by `pgid`. A group that is already gone
 /// is not an error.
 pub fn signal_group(pgid: u32, signal: i32) -> io::Result<()> {
@@ -602,6 +657,16 @@ mod tests {
         cmd.args(["-c", &format!("test -e /proc/self/fd/{fd}")]);
         setup(&mut cmd);
         cmd.status().await.unwrap().success()
+    }
+
+    #[test]
+    fn users_are_looked_up_by_name() {
+        assert_eq!(user_ids("root"), Ok((0, 0)));
+        assert_eq!(
+            user_ids("no-such-user-perago"),
+            Err("there is no user named \"no-such-user-perago\" on this machine".to_owned())
+        );
+        assert!(user_ids("a\0b").is_err());
     }
 
     #[tokio::test]

@@ -41,6 +41,9 @@ pub enum RunnerError {
     /// A body kind or task kind this runner does not handle.
     #[error("{0}")]
     Unsupported(&'static str),
+    /// `body.user` cannot be used.
+    #[error("{0}")]
+    User(String),
 }
 
 #[derive(Debug, Clone)]
@@ -77,6 +80,8 @@ pub struct AssignmentRunner {
     post: Option<Program>,
     kill_grace: Duration,
     poisoned: Arc<std::sync::atomic::AtomicBool>,
+    /// `body.user`, resolved: the workspace is handed to this uid and gid before the body.
+    body_user: Option<(u32, u32)>,
     workspace: Option<WorkspaceRuntime>,
 }
 
@@ -156,6 +161,13 @@ impl AssignmentRunner {
                 ));
             }
         };
+        let user = manifest
+            .body
+            .user
+            .as_deref()
+            .map(perago_core::process::body_user)
+            .transpose()
+            .map_err(RunnerError::User)?;
         let env: Vec<(String, String)> = manifest
             .body
             .env
@@ -178,6 +190,7 @@ impl AssignmentRunner {
                     dir: manifest.dir.clone(),
                     env: env.clone(),
                     label: label.to_owned(),
+                    user,
                 },
             })
         };
@@ -216,6 +229,7 @@ impl AssignmentRunner {
             kill_grace: Duration::from_secs(10),
             poisoned: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             workspace: None,
+            body_user: user,
         })
     }
 
@@ -346,6 +360,11 @@ impl AssignmentRunner {
         )
         .await
         .map_err(|WorkspaceFailure::Failed(m)| failed(m))?;
+        if let Some((uid, gid)) = self.body_user {
+            // The body runs as another user: the files it works on become its own, and the
+            // folders above them must let it through.
+            hand_over(&runtime.root, ws.work_dir(), uid, gid).map_err(failed)?;
+        }
         env.push((
             "PERAGO_WORKSPACE_DIR".to_owned(),
             ws.work_dir().display().to_string(),
@@ -650,6 +669,55 @@ fn now_unix_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Hands the attempt's `work` folder to `body.user`: the folder and everything in it become
+/// that user's, the attempt folders between it and the workspace root let others through
+/// (0711: no listing), and every folder above must already let that user through, or the
+/// assignment fails saying which one.
+fn hand_over(
+    workspace_root: &std::path::Path,
+    work: &std::path::Path,
+    uid: u32,
+    gid: u32,
+) -> Result<(), String> {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    chown_tree(work, uid, gid)
+        .map_err(|e| format!("cannot hand the workspace to body.user (uid {uid}): {e}"))?;
+    let mut dir = work.parent();
+    while let Some(d) = dir {
+        let meta = std::fs::metadata(d).map_err(|e| format!("cannot read {}: {e}", d.display()))?;
+        if d.starts_with(workspace_root) && d != workspace_root {
+            let mode = meta.permissions().mode() | 0o711;
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| format!("cannot open {} to body.user: {e}", d.display()))?;
+        } else {
+            let mode = meta.mode();
+            let through = (meta.uid() == uid && mode & 0o100 != 0)
+                || (meta.gid() == gid && mode & 0o010 != 0)
+                || mode & 0o001 != 0;
+            if !through {
+                return Err(format!(
+                    "body.user (uid {uid}) cannot reach its workspace: {} does not let it through; make PERAGO_WORKSPACE_ROOT and the folders above it traversable by that user",
+                    d.display()
+                ));
+            }
+        }
+        dir = d.parent();
+    }
+    Ok(())
+}
+
+/// Hands `root` and everything below it to `uid`:`gid`, symlinks themselves (never what they
+/// point to).
+fn chown_tree(root: &std::path::Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    std::os::unix::fs::lchown(root, Some(uid), Some(gid))?;
+    if std::fs::symlink_metadata(root)?.is_dir() {
+        for entry in std::fs::read_dir(root)? {
+            chown_tree(&entry?.path(), uid, gid)?;
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug)]

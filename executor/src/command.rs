@@ -33,6 +33,8 @@ pub struct CommandSpec {
     pub env: Vec<(String, String)>,
     /// Each stderr line is logged with this label (`body`, `pre guardrail`, …).
     pub label: String,
+    /// The uid and gid to run as (`body.user`); `None` = the executor's own.
+    pub user: Option<(u32, u32)>,
 }
 
 /// Bounds on one run.
@@ -142,6 +144,9 @@ pub async fn run(spec: &CommandSpec, stdin: Vec<u8>, limits: RunLimits) -> io::R
     let started = Instant::now();
     let mut cmd = unix::body_command(&spec.program);
     strip_runtime_secrets(&mut cmd);
+    if let Some((uid, gid)) = spec.user {
+        cmd.uid(uid).gid(gid);
+    }
     cmd.args(&spec.args)
         .current_dir(&spec.dir)
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
@@ -380,6 +385,7 @@ mod tests {
             dir: dir.to_owned(),
             env: Vec::new(),
             label: "body".to_owned(),
+            user: None,
         }
     }
 

@@ -83,6 +83,9 @@ impl JsonlBody {
     fn start(&self, env: &[(String, String)]) -> std::io::Result<Running> {
         let mut cmd = process::body_command(&self.spec.program);
         crate::command::strip_runtime_secrets(&mut cmd);
+        if let Some((uid, gid)) = self.spec.user {
+            cmd.uid(uid).gid(gid);
+        }
         cmd.args(&self.spec.args)
             .current_dir(&self.spec.dir)
             .envs(self.spec.env.iter().map(|(k, v)| (k, v)))

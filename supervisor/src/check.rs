@@ -23,6 +23,11 @@ pub(crate) fn check(
     if let Err(e) = WorkerPrefix::resolve(&manifest.task.name, prefix_var) {
         problems.push(format!("{prefix}: task.name: {e}"));
     }
+    if let Some(user) = &manifest.body.user
+        && let Err(e) = perago_core::process::user_ids(user)
+    {
+        problems.push(format!("{prefix}: body.user: {e}"));
+    }
     let mut body_line = String::new();
     match &manifest.body.kind {
         BodyKind::Command { argv, protocol } => {

@@ -101,6 +101,11 @@ pub(crate) fn start(
     )
     .map_err(|e| problems.push(e.to_string()))
     .ok();
+    if let Some(user) = &manifest.body.user
+        && let Err(e) = perago_core::process::body_user(user)
+    {
+        problems.push(e);
+    }
     let force_kill_after = env::duration_var(
         env::PERAGO_SHUTDOWN_FORCE_KILL_AFTER,
         vars.get(env::PERAGO_SHUTDOWN_FORCE_KILL_AFTER)

@@ -351,6 +351,15 @@ fn read_body(p: &mut Problems, dir: &Path, mut s: Section<'_>) -> Option<BodySpe
         &[("exec", BodyProtocol::Exec), ("jsonl", BodyProtocol::Jsonl)],
     );
     let env = s.table(p, "env").map(|env| read_env(p, &env));
+    let user = s.string(p, "user");
+    if let Some(user) = &user
+        && (user.is_empty()
+            || user
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control() || c == ':'))
+    {
+        p.add("body.user", format!("{user:?} is not a user name"));
+    }
     let has_command = s.has("command");
     let has_executor = s.has("executor");
     let has_protocol = s.has("protocol");
@@ -394,6 +403,7 @@ fn read_body(p: &mut Problems, dir: &Path, mut s: Section<'_>) -> Option<BodySpe
     Some(BodySpec {
         kind: kind?,
         env: env.unwrap_or_default(),
+        user,
     })
 }
 

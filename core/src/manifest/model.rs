@@ -211,6 +211,9 @@ pub struct BodySpec {
     pub kind: BodyKind,
     /// Extra environment for the body.
     pub env: BTreeMap<String, String>,
+    /// `body.user`: the user bodies and guardrails run as (the runtime must run as root to
+    /// switch to it); `None` = the runtime's own user.
+    pub user: Option<String>,
 }
 
 /// The `[guardrails]` table: commands run before and after the body.

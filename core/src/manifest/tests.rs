@@ -72,6 +72,7 @@ fn minimal_manifest_gets_conductor_defaults() {
                 protocol: BodyProtocol::Exec,
             },
             env: Default::default(),
+            user: None,
         }
     );
     assert_eq!(m.guardrails, Guardrails::default());
@@ -398,7 +399,7 @@ fn body_rules() {
         ),
         (
             "command = [\"x\"]\ncwd = \"/tmp\"",
-            "body.cwd: unknown key (keys of [body]: command, env, executor, protocol)",
+            "body.cwd: unknown key (keys of [body]: command, env, executor, protocol, user)",
         ),
     ];
     for (b, expected) in cases {

@@ -268,3 +268,16 @@ fn a_toml_error_is_one_line_however_long_the_source_line() {
     one_error(&run, "error: manifest task.toml:2:12: not valid TOML: ");
     assert!(run.stderr.len() < 300, "{} bytes", run.stderr.len());
 }
+
+#[test]
+fn check_refuses_a_body_user_that_does_not_exist() {
+    let dir = folder(&TASK.replace(
+        "command = [\"sh\", \"body.sh\"]\n",
+        "command = [\"sh\", \"body.sh\"]\nuser = \"no-such-user-perago\"\n",
+    ));
+    let run = run_in(dir.path(), &["check", "task.toml"], &[]);
+    one_error(
+        &run,
+        "error: manifest task.toml: body.user: there is no user named \"no-such-user-perago\" on this machine",
+    );
+}

@@ -295,3 +295,58 @@ echo "{\"readable\": $n}"
     }
     eprintln!("[hunt] the body read {readable} environ files and found no secret");
 }
+
+/// `[body] user`: a runtime started as root runs its bodies as an unprivileged user, who can
+/// read none of the runtime's environments (root's, and non-dumpable) and owns its files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_run_as_the_body_user_and_find_no_secret() {
+    if perago_core::process::euid() != 0 {
+        eprintln!("skipped: switching users needs root");
+        return;
+    }
+    for mode in ["process", "thread"] {
+        let conductor = Conductor::start().await;
+        let task = TaskFixture::new(
+            "e2e.bodyuser",
+            r#"n=0
+found=0
+for f in /proc/[0-9]*/environ; do
+  if tr '\0' '\n' < "$f" 2>/dev/null | grep -q 'secret-value'; then found=$((found+1)); fi
+  if cat "$f" > /dev/null 2>&1; then n=$((n+1)); fi
+done
+printf '{"uid": %s, "readable": %s, "found": %s}' "$(id -u)" "$n" "$found"
+"#,
+            "",
+        )
+        .with_manifest_tail("user = \"nobody\"\n");
+        // The body (nobody) must be able to read its script.
+        let mode_bits = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+        std::fs::set_permissions(task.dir.path(), mode_bits).unwrap();
+        conductor.register(&task).await;
+        let sup = SupervisorProc::start(
+            &task,
+            &conductor,
+            1,
+            &[
+                ("PERAGO_EXECUTION_MODE", mode),
+                ("CONDUCTOR_AUTH_KEY", "conductor-key"),
+                ("CONDUCTOR_AUTH_SECRET", "conductor-secret-value"),
+                ("LAKEFS_ENDPOINT", "http://127.0.0.1:9"),
+                ("LAKEFS_ACCESS_KEY_ID", "lakefs-key"),
+                ("LAKEFS_SECRET_ACCESS_KEY", "lakefs-secret-value"),
+            ],
+        );
+        let id = conductor.start_workflow(&task, json!({})).await;
+        let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+        assert_eq!(
+            wf["status"],
+            "COMPLETED",
+            "{mode}: {wf}\n{}",
+            sup.log_text()
+        );
+        let result = &wf["output"]["result"];
+        assert_eq!(result["uid"], 65534, "{mode}: {result}");
+        assert_eq!(result["found"], 0, "{mode}: {result}");
+        eprintln!("[body user] {mode}: {result}");
+    }
+}

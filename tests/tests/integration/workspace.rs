@@ -931,3 +931,90 @@ async fn a_daemon_left_by_a_body_never_holds_the_root() {
     next.signal("TERM");
     next.wait_exit(Duration::from_secs(20)).await;
 }
+
+/// Edits as [`EDIT`] does, and says who it ran as.
+const AS_USER: &str = r#"cd "$PERAGO_WORKSPACE_DIR"
+echo edited > a.txt
+rm b.txt
+mkdir -p sub && echo fresh > sub/new.txt
+printf '{"uid": %s}' "$(id -u)"
+"#;
+
+/// `[body] user`: the body runs as that user on files it owns, and its change is published;
+/// a workspace root the user cannot reach fails the attempt saying so, publishing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_user_works_on_its_own_files_and_its_change_is_published() {
+    if perago_core::process::euid() != 0 {
+        eprintln!("skipped: switching users needs root");
+        return;
+    }
+    let conductor = Conductor::start().await;
+    let lakefs = seeded().await;
+    let task = TaskFixture::workspace("ws.bodyuser", AS_USER, "", "");
+    let manifest = std::fs::read_to_string(task.manifest()).unwrap();
+    std::fs::write(
+        task.manifest(),
+        manifest.replace("[body]\n", "[body]\nuser = \"nobody\"\n"),
+    )
+    .unwrap();
+    assert!(
+        std::fs::read_to_string(task.manifest())
+            .unwrap()
+            .contains("user = \"nobody\""),
+        "{}",
+        std::fs::read_to_string(task.manifest()).unwrap()
+    );
+    let open: std::fs::Permissions = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+    std::fs::set_permissions(task.dir.path(), open.clone()).unwrap();
+    // A workspace root nobody can reach first: 0700, owned by root.
+    let closed = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        closed.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let mut env = lakefs.env();
+    env.push((
+        "PERAGO_WORKSPACE_ROOT",
+        closed.path().join("ws").display().to_string(),
+    ));
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start_owned(&task, &conductor, 1, &env);
+    let id = conductor.start_with(&task, input("data")).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    let reason = task_of(&wf)["reasonForIncompletion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        reason.contains("body.user (uid 65534) cannot reach its workspace"),
+        "{reason}\n{}",
+        sup.log_text()
+    );
+    assert_eq!(
+        lakefs.read(REPO, "data/a.txt").await.as_deref(),
+        Some("a\n")
+    );
+    drop(sup);
+
+    let reachable = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(reachable.path(), open).unwrap();
+    let mut env = lakefs.env();
+    env.push((
+        "PERAGO_WORKSPACE_ROOT",
+        reachable.path().join("ws").display().to_string(),
+    ));
+    let sup = SupervisorProc::start_owned(&task, &conductor, 1, &env);
+    let id = conductor.start_with(&task, input("data")).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    assert_eq!(
+        lakefs.read(REPO, "data/a.txt").await.as_deref(),
+        Some("edited\n")
+    );
+    assert_eq!(lakefs.read(REPO, "data/b.txt").await, None);
+    assert_eq!(
+        lakefs.read(REPO, "data/sub/new.txt").await.as_deref(),
+        Some("fresh\n")
+    );
+}
