@@ -48,6 +48,8 @@ pub struct Options {
     pub smoke: bool,
     /// Where the JSON and SVG go.
     pub out: PathBuf,
+    /// An earlier run's `results.json` to compare each figure with.
+    pub previous: PathBuf,
     /// The Python with conductor-python.
     pub python: PathBuf,
     /// The programs under test.
@@ -63,7 +65,7 @@ fn workspace_root() -> PathBuf {
 
 fn usage() -> String {
     format!(
-        "usage: perago-bench [--runs N] [--tasks N] [--smoke] [--out DIR] [--python PATH] [--bin-dir DIR] [--supervisor|--broker|--executor|--task PATH] [SCENARIO...]\nscenarios: {}",
+        "usage: perago-bench [--runs N] [--tasks N] [--smoke] [--out DIR] [--previous FILE] [--python PATH] [--bin-dir DIR] [--supervisor|--broker|--executor|--task PATH] [SCENARIO...]\nscenarios: {}",
         SCENARIOS.join(" ")
     )
 }
@@ -83,6 +85,7 @@ pub fn parse_args(args: &[String]) -> Result<Options, String> {
         tasks: 5000,
         smoke: false,
         out: root.join("target/bench"),
+        previous: root.join("docs/performance-previous.json"),
         python: std::env::var_os("PERAGO_TEST_PYTHON")
             .map(PathBuf::from)
             .unwrap_or_else(|| root.join(".venv/bin/python")),
@@ -113,6 +116,7 @@ pub fn parse_args(args: &[String]) -> Result<Options, String> {
             }
             "--smoke" => options.smoke = true,
             "--out" => options.out = PathBuf::from(value("--out")?),
+            "--previous" => options.previous = PathBuf::from(value("--previous")?),
             "--python" => options.python = PathBuf::from(value("--python")?),
             "--bin-dir" => bin_dir = PathBuf::from(value("--bin-dir")?),
             "--supervisor" => overrides[0] = Some(PathBuf::from(value("--supervisor")?)),
@@ -553,6 +557,18 @@ pub async fn run(options: Options) -> Result<(), String> {
         }
     }
     print!("{}", table(&bench.figures));
+    // Against the figures kept beside docs/performance.md, so a regression shows up in the
+    // run that makes it (copy a results.json there to make it the new reference).
+    match std::fs::read_to_string(&bench.o.previous) {
+        Ok(text) => match serde_json::from_str(&text) {
+            Ok(previous) => {
+                println!("\nagainst {}:", bench.o.previous.display());
+                print!("{}", report::comparison(&bench.figures, &previous));
+            }
+            Err(e) => eprintln!("cannot read {}: {e}", bench.o.previous.display()),
+        },
+        Err(e) => eprintln!("no previous figures at {}: {e}", bench.o.previous.display()),
+    }
     std::fs::create_dir_all(&bench.o.out).map_err(|e| e.to_string())?;
     let results = json!({
         "runs": bench.o.runs, "tasks": bench.o.tasks, "smoke": bench.o.smoke,

@@ -95,6 +95,50 @@ pub(crate) fn table(figures: &[Figure]) -> String {
     out
 }
 
+/// Each figure beside its median in `previous` (a `results.json` of an earlier run, such as
+/// `docs/performance-previous.json`): previous, now, and the change in percent, so a
+/// regression shows up in the run that makes it. Figures the previous run lacks show `-`.
+pub(crate) fn comparison(figures: &[Figure], previous: &Value) -> String {
+    let before: std::collections::BTreeMap<&str, f64> = previous["figures"]
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .filter_map(|f| Some((f["name"].as_str()?, f["median"].as_f64()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let width = figures
+        .iter()
+        .map(|f| f.name.len())
+        .max()
+        .unwrap_or(10)
+        .max(10);
+    let mut out = format!(
+        "{:<width$}  {:>10}  {:>10}  {:>8}  unit\n",
+        "figure", "previous", "now", "change"
+    );
+    for f in figures {
+        let now = f.median();
+        let (was, change) = match before.get(f.name.as_str()) {
+            Some(&was) if was != 0.0 && was.is_finite() && now.is_finite() => {
+                (fmt_num(was), format!("{:+.0} %", (now - was) / was * 100.0))
+            }
+            Some(&was) => (fmt_num(was), "-".to_owned()),
+            None => ("-".to_owned(), "-".to_owned()),
+        };
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:>10}  {:>10}  {:>8}  {}",
+            f.name,
+            was,
+            fmt_num(now),
+            change,
+            f.unit
+        );
+    }
+    out
+}
+
 /// A line plot of throughput against executor count, one series per label.
 pub(crate) fn scaling_svg(series: &[(String, Vec<(f64, f64)>)]) -> String {
     let (w, h, pad) = (640.0, 400.0, 50.0);
@@ -166,6 +210,31 @@ pub(crate) fn scaling_svg(series: &[(String, Vec<(f64, f64)>)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_comparison_shows_each_change_against_the_previous_run() {
+        let figures = vec![
+            Figure {
+                name: "broker RSS idle".into(),
+                unit: "MiB",
+                runs: vec![13.8],
+            },
+            Figure {
+                name: "new figure".into(),
+                unit: "ms",
+                runs: vec![5.0],
+            },
+        ];
+        let previous = json!({"figures": [{"name": "broker RSS idle", "median": 6.9}]});
+        let text = comparison(&figures, &previous);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[1].starts_with("broker RSS idle"), "{text}");
+        assert!(
+            lines[1].contains("6.90") && lines[1].contains("13.8") && lines[1].contains("+100 %"),
+            "{text}"
+        );
+        assert!(lines[2].contains("   -  "), "{text}");
+    }
 
     #[test]
     fn quantiles_and_medians() {

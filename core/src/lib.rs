@@ -12,6 +12,7 @@ pub mod command;
 pub mod conductor;
 pub mod env;
 pub mod files;
+pub mod http;
 pub mod identity;
 pub mod json;
 pub mod logging;

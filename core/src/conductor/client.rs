@@ -159,7 +159,7 @@ impl ConductorClient {
         if rest.is_empty() || rest.starts_with('/') {
             return Err(err("the URL has no host"));
         }
-        let http = reqwest::Client::builder()
+        let http = crate::http::client_builder(base)
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
             .pool_max_idle_per_host(16)

@@ -192,7 +192,7 @@ impl LakefsClient {
         if !base.ends_with("/api/v1") {
             base.push_str("/api/v1");
         }
-        let http = reqwest::Client::builder()
+        let http = perago_core::http::client_builder(&base)
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
             .build()
