@@ -25,7 +25,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
             "result_schema",
         ],
     ),
-    ("body", &["command", "protocol", "env", "executor"]),
+    ("body", &["command", "protocol", "env", "executor", "user"]),
     ("guardrails", &["pre", "post"]),
     ("workspace", &["prefix", "merge_timeout_seconds"]),
     (
