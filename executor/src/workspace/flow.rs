@@ -226,12 +226,7 @@ impl Attempt {
             .await
             .map_err(|e| failed(format!("workspace download failed: {e}")))?;
         // Every key is checked before anything is written.
-        let mut plan = Vec::with_capacity(objects.len());
-        for object in objects {
-            let relative =
-                key_to_relative(prefix, &object.path).map_err(|e| failed(e.to_string()))?;
-            plan.push((object.path, object.checksum, self.work.join(relative)));
-        }
+        let plan = plan_download(prefix, objects, &self.work).map_err(failed)?;
         let limit = Arc::new(Semaphore::new(TRANSFER_CONCURRENCY));
         let mut transfers = JoinSet::new();
         for (key, _, target) in &plan {
@@ -239,16 +234,14 @@ impl Attempt {
             let (key, target, limit) = (key.clone(), target.clone(), Arc::clone(&limit));
             transfers.spawn(async move {
                 let _permit = limit.acquire_owned().await.expect("never closed");
-                let bytes = client
-                    .get_object(&repo, &commit, &key)
-                    .await
-                    .map_err(|e| format!("workspace download failed: {e}"))?;
                 if let Some(parent) = target.parent() {
                     fs::create_dir_all(parent)
                         .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
                 }
-                fs::write(&target, bytes)
-                    .map_err(|e| format!("cannot write {}: {e}", target.display()))
+                client
+                    .get_object_to_file(&repo, &commit, &key, &target)
+                    .await
+                    .map_err(|e| format!("workspace download failed: {e}"))
             });
         }
         while let Some(done) = transfers.join_next().await {
@@ -393,10 +386,8 @@ impl Attempt {
             let (upload, limit) = (upload.clone(), Arc::clone(&limit));
             transfers.spawn(async move {
                 let _permit = limit.acquire_owned().await.expect("never closed");
-                let bytes = fs::read(&upload.file)
-                    .map_err(|e| format!("cannot read {}: {e}", upload.file.display()))?;
                 client
-                    .upload(&repo, &staging, &upload.key, bytes)
+                    .upload_file(&repo, &staging, &upload.key, &upload.file)
                     .await
                     .map_err(|e| format!("staging failed: {e}"))
             });
@@ -431,6 +422,36 @@ impl Attempt {
             tracing::warn!(error = %e, dir = %self.dir.path.display(), "cannot remove the attempt directory");
         }
     }
+}
+
+/// Where each listed object is written: `(key, checksum, file)`. Folder markers (keys ending
+/// in `/`, as S3 tools make them) are skipped: they hold no file, and are left alone on publish.
+/// A key that is also a folder of another key (`x` and `x/y`) cannot be laid out as files: the
+/// error names both. Nothing is written before every key is checked.
+pub(crate) fn plan_download(
+    prefix: &str,
+    objects: Vec<super::lakefs::ObjectStats>,
+    work: &Path,
+) -> Result<Vec<(String, String, PathBuf)>, String> {
+    let mut plan = Vec::with_capacity(objects.len());
+    let mut files = BTreeMap::new();
+    for object in objects {
+        if object.path.ends_with('/') {
+            tracing::debug!(key = %object.path, "skipped a folder marker");
+            continue;
+        }
+        let relative = key_to_relative(prefix, &object.path).map_err(|e| e.to_string())?;
+        files.insert(relative.clone(), object.path.clone());
+        plan.push((object.path, object.checksum, work.join(relative)));
+    }
+    for (relative, key) in &files {
+        if let Some(folder) = relative.ancestors().skip(1).find_map(|a| files.get(a)) {
+            return Err(format!(
+                "workspace download failed: object key {key:?} needs {folder:?} to be a folder, but it is an object too; a workspace cannot hold both; nothing was downloaded"
+            ));
+        }
+    }
+    Ok(plan)
 }
 
 /// The attempt fence: a positive fresh read, or FAILED. Read errors are retried for a few
@@ -645,6 +666,54 @@ mod tests {
             .unwrap();
         assert_eq!(output["commit_id"], "c0");
         assert_eq!(current.calls(), 1, "one fence read, nothing staged");
+    }
+
+    fn listed(keys: &[&str]) -> Vec<crate::workspace::lakefs::ObjectStats> {
+        keys.iter()
+            .map(|k| {
+                serde_json::from_value(json!({"path": k, "path_type": "object", "checksum": "c"}))
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn folder_markers_are_skipped_when_downloading() {
+        let work = Path::new("/w");
+        let plan = plan_download(
+            "data/",
+            listed(&["data/", "data/a/", "data/a/f.csv", "data/b/", "data/g"]),
+            work,
+        )
+        .unwrap();
+        let files: Vec<_> = plan
+            .iter()
+            .map(|(k, _, f)| (k.as_str(), f.clone()))
+            .collect();
+        assert_eq!(
+            files,
+            [
+                ("data/a/f.csv", work.join("a/f.csv")),
+                ("data/g", work.join("g"))
+            ]
+        );
+    }
+
+    #[test]
+    fn a_key_that_is_also_a_folder_fails_naming_both_keys() {
+        for keys in [
+            &["data/x", "data/x/y"][..],
+            &["data/x/y/z", "data/a", "data/x"][..],
+        ] {
+            let err = plan_download("data/", listed(keys), Path::new("/w")).unwrap_err();
+            assert!(
+                err.contains("\"data/x\"") && err.contains("\"data/x/y"),
+                "{err}"
+            );
+            assert!(err.ends_with("nothing was downloaded"), "{err}");
+        }
+        // Siblings sharing a name prefix are not folders of each other.
+        plan_download("", listed(&["x", "xy/z", "x.d/z"]), Path::new("/w")).unwrap();
     }
 
     #[test]

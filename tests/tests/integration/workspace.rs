@@ -931,3 +931,172 @@ async fn a_daemon_left_by_a_body_never_holds_the_root() {
     next.signal("TERM");
     next.wait_exit(Duration::from_secs(20)).await;
 }
+
+/// The peak resident memory (`VmHWM`) of a process, in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/<pid>/status");
+    kib * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_files_are_streamed_with_bounded_executor_memory() {
+    const MIB: u64 = 1 << 20;
+    const FILE: u64 = 64 * MIB;
+    // Well below one file, let alone the 3 × 64 MiB downloaded and the 3 × 64 MiB published.
+    const BOUND: u64 = 48 * MIB;
+    let conductor = Conductor::start().await;
+    let lakefs = seeded().await;
+    for i in 1..=3u8 {
+        lakefs
+            .client
+            .upload(
+                REPO,
+                "main",
+                &format!("big/in-{i}.bin"),
+                vec![i; FILE as usize],
+            )
+            .await
+            .unwrap();
+    }
+    lakefs
+        .client
+        .commit(REPO, "main", "big inputs", &serde_json::Map::new())
+        .await
+        .unwrap();
+    // Checks what it downloaded, removes it and writes three new large files.
+    let body = format!(
+        r#"read params
+cd "$PERAGO_WORKSPACE_DIR"
+for i in 1 2 3; do
+  [ "$(stat -c %s in-$i.bin)" = {FILE} ] || exit 3
+  rm in-$i.bin
+  head -c {FILE} /dev/zero | tr '\0' "$i" > out-$i.bin
+done
+echo '{{}}'
+"#
+    );
+    let task = TaskFixture::workspace("ws.big", &body, "retry_count = 0", "");
+    let sup = start(&task, &conductor, &lakefs, 1).await;
+    let id = conductor.start_with(&task, input("big")).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(60)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    let ws = &wf["output"]["workspace"];
+    assert_eq!(
+        (ws["added"].as_u64(), ws["removed"].as_u64()),
+        (Some(3), Some(3))
+    );
+
+    let executor = child_named(sup.pid(), "perago-executor-0001").expect("the executor");
+    let peak = peak_rss(executor.pid);
+    eprintln!("the executor peaked at {} MiB", peak / MIB);
+    assert!(
+        peak < BOUND,
+        "the executor peaked at {} MiB moving 6 × 64 MiB (bound {} MiB)",
+        peak / MIB,
+        BOUND / MIB
+    );
+
+    // main holds exactly the three new files, with lakeFS's MD5 checksums.
+    let objects = lakefs
+        .client
+        .list_objects(REPO, "main", "big/")
+        .await
+        .unwrap();
+    let listed: Vec<_> = objects
+        .iter()
+        .map(|o| (o.path.as_str(), o.size_bytes, o.checksum.clone()))
+        .collect();
+    let md5 = |i: u8| {
+        use md5::Digest as _;
+        md5::Md5::digest(vec![b'0' + i; FILE as usize])
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    assert_eq!(
+        listed,
+        (1..=3u8)
+            .map(|i| (
+                ["big/out-1.bin", "big/out-2.bin", "big/out-3.bin"][usize::from(i - 1)],
+                Some(FILE),
+                md5(i)
+            ))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn folder_markers_clashing_keys_and_folder_links_in_a_workspace() {
+    let conductor = Conductor::start().await;
+    let lakefs = seeded().await;
+    for (key, content) in [
+        ("mk/", ""),
+        ("mk/sub/", ""),
+        ("mk/sub/f.txt", "f\n"),
+        ("dup/x", "file\n"),
+        ("dup/x/y", "under it\n"),
+    ] {
+        lakefs
+            .client
+            .upload(REPO, "main", key, content.as_bytes().to_vec())
+            .await
+            .unwrap();
+    }
+    lakefs
+        .client
+        .commit(REPO, "main", "markers and a clash", &serde_json::Map::new())
+        .await
+        .unwrap();
+    let body = r#"read params
+cd "$PERAGO_WORKSPACE_DIR"
+echo edited > sub/f.txt
+mkdir -p runs/3 && echo out > runs/3/out.txt
+ln -s runs/3 latest
+echo '{}'
+"#;
+    let task = TaskFixture::workspace("ws.markers", body, "retry_count = 0", "");
+    let sup = start(&task, &conductor, &lakefs, 1).await;
+
+    let id = conductor.start_with(&task, input("mk/")).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    let keys: Vec<_> = lakefs
+        .client
+        .list_objects(REPO, "main", "mk/")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.path)
+        .collect();
+    // The markers are left as they were; the folder link is not published.
+    assert_eq!(
+        keys,
+        ["mk/", "mk/runs/3/out.txt", "mk/sub/", "mk/sub/f.txt"]
+    );
+    assert_eq!(
+        lakefs.read(REPO, "mk/sub/f.txt").await.as_deref(),
+        Some("edited\n")
+    );
+
+    let before = lakefs.client.resolve_commit(REPO, "main").await.unwrap();
+    let id = conductor.start_with(&task, input("dup/")).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "FAILED");
+    assert_eq!(
+        task_of(&wf)["reasonForIncompletion"],
+        "workspace download failed: object key \"dup/x/y\" needs \"dup/x\" to be a folder, but it is an object too; a workspace cannot hold both; nothing was downloaded"
+    );
+    assert_eq!(
+        lakefs.client.resolve_commit(REPO, "main").await.unwrap(),
+        before,
+        "nothing published"
+    );
+    assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
+    assert!(attempts_left(&sup.workspace_root()).is_empty());
+}
