@@ -143,6 +143,29 @@ impl AttemptDir {
         })
     }
 
+    /// Rewrites the owner file (atomically) with `fields` added: the supervisor's GC reads
+    /// `repository` and `staging_branch` to delete a staging branch an executor killed
+    /// mid-publish left behind, and `done` to know the executor has finished with the directory.
+    fn record(&mut self, fields: &[(&str, Value)]) -> Result<(), WorkspaceFailure> {
+        let mut owner: Map<String, Value> =
+            serde_json::from_str(&self.owner_text).expect("written by create");
+        for (name, value) in fields {
+            owner.insert((*name).to_owned(), value.clone());
+        }
+        let text = Value::Object(owner).to_string();
+        let temporary = self.path.join(format!("{OWNER_FILE}.new"));
+        fs::write(&temporary, &text)
+            .and_then(|()| fs::rename(&temporary, self.path.join(OWNER_FILE)))
+            .map_err(|e| {
+                failed(format!(
+                    "cannot record the staging branch in {}: {e}; nothing was published",
+                    self.path.join(OWNER_FILE).display()
+                ))
+            })?;
+        self.owner_text = text;
+        Ok(())
+    }
+
     /// Ok while the directory, its `work/` folder and its owner file are the ones created.
     pub(crate) fn verify(&self) -> Result<(), WorkspaceFailure> {
         let gone = |why: String| {
@@ -311,6 +334,13 @@ impl Attempt {
 
         let repo = self.input.repository.clone();
         let staging = format!("perago-staging-{execution_id}");
+        // Recorded before the branch exists: an executor killed from here on leaves a branch
+        // the supervisor can find.
+        self.dir.verify()?;
+        self.dir.record(&[
+            ("repository", json!(repo)),
+            ("staging_branch", json!(staging)),
+        ])?;
         self.client
             .create_branch(&repo, &staging, &self.source_commit)
             .await
@@ -409,14 +439,28 @@ impl Attempt {
 
     /// Deletes the staging branch and the attempt directory. Best effort: failures are
     /// logged and never change the reported status.
-    pub async fn cleanup(self) {
+    ///
+    /// A staging branch that cannot be deleted keeps the attempt's owner file (which names it),
+    /// marked `done`, so that the supervisor's GC deletes the branch later (and `status` lists
+    /// it meanwhile); the files go in any case.
+    pub async fn cleanup(mut self) {
         if let Some(staging) = &self.staging
             && let Err(e) = self
                 .client
                 .delete_branch(&self.input.repository, staging)
                 .await
         {
-            tracing::warn!(error = %e, branch = %staging, "cannot delete the staging branch");
+            tracing::warn!(error = %e, branch = %staging, "cannot delete the staging branch; left for the supervisor's GC");
+            let kept = self
+                .dir
+                .verify()
+                .and_then(|()| self.dir.record(&[("done", json!(true))]));
+            if kept.is_ok() {
+                if let Err(e) = fs::remove_dir_all(&self.work) {
+                    tracing::warn!(error = %e, dir = %self.work.display(), "cannot remove the attempt's files");
+                }
+                return;
+            }
         }
         if let Err(e) = fs::remove_dir_all(&self.dir.path) {
             tracing::warn!(error = %e, dir = %self.dir.path.display(), "cannot remove the attempt directory");
@@ -714,6 +758,32 @@ mod tests {
         }
         // Siblings sharing a name prefix are not folders of each other.
         plan_download("", listed(&["x", "xy/z", "x.d/z"]), Path::new("/w")).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_staging_branch_that_cannot_be_deleted_stays_named_in_the_owner_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut ws = attempt(tmp.path(), &[("a.txt", "a")]);
+        ws.dir
+            .record(&[
+                ("repository", json!("repo")),
+                ("staging_branch", json!("perago-staging-exec-1")),
+            ])
+            .unwrap();
+        ws.dir
+            .verify()
+            .expect("a recorded owner file is still ours");
+        ws.staging = Some("perago-staging-exec-1".to_owned());
+        let (path, work) = (ws.dir.path.clone(), ws.work.clone());
+        // lakeFS is unreachable: the branch cannot be deleted.
+        ws.cleanup().await;
+        let owner: Value =
+            serde_json::from_str(&fs::read_to_string(path.join(OWNER_FILE)).unwrap()).unwrap();
+        assert_eq!(owner["repository"], "repo");
+        assert_eq!(owner["staging_branch"], "perago-staging-exec-1");
+        assert_eq!(owner["execution_id"], "exec-1");
+        assert_eq!(owner["done"], true);
+        assert!(!work.exists(), "the files are gone");
     }
 
     #[test]

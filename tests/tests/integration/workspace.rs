@@ -1100,3 +1100,111 @@ echo '{}'
     assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
     assert!(attempts_left(&sup.workspace_root()).is_empty());
 }
+
+/// `perago-supervisor status --json` of the runtime under `root`.
+fn status_json(root: &Path) -> Value {
+    let run = perago_tests::Run::of(perago_tests::command(crate::harness::SUPERVISOR).args([
+        "status",
+        "--json",
+        "--socket",
+        root.join("run/broker.sock").to_str().unwrap(),
+    ]));
+    serde_json::from_str(&run.stdout).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staging_branch_left_by_an_executor_killed_mid_publish_is_deleted() {
+    let conductor = Conductor::start().await;
+    let lakefs = seeded().await;
+    let task = TaskFixture::workspace("ws.staging", EDIT, "retry_count = 0", "");
+    let mut env = lakefs.env();
+    env.push(("PERAGO_WORKSPACE_GC_INTERVAL", "1s".to_owned()));
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start_owned(&task, &conductor, 1, &env);
+    let root = sup.workspace_root();
+    let staging_path = format!("/api/v1/repositories/{REPO}/branches/perago-staging-");
+    let faults = lakefs.server.faults();
+    // Uploads to the staging branch hang: the executor is killed mid-publish.
+    faults
+        .add(FaultSpec {
+            method: Some("POST".into()),
+            path: staging_path.clone(),
+            latency_ms: Some(60_000),
+            ..FaultSpec::default()
+        })
+        .unwrap();
+    // And the branch cannot be deleted at first.
+    let refuse_delete = faults
+        .add(FaultSpec {
+            method: Some("DELETE".into()),
+            path: staging_path.clone(),
+            status: Some(503),
+            ..FaultSpec::default()
+        })
+        .unwrap();
+    let before = lakefs.client.resolve_commit(REPO, "main").await.unwrap();
+    let id = conductor.start_with(&task, input("data")).await;
+    let staging = eventually("a staging branch", Duration::from_secs(20), || async {
+        lakefs
+            .client
+            .list_branches(REPO)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|b| b.starts_with("perago-staging-"))
+    })
+    .await;
+    let executor = child_named(sup.pid(), "perago-executor-0001").unwrap();
+    signal_pid(executor.pid, "KILL");
+
+    // The GC cannot delete it yet: `status` lists it, its attempt directory stays.
+    let listed = eventually(
+        "status to list the branch",
+        Duration::from_secs(15),
+        || async {
+            let left = status_json(&root)["staging_branches_left"].clone();
+            (left.as_array().is_some_and(|l| !l.is_empty())).then_some(left)
+        },
+    )
+    .await;
+    assert_eq!(listed[0]["repository"], REPO);
+    assert_eq!(listed[0]["branch"], staging.as_str());
+    assert_eq!(attempts_left(&root).len(), 1);
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(20)).await;
+    assert_eq!(wf["status"], "FAILED");
+
+    // lakeFS answers again: the periodic GC deletes the branch, then the directory.
+    assert!(faults.remove(refuse_delete));
+    eventually(
+        "the staging branch deleted",
+        Duration::from_secs(15),
+        || async { (lakefs.client.list_branches(REPO).await.unwrap() == ["main"]).then_some(()) },
+    )
+    .await;
+    eventually(
+        "the attempt directory removed",
+        Duration::from_secs(10),
+        || async { attempts_left(&root).is_empty().then_some(()) },
+    )
+    .await;
+    let status = eventually(
+        "status to list nothing",
+        Duration::from_secs(10),
+        || async {
+            let status = status_json(&root);
+            (status["staging_branches_left"] == json!([])).then_some(status)
+        },
+    )
+    .await;
+    assert_eq!(status["task_name"], task.name.as_str());
+    // Nothing partial was published.
+    assert_eq!(
+        lakefs.client.resolve_commit(REPO, "main").await.unwrap(),
+        before
+    );
+    assert_eq!(
+        lakefs.read(REPO, "data/b.txt").await.as_deref(),
+        Some("b\n")
+    );
+    faults.clear();
+}
