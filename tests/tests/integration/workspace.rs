@@ -1208,3 +1208,50 @@ async fn a_staging_branch_left_by_an_executor_killed_mid_publish_is_deleted() {
     );
     faults.clear();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_start_sweep_deletes_staging_branches_an_earlier_runtime_left() {
+    let conductor = Conductor::start().await;
+    let lakefs = seeded().await;
+    let task = TaskFixture::workspace("ws.leftover", EDIT, "retry_count = 0", "");
+    conductor.register(&task).await;
+    // An earlier runtime died mid-publish: its attempt names its staging branch, and one
+    // attempt's owner file was rewritten to name `main`.
+    let left = "perago-staging-0b9c1a6e-0000-4000-8000-000000000001";
+    lakefs
+        .client
+        .create_branch(REPO, left, "main")
+        .await
+        .unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let ws = root.path().join("ws");
+    for (id, branch) in [
+        ("0b9c1a6e-0000-4000-8000-000000000001", left),
+        ("0b9c1a6e-0000-4000-8000-000000000002", "main"),
+    ] {
+        let dir = ws.join("attempts").join(id);
+        std::fs::create_dir_all(dir.join("work")).unwrap();
+        std::fs::write(
+            dir.join(".perago-owner"),
+            json!({"slot": 1, "generation": 1, "pid": 999_999_999u64, "execution_id": id,
+                   "created": 1, "repository": REPO, "staging_branch": branch})
+            .to_string(),
+        )
+        .unwrap();
+    }
+    let mut env = lakefs.env();
+    env.push(("PERAGO_WORKSPACE_ROOT", ws.display().to_string()));
+    let mut sup = SupervisorProc::start_owned(&task, &conductor, 1, &env);
+    eventually("the start sweep", Duration::from_secs(20), || async {
+        attempts_left(&ws).is_empty().then_some(())
+    })
+    .await;
+    assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
+    // The runtime works as usual afterwards.
+    let id = conductor.start_with(&task, input("data")).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    sup.signal("TERM");
+    assert_eq!(sup.wait_exit(Duration::from_secs(30)).await.code(), Some(0));
+    assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
+}
