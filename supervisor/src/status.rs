@@ -242,3 +242,27 @@ pub(crate) fn status(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_branches_left_are_read_beside_the_socket_and_listed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("broker.sock");
+        assert!(staging_left(&socket).is_empty(), "no file: nothing left");
+        assert_eq!(staging_table(&[]), "");
+        std::fs::write(
+            tmp.path().join(crate::runtime::gc::LEFTOVERS_FILE),
+            r#"[{"repository":"repo","branch":"perago-staging-e1","attempt_dir":"/r/attempts/e1"}]"#,
+        )
+        .unwrap();
+        let left = staging_left(&socket);
+        assert_eq!(left.len(), 1);
+        assert_eq!(
+            staging_table(&left),
+            "staging branches left by killed executors (1; the GC retries every interval):\n  repo/perago-staging-e1  (/r/attempts/e1)\n"
+        );
+    }
+}
