@@ -13,6 +13,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// An object transfer streams for as long as it makes progress; this bounds one that hangs.
 const TRANSFER_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The size of the pieces a file is uploaded in: at most this much of it is in memory at once.
+const UPLOAD_CHUNK: usize = 256 * 1024;
 /// A transfer that receives nothing for this long has failed.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// Attempts of an idempotent request before its error is returned.
@@ -281,7 +283,9 @@ impl LakefsClient {
                 req = req
                     .header("Content-Type", "application/octet-stream")
                     .header("Content-Length", size)
-                    .body(reqwest::Body::from(file))
+                    .body(reqwest::Body::wrap_stream(
+                        tokio_util::io::ReaderStream::with_capacity(file, UPLOAD_CHUNK),
+                    ))
             }
             None => {}
         }
