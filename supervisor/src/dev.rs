@@ -175,6 +175,7 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
             gc_interval: Duration::from_secs(300),
             gc_ttl: Duration::from_secs(24 * 3600),
             child_env,
+            lakefs: lakefs.as_ref().map(|(_, c)| c.clone()),
         };
 
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();

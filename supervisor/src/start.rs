@@ -14,6 +14,7 @@ use perago_core::{
     manifest::{BodyKind, Manifest, TaskKind},
     mode::{ExecutionMode, WorkerCount},
 };
+use perago_executor::workspace::lakefs::{LakefsClient, LakefsConfig};
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
 /// How long `start` waits, by default, for an earlier runtime under the same root to drain.
@@ -173,7 +174,18 @@ pub(crate) fn start(
         if let Some(foreign) = supervise::foreign_broker(&locked.socket).await {
             return Err(ExpectedError::Runtime(foreign.to_string()));
         }
-        gc::sweep_all(&locked.root, "left behind by an earlier runtime");
+        // Staging branches named by the attempts swept are deleted with them.
+        let lakefs = (manifest.task.kind == TaskKind::Workspace)
+            .then(|| LakefsConfig::from_lookup(|name| vars.get(name).cloned()))
+            .and_then(Result::ok)
+            .and_then(|config| LakefsClient::new(&config).ok());
+        gc::sweep_all(
+            &locked.root,
+            "left behind by an earlier runtime",
+            lakefs.as_ref(),
+        )
+        .await;
+        gc::report_leftovers(&locked.root, &locked.socket);
         let launcher = match plan.mode {
             ExecutionMode::Process => Launcher::Process {
                 lock_fd: Some(locked.lock_fd()),
@@ -208,10 +220,12 @@ pub(crate) fn start(
             gc_interval,
             gc_ttl,
             child_env: Vec::new(),
+            lakefs: lakefs.clone(),
         };
         let result = supervise(spec, launcher, std::future::pending()).await;
         if !matches!(result, Err(RuntimeError::ForeignBroker { .. })) {
-            gc::sweep_all(&locked.root, "final sweep after shutdown");
+            gc::sweep_all(&locked.root, "final sweep after shutdown", lakefs.as_ref()).await;
+            gc::report_leftovers(&locked.root, &locked.socket);
         }
         drop(locked);
         result.map_err(|e| match e {

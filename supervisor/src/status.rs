@@ -161,6 +161,39 @@ pub(crate) fn to_table(status: &StatusResponse) -> String {
     out
 }
 
+/// The staging branches the supervisor's GC could not delete yet (SPEC §9), from the file it
+/// keeps beside the broker socket; none when there is no such file.
+pub(crate) fn staging_left(socket: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(socket.with_file_name(crate::runtime::gc::LEFTOVERS_FILE))
+        .ok()
+        .and_then(|text| serde_json::from_str::<Vec<Value>>(&text).ok())
+        .unwrap_or_default()
+}
+
+/// The table lines for `left`: nothing when it is empty.
+pub(crate) fn staging_table(left: &[Value]) -> String {
+    let mut out = String::new();
+    if left.is_empty() {
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "staging branches left by killed executors ({}; the GC retries every interval):",
+        left.len()
+    );
+    for entry in left {
+        let text = |name: &str| entry[name].as_str().unwrap_or_default().to_owned();
+        let _ = writeln!(
+            out,
+            "  {}/{}  ({})",
+            text("repository"),
+            text("branch"),
+            text("attempt_dir")
+        );
+    }
+    out
+}
+
 pub(crate) fn status(
     args: &StatusArgs,
     vars: &BTreeMap<String, String>,
@@ -195,12 +228,41 @@ pub(crate) fn status(
             socket.display()
         ))
     })?;
+    let left = staging_left(&socket);
     if args.json {
-        let mut json = serde_json::to_string_pretty(&to_json(&status)).expect("json");
+        let mut json = to_json(&status);
+        json["staging_branches_left"] = Value::from(left);
+        let mut json = serde_json::to_string_pretty(&json).expect("json");
         json.push('\n');
         crate::out::print(&json)?;
     } else {
-        crate::out::print(&to_table(&status))?;
+        let mut table = to_table(&status);
+        table.push_str(&staging_table(&left));
+        crate::out::print(&table)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_branches_left_are_read_beside_the_socket_and_listed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("broker.sock");
+        assert!(staging_left(&socket).is_empty(), "no file: nothing left");
+        assert_eq!(staging_table(&[]), "");
+        std::fs::write(
+            tmp.path().join(crate::runtime::gc::LEFTOVERS_FILE),
+            r#"[{"repository":"repo","branch":"perago-staging-e1","attempt_dir":"/r/attempts/e1"}]"#,
+        )
+        .unwrap();
+        let left = staging_left(&socket);
+        assert_eq!(left.len(), 1);
+        assert_eq!(
+            staging_table(&left),
+            "staging branches left by killed executors (1; the GC retries every interval):\n  repo/perago-staging-e1  (/r/attempts/e1)\n"
+        );
+    }
 }

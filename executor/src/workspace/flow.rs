@@ -143,6 +143,29 @@ impl AttemptDir {
         })
     }
 
+    /// Rewrites the owner file (atomically) with `fields` added: the supervisor's GC reads
+    /// `repository` and `staging_branch` to delete a staging branch an executor killed
+    /// mid-publish left behind, and `done` to know the executor has finished with the directory.
+    fn record(&mut self, fields: &[(&str, Value)]) -> Result<(), WorkspaceFailure> {
+        let mut owner: Map<String, Value> =
+            serde_json::from_str(&self.owner_text).expect("written by create");
+        for (name, value) in fields {
+            owner.insert((*name).to_owned(), value.clone());
+        }
+        let text = Value::Object(owner).to_string();
+        let temporary = self.path.join(format!("{OWNER_FILE}.new"));
+        fs::write(&temporary, &text)
+            .and_then(|()| fs::rename(&temporary, self.path.join(OWNER_FILE)))
+            .map_err(|e| {
+                failed(format!(
+                    "cannot record the staging branch in {}: {e}; nothing was published",
+                    self.path.join(OWNER_FILE).display()
+                ))
+            })?;
+        self.owner_text = text;
+        Ok(())
+    }
+
     /// Ok while the directory, its `work/` folder and its owner file are the ones created.
     pub(crate) fn verify(&self) -> Result<(), WorkspaceFailure> {
         let gone = |why: String| {
@@ -226,12 +249,7 @@ impl Attempt {
             .await
             .map_err(|e| failed(format!("workspace download failed: {e}")))?;
         // Every key is checked before anything is written.
-        let mut plan = Vec::with_capacity(objects.len());
-        for object in objects {
-            let relative =
-                key_to_relative(prefix, &object.path).map_err(|e| failed(e.to_string()))?;
-            plan.push((object.path, object.checksum, self.work.join(relative)));
-        }
+        let plan = plan_download(prefix, objects, &self.work).map_err(failed)?;
         let limit = Arc::new(Semaphore::new(TRANSFER_CONCURRENCY));
         let mut transfers = JoinSet::new();
         for (key, _, target) in &plan {
@@ -239,16 +257,14 @@ impl Attempt {
             let (key, target, limit) = (key.clone(), target.clone(), Arc::clone(&limit));
             transfers.spawn(async move {
                 let _permit = limit.acquire_owned().await.expect("never closed");
-                let bytes = client
-                    .get_object(&repo, &commit, &key)
-                    .await
-                    .map_err(|e| format!("workspace download failed: {e}"))?;
                 if let Some(parent) = target.parent() {
                     fs::create_dir_all(parent)
                         .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
                 }
-                fs::write(&target, bytes)
-                    .map_err(|e| format!("cannot write {}: {e}", target.display()))
+                client
+                    .get_object_to_file(&repo, &commit, &key, &target)
+                    .await
+                    .map_err(|e| format!("workspace download failed: {e}"))
             });
         }
         while let Some(done) = transfers.join_next().await {
@@ -318,6 +334,13 @@ impl Attempt {
 
         let repo = self.input.repository.clone();
         let staging = format!("perago-staging-{execution_id}");
+        // Recorded before the branch exists: an executor killed from here on leaves a branch
+        // the supervisor can find.
+        self.dir.verify()?;
+        self.dir.record(&[
+            ("repository", json!(repo)),
+            ("staging_branch", json!(staging)),
+        ])?;
         self.client
             .create_branch(&repo, &staging, &self.source_commit)
             .await
@@ -393,10 +416,8 @@ impl Attempt {
             let (upload, limit) = (upload.clone(), Arc::clone(&limit));
             transfers.spawn(async move {
                 let _permit = limit.acquire_owned().await.expect("never closed");
-                let bytes = fs::read(&upload.file)
-                    .map_err(|e| format!("cannot read {}: {e}", upload.file.display()))?;
                 client
-                    .upload(&repo, &staging, &upload.key, bytes)
+                    .upload_file(&repo, &staging, &upload.key, &upload.file)
                     .await
                     .map_err(|e| format!("staging failed: {e}"))
             });
@@ -418,19 +439,63 @@ impl Attempt {
 
     /// Deletes the staging branch and the attempt directory. Best effort: failures are
     /// logged and never change the reported status.
-    pub async fn cleanup(self) {
+    ///
+    /// A staging branch that cannot be deleted keeps the attempt's owner file (which names it),
+    /// marked `done`, so that the supervisor's GC deletes the branch later (and `status` lists
+    /// it meanwhile); the files go in any case.
+    pub async fn cleanup(mut self) {
         if let Some(staging) = &self.staging
             && let Err(e) = self
                 .client
                 .delete_branch(&self.input.repository, staging)
                 .await
         {
-            tracing::warn!(error = %e, branch = %staging, "cannot delete the staging branch");
+            tracing::warn!(error = %e, branch = %staging, "cannot delete the staging branch; left for the supervisor's GC");
+            let kept = self
+                .dir
+                .verify()
+                .and_then(|()| self.dir.record(&[("done", json!(true))]));
+            if kept.is_ok() {
+                if let Err(e) = fs::remove_dir_all(&self.work) {
+                    tracing::warn!(error = %e, dir = %self.work.display(), "cannot remove the attempt's files");
+                }
+                return;
+            }
         }
         if let Err(e) = fs::remove_dir_all(&self.dir.path) {
             tracing::warn!(error = %e, dir = %self.dir.path.display(), "cannot remove the attempt directory");
         }
     }
+}
+
+/// Where each listed object is written: `(key, checksum, file)`. Folder markers (keys ending
+/// in `/`, as S3 tools make them) are skipped: they hold no file, and are left alone on publish.
+/// A key that is also a folder of another key (`x` and `x/y`) cannot be laid out as files: the
+/// error names both. Nothing is written before every key is checked.
+pub(crate) fn plan_download(
+    prefix: &str,
+    objects: Vec<super::lakefs::ObjectStats>,
+    work: &Path,
+) -> Result<Vec<(String, String, PathBuf)>, String> {
+    let mut plan = Vec::with_capacity(objects.len());
+    let mut files = BTreeMap::new();
+    for object in objects {
+        if object.path.ends_with('/') {
+            tracing::debug!(key = %object.path, "skipped a folder marker");
+            continue;
+        }
+        let relative = key_to_relative(prefix, &object.path).map_err(|e| e.to_string())?;
+        files.insert(relative.clone(), object.path.clone());
+        plan.push((object.path, object.checksum, work.join(relative)));
+    }
+    for (relative, key) in &files {
+        if let Some(folder) = relative.ancestors().skip(1).find_map(|a| files.get(a)) {
+            return Err(format!(
+                "workspace download failed: object key {key:?} needs {folder:?} to be a folder, but it is an object too; a workspace cannot hold both; nothing was downloaded"
+            ));
+        }
+    }
+    Ok(plan)
 }
 
 /// The attempt fence: a positive fresh read, or FAILED. Read errors are retried for a few
@@ -645,6 +710,80 @@ mod tests {
             .unwrap();
         assert_eq!(output["commit_id"], "c0");
         assert_eq!(current.calls(), 1, "one fence read, nothing staged");
+    }
+
+    fn listed(keys: &[&str]) -> Vec<crate::workspace::lakefs::ObjectStats> {
+        keys.iter()
+            .map(|k| {
+                serde_json::from_value(json!({"path": k, "path_type": "object", "checksum": "c"}))
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn folder_markers_are_skipped_when_downloading() {
+        let work = Path::new("/w");
+        let plan = plan_download(
+            "data/",
+            listed(&["data/", "data/a/", "data/a/f.csv", "data/b/", "data/g"]),
+            work,
+        )
+        .unwrap();
+        let files: Vec<_> = plan
+            .iter()
+            .map(|(k, _, f)| (k.as_str(), f.clone()))
+            .collect();
+        assert_eq!(
+            files,
+            [
+                ("data/a/f.csv", work.join("a/f.csv")),
+                ("data/g", work.join("g"))
+            ]
+        );
+    }
+
+    #[test]
+    fn a_key_that_is_also_a_folder_fails_naming_both_keys() {
+        for keys in [
+            &["data/x", "data/x/y"][..],
+            &["data/x/y/z", "data/a", "data/x"][..],
+        ] {
+            let err = plan_download("data/", listed(keys), Path::new("/w")).unwrap_err();
+            assert!(
+                err.contains("\"data/x\"") && err.contains("\"data/x/y"),
+                "{err}"
+            );
+            assert!(err.ends_with("nothing was downloaded"), "{err}");
+        }
+        // Siblings sharing a name prefix are not folders of each other.
+        plan_download("", listed(&["x", "xy/z", "x.d/z"]), Path::new("/w")).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_staging_branch_that_cannot_be_deleted_stays_named_in_the_owner_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut ws = attempt(tmp.path(), &[("a.txt", "a")]);
+        ws.dir
+            .record(&[
+                ("repository", json!("repo")),
+                ("staging_branch", json!("perago-staging-exec-1")),
+            ])
+            .unwrap();
+        ws.dir
+            .verify()
+            .expect("a recorded owner file is still ours");
+        ws.staging = Some("perago-staging-exec-1".to_owned());
+        let (path, work) = (ws.dir.path.clone(), ws.work.clone());
+        // lakeFS is unreachable: the branch cannot be deleted.
+        ws.cleanup().await;
+        let owner: Value =
+            serde_json::from_str(&fs::read_to_string(path.join(OWNER_FILE)).unwrap()).unwrap();
+        assert_eq!(owner["repository"], "repo");
+        assert_eq!(owner["staging_branch"], "perago-staging-exec-1");
+        assert_eq!(owner["execution_id"], "exec-1");
+        assert_eq!(owner["done"], true);
+        assert!(!work.exists(), "the files are gone");
     }
 
     #[test]

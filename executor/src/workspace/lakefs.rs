@@ -7,10 +7,16 @@ use perago_core::{backoff::Backoff, url::encode_segment as segment};
 use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
-use std::{fmt, time::Duration};
+use std::{fmt, path::Path, path::PathBuf, time::Duration};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// An object transfer streams for as long as it makes progress; this bounds one that hangs.
+const TRANSFER_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The size of the pieces a file is uploaded in: at most this much of it is in memory at once.
+const UPLOAD_CHUNK: usize = 256 * 1024;
+/// A transfer that receives nothing for this long has failed.
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// Attempts of an idempotent request before its error is returned.
 const READ_ATTEMPTS: u32 = 5;
 /// lakeFS pages at most 1000 entries.
@@ -92,6 +98,17 @@ pub enum LakefsError {
     Conflict {
         /// What was being done.
         op: String,
+    },
+    /// A local file could not be read or written.
+    #[error("lakeFS {op}: {}: {source}", file.display())]
+    Local {
+        /// What was being done.
+        op: String,
+        /// The file.
+        file: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
     },
     /// An answer that is not what the API promises.
     #[error("lakeFS {op}: unexpected response: {message}")]
@@ -194,6 +211,7 @@ impl LakefsClient {
         }
         let http = perago_core::http::client_builder(&base)
             .connect_timeout(CONNECT_TIMEOUT)
+            .read_timeout(READ_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
             .build()
             .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
@@ -220,6 +238,29 @@ impl LakefsClient {
         body: Option<Body>,
         timeout: Duration,
     ) -> Result<(StatusCode, Vec<u8>), LakefsError> {
+        let resp = self.respond(op, method, path, query, body, timeout).await?;
+        let status = resp.status();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|source| LakefsError::Transport {
+                op: op.to_owned(),
+                source,
+            })?;
+        Ok((status, bytes.to_vec()))
+    }
+
+    /// One request; an error status is read (its body is small) and returned as an error, a
+    /// success is returned unread so that its body can be streamed.
+    async fn respond(
+        &self,
+        op: &str,
+        method: Method,
+        path: &str,
+        query: &[(&str, &str)],
+        body: Option<Body>,
+        timeout: Duration,
+    ) -> Result<reqwest::Response, LakefsError> {
         let url = format!("{}{path}", self.base);
         let mut req = self
             .http
@@ -236,6 +277,16 @@ impl LakefsClient {
                     .header("Content-Type", "application/octet-stream")
                     .body(bytes)
             }
+            Some(Body::File(file, size)) => {
+                // Streamed from disk in small chunks; the length is announced so that the
+                // server never sees a chunked upload.
+                req = req
+                    .header("Content-Type", "application/octet-stream")
+                    .header("Content-Length", size)
+                    .body(reqwest::Body::wrap_stream(
+                        tokio_util::io::ReaderStream::with_capacity(file, UPLOAD_CHUNK),
+                    ))
+            }
             None => {}
         }
         let transport = |source| LakefsError::Transport {
@@ -244,22 +295,22 @@ impl LakefsClient {
         };
         let resp = req.send().await.map_err(transport)?;
         let status = resp.status();
+        if status.is_success() || status.is_informational() || status.is_redirection() {
+            return Ok(resp);
+        }
         let bytes = resp.bytes().await.map_err(transport)?.to_vec();
         if status == StatusCode::CONFLICT && op.starts_with("merge") {
             return Err(LakefsError::Conflict { op: op.to_owned() });
         }
-        if status.is_client_error() || status.is_server_error() {
-            let message = serde_json::from_slice::<Value>(&bytes)
-                .ok()
-                .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_owned))
-                .unwrap_or_else(|| String::from_utf8_lossy(&bytes).chars().take(300).collect());
-            return Err(LakefsError::Status {
-                op: op.to_owned(),
-                status: status.as_u16(),
-                message,
-            });
-        }
-        Ok((status, bytes))
+        let message = serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_owned))
+            .unwrap_or_else(|| String::from_utf8_lossy(&bytes).chars().take(300).collect());
+        Err(LakefsError::Status {
+            op: op.to_owned(),
+            status: status.as_u16(),
+            message,
+        })
     }
 
     /// `send` with retries, for idempotent requests only.
@@ -358,6 +409,72 @@ impl LakefsClient {
         self.read(&op, Method::GET, &path, &[("path", key)]).await
     }
 
+    /// Streams one object into `file` (created or truncated), never holding more than one
+    /// response chunk in memory; transport errors, 5xx and 429 are retried from the start.
+    pub async fn get_object_to_file(
+        &self,
+        repo: &str,
+        reference: &str,
+        key: &str,
+        file: &Path,
+    ) -> Result<(), LakefsError> {
+        let op = format!("get {repo}@{reference}/{key}");
+        let path = format!(
+            "{}/refs/{}/objects",
+            Self::repo_path(repo),
+            segment(reference)
+        );
+        let mut attempt = 0;
+        loop {
+            match self.stream_to_file(&op, &path, key, file).await {
+                Ok(()) => return Ok(()),
+                Err(e) if e.is_retryable() && attempt + 1 < READ_ATTEMPTS => {
+                    tracing::debug!(error = %e, attempt, "retrying a lakeFS download");
+                    tokio::time::sleep(self.backoff.delay(attempt)).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn stream_to_file(
+        &self,
+        op: &str,
+        path: &str,
+        key: &str,
+        file: &Path,
+    ) -> Result<(), LakefsError> {
+        use tokio::io::AsyncWriteExt as _;
+        let local = |source| LakefsError::Local {
+            op: op.to_owned(),
+            file: file.to_owned(),
+            source,
+        };
+        let mut resp = self
+            .respond(
+                op,
+                Method::GET,
+                path,
+                &[("path", key)],
+                None,
+                TRANSFER_TIMEOUT,
+            )
+            .await?;
+        let mut out = tokio::fs::File::create(file).await.map_err(local)?;
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|source| LakefsError::Transport {
+                op: op.to_owned(),
+                source,
+            })?
+        {
+            out.write_all(&chunk).await.map_err(local)?;
+        }
+        out.flush().await.map_err(local)
+    }
+
     /// Creates `branch` from `source` (a commit id or branch).
     pub async fn create_branch(
         &self,
@@ -373,7 +490,7 @@ impl LakefsClient {
             .map(drop)
     }
 
-    /// Uploads `content` to `key` on `branch`.
+    /// Uploads `content` to `key` on `branch` (small objects: tests, `dev`).
     pub async fn upload(
         &self,
         repo: &str,
@@ -394,6 +511,39 @@ impl LakefsClient {
             &[("path", key)],
             Some(Body::Raw(content)),
             REQUEST_TIMEOUT,
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Uploads the content of `file` to `key` on `branch`, streamed from disk.
+    pub async fn upload_file(
+        &self,
+        repo: &str,
+        branch: &str,
+        key: &str,
+        file: &Path,
+    ) -> Result<(), LakefsError> {
+        let op = format!("upload {repo}/{branch}/{key}");
+        let path = format!(
+            "{}/branches/{}/objects",
+            Self::repo_path(repo),
+            segment(branch)
+        );
+        let local = |source| LakefsError::Local {
+            op: op.clone(),
+            file: file.to_owned(),
+            source,
+        };
+        let content = tokio::fs::File::open(file).await.map_err(local)?;
+        let size = content.metadata().await.map_err(local)?.len();
+        self.send(
+            &op,
+            Method::POST,
+            &path,
+            &[("path", key)],
+            Some(Body::File(content, size)),
+            TRANSFER_TIMEOUT,
         )
         .await
         .map(drop)
@@ -613,4 +763,6 @@ impl LakefsClient {
 enum Body {
     Json(Value),
     Raw(Vec<u8>),
+    /// A file and its length.
+    File(tokio::fs::File, u64),
 }

@@ -114,14 +114,23 @@ pub fn scan(
             let path = root.join(&relative);
             let meta = fs::symlink_metadata(&path).map_err(io_err(&path))?;
             let file = if meta.file_type().is_symlink() {
-                // Follow a link only if it resolves to a file inside the workspace.
+                // Follow a link only if it resolves to a file inside the workspace. A link to
+                // a folder inside is not followed (the folder's files are published under their
+                // own paths, and a link loop cannot arise).
                 let target = fs::canonicalize(&path).map_err(io_err(&path))?;
-                if !target.starts_with(&canonical_root) || !target.is_file() {
+                if !target.starts_with(&canonical_root) {
                     return Err(PathError::SymlinkEscapes {
                         path: relative.display().to_string(),
                         target: target.display().to_string(),
                     }
                     .into());
+                }
+                if target.is_dir() {
+                    tracing::info!(link = %relative.display(), "a symlink to a folder inside the workspace is not published");
+                    continue;
+                }
+                if !target.is_file() {
+                    return Err(ScanError::Special(relative.display().to_string()));
                 }
                 target
             } else if meta.is_dir() {
@@ -220,6 +229,18 @@ mod tests {
         fs::remove_file(root.join("leak")).unwrap();
         symlink("/etc", root.join("etc")).unwrap();
         assert!(scan(&root, "", &BTreeMap::new()).is_err());
+    }
+
+    #[test]
+    fn a_symlink_to_a_folder_inside_is_skipped_not_called_an_escape() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        write(root, "runs/3/out.txt", "data");
+        symlink("runs/3", root.join("latest")).unwrap();
+        symlink(root.join("runs"), root.join("all")).unwrap();
+        let changes = scan(root, "p/", &BTreeMap::new()).unwrap();
+        let keys: Vec<_> = changes.added.iter().map(|u| u.key.as_str()).collect();
+        assert_eq!(keys, ["p/runs/3/out.txt"]);
     }
 
     #[test]

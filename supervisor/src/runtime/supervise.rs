@@ -80,6 +80,8 @@ pub(crate) struct RuntimeSpec {
     pub(crate) gc_ttl: Duration,
     /// Extra environment for every child (tests: a shorter long-poll).
     pub(crate) child_env: Vec<(String, String)>,
+    /// For the GC to delete staging branches left by killed executors (workspace tasks).
+    pub(crate) lakefs: Option<perago_executor::workspace::lakefs::LakefsClient>,
 }
 
 /// Why the runtime ended with a failure.
@@ -334,7 +336,14 @@ impl Supervisor {
                 if killed > 0 {
                     tracing::info!(worker_id = %worker_id, killed, "killed the processes its bodies left running");
                 }
-                super::gc::sweep_generation(&self.spec.workspace_root, slot, generation);
+                super::gc::sweep_generation(
+                    &self.spec.workspace_root,
+                    slot,
+                    generation,
+                    self.spec.lakefs.as_ref(),
+                )
+                .await;
+                super::gc::report_leftovers(&self.spec.workspace_root, &self.spec.socket);
                 if !self.draining && self.broker_draining().await {
                     tracing::info!("the broker is draining (Admin.Drain): no restarts");
                     self.set_draining();
@@ -694,7 +703,8 @@ pub(crate) async fn supervise(
                     sup.slots.iter().map(|(n, p)| (*n, p.generation)).collect();
                 super::gc::sweep_expired(&sup.spec.workspace_root, sup.spec.gc_ttl, |slot, generation| {
                     current.get(&slot) == Some(&generation)
-                });
+                }, sup.spec.lakefs.as_ref()).await;
+                super::gc::report_leftovers(&sup.spec.workspace_root, &sup.spec.socket);
             }
             () = &mut stop, if !stop_fired => {
                 stop_fired = true;

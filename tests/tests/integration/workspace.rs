@@ -1018,3 +1018,327 @@ async fn a_body_user_works_on_its_own_files_and_its_change_is_published() {
         Some("fresh\n")
     );
 }
+
+/// The peak resident memory (`VmHWM`) of a process, in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/<pid>/status");
+    kib * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_files_are_streamed_with_bounded_executor_memory() {
+    const MIB: u64 = 1 << 20;
+    const FILE: u64 = 64 * MIB;
+    // Well below one file, let alone the 3 × 64 MiB downloaded and the 3 × 64 MiB published.
+    const BOUND: u64 = 48 * MIB;
+    let conductor = Conductor::start().await;
+    let lakefs = seeded().await;
+    for i in 1..=3u8 {
+        lakefs
+            .client
+            .upload(
+                REPO,
+                "main",
+                &format!("big/in-{i}.bin"),
+                vec![i; FILE as usize],
+            )
+            .await
+            .unwrap();
+    }
+    lakefs
+        .client
+        .commit(REPO, "main", "big inputs", &serde_json::Map::new())
+        .await
+        .unwrap();
+    // Checks what it downloaded, removes it and writes three new large files.
+    let body = format!(
+        r#"read params
+cd "$PERAGO_WORKSPACE_DIR"
+for i in 1 2 3; do
+  [ "$(stat -c %s in-$i.bin)" = {FILE} ] || exit 3
+  rm in-$i.bin
+  head -c {FILE} /dev/zero | tr '\0' "$i" > out-$i.bin
+done
+echo '{{}}'
+"#
+    );
+    let task = TaskFixture::workspace("ws.big", &body, "retry_count = 0", "");
+    let sup = start(&task, &conductor, &lakefs, 1).await;
+    let id = conductor.start_with(&task, input("big")).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(60)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    let ws = &wf["output"]["workspace"];
+    assert_eq!(
+        (ws["added"].as_u64(), ws["removed"].as_u64()),
+        (Some(3), Some(3))
+    );
+
+    let executor = child_named(sup.pid(), "perago-executor-0001").expect("the executor");
+    let peak = peak_rss(executor.pid);
+    eprintln!("the executor peaked at {} MiB", peak / MIB);
+    assert!(
+        peak < BOUND,
+        "the executor peaked at {} MiB moving 6 × 64 MiB (bound {} MiB)",
+        peak / MIB,
+        BOUND / MIB
+    );
+
+    // main holds exactly the three new files, with lakeFS's MD5 checksums.
+    let objects = lakefs
+        .client
+        .list_objects(REPO, "main", "big/")
+        .await
+        .unwrap();
+    let listed: Vec<_> = objects
+        .iter()
+        .map(|o| (o.path.as_str(), o.size_bytes, o.checksum.clone()))
+        .collect();
+    let md5 = |i: u8| {
+        use md5::Digest as _;
+        md5::Md5::digest(vec![b'0' + i; FILE as usize])
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    assert_eq!(
+        listed,
+        (1..=3u8)
+            .map(|i| (
+                ["big/out-1.bin", "big/out-2.bin", "big/out-3.bin"][usize::from(i - 1)],
+                Some(FILE),
+                md5(i)
+            ))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn folder_markers_clashing_keys_and_folder_links_in_a_workspace() {
+    let conductor = Conductor::start().await;
+    let lakefs = seeded().await;
+    for (key, content) in [
+        ("mk/", ""),
+        ("mk/sub/", ""),
+        ("mk/sub/f.txt", "f\n"),
+        ("dup/x", "file\n"),
+        ("dup/x/y", "under it\n"),
+    ] {
+        lakefs
+            .client
+            .upload(REPO, "main", key, content.as_bytes().to_vec())
+            .await
+            .unwrap();
+    }
+    lakefs
+        .client
+        .commit(REPO, "main", "markers and a clash", &serde_json::Map::new())
+        .await
+        .unwrap();
+    let body = r#"read params
+cd "$PERAGO_WORKSPACE_DIR"
+echo edited > sub/f.txt
+mkdir -p runs/3 && echo out > runs/3/out.txt
+ln -s runs/3 latest
+echo '{}'
+"#;
+    let task = TaskFixture::workspace("ws.markers", body, "retry_count = 0", "");
+    let sup = start(&task, &conductor, &lakefs, 1).await;
+
+    let id = conductor.start_with(&task, input("mk/")).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    let keys: Vec<_> = lakefs
+        .client
+        .list_objects(REPO, "main", "mk/")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.path)
+        .collect();
+    // The markers are left as they were; the folder link is not published.
+    assert_eq!(
+        keys,
+        ["mk/", "mk/runs/3/out.txt", "mk/sub/", "mk/sub/f.txt"]
+    );
+    assert_eq!(
+        lakefs.read(REPO, "mk/sub/f.txt").await.as_deref(),
+        Some("edited\n")
+    );
+
+    let before = lakefs.client.resolve_commit(REPO, "main").await.unwrap();
+    let id = conductor.start_with(&task, input("dup/")).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "FAILED");
+    assert_eq!(
+        task_of(&wf)["reasonForIncompletion"],
+        "workspace download failed: object key \"dup/x/y\" needs \"dup/x\" to be a folder, but it is an object too; a workspace cannot hold both; nothing was downloaded"
+    );
+    assert_eq!(
+        lakefs.client.resolve_commit(REPO, "main").await.unwrap(),
+        before,
+        "nothing published"
+    );
+    assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
+    assert!(attempts_left(&sup.workspace_root()).is_empty());
+}
+
+/// `perago-supervisor status --json` of the runtime under `root`.
+fn status_json(root: &Path) -> Value {
+    let run = perago_tests::Run::of(perago_tests::command(crate::harness::SUPERVISOR).args([
+        "status",
+        "--json",
+        "--socket",
+        root.join("run/broker.sock").to_str().unwrap(),
+    ]));
+    serde_json::from_str(&run.stdout).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staging_branch_left_by_an_executor_killed_mid_publish_is_deleted() {
+    let conductor = Conductor::start().await;
+    let lakefs = seeded().await;
+    let task = TaskFixture::workspace("ws.staging", EDIT, "retry_count = 0", "");
+    let mut env = lakefs.env();
+    env.push(("PERAGO_WORKSPACE_GC_INTERVAL", "1s".to_owned()));
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start_owned(&task, &conductor, 1, &env);
+    let root = sup.workspace_root();
+    let staging_path = format!("/api/v1/repositories/{REPO}/branches/perago-staging-");
+    let faults = lakefs.server.faults();
+    // Uploads to the staging branch hang: the executor is killed mid-publish.
+    faults
+        .add(FaultSpec {
+            method: Some("POST".into()),
+            path: staging_path.clone(),
+            latency_ms: Some(60_000),
+            ..FaultSpec::default()
+        })
+        .unwrap();
+    // And the branch cannot be deleted at first.
+    let refuse_delete = faults
+        .add(FaultSpec {
+            method: Some("DELETE".into()),
+            path: staging_path.clone(),
+            status: Some(503),
+            ..FaultSpec::default()
+        })
+        .unwrap();
+    let before = lakefs.client.resolve_commit(REPO, "main").await.unwrap();
+    let id = conductor.start_with(&task, input("data")).await;
+    let staging = eventually("a staging branch", Duration::from_secs(20), || async {
+        lakefs
+            .client
+            .list_branches(REPO)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|b| b.starts_with("perago-staging-"))
+    })
+    .await;
+    let executor = child_named(sup.pid(), "perago-executor-0001").unwrap();
+    signal_pid(executor.pid, "KILL");
+
+    // The GC cannot delete it yet: `status` lists it, its attempt directory stays.
+    let listed = eventually(
+        "status to list the branch",
+        Duration::from_secs(15),
+        || async {
+            let left = status_json(&root)["staging_branches_left"].clone();
+            (left.as_array().is_some_and(|l| !l.is_empty())).then_some(left)
+        },
+    )
+    .await;
+    assert_eq!(listed[0]["repository"], REPO);
+    assert_eq!(listed[0]["branch"], staging.as_str());
+    assert_eq!(attempts_left(&root).len(), 1);
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(20)).await;
+    assert_eq!(wf["status"], "FAILED");
+
+    // lakeFS answers again: the periodic GC deletes the branch, then the directory.
+    assert!(faults.remove(refuse_delete));
+    eventually(
+        "the staging branch deleted",
+        Duration::from_secs(15),
+        || async { (lakefs.client.list_branches(REPO).await.unwrap() == ["main"]).then_some(()) },
+    )
+    .await;
+    eventually(
+        "the attempt directory removed",
+        Duration::from_secs(10),
+        || async { attempts_left(&root).is_empty().then_some(()) },
+    )
+    .await;
+    let status = eventually(
+        "status to list nothing",
+        Duration::from_secs(10),
+        || async {
+            let status = status_json(&root);
+            (status["staging_branches_left"] == json!([])).then_some(status)
+        },
+    )
+    .await;
+    assert_eq!(status["task_name"], task.name.as_str());
+    // Nothing partial was published.
+    assert_eq!(
+        lakefs.client.resolve_commit(REPO, "main").await.unwrap(),
+        before
+    );
+    assert_eq!(
+        lakefs.read(REPO, "data/b.txt").await.as_deref(),
+        Some("b\n")
+    );
+    faults.clear();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_start_sweep_deletes_staging_branches_an_earlier_runtime_left() {
+    let conductor = Conductor::start().await;
+    let lakefs = seeded().await;
+    let task = TaskFixture::workspace("ws.leftover", EDIT, "retry_count = 0", "");
+    conductor.register(&task).await;
+    // An earlier runtime died mid-publish: its attempt names its staging branch, and one
+    // attempt's owner file was rewritten to name `main`.
+    let left = "perago-staging-0b9c1a6e-0000-4000-8000-000000000001";
+    lakefs
+        .client
+        .create_branch(REPO, left, "main")
+        .await
+        .unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let ws = root.path().join("ws");
+    for (id, branch) in [
+        ("0b9c1a6e-0000-4000-8000-000000000001", left),
+        ("0b9c1a6e-0000-4000-8000-000000000002", "main"),
+    ] {
+        let dir = ws.join("attempts").join(id);
+        std::fs::create_dir_all(dir.join("work")).unwrap();
+        std::fs::write(
+            dir.join(".perago-owner"),
+            json!({"slot": 1, "generation": 1, "pid": 999_999_999u64, "execution_id": id,
+                   "created": 1, "repository": REPO, "staging_branch": branch})
+            .to_string(),
+        )
+        .unwrap();
+    }
+    let mut env = lakefs.env();
+    env.push(("PERAGO_WORKSPACE_ROOT", ws.display().to_string()));
+    let mut sup = SupervisorProc::start_owned(&task, &conductor, 1, &env);
+    eventually("the start sweep", Duration::from_secs(20), || async {
+        attempts_left(&ws).is_empty().then_some(())
+    })
+    .await;
+    assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
+    // The runtime works as usual afterwards.
+    let id = conductor.start_with(&task, input("data")).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    sup.signal("TERM");
+    assert_eq!(sup.wait_exit(Duration::from_secs(30)).await.code(), Some(0));
+    assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
+}
