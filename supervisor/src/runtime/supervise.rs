@@ -105,6 +105,14 @@ pub(crate) enum RuntimeError {
     #[error("the broker exited ({status}) while the runtime was running")]
     BrokerDied { status: String },
     #[error(
+        "the broker refused generation {generation} of slot {slot} ({reason}): the slot's generations no longer follow this supervisor's, so another process holding the control token has announced one (the runtime's credentials may have leaked); the runtime stopped rather than fight over the slot"
+    )]
+    GenerationRefused {
+        slot: u32,
+        generation: u64,
+        reason: String,
+    },
+    #[error(
         "the drain did not finish within PERAGO_SHUTDOWN_FORCE_KILL_AFTER ({}s): executors still running were killed and their tasks reported FAILED",
         deadline.as_secs()
     )]
@@ -137,6 +145,10 @@ fn secret() -> String {
 struct SlotProc {
     worker_id: String,
     generation: u64,
+    /// The generation announced to the broker and not yet acknowledged (a call that timed out
+    /// may or may not have been taken): the next try repeats it, token and all, and the broker
+    /// answers a repeat as taken. `generation` moves only once the broker took it.
+    announcing: Option<(u64, String)>,
     child: Option<Child>,
     started_at: Instant,
     restarts: u32,
@@ -157,6 +169,8 @@ struct Supervisor {
     admin: Option<AdminClient<Channel>>,
     draining: bool,
     broker_failed: Option<String>,
+    /// The broker refused one of this supervisor's generations: the runtime stops with it.
+    refused: Option<RuntimeError>,
     /// When the running executors are force-killed (`PERAGO_SHUTDOWN_FORCE_KILL_AFTER` after
     /// the drain started, whoever started it).
     force_kill_at: Option<tokio::time::Instant>,
@@ -213,23 +227,48 @@ impl Supervisor {
     }
 
     async fn start_executor(&mut self, slot: u32) -> Result<(), RuntimeError> {
-        let token = secret();
         let proc = self.slots.get_mut(&slot).expect("known slot");
-        proc.generation += 1;
         proc.restart_at = None;
-        let generation = proc.generation;
+        let (generation, token) = proc
+            .announcing
+            .get_or_insert_with(|| (proc.generation + 1, secret()))
+            .clone();
         let worker_id = proc.worker_id.clone();
         // The broker learns the generation and token before the process exists, so the
-        // executor can never attach before it is expected.
+        // executor can never attach before it is expected. It takes generations only in
+        // order (exactly one past the slot's current one).
         if let Some(control) = &mut self.control {
-            bounded(control.slot_started(proto::SlotStarted {
+            let answer = bounded(control.slot_started(proto::SlotStarted {
                 slot,
                 generation,
                 token: token.clone(),
                 pid: 0,
             }))
-            .await?;
+            .await;
+            match answer {
+                Ok(_) => {}
+                // Refused, not lost: the broker's slot is at another generation than this
+                // supervisor's (see `RuntimeError::GenerationRefused`). Retrying could never
+                // succeed, and re-announcing the generation the broker expects would race
+                // whoever holds the token: stop, loudly.
+                Err(status)
+                    if matches!(
+                        status.code(),
+                        tonic::Code::FailedPrecondition | tonic::Code::NotFound
+                    ) =>
+                {
+                    return Err(RuntimeError::GenerationRefused {
+                        slot,
+                        generation,
+                        reason: status.message().to_owned(),
+                    });
+                }
+                Err(status) => return Err(status.into()),
+            }
         }
+        let proc = self.slots.get_mut(&slot).expect("known slot");
+        proc.announcing = None;
+        proc.generation = generation;
         let mut env = self.base_env();
         env.extend([
             ("PERAGO_WORKER_ID".to_owned(), worker_id.clone()),
@@ -595,6 +634,7 @@ pub(crate) async fn supervise(
                 SlotProc {
                     worker_id,
                     generation: 0,
+                    announcing: None,
                     child: None,
                     started_at: Instant::now(),
                     restarts: 0,
@@ -615,6 +655,7 @@ pub(crate) async fn supervise(
         admin: None,
         draining: false,
         broker_failed: None,
+        refused: None,
         force_kill_at: None,
         force_killed: false,
     };
@@ -658,7 +699,11 @@ pub(crate) async fn supervise(
         if let Err(e) = sup.start_executor(slot).await {
             tracing::error!(error = %e, "cannot start an executor; stopping");
             sup.start_drain("start-up failure").await;
-            sup.broker_failed.get_or_insert_with(|| e.to_string());
+            if matches!(e, RuntimeError::GenerationRefused { .. }) {
+                sup.refused.get_or_insert(e);
+            } else {
+                sup.broker_failed.get_or_insert_with(|| e.to_string());
+            }
             break;
         }
     }
@@ -703,11 +748,19 @@ pub(crate) async fn supervise(
             () = sleep_until(restart.map_or(far, |(_, at)| at.into())), if restart.is_some() => {
                 let (slot, _) = restart.expect("guarded");
                 tracing::info!(slot, "restarting the slot");
-                if let Err(e) = sup.start_executor(slot).await {
+                match sup.start_executor(slot).await {
+                    Ok(()) => {}
+                    Err(e @ RuntimeError::GenerationRefused { .. }) => {
+                        tracing::error!(error = %e, "the broker refused an executor generation; stopping the runtime");
+                        sup.start_drain("a refused generation").await;
+                        sup.refused.get_or_insert(e);
+                    }
+                    Err(e) => {
                     tracing::error!(error = %e, "cannot restart an executor; retrying with backoff");
                     let proc = sup.slots.get_mut(&slot).expect("known slot");
                     proc.restart_at = Some(Instant::now() + restart_delay(proc.restarts));
                     proc.restarts += 1;
+                    }
                 }
             }
             () = sleep_until(sup.force_kill_at.unwrap_or(far)), if sup.force_kill_at.is_some() => {
@@ -728,6 +781,9 @@ pub(crate) async fn supervise(
     }
     // Bodies of executors that died last may have left processes to this subreaper.
     process::kill_adopted();
+    if let Some(refused) = sup.refused {
+        return Err(refused);
+    }
     match (sup.broker_failed, sup.force_killed) {
         (Some(status), _) => Err(RuntimeError::BrokerDied { status }),
         (None, true) => Err(RuntimeError::ForceKilled {

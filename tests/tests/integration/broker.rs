@@ -2,7 +2,7 @@
 //! every attach is authenticated per generation, and a completion that is not the slot's
 //! current assignment never reaches Conductor.
 
-use crate::harness::{BROKER, Conductor, TaskFixture, eventually};
+use crate::harness::{BROKER, Conductor, SupervisorProc, TaskFixture, child_named, eventually};
 use perago_proto::{
     CONTROL_TOKEN_METADATA,
     admin::v1::{StatusRequest, admin_client::AdminClient},
@@ -307,4 +307,144 @@ async fn only_the_current_assignment_can_complete_or_read_its_attempt() {
     assert_eq!(counters.completed, 1);
     assert_eq!(status.slots.len(), 2);
     assert_eq!(status.slots[0].worker_id, worker);
+}
+
+/// A stolen or replayed control message cannot take a slot over: generations are taken only
+/// in the order the supervisor issues them, so one that jumps ahead or back is refused and the
+/// attached executor keeps its slot and its work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slot_started_out_of_order_is_refused_and_the_executor_keeps_its_slot() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("broker.order", "cat\n", "");
+    conductor.register(&task).await;
+    let broker = start_broker(&conductor, &task).await;
+    let worker = format!("{}0001", task.prefix());
+    let mut control = proto::control_client::ControlClient::new(broker.channel.clone());
+    let announce = |generation: u64, token: &str| {
+        with_control_token(proto::SlotStarted {
+            slot: 1,
+            generation,
+            token: token.to_owned(),
+            pid: 0,
+        })
+    };
+    control.slot_started(announce(1, "s1")).await.unwrap();
+    let (tx, mut inbound) = attach(&broker.channel, hello(creds(1, 1, "s1"), &worker))
+        .await
+        .unwrap();
+
+    for generation in [7, u64::MAX, 1, 0] {
+        let refused = control
+            .slot_started(announce(generation, "forged"))
+            .await
+            .expect_err("an out-of-order generation is refused");
+        assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
+        assert!(
+            refused
+                .message()
+                .contains("it takes generation 2 next, not"),
+            "{refused}"
+        );
+    }
+    let stolen = attach(&broker.channel, hello(creds(1, 7, "forged"), &worker))
+        .await
+        .err()
+        .expect("the refused generation cannot attach");
+    assert_eq!(stolen.code(), Code::Unauthenticated);
+
+    // Generation 1 still holds the slot: it is assigned a task and completes it.
+    let id = conductor.start_workflow(&task, json!({"n": 1})).await;
+    let assignment = match inbound.message().await.unwrap() {
+        Some(proto::BrokerMessage {
+            message: Some(FromBroker::Assignment(a)),
+        }) => a,
+        other => panic!("expected an assignment, got {other:?}"),
+    };
+    tx.send(proto::ExecutorMessage {
+        message: Some(ToBroker::Completion(proto::Completion {
+            task_id: assignment.attempt.unwrap().task_id,
+            execution_id: assignment.execution_id,
+            result: Some(proto::TaskResult {
+                outcome: Some(proto::task_result::Outcome::Completed(proto::Completed {
+                    output_json: r#"{"result":"kept"}"#.to_owned(),
+                })),
+                worker_id: worker.clone(),
+            }),
+        })),
+    })
+    .await
+    .unwrap();
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(20)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
+    assert_eq!(wf["output"]["result"], "kept");
+
+    // The next generation in order is taken; a retry of it (same token) is answered as
+    // taken, the same generation with another token is not.
+    control.slot_started(announce(2, "s2")).await.unwrap();
+    control.slot_started(announce(2, "s2")).await.unwrap();
+    let other = control
+        .slot_started(announce(2, "forged"))
+        .await
+        .unwrap_err();
+    assert_eq!(other.code(), Code::FailedPrecondition);
+    attach(&broker.channel, hello(creds(1, 2, "s2"), &worker))
+        .await
+        .unwrap();
+}
+
+/// The control token is the credential: whoever holds it can announce the slot's next
+/// generation, which the broker cannot tell from the supervisor's. The supervisor then learns
+/// that its own next generation was refused and stops the runtime loudly (non-zero, the reason
+/// in its log) instead of starting executors the broker refuses forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_supervisor_stops_loudly_when_the_broker_refuses_its_generation() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("broker.takeover", "read p\necho '{}'\n", "");
+    conductor.register(&task).await;
+    let mut sup = SupervisorProc::start(&task, &conductor, 1, &[]);
+    let socket = sup.workspace_root().join("run/broker.sock");
+    let id = conductor.start_workflow(&task, json!({})).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(20)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+
+    // The token as a thief would have it (today: the broker's environment).
+    let broker = child_named(sup.pid(), "perago-conductor-broker").expect("the broker");
+    let environ = std::fs::read(format!("/proc/{}/environ", broker.pid)).unwrap();
+    let token = environ
+        .split(|b| *b == 0)
+        .find_map(|kv| kv.strip_prefix(b"PERAGO_CONTROL_TOKEN="))
+        .map(|t| String::from_utf8(t.to_vec()).unwrap())
+        .expect("the control token");
+    let channel = perago_executor::slot::connect(&socket).await.unwrap();
+    let mut control = proto::control_client::ControlClient::new(channel);
+    let forged = |generation: u64| {
+        let mut request = Request::new(proto::SlotStarted {
+            slot: 1,
+            generation,
+            token: "thief".into(),
+            pid: 0,
+        });
+        request
+            .metadata_mut()
+            .insert(CONTROL_TOKEN_METADATA, token.parse().unwrap());
+        request
+    };
+
+    // Out of order: refused, and the executor keeps serving.
+    let refused = control.slot_started(forged(9)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
+    let id = conductor.start_workflow(&task, json!({})).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(20)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+
+    // In order: taken (the live executor is dropped and exits); the supervisor's own
+    // generation 2 is refused and the runtime stops.
+    control.slot_started(forged(2)).await.unwrap();
+    let status = sup.wait_exit(Duration::from_secs(20)).await;
+    let log = sup.log_text();
+    assert!(!status.success(), "{status}\n{log}");
+    assert!(
+        log.contains("the broker refused generation 2 of slot 1"),
+        "{log}"
+    );
 }
