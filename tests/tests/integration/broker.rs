@@ -348,8 +348,7 @@ async fn slot_started_out_of_order_is_refused_and_the_executor_keeps_its_slot() 
     }
     let stolen = attach(&broker.channel, hello(creds(1, 7, "forged"), &worker))
         .await
-        .err()
-        .expect("the refused generation cannot attach");
+        .expect_err("the refused generation cannot attach");
     assert_eq!(stolen.code(), Code::Unauthenticated);
 
     // Generation 1 still holds the slot: it is assigned a task and completes it.
@@ -447,4 +446,127 @@ async fn the_supervisor_stops_loudly_when_the_broker_refuses_its_generation() {
         log.contains("the broker refused generation 2 of slot 1"),
         "{log}"
     );
+}
+
+/// The broker's CPU time so far (user + system), in clock ticks (100 per second).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = stat.rsplit_once(") ").unwrap().1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the command: state is field 3, utime 14, stime 15.
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// This process's soft descriptor limit.
+fn own_nofile() -> u64 {
+    std::fs::read_to_string("/proc/self/limits")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3)?.parse().ok())
+        .unwrap_or(1024)
+}
+
+/// The socket survives a flood of idle connections: thousands (more than the broker's bound
+/// and than its whole descriptor table, lowered to 256 here) are opened and held while tasks
+/// keep completing on the attached executors (the broker's Conductor client needs descriptors
+/// too) and `perago-supervisor status` answers; the broker holds a bounded number of
+/// descriptors and does not spin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_socket_survives_a_flood_of_idle_connections() {
+    const NOFILE: u64 = 256;
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("broker.flood", "read p\necho '{}'\n", "");
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start_limited(&task, &conductor, 2, &[], Some(NOFILE));
+    let socket = sup.workspace_root().join("run/broker.sock");
+    let id = conductor.start_workflow(&task, json!({})).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(20)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    let broker = child_named(sup.pid(), "perago-conductor-broker")
+        .expect("the broker")
+        .pid;
+    let status = || async {
+        let run = tokio::process::Command::new(crate::harness::SUPERVISOR)
+            .args(["status", "--json", "--socket", socket.to_str().unwrap()])
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(Duration::from_secs(8), run)
+            .await
+            .map_err(|_| "status did not answer within 8 s".to_owned())?
+            .unwrap();
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+            format!(
+                "status failed ({e}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+        Ok::<_, String>(status)
+    };
+
+    // The flood: idle connections, never a byte sent, held open by this test.
+    let flood = own_nofile().saturating_sub(200).min(3000);
+    assert!(flood >= 2 * NOFILE, "this process may open only {flood}");
+    let started = std::time::Instant::now();
+    let mut idle = Vec::new();
+    while (idle.len() as u64) < flood {
+        match tokio::net::UnixStream::connect(&socket).await {
+            Ok(c) => idle.push(c),
+            // The backlog is full for a moment: the broker has not accepted yet.
+            Err(_) if started.elapsed() < Duration::from_secs(15) => {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            Err(e) => panic!(
+                "only {} connections opened in 15 s: {e}\n{}",
+                idle.len(),
+                sup.log_text()
+            ),
+        }
+    }
+    println!(
+        "opened {} idle connections in {:?}",
+        idle.len(),
+        started.elapsed()
+    );
+
+    // While they are held: tasks complete, status answers, the broker stays within its
+    // descriptors and idle.
+    let ticks = cpu_ticks(broker);
+    let window = std::time::Instant::now();
+    let ids = start_workflows(&conductor, &task, 6).await;
+    for id in &ids {
+        let wf = conductor.wait_terminal(id, Duration::from_secs(20)).await;
+        assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    }
+    // Hold the flood a little longer, idle, to see whether the broker spins.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let elapsed = window.elapsed();
+    let cpu = (cpu_ticks(broker) - ticks) as f64 / 100.0 / elapsed.as_secs_f64();
+    let fds = std::fs::read_dir(format!("/proc/{broker}/fd"))
+        .unwrap()
+        .count();
+    println!(
+        "broker during the flood: {:.1} % CPU over {elapsed:?}, {fds} descriptors open",
+        cpu * 100.0
+    );
+    for _ in 0..3 {
+        let answer = status()
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", sup.log_text()));
+        assert_eq!(answer["slots"].as_array().unwrap().len(), 2, "{answer}");
+    }
+    assert!(cpu < 0.25, "the broker used {:.0} % CPU", cpu * 100.0);
+    assert!((fds as u64) < NOFILE, "{fds} descriptors open");
+    drop(idle);
+    let id = conductor.start_workflow(&task, json!({})).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(20)).await;
+    assert_eq!(wf["status"], "COMPLETED");
+}
+
+async fn start_workflows(conductor: &Conductor, task: &TaskFixture, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        ids.push(conductor.start_workflow(task, json!({"i": i})).await);
+    }
+    ids
 }

@@ -234,9 +234,32 @@ impl SupervisorProc {
         jobs: u32,
         env: &[(&str, &str)],
     ) -> Self {
+        Self::start_limited(task, conductor, jobs, env, None)
+    }
+
+    /// [`start`](Self::start), with `RLIMIT_NOFILE` (soft and hard) set to `nofile` for the
+    /// supervisor and so for its broker and executors (a shell sets it, then `exec`s).
+    pub(crate) fn start_limited(
+        task: &TaskFixture,
+        conductor: &Conductor,
+        jobs: u32,
+        env: &[(&str, &str)],
+        nofile: Option<u64>,
+    ) -> Self {
         let root = tempfile::tempdir().unwrap();
         let log = root.path().join("supervisor.log");
-        let mut cmd = perago_tests::command(SUPERVISOR);
+        let mut cmd = match nofile {
+            None => perago_tests::command(SUPERVISOR),
+            Some(n) => {
+                let mut cmd = perago_tests::command("sh");
+                cmd.args([
+                    "-c",
+                    &format!("ulimit -n {n} && exec \"$0\" \"$@\""),
+                    SUPERVISOR,
+                ]);
+                cmd
+            }
+        };
         cmd.args([
             "start",
             task.manifest().to_str().unwrap(),
