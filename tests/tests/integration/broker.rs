@@ -441,7 +441,7 @@ async fn the_supervisor_stops_loudly_when_the_broker_refuses_its_generation() {
     control.slot_started(forged(2)).await.unwrap();
     let status = sup.wait_exit(Duration::from_secs(20)).await;
     let log = sup.log_text();
-    assert!(!status.success(), "{status}\n{log}");
+    assert_eq!(status.code(), Some(1), "{status}\n{log}");
     assert!(
         log.contains("the broker refused generation 2 of slot 1"),
         "{log}"
