@@ -141,6 +141,54 @@ fn secret() -> String {
     )
 }
 
+/// Tells the broker about the slot's next generation (or repeats the one announced last, if
+/// the broker's answer was lost) before its process exists, so the executor can never attach
+/// before it is expected; returns the generation and its token once the broker took it. The
+/// broker takes generations only in order (exactly one past the slot's current one).
+async fn announce(
+    control: Option<&mut Control>,
+    slot: u32,
+    proc: &mut SlotProc,
+) -> Result<(u64, String), RuntimeError> {
+    let (generation, token) = proc
+        .announcing
+        .get_or_insert_with(|| (proc.generation + 1, secret()))
+        .clone();
+    if let Some(control) = control {
+        let answer = bounded(control.slot_started(proto::SlotStarted {
+            slot,
+            generation,
+            token: token.clone(),
+            pid: 0,
+        }))
+        .await;
+        match answer {
+            Ok(_) => {}
+            // Refused, not lost: the broker's slot is at another generation than this
+            // supervisor's (see `RuntimeError::GenerationRefused`). Retrying could never
+            // succeed, and re-announcing the generation the broker expects would race whoever
+            // holds the token: stop, loudly.
+            Err(status)
+                if matches!(
+                    status.code(),
+                    tonic::Code::FailedPrecondition | tonic::Code::NotFound
+                ) =>
+            {
+                return Err(RuntimeError::GenerationRefused {
+                    slot,
+                    generation,
+                    reason: status.message().to_owned(),
+                });
+            }
+            // Lost or not delivered: the next try repeats this announcement, token and all.
+            Err(status) => return Err(status.into()),
+        }
+    }
+    proc.announcing = None;
+    proc.generation = generation;
+    Ok((generation, token))
+}
+
 #[derive(Debug)]
 struct SlotProc {
     worker_id: String,
@@ -229,46 +277,8 @@ impl Supervisor {
     async fn start_executor(&mut self, slot: u32) -> Result<(), RuntimeError> {
         let proc = self.slots.get_mut(&slot).expect("known slot");
         proc.restart_at = None;
-        let (generation, token) = proc
-            .announcing
-            .get_or_insert_with(|| (proc.generation + 1, secret()))
-            .clone();
         let worker_id = proc.worker_id.clone();
-        // The broker learns the generation and token before the process exists, so the
-        // executor can never attach before it is expected. It takes generations only in
-        // order (exactly one past the slot's current one).
-        if let Some(control) = &mut self.control {
-            let answer = bounded(control.slot_started(proto::SlotStarted {
-                slot,
-                generation,
-                token: token.clone(),
-                pid: 0,
-            }))
-            .await;
-            match answer {
-                Ok(_) => {}
-                // Refused, not lost: the broker's slot is at another generation than this
-                // supervisor's (see `RuntimeError::GenerationRefused`). Retrying could never
-                // succeed, and re-announcing the generation the broker expects would race
-                // whoever holds the token: stop, loudly.
-                Err(status)
-                    if matches!(
-                        status.code(),
-                        tonic::Code::FailedPrecondition | tonic::Code::NotFound
-                    ) =>
-                {
-                    return Err(RuntimeError::GenerationRefused {
-                        slot,
-                        generation,
-                        reason: status.message().to_owned(),
-                    });
-                }
-                Err(status) => return Err(status.into()),
-            }
-        }
-        let proc = self.slots.get_mut(&slot).expect("known slot");
-        proc.announcing = None;
-        proc.generation = generation;
+        let (generation, token) = announce(self.control.as_mut(), slot, proc).await?;
         let mut env = self.base_env();
         env.extend([
             ("PERAGO_WORKER_ID".to_owned(), worker_id.clone()),
@@ -816,6 +826,111 @@ mod tests {
         drop(listener);
         assert!(socket.exists());
         assert!(foreign_broker(&socket).await.is_none(), "stale file");
+    }
+
+    /// A scripted broker `Control`: answers each `SlotStarted` with the next code, and keeps
+    /// what it was told.
+    #[derive(Debug, Clone, Default)]
+    struct ScriptedControl {
+        answers: std::sync::Arc<std::sync::Mutex<Vec<tonic::Code>>>,
+        seen: std::sync::Arc<std::sync::Mutex<Vec<(u64, String)>>>,
+    }
+
+    #[tonic::async_trait]
+    impl proto::control_server::Control for ScriptedControl {
+        async fn slot_started(
+            &self,
+            request: tonic::Request<proto::SlotStarted>,
+        ) -> Result<tonic::Response<proto::ControlAck>, tonic::Status> {
+            let started = request.into_inner();
+            self.seen
+                .lock()
+                .unwrap()
+                .push((started.generation, started.token));
+            match self.answers.lock().unwrap().remove(0) {
+                tonic::Code::Ok => Ok(tonic::Response::new(proto::ControlAck {})),
+                code => Err(tonic::Status::new(code, "scripted")),
+            }
+        }
+
+        async fn slot_exited(
+            &self,
+            _request: tonic::Request<proto::SlotExited>,
+        ) -> Result<tonic::Response<proto::ControlAck>, tonic::Status> {
+            Ok(tonic::Response::new(proto::ControlAck {}))
+        }
+    }
+
+    /// A lost answer is retried with the same generation and token (the broker takes that
+    /// repeat); a refusal is final and names the slot and generation; the slot's generation
+    /// moves only when the broker took one.
+    #[tokio::test]
+    async fn announcements_are_repeated_when_lost_and_final_when_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("broker.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let fake = ScriptedControl::default();
+        fake.answers.lock().unwrap().extend([
+            tonic::Code::Unavailable,
+            tonic::Code::Ok,
+            tonic::Code::FailedPrecondition,
+        ]);
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(proto::control_server::ControlServer::new(fake.clone()))
+                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+        );
+        let channel = perago_executor::slot::connect(&socket).await.unwrap();
+        let mut control =
+            ControlClient::with_interceptor(channel, TokenInterceptor("t".parse().unwrap()));
+        let mut proc = SlotProc {
+            worker_id: "w0001".into(),
+            generation: 0,
+            announcing: None,
+            child: None,
+            started_at: Instant::now(),
+            restarts: 0,
+            restart_at: None,
+            force_killed: false,
+        };
+
+        let lost = announce(Some(&mut control), 1, &mut proc)
+            .await
+            .unwrap_err();
+        assert!(matches!(lost, RuntimeError::Control(_)), "{lost}");
+        assert_eq!(proc.generation, 0);
+        let (generation, token) = announce(Some(&mut control), 1, &mut proc).await.unwrap();
+        assert_eq!((generation, proc.generation), (1, 1));
+        assert_eq!(
+            fake.seen.lock().unwrap().clone(),
+            [(1, token.clone()), (1, token.clone())]
+        );
+
+        let refused = announce(Some(&mut control), 1, &mut proc)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                RuntimeError::GenerationRefused {
+                    slot: 1,
+                    generation: 2,
+                    ..
+                }
+            ),
+            "{refused}"
+        );
+        assert!(
+            refused
+                .to_string()
+                .starts_with("the broker refused generation 2 of slot 1 (scripted)"),
+            "{refused}"
+        );
+        assert_eq!(proc.generation, 1);
+        let seen = fake.seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 3);
+        assert_eq!(seen[2].0, 2);
+        assert_ne!(seen[2].1, token, "a new generation has a new token");
     }
 
     #[test]
