@@ -135,6 +135,15 @@ pub(crate) struct ConnInfo(Arc<Shared>);
 struct Shared {
     state: Arc<ConnState>,
     registry: Arc<Registry>,
+    /// The pid of the process that connected (`SO_PEERCRED`).
+    peer_pid: Option<i32>,
+}
+
+impl ConnInfo {
+    /// The pid of the process that opened the connection, if the kernel said.
+    pub(crate) fn peer_pid(&self) -> Option<i32> {
+        self.0.peer_pid
+    }
 }
 
 /// Called for every request (the server's `trace_fn`): the connection is no longer waiting.
@@ -314,11 +323,13 @@ async fn accept_loop(listener: UnixListener, limits: Limits, tx: mpsc::Sender<io
         }
         let state = Arc::new(ConnState::default());
         registry.push(&state);
+        let peer_pid = stream.peer_cred().ok().and_then(|c| c.pid());
         let conn = Conn {
             stream,
             shared: Arc::new(Shared {
                 state,
                 registry: Arc::clone(&registry),
+                peer_pid,
             }),
             deadline: Box::pin(tokio::time::sleep(limits.first_request_within)),
             _permit: permit,
@@ -442,6 +453,11 @@ mod tests {
         let mut conns = incoming(listener, limits);
         let _client = UnixStream::connect(&path).await.unwrap();
         let mut conn = conns.next().await.unwrap().unwrap();
+        assert_eq!(
+            conn.connect_info().peer_pid(),
+            i32::try_from(std::process::id()).ok(),
+            "the connecting process"
+        );
         let mut byte = [0u8; 1];
         let err = conn.read(&mut byte).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);

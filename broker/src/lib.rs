@@ -39,6 +39,8 @@ pub struct BrokerConfig {
     pub socket: PathBuf,
     /// The secret the supervisor presents on `Control` calls.
     pub control_token: String,
+    /// The process whose `Control` calls are taken (with the token): the supervisor.
+    pub control_pid: u32,
     /// Long-poll wait per batch poll (at most 5 s).
     pub poll_wait: Duration,
     /// Where to serve Prometheus metrics (`PERAGO_METRICS_ADDR`); off when `None`.
@@ -163,6 +165,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     let control = proto::control_server::ControlServer::new(service::ControlService {
         events: events.clone(),
         token: config.control_token.clone(),
+        control_pid: config.control_pid,
     });
     let admin = AdminServer::new(service::AdminService {
         events: events.clone(),

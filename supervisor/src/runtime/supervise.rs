@@ -633,6 +633,11 @@ pub(crate) async fn supervise(
     let mut broker_env = vec![
         ("PERAGO_SLOTS".to_owned(), spec.workers.to_string()),
         ("PERAGO_CONTROL_TOKEN".to_owned(), control_token.clone()),
+        // Control calls are taken on this process's connections only.
+        (
+            "PERAGO_CONTROL_PID".to_owned(),
+            std::process::id().to_string(),
+        ),
     ];
     let slots = (1..=spec.workers)
         .map(|n| {
