@@ -14,6 +14,9 @@ pub const PERAGO_CONTROL_TOKEN: &str = "PERAGO_CONTROL_TOKEN";
 pub const PERAGO_TASK_NAME: &str = "PERAGO_TASK_NAME";
 /// Address for Prometheus metrics, e.g. `127.0.0.1:9464`; unset = off.
 pub const PERAGO_METRICS_ADDR: &str = "PERAGO_METRICS_ADDR";
+/// The only process whose `Control` calls are taken (the supervisor sets its own pid; by
+/// default the broker's parent).
+pub const PERAGO_CONTROL_PID: &str = "PERAGO_CONTROL_PID";
 /// Long-poll wait in milliseconds (default 5000).
 pub const PERAGO_POLL_WAIT_MS: &str = "PERAGO_POLL_WAIT_MS";
 
@@ -51,6 +54,12 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
                 .map_err(|_| format!("{PERAGO_POLL_WAIT_MS} must be milliseconds"))?,
         ),
     };
+    let control_pid = match var(PERAGO_CONTROL_PID) {
+        None => std::os::unix::process::parent_id(),
+        Some(pid) => pid
+            .parse()
+            .map_err(|_| format!("{PERAGO_CONTROL_PID} must be a process id"))?,
+    };
     let metrics_addr = match var(PERAGO_METRICS_ADDR) {
         None => None,
         Some(a) => Some(a.parse().map_err(|_| {
@@ -64,6 +73,7 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
         conductor,
         socket: PathBuf::from(socket),
         control_token,
+        control_pid,
         poll_wait,
         metrics_addr,
     })

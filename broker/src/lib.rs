@@ -10,6 +10,7 @@ mod actor;
 pub mod cli;
 mod counters;
 mod health;
+mod incoming;
 mod metrics;
 mod poller;
 mod report;
@@ -22,7 +23,6 @@ use perago_core::{backoff::Backoff, conductor::ConductorClient, identity::Worker
 use perago_proto::{admin::v1::admin_server::AdminServer, slot::v1 as proto};
 use std::{future::Future, path::PathBuf, sync::Arc, time::Duration, time::SystemTime};
 use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::UnixListenerStream;
 
 /// Everything the broker needs; the supervisor passes it through the environment.
 #[derive(Debug, Clone)]
@@ -39,6 +39,8 @@ pub struct BrokerConfig {
     pub socket: PathBuf,
     /// The secret the supervisor presents on `Control` calls.
     pub control_token: String,
+    /// The process whose `Control` calls are taken (with the token): the supervisor.
+    pub control_pid: u32,
     /// Long-poll wait per batch poll (at most 5 s).
     pub poll_wait: Duration,
     /// Where to serve Prometheus metrics (`PERAGO_METRICS_ADDR`); off when `None`.
@@ -74,6 +76,11 @@ pub enum BrokerError {
 /// Serves until a drain completes (every executor gone, every result reported). A drain
 /// starts on `Admin.Drain` or when `stop` resolves.
 pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result<(), BrokerError> {
+    // Descriptors: as many as allowed, and the socket's connections bounded to a share of
+    // them (see `incoming`), so a flood of connections cannot starve the executors' streams,
+    // `status` or the Conductor client.
+    let nofile = perago_core::process::raise_nofile_limit();
+    let limits = incoming::Limits::for_descriptors(nofile, config.slots);
     let (listener, _socket_guard) =
         socket::bind(&config.socket)
             .await
@@ -158,6 +165,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     let control = proto::control_server::ControlServer::new(service::ControlService {
         events: events.clone(),
         token: config.control_token.clone(),
+        control_pid: config.control_pid,
     });
     let admin = AdminServer::new(service::AdminService {
         events: events.clone(),
@@ -182,14 +190,22 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     health_reporter
         .set_serving::<proto::slot_server::SlotServer<service::SlotService>>()
         .await;
+    tracing::debug!(
+        nofile,
+        connections = limits.connections,
+        waiting = limits.waiting,
+        "socket bounds"
+    );
     tonic::transport::Server::builder()
+        // Called for every request: marks its connection as no longer waiting for one.
+        .trace_fn(incoming::mark_request)
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(slot)
         .add_service(control)
         .add_service(admin)
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming::incoming(listener, limits), shutdown)
         .await?;
     actor.abort();
     tracing::info!("broker stopped");

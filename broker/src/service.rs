@@ -1,7 +1,7 @@
 //! The gRPC services on the broker socket: `Slot` (executors), `Control` (the supervisor) and
 //! `Admin` (operators). They translate requests into actor events; the actor decides.
 
-use crate::{actor::Event, state::Input, wire};
+use crate::{actor::Event, incoming, state::Input, wire};
 use perago_core::{attempt::AttemptSnapshot, conductor::ConductorClient};
 use perago_proto::{
     CONTROL_TOKEN_METADATA,
@@ -144,6 +144,9 @@ impl Slot for SlotService {
 pub(crate) struct ControlService {
     pub(crate) events: mpsc::Sender<Event>,
     pub(crate) token: String,
+    /// The supervisor's pid: `Control` calls on another process's connection are refused,
+    /// token or not (a stolen token is of no use from anywhere else).
+    pub(crate) control_pid: u32,
 }
 
 impl ControlService {
@@ -159,11 +162,25 @@ impl ControlService {
                 .zip(self.token.bytes())
                 .fold(0u8, |acc, (a, b)| acc | (a ^ b))
                 == 0;
-        if ok {
-            Ok(())
-        } else {
-            Err(Status::unauthenticated("wrong or missing control token"))
+        if !ok {
+            return Err(Status::unauthenticated("wrong or missing control token"));
         }
+        let peer = request
+            .extensions()
+            .get::<incoming::ConnInfo>()
+            .and_then(incoming::ConnInfo::peer_pid);
+        if peer != i32::try_from(self.control_pid).ok() {
+            tracing::error!(
+                peer_pid = ?peer,
+                supervisor_pid = self.control_pid,
+                "refused a control call with the right token from another process than the supervisor"
+            );
+            return Err(Status::permission_denied(format!(
+                "control calls are taken from the supervisor (pid {}) only",
+                self.control_pid
+            )));
+        }
+        Ok(())
     }
 }
 

@@ -485,16 +485,31 @@ impl Machine {
                 "this broker has no slot {number}"
             )));
         };
-        if started.generation <= slot.generation {
-            tracing::warn!(
+        // Generations are taken only in the order the supervisor issues them: exactly one
+        // past the current. The control token is the credential; this order is what keeps a
+        // leaked or replayed announcement from jumping ahead (a generation far in the future
+        // would make every later one of the real supervisor look old) or from replaying an
+        // old one. The supervisor's retry of the announcement it is waiting on (same
+        // generation, same token, nothing attached yet) is answered as taken.
+        let expected = slot.generation + 1;
+        if started.generation == slot.generation
+            && slot.generation != 0
+            && !slot.attached
+            && same_secret(&started.token, &slot.token)
+        {
+            return Ok(());
+        }
+        if started.generation != expected {
+            tracing::error!(
                 slot = number,
                 generation = started.generation,
                 current = slot.generation,
-                "ignored SlotStarted of an old generation"
+                expected,
+                "refused a SlotStarted out of order (the slot keeps its executor)"
             );
             return Err(Status::failed_precondition(format!(
-                "generation {} of slot {number} is not newer than the current {}",
-                started.generation, slot.generation
+                "slot {number} is at generation {}: it takes generation {expected} next, not {}",
+                slot.generation, started.generation
             )));
         }
         // The old generation is gone first (its assignment failed and reported, its stream

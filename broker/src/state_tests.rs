@@ -447,16 +447,87 @@ fn slot_started_before_slot_exited_fails_the_old_generations_task() {
 #[test]
 fn an_old_or_unknown_slot_started_is_refused() {
     let mut h = Harness::new(1, true);
-    h.started(1, 3).unwrap();
+    h.started(1, 1).unwrap();
+    h.started(1, 2).unwrap();
     assert_eq!(
-        h.started(1, 3).unwrap_err().code(),
+        h.started(1, 1).unwrap_err().code(),
         tonic::Code::FailedPrecondition
     );
     assert_eq!(
-        h.started(1, 2).unwrap_err().code(),
+        h.started(1, 0).unwrap_err().code(),
         tonic::Code::FailedPrecondition
     );
     assert_eq!(h.started(2, 1).unwrap_err().code(), tonic::Code::NotFound);
+}
+
+fn started_with(h: &mut Harness, slot: u32, generation: u64, token: &str) -> Reply {
+    h.m.handle(Input::SlotStarted(proto::SlotStarted {
+        slot,
+        generation,
+        token: token.into(),
+        pid: 0,
+    }))
+    .reply
+}
+
+/// A control message holding the token but out of order (a stolen token used to jump ahead,
+/// a replay) is refused and changes nothing: the live executor keeps its slot and its task,
+/// and the supervisor's own next generation is still taken afterwards.
+#[test]
+fn slot_started_takes_generations_only_in_order() {
+    let mut h = Harness::new(1, true);
+    h.up(1);
+    let (_, execution, _) = assignments(&h.deliver(&["a"])).remove(0);
+    for (generation, token) in [
+        (5, "forged"),
+        (u64::MAX, "forged"),
+        (1, "forged"),
+        (0, ""),
+        // A replay of the current generation's own announcement: it is attached already.
+        (1, &*format!("{TOKEN}-1")),
+    ] {
+        let out = h.m.handle(Input::SlotStarted(proto::SlotStarted {
+            slot: 1,
+            generation,
+            token: token.into(),
+            pid: 0,
+        }));
+        let Reply::SlotStarted(Err(status)) = out.reply else {
+            panic!("generation {generation} was taken: {:?}", out.reply);
+        };
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+        assert_eq!(
+            status.message(),
+            format!("slot 1 is at generation 1: it takes generation 2 next, not {generation}")
+        );
+        assert!(out.effects.is_empty(), "{:?}", out.effects);
+    }
+    // Generation 1 still runs its task and completes it.
+    let done = h.complete(1, 1, "a", &execution);
+    assert_eq!(reports(&done).len(), 1);
+    assert_eq!(reports(&done)[0].result.status(), ResultStatus::Completed);
+    // The supervisor's next generation is taken; its retry (same token, before the executor
+    // attached) is answered as taken and changes nothing; another token is not.
+    h.started(1, 2).unwrap();
+    let retry = h.m.handle(Input::SlotStarted(proto::SlotStarted {
+        slot: 1,
+        generation: 2,
+        token: format!("{TOKEN}-2"),
+        pid: 0,
+    }));
+    assert!(matches!(retry.reply, Reply::SlotStarted(Ok(()))));
+    assert!(retry.effects.is_empty());
+    assert!(matches!(
+        started_with(&mut h, 1, 2, "forged"),
+        Reply::SlotStarted(Err(_))
+    ));
+    h.hello(1, 2).0.unwrap();
+    // Once attached, even the right token cannot announce generation 2 again.
+    assert!(matches!(
+        started_with(&mut h, 1, 2, &format!("{TOKEN}-2")),
+        Reply::SlotStarted(Err(_))
+    ));
+    assert_eq!(h.poll(), Some(1));
 }
 
 #[test]

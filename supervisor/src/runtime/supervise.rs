@@ -107,6 +107,14 @@ pub(crate) enum RuntimeError {
     #[error("the broker exited ({status}) while the runtime was running")]
     BrokerDied { status: String },
     #[error(
+        "the broker refused generation {generation} of slot {slot} ({reason}): the slot's generations no longer follow this supervisor's, so another process holding the control token has announced one (the runtime's credentials may have leaked); the runtime stopped rather than fight over the slot"
+    )]
+    GenerationRefused {
+        slot: u32,
+        generation: u64,
+        reason: String,
+    },
+    #[error(
         "the drain did not finish within PERAGO_SHUTDOWN_FORCE_KILL_AFTER ({}s): executors still running were killed and their tasks reported FAILED",
         deadline.as_secs()
     )]
@@ -135,10 +143,62 @@ fn secret() -> String {
     )
 }
 
+/// Tells the broker about the slot's next generation (or repeats the one announced last, if
+/// the broker's answer was lost) before its process exists, so the executor can never attach
+/// before it is expected; returns the generation and its token once the broker took it. The
+/// broker takes generations only in order (exactly one past the slot's current one).
+async fn announce(
+    control: Option<&mut Control>,
+    slot: u32,
+    proc: &mut SlotProc,
+) -> Result<(u64, String), RuntimeError> {
+    let (generation, token) = proc
+        .announcing
+        .get_or_insert_with(|| (proc.generation + 1, secret()))
+        .clone();
+    if let Some(control) = control {
+        let answer = bounded(control.slot_started(proto::SlotStarted {
+            slot,
+            generation,
+            token: token.clone(),
+            pid: 0,
+        }))
+        .await;
+        match answer {
+            Ok(_) => {}
+            // Refused, not lost: the broker's slot is at another generation than this
+            // supervisor's (see `RuntimeError::GenerationRefused`). Retrying could never
+            // succeed, and re-announcing the generation the broker expects would race whoever
+            // holds the token: stop, loudly.
+            Err(status)
+                if matches!(
+                    status.code(),
+                    tonic::Code::FailedPrecondition | tonic::Code::NotFound
+                ) =>
+            {
+                return Err(RuntimeError::GenerationRefused {
+                    slot,
+                    generation,
+                    reason: status.message().to_owned(),
+                });
+            }
+            // Lost or not delivered: the next try repeats this announcement, token and all.
+            Err(status) => return Err(status.into()),
+        }
+    }
+    proc.announcing = None;
+    proc.generation = generation;
+    Ok((generation, token))
+}
+
 #[derive(Debug)]
 struct SlotProc {
     worker_id: String,
     generation: u64,
+    /// The generation announced to the broker and not yet acknowledged (a call that timed out
+    /// may or may not have been taken): the next try repeats it, token and all, and the broker
+    /// answers a repeat as taken. `generation` moves only once the broker took it.
+    announcing: Option<(u64, String)>,
     child: Option<Child>,
     started_at: Instant,
     restarts: u32,
@@ -159,6 +219,8 @@ struct Supervisor {
     admin: Option<AdminClient<Channel>>,
     draining: bool,
     broker_failed: Option<String>,
+    /// The broker refused one of this supervisor's generations: the runtime stops with it.
+    refused: Option<RuntimeError>,
     /// When the running executors are force-killed (`PERAGO_SHUTDOWN_FORCE_KILL_AFTER` after
     /// the drain started, whoever started it).
     force_kill_at: Option<tokio::time::Instant>,
@@ -215,23 +277,10 @@ impl Supervisor {
     }
 
     async fn start_executor(&mut self, slot: u32) -> Result<(), RuntimeError> {
-        let token = secret();
         let proc = self.slots.get_mut(&slot).expect("known slot");
-        proc.generation += 1;
         proc.restart_at = None;
-        let generation = proc.generation;
         let worker_id = proc.worker_id.clone();
-        // The broker learns the generation and token before the process exists, so the
-        // executor can never attach before it is expected.
-        if let Some(control) = &mut self.control {
-            bounded(control.slot_started(proto::SlotStarted {
-                slot,
-                generation,
-                token: token.clone(),
-                pid: 0,
-            }))
-            .await?;
-        }
+        let (generation, token) = announce(self.control.as_mut(), slot, proc).await?;
         let mut env = self.base_env();
         env.extend([
             ("PERAGO_WORKER_ID".to_owned(), worker_id.clone()),
@@ -593,6 +642,11 @@ pub(crate) async fn supervise(
     let mut broker_env = vec![
         ("PERAGO_SLOTS".to_owned(), spec.workers.to_string()),
         ("PERAGO_CONTROL_TOKEN".to_owned(), control_token.clone()),
+        // Control calls are taken on this process's connections only.
+        (
+            "PERAGO_CONTROL_PID".to_owned(),
+            std::process::id().to_string(),
+        ),
     ];
     let slots = (1..=spec.workers)
         .map(|n| {
@@ -604,6 +658,7 @@ pub(crate) async fn supervise(
                 SlotProc {
                     worker_id,
                     generation: 0,
+                    announcing: None,
                     child: None,
                     started_at: Instant::now(),
                     restarts: 0,
@@ -624,6 +679,7 @@ pub(crate) async fn supervise(
         admin: None,
         draining: false,
         broker_failed: None,
+        refused: None,
         force_kill_at: None,
         force_killed: false,
     };
@@ -667,7 +723,11 @@ pub(crate) async fn supervise(
         if let Err(e) = sup.start_executor(slot).await {
             tracing::error!(error = %e, "cannot start an executor; stopping");
             sup.start_drain("start-up failure").await;
-            sup.broker_failed.get_or_insert_with(|| e.to_string());
+            if matches!(e, RuntimeError::GenerationRefused { .. }) {
+                sup.refused.get_or_insert(e);
+            } else {
+                sup.broker_failed.get_or_insert_with(|| e.to_string());
+            }
             break;
         }
     }
@@ -713,11 +773,19 @@ pub(crate) async fn supervise(
             () = sleep_until(restart.map_or(far, |(_, at)| at.into())), if restart.is_some() => {
                 let (slot, _) = restart.expect("guarded");
                 tracing::info!(slot, "restarting the slot");
-                if let Err(e) = sup.start_executor(slot).await {
+                match sup.start_executor(slot).await {
+                    Ok(()) => {}
+                    Err(e @ RuntimeError::GenerationRefused { .. }) => {
+                        tracing::error!(error = %e, "the broker refused an executor generation; stopping the runtime");
+                        sup.start_drain("a refused generation").await;
+                        sup.refused.get_or_insert(e);
+                    }
+                    Err(e) => {
                     tracing::error!(error = %e, "cannot restart an executor; retrying with backoff");
                     let proc = sup.slots.get_mut(&slot).expect("known slot");
                     proc.restart_at = Some(Instant::now() + restart_delay(proc.restarts));
                     proc.restarts += 1;
+                    }
                 }
             }
             () = sleep_until(sup.force_kill_at.unwrap_or(far)), if sup.force_kill_at.is_some() => {
@@ -738,6 +806,9 @@ pub(crate) async fn supervise(
     }
     // Bodies of executors that died last may have left processes to this subreaper.
     process::kill_adopted();
+    if let Some(refused) = sup.refused {
+        return Err(refused);
+    }
     match (sup.broker_failed, sup.force_killed) {
         (Some(status), _) => Err(RuntimeError::BrokerDied { status }),
         (None, true) => Err(RuntimeError::ForceKilled {
@@ -770,6 +841,111 @@ mod tests {
         drop(listener);
         assert!(socket.exists());
         assert!(foreign_broker(&socket).await.is_none(), "stale file");
+    }
+
+    /// A scripted broker `Control`: answers each `SlotStarted` with the next code, and keeps
+    /// what it was told.
+    #[derive(Debug, Clone, Default)]
+    struct ScriptedControl {
+        answers: std::sync::Arc<std::sync::Mutex<Vec<tonic::Code>>>,
+        seen: std::sync::Arc<std::sync::Mutex<Vec<(u64, String)>>>,
+    }
+
+    #[tonic::async_trait]
+    impl proto::control_server::Control for ScriptedControl {
+        async fn slot_started(
+            &self,
+            request: tonic::Request<proto::SlotStarted>,
+        ) -> Result<tonic::Response<proto::ControlAck>, tonic::Status> {
+            let started = request.into_inner();
+            self.seen
+                .lock()
+                .unwrap()
+                .push((started.generation, started.token));
+            match self.answers.lock().unwrap().remove(0) {
+                tonic::Code::Ok => Ok(tonic::Response::new(proto::ControlAck {})),
+                code => Err(tonic::Status::new(code, "scripted")),
+            }
+        }
+
+        async fn slot_exited(
+            &self,
+            _request: tonic::Request<proto::SlotExited>,
+        ) -> Result<tonic::Response<proto::ControlAck>, tonic::Status> {
+            Ok(tonic::Response::new(proto::ControlAck {}))
+        }
+    }
+
+    /// A lost answer is retried with the same generation and token (the broker takes that
+    /// repeat); a refusal is final and names the slot and generation; the slot's generation
+    /// moves only when the broker took one.
+    #[tokio::test]
+    async fn announcements_are_repeated_when_lost_and_final_when_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("broker.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let fake = ScriptedControl::default();
+        fake.answers.lock().unwrap().extend([
+            tonic::Code::Unavailable,
+            tonic::Code::Ok,
+            tonic::Code::FailedPrecondition,
+        ]);
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(proto::control_server::ControlServer::new(fake.clone()))
+                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+        );
+        let channel = perago_executor::slot::connect(&socket).await.unwrap();
+        let mut control =
+            ControlClient::with_interceptor(channel, TokenInterceptor("t".parse().unwrap()));
+        let mut proc = SlotProc {
+            worker_id: "w0001".into(),
+            generation: 0,
+            announcing: None,
+            child: None,
+            started_at: Instant::now(),
+            restarts: 0,
+            restart_at: None,
+            force_killed: false,
+        };
+
+        let lost = announce(Some(&mut control), 1, &mut proc)
+            .await
+            .unwrap_err();
+        assert!(matches!(lost, RuntimeError::Control(_)), "{lost}");
+        assert_eq!(proc.generation, 0);
+        let (generation, token) = announce(Some(&mut control), 1, &mut proc).await.unwrap();
+        assert_eq!((generation, proc.generation), (1, 1));
+        assert_eq!(
+            fake.seen.lock().unwrap().clone(),
+            [(1, token.clone()), (1, token.clone())]
+        );
+
+        let refused = announce(Some(&mut control), 1, &mut proc)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                RuntimeError::GenerationRefused {
+                    slot: 1,
+                    generation: 2,
+                    ..
+                }
+            ),
+            "{refused}"
+        );
+        assert!(
+            refused
+                .to_string()
+                .starts_with("the broker refused generation 2 of slot 1 (scripted)"),
+            "{refused}"
+        );
+        assert_eq!(proc.generation, 1);
+        let seen = fake.seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 3);
+        assert_eq!(seen[2].0, 2);
+        assert_ne!(seen[2].1, token, "a new generation has a new token");
     }
 
     #[test]

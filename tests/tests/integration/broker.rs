@@ -2,7 +2,7 @@
 //! every attach is authenticated per generation, and a completion that is not the slot's
 //! current assignment never reaches Conductor.
 
-use crate::harness::{BROKER, Conductor, TaskFixture, eventually};
+use crate::harness::{BROKER, Conductor, SupervisorProc, TaskFixture, child_named, eventually};
 use perago_proto::{
     CONTROL_TOKEN_METADATA,
     admin::v1::{StatusRequest, admin_client::AdminClient},
@@ -33,6 +33,14 @@ impl Drop for Broker {
 }
 
 async fn start_broker(conductor: &Conductor, task: &TaskFixture) -> Broker {
+    start_broker_with(conductor, task, &[]).await
+}
+
+async fn start_broker_with(
+    conductor: &Conductor,
+    task: &TaskFixture,
+    env: &[(&str, &str)],
+) -> Broker {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
     let socket = dir.path().join("broker.sock");
@@ -44,6 +52,7 @@ async fn start_broker(conductor: &Conductor, task: &TaskFixture) -> Broker {
         .env("PERAGO_TASK_NAME", &task.name)
         .env("PERAGO_WORKER_ID_PREFIX", task.prefix())
         .env("PERAGO_POLL_WAIT_MS", "200")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -307,4 +316,290 @@ async fn only_the_current_assignment_can_complete_or_read_its_attempt() {
     assert_eq!(counters.completed, 1);
     assert_eq!(status.slots.len(), 2);
     assert_eq!(status.slots[0].worker_id, worker);
+}
+
+/// A stolen or replayed control message cannot take a slot over: generations are taken only
+/// in the order the supervisor issues them, so one that jumps ahead or back is refused and the
+/// attached executor keeps its slot and its work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slot_started_out_of_order_is_refused_and_the_executor_keeps_its_slot() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("broker.order", "cat\n", "");
+    conductor.register(&task).await;
+    let broker = start_broker(&conductor, &task).await;
+    let worker = format!("{}0001", task.prefix());
+    let mut control = proto::control_client::ControlClient::new(broker.channel.clone());
+    let announce = |generation: u64, token: &str| {
+        with_control_token(proto::SlotStarted {
+            slot: 1,
+            generation,
+            token: token.to_owned(),
+            pid: 0,
+        })
+    };
+    control.slot_started(announce(1, "s1")).await.unwrap();
+    let (tx, mut inbound) = attach(&broker.channel, hello(creds(1, 1, "s1"), &worker))
+        .await
+        .unwrap();
+
+    for generation in [7, u64::MAX, 1, 0] {
+        let refused = control
+            .slot_started(announce(generation, "forged"))
+            .await
+            .expect_err("an out-of-order generation is refused");
+        assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
+        assert!(
+            refused
+                .message()
+                .contains("it takes generation 2 next, not"),
+            "{refused}"
+        );
+    }
+    let stolen = attach(&broker.channel, hello(creds(1, 7, "forged"), &worker))
+        .await
+        .expect_err("the refused generation cannot attach");
+    assert_eq!(stolen.code(), Code::Unauthenticated);
+
+    // Generation 1 still holds the slot: it is assigned a task and completes it.
+    let id = conductor.start_workflow(&task, json!({"n": 1})).await;
+    let assignment = match inbound.message().await.unwrap() {
+        Some(proto::BrokerMessage {
+            message: Some(FromBroker::Assignment(a)),
+        }) => a,
+        other => panic!("expected an assignment, got {other:?}"),
+    };
+    tx.send(proto::ExecutorMessage {
+        message: Some(ToBroker::Completion(proto::Completion {
+            task_id: assignment.attempt.unwrap().task_id,
+            execution_id: assignment.execution_id,
+            result: Some(proto::TaskResult {
+                outcome: Some(proto::task_result::Outcome::Completed(proto::Completed {
+                    output_json: r#"{"result":"kept"}"#.to_owned(),
+                })),
+                worker_id: worker.clone(),
+            }),
+        })),
+    })
+    .await
+    .unwrap();
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(20)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
+    assert_eq!(wf["output"]["result"], "kept");
+
+    // The next generation in order is taken; a retry of it (same token) is answered as
+    // taken, the same generation with another token is not.
+    control.slot_started(announce(2, "s2")).await.unwrap();
+    control.slot_started(announce(2, "s2")).await.unwrap();
+    let other = control
+        .slot_started(announce(2, "forged"))
+        .await
+        .unwrap_err();
+    assert_eq!(other.code(), Code::FailedPrecondition);
+    attach(&broker.channel, hello(creds(1, 2, "s2"), &worker))
+        .await
+        .unwrap();
+}
+
+/// A stolen control token is of no use: the broker takes `Control` calls only on the
+/// supervisor's own connections (`SO_PEERCRED`), so another process holding the token can
+/// announce no generation, in order or not, and the runtime goes on. (What the supervisor does
+/// when the broker refuses one of its generations is tested against a scripted broker in
+/// `supervise.rs`: it stops, exit 1.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stolen_control_token_cannot_take_a_slot_over() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("broker.takeover", "read p\necho '{}'\n", "");
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(&task, &conductor, 1, &[]);
+    let socket = sup.workspace_root().join("run/broker.sock");
+    let id = conductor.start_workflow(&task, json!({})).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(20)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+
+    // The token is not where a thief would look first: the broker got it over a pipe.
+    let broker = child_named(sup.pid(), "perago-conductor-broker").expect("the broker");
+    let environ = std::fs::read(format!("/proc/{}/environ", broker.pid)).unwrap();
+    assert!(
+        !environ
+            .split(|b| *b == 0)
+            .any(|kv| kv.starts_with(b"PERAGO_CONTROL_TOKEN=")),
+        "the control token is in the broker's environment"
+    );
+    let channel = perago_executor::slot::connect(&socket).await.unwrap();
+    let mut control = proto::control_client::ControlClient::new(channel);
+    let exited = control
+        .slot_exited(Request::new(proto::SlotExited {
+            slot: 1,
+            generation: 1,
+            pid: 1,
+            status: "forged".into(),
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(exited.code(), Code::Unauthenticated);
+
+    // The executor of generation 1 still serves, and the runtime runs on.
+    for _ in 0..2 {
+        let id = conductor.start_workflow(&task, json!({})).await;
+        let wf = conductor.wait_terminal(&id, Duration::from_secs(20)).await;
+        assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+        assert_eq!(
+            wf["tasks"][0]["workerId"],
+            format!("{}0001", task.prefix()),
+            "{wf:#}"
+        );
+    }
+    let log = sup.log_text();
+    assert!(!log.contains("executor exited"), "{log}");
+}
+
+/// A thief that has the control token anyway (here: the test, which set it) but is not the
+/// supervisor's process is refused, in order or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_right_control_token_from_another_process_is_refused() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("broker.thief", "read p\necho '{}'\n", "");
+    conductor.register(&task).await;
+    // The broker takes control calls from pid 1 only: this test process is "another process".
+    let broker = start_broker_with(&conductor, &task, &[("PERAGO_CONTROL_PID", "1")]).await;
+    let mut control = proto::control_client::ControlClient::new(broker.channel.clone());
+    for generation in [9, 1] {
+        let refused = control
+            .slot_started(with_control_token(proto::SlotStarted {
+                slot: 1,
+                generation,
+                token: "thief".into(),
+                pid: 0,
+            }))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::PermissionDenied, "{refused}");
+        assert_eq!(
+            refused.message(),
+            "control calls are taken from the supervisor (pid 1) only"
+        );
+    }
+}
+
+/// The broker's CPU time so far (user + system), in clock ticks (100 per second).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = stat.rsplit_once(") ").unwrap().1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the command: state is field 3, utime 14, stime 15.
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// This process's soft descriptor limit.
+fn own_nofile() -> u64 {
+    std::fs::read_to_string("/proc/self/limits")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3)?.parse().ok())
+        .unwrap_or(1024)
+}
+
+/// The socket survives a flood of idle connections: thousands (more than the broker's bound
+/// and than its whole descriptor table, lowered to 256 here) are opened and held while tasks
+/// keep completing on the attached executors (the broker's Conductor client needs descriptors
+/// too) and `perago-supervisor status` answers; the broker holds a bounded number of
+/// descriptors and does not spin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_socket_survives_a_flood_of_idle_connections() {
+    const NOFILE: u64 = 256;
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("broker.flood", "read p\necho '{}'\n", "");
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start_limited(&task, &conductor, 2, &[], Some(NOFILE));
+    let socket = sup.workspace_root().join("run/broker.sock");
+    let id = conductor.start_workflow(&task, json!({})).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(20)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    let broker = child_named(sup.pid(), "perago-conductor-broker")
+        .expect("the broker")
+        .pid;
+    let status = || async {
+        let run = tokio::process::Command::new(crate::harness::SUPERVISOR)
+            .args(["status", "--json", "--socket", socket.to_str().unwrap()])
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(Duration::from_secs(8), run)
+            .await
+            .map_err(|_| "status did not answer within 8 s".to_owned())?
+            .unwrap();
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+            format!(
+                "status failed ({e}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+        Ok::<_, String>(status)
+    };
+
+    // The flood: idle connections, never a byte sent, held open by this test.
+    let flood = own_nofile().saturating_sub(200).min(3000);
+    assert!(flood >= 2 * NOFILE, "this process may open only {flood}");
+    let started = std::time::Instant::now();
+    let mut idle = Vec::new();
+    while (idle.len() as u64) < flood {
+        match tokio::net::UnixStream::connect(&socket).await {
+            Ok(c) => idle.push(c),
+            // The backlog is full for a moment: the broker has not accepted yet.
+            Err(_) if started.elapsed() < Duration::from_secs(15) => {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            Err(e) => panic!(
+                "only {} connections opened in 15 s: {e}\n{}",
+                idle.len(),
+                sup.log_text()
+            ),
+        }
+    }
+    println!(
+        "opened {} idle connections in {:?}",
+        idle.len(),
+        started.elapsed()
+    );
+
+    // While they are held: tasks complete, status answers, the broker stays within its
+    // descriptors and idle.
+    let ticks = cpu_ticks(broker);
+    let window = std::time::Instant::now();
+    let ids = start_workflows(&conductor, &task, 6).await;
+    for id in &ids {
+        let wf = conductor.wait_terminal(id, Duration::from_secs(20)).await;
+        assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    }
+    // Hold the flood a little longer, idle, to see whether the broker spins.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let elapsed = window.elapsed();
+    let cpu = (cpu_ticks(broker) - ticks) as f64 / 100.0 / elapsed.as_secs_f64();
+    let fds = std::fs::read_dir(format!("/proc/{broker}/fd"))
+        .unwrap()
+        .count();
+    println!(
+        "broker during the flood: {:.1} % CPU over {elapsed:?}, {fds} descriptors open",
+        cpu * 100.0
+    );
+    for _ in 0..3 {
+        let answer = status()
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", sup.log_text()));
+        assert_eq!(answer["slots"].as_array().unwrap().len(), 2, "{answer}");
+    }
+    assert!(cpu < 0.25, "the broker used {:.0} % CPU", cpu * 100.0);
+    assert!((fds as u64) < NOFILE, "{fds} descriptors open");
+    drop(idle);
+    let id = conductor.start_workflow(&task, json!({})).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(20)).await;
+    assert_eq!(wf["status"], "COMPLETED");
+}
+
+async fn start_workflows(conductor: &Conductor, task: &TaskFixture, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        ids.push(conductor.start_workflow(task, json!({"i": i})).await);
+    }
+    ids
 }

@@ -234,7 +234,7 @@ impl SupervisorProc {
         jobs: u32,
         env: &[(&str, &str)],
     ) -> Self {
-        Self::start_as(task, conductor, jobs, env, None)
+        Self::start_with(task, conductor, jobs, env, None, None)
     }
 
     /// [`start`](Self::start) as the user `uid` (group `uid` too) when given: its workspace
@@ -246,9 +246,45 @@ impl SupervisorProc {
         env: &[(&str, &str)],
         uid: Option<u32>,
     ) -> Self {
+        Self::start_with(task, conductor, jobs, env, uid, None)
+    }
+
+    /// [`start`](Self::start), with `RLIMIT_NOFILE` (soft and hard) set to `nofile` for the
+    /// supervisor and so for its broker and executors (a shell sets it, then `exec`s).
+    pub(crate) fn start_limited(
+        task: &TaskFixture,
+        conductor: &Conductor,
+        jobs: u32,
+        env: &[(&str, &str)],
+        nofile: Option<u64>,
+    ) -> Self {
+        Self::start_with(task, conductor, jobs, env, None, nofile)
+    }
+
+    /// The general form of [`start`](Self::start): as another user, and with a descriptor
+    /// limit.
+    pub(crate) fn start_with(
+        task: &TaskFixture,
+        conductor: &Conductor,
+        jobs: u32,
+        env: &[(&str, &str)],
+        uid: Option<u32>,
+        nofile: Option<u64>,
+    ) -> Self {
         let root = tempfile::tempdir().unwrap();
         let log = root.path().join("supervisor.log");
-        let mut cmd = perago_tests::command(SUPERVISOR);
+        let mut cmd = match nofile {
+            None => perago_tests::command(SUPERVISOR),
+            Some(n) => {
+                let mut cmd = perago_tests::command("sh");
+                cmd.args([
+                    "-c",
+                    &format!("ulimit -n {n} && exec \"$0\" \"$@\""),
+                    SUPERVISOR,
+                ]);
+                cmd
+            }
+        };
         if let Some(uid) = uid {
             use std::os::unix::process::CommandExt as _;
             for dir in [root.path(), task.dir.path()] {
