@@ -378,10 +378,37 @@ impl SupervisorProc {
 }
 
 impl Drop for SupervisorProc {
+    /// Ends the runtime as a whole: the supervisor, and every process whose environment names
+    /// this runtime's root (its broker and executors, also orphaned ones of a supervisor the
+    /// test killed). Left alone they would drain against a devstack that is gone with the test,
+    /// retrying their updates for minutes.
     fn drop(&mut self) {
         if self.child.try_wait().ok().flatten().is_none() {
             let _ = self.child.kill();
             let _ = self.child.wait();
+        }
+        let root = self._root.path().as_os_str().as_encoded_bytes().to_vec();
+        let Ok(entries) = fs::read_dir("/proc") else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let environ = fs::read(entry.path().join("environ")).unwrap_or_default();
+            if environ
+                .split(|b| *b == 0)
+                .any(|kv| kv.windows(root.len()).any(|w| w == root.as_slice()))
+            {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .stderr(Stdio::null())
+                    .status();
+            }
         }
     }
 }
