@@ -27,6 +27,12 @@ fn depth_of(mut v: &Value) -> usize {
 /// deep task runs like the others, and all four come back in one batch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deeply_nested_input_runs_and_its_batch_mates_too() {
+    for mode in ["process", "thread"] {
+        deep_input_in(mode).await;
+    }
+}
+
+async fn deep_input_in(mode: &str) {
     let conductor = Conductor::start().await;
     let task = TaskFixture::new("e2e.deep", "cat\n", "");
     conductor.register(&task).await;
@@ -38,16 +44,16 @@ async fn a_deeply_nested_input_runs_and_its_batch_mates_too() {
         others.push(conductor.start_workflow(&task, json!({"n": n})).await);
     }
     // Started after the workflows, so its first batch poll takes all four.
-    let _sup = SupervisorProc::start(&task, &conductor, 4, &[]);
+    let _sup = SupervisorProc::start(&task, &conductor, 4, &[("PERAGO_EXECUTION_MODE", mode)]);
     let wf = conductor
         .wait_terminal(&deep, Duration::from_secs(30))
         .await;
     assert_eq!(
         wf["status"], "COMPLETED",
-        "{}",
+        "{mode}: {}",
         wf["tasks"][0]["reasonForIncompletion"]
     );
-    assert_eq!(depth_of(&wf["output"]["result"]["deep"]), 900);
+    assert_eq!(depth_of(&wf["output"]["result"]["deep"]), 900, "{mode}");
     for id in others {
         let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
         assert_eq!(wf["status"], "COMPLETED");
@@ -126,6 +132,12 @@ async fn a_body_sees_none_of_the_runtimes_variables() {
 /// fails for good, naming the size and the limit, and the same executor goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_inputs_run_or_fail_cleanly_and_the_executor_goes_on() {
+    for mode in ["process", "thread"] {
+        large_inputs_in(mode).await;
+    }
+}
+
+async fn large_inputs_in(mode: &str) {
     let conductor = Conductor::start().await;
     let task = TaskFixture::new(
         "e2e.large",
@@ -133,7 +145,7 @@ async fn large_inputs_run_or_fail_cleanly_and_the_executor_goes_on() {
         "",
     );
     conductor.register(&task).await;
-    let sup = SupervisorProc::start(&task, &conductor, 1, &[]);
+    let sup = SupervisorProc::start(&task, &conductor, 1, &[("PERAGO_EXECUTION_MODE", mode)]);
     let five = conductor
         .start_workflow(&task, json!({"blob": "x".repeat(5 << 20)}))
         .await;
@@ -165,7 +177,10 @@ async fn large_inputs_run_or_fail_cleanly_and_the_executor_goes_on() {
         .wait_terminal(&small, Duration::from_secs(30))
         .await;
     assert_eq!(wf["status"], "COMPLETED");
-    assert_eq!(wf["output"]["result"]["pid"], executor, "the same executor");
+    if mode == "process" {
+        // In thread mode each body's parent is its own guard process.
+        assert_eq!(wf["output"]["result"]["pid"], executor, "the same executor");
+    }
     assert!(!sup.log_text().contains("restart"), "{}", sup.log_text());
 }
 
@@ -174,10 +189,17 @@ async fn large_inputs_run_or_fail_cleanly_and_the_executor_goes_on() {
 /// reason carries the (escaped) tail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stderr_flood_is_capped_in_the_logs_and_control_characters_escaped() {
+    for mode in ["process", "thread"] {
+        stderr_flood_in(mode).await;
+    }
+}
+
+async fn stderr_flood_in(mode: &str) {
     let conductor = Conductor::start().await;
     let task = TaskFixture::new(
         "e2e.flood",
-        "printf 'colour \\033[31mred\\r\\n' >&2\n\
+        "read p\n[ \"$p\" = '{\"ok\":true}' ] && { echo '{\"healthy\": true}'; exit 0; }\n\
+         printf 'colour \\033[31mred\\r\\n' >&2\n\
          head -c 20000000 /dev/zero | tr '\\0' 'y' | fold -w 100 >&2\n\
          printf 'last words \\033]0;title\\007\\n' >&2\nexit 3\n",
         "retry_count = 0",
@@ -194,29 +216,33 @@ async fn a_stderr_flood_is_capped_in_the_logs_and_control_characters_escaped() {
         reason.ends_with("last words \\x1b]0;title\\x07"),
         "{reason}"
     );
-    let worker = format!("{}0001", task.prefix());
-    let dir = sup.jsonl_dir(&task, &worker);
-    let mut bytes = 0;
-    let mut text = String::new();
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        bytes += std::fs::metadata(&path).unwrap().len();
-        text.push_str(&std::fs::read_to_string(&path).unwrap());
-    }
+    // Process mode: the executor's JSONL log (JSON-escaped); thread mode: everything goes to
+    // the supervisor's stderr, as text.
+    let (text, escaped) = if mode == "process" {
+        let worker = format!("{}0001", task.prefix());
+        let mut text = String::new();
+        for entry in std::fs::read_dir(sup.jsonl_dir(&task, &worker)).unwrap() {
+            text.push_str(&std::fs::read_to_string(entry.unwrap().path()).unwrap());
+        }
+        (text, r"colour \\x1b[31mred")
+    } else {
+        (sup.log_text(), r"colour \x1b[31mred")
+    };
     assert!(
-        bytes < 2_000_000,
-        "{bytes} bytes of executor log for 20 MB of stderr"
+        text.len() < 2_000_000,
+        "{mode}: {} bytes of log for 20 MB of stderr",
+        text.len()
     );
     assert!(
         text.contains("bytes of stderr dropped"),
-        "{}",
-        &text[text.len() - 2000..]
+        "{mode}: {}",
+        &text[text.len().saturating_sub(2000)..]
     );
     assert!(
-        text.contains(r"colour \\x1b[31mred"),
-        "the ESC is written out, not raw"
+        text.contains(escaped),
+        "{mode}: the ESC is written out, not raw"
     );
-    assert!(!text.contains('\u{1b}'), "no raw ESC in the log");
+    assert!(!text.contains('\u{1b}'), "{mode}: no raw ESC in the log");
 }
 
 /// A body hunting for secrets finds none: not in its environment, not in any
