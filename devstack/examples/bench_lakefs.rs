@@ -28,6 +28,8 @@ async fn main() -> Result<(), Error> {
         let c = server.credentials();
         (c.access_key_id.clone(), c.secret_access_key.clone())
     };
+    // reqwest brings no TLS provider of its own in this workspace.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let http = reqwest::Client::new();
     let post = |path: String, body: Value| {
         http.post(format!("{api}{path}"))

@@ -24,6 +24,8 @@ async fn main() -> Result<(), Error> {
     };
     let server = ConductorServer::builder().bind("127.0.0.1:0").await?;
     let api = server.base_url();
+    // reqwest brings no TLS provider of its own in this workspace.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let http = reqwest::Client::new();
 
     let def = json!({"name": "bench", "tasks": [{"name": "bench_task", "taskReferenceName": "t"}]});

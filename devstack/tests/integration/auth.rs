@@ -24,7 +24,7 @@ async fn dev_with_auth(ttl: Duration) -> Dev {
     let api = server.base_url();
     Dev {
         server,
-        http: reqwest::Client::new(),
+        http: crate::support::http_client(),
         api,
     }
 }
@@ -193,7 +193,7 @@ async fn opaque_tokens_have_no_claims_and_expire_too() {
     let api = server.base_url();
     let dev = Dev {
         server,
-        http: reqwest::Client::new(),
+        http: crate::support::http_client(),
         api,
     };
     let token = token(&dev).await;

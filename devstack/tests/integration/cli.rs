@@ -30,7 +30,9 @@ async fn binary_prints_its_url_serves_and_stops_on_sigterm() {
     );
     assert!(!url.ends_with(":0/api"), "the real port is printed: {line}");
 
-    let health: serde_json::Value = reqwest::get(format!("{url}/health"))
+    let health: serde_json::Value = crate::support::http_client()
+        .get(format!("{url}/health"))
+        .send()
         .await
         .unwrap()
         .json()
@@ -71,7 +73,7 @@ async fn binary_requires_conductor_auth_when_asked() {
         .expect("one line on stdout");
     let parsed: serde_json::Value = serde_json::from_str(&line).unwrap();
     let url = parsed["conductor"].as_str().unwrap();
-    let http = reqwest::Client::new();
+    let http = crate::support::http_client();
     let refused = http
         .get(format!("{url}/metadata/taskdefs"))
         .send()

@@ -61,7 +61,7 @@ impl Dev {
         let api = server.base_url();
         Self {
             server,
-            http: Client::new(),
+            http: http_client(),
             api,
         }
     }
@@ -225,4 +225,11 @@ where
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// A reqwest client. The workspace's reqwest has no TLS provider of its own (perago's clients
+/// bring theirs), so ring is installed as the process default first.
+pub(crate) fn http_client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
 }

@@ -140,7 +140,7 @@ async fn binary_serves_lakefs_next_to_conductor_with_credentials_from_flags() {
         "the endpoint is printed without /api/v1: {line}"
     );
 
-    let client = reqwest::Client::new();
+    let client = crate::support::http_client();
     let url = format!("{endpoint}/api/v1/repositories");
     let ok = client
         .get(&url)

@@ -47,7 +47,7 @@ impl Lake {
         let api = server.api_url();
         Self {
             server,
-            http: Client::new(),
+            http: crate::support::http_client(),
             api,
         }
     }
