@@ -122,6 +122,24 @@ impl Harness {
         })
     }
 
+    /// Slot 1 (attached, generation 1) runs task `a` and completes it through update-v2; its
+    /// executor then dies before update-v2 answers with task `b`. Returns the effects of that
+    /// answer (`b` arrives for a slot that is gone).
+    fn next_task_for_a_dead_slot(&mut self, status: &str) -> Vec<Effect> {
+        let (_, execution, _) = assignments(&self.deliver(&["a"])).remove(0);
+        self.complete(1, 1, "a", &execution);
+        self.go(Input::SlotExited(proto::SlotExited {
+            slot: 1,
+            generation: 1,
+            pid: 1,
+            status: status.into(),
+        }));
+        self.go(Input::UpdateDone {
+            slot: Some(1),
+            next_task: Some(task("b")),
+        })
+    }
+
     fn status(&mut self) -> admin::StatusResponse {
         match self.m.handle(Input::Status).reply {
             Reply::Status(s) => *s,
@@ -576,18 +594,7 @@ fn the_fence_answers_only_the_current_assignment_of_the_caller() {
 fn update_v2_next_task_for_a_dead_slot_is_held_then_run() {
     let mut h = Harness::new(1, true);
     h.up(1);
-    let (_, execution, _) = assignments(&h.deliver(&["a"])).remove(0);
-    h.complete(1, 1, "a", &execution);
-    h.go(Input::SlotExited(proto::SlotExited {
-        slot: 1,
-        generation: 1,
-        pid: 1,
-        status: "killed by signal 9".into(),
-    }));
-    let effects = h.go(Input::UpdateDone {
-        slot: Some(1),
-        next_task: Some(task("b")),
-    });
+    let effects = h.next_task_for_a_dead_slot("killed by signal 9");
     assert!(hand_backs(&effects).is_empty(), "{effects:?}");
     assert!(assignments(&effects).is_empty());
     assert!(
@@ -625,18 +632,7 @@ fn never_more_than_n_tasks_are_held() {
 fn a_held_task_whose_lease_is_lost_is_dropped() {
     let mut h = Harness::new(1, true);
     h.up(1);
-    let (_, execution, _) = assignments(&h.deliver(&["a"])).remove(0);
-    h.complete(1, 1, "a", &execution);
-    h.go(Input::SlotExited(proto::SlotExited {
-        slot: 1,
-        generation: 1,
-        pid: 1,
-        status: "gone".into(),
-    }));
-    let effects = h.go(Input::UpdateDone {
-        slot: Some(1),
-        next_task: Some(task("b")),
-    });
+    let effects = h.next_task_for_a_dead_slot("gone");
     let held_execution = effects
         .iter()
         .find_map(|e| match e {
@@ -769,18 +765,7 @@ fn drain_while_awaiting_update_v2s_next_task_runs_it() {
 fn drain_hands_back_held_tasks_only_when_no_executor_is_left() {
     let mut h = Harness::new(1, true);
     h.up(1);
-    let (_, execution, _) = assignments(&h.deliver(&["a"])).remove(0);
-    h.complete(1, 1, "a", &execution);
-    h.go(Input::SlotExited(proto::SlotExited {
-        slot: 1,
-        generation: 1,
-        pid: 1,
-        status: "gone".into(),
-    }));
-    h.go(Input::UpdateDone {
-        slot: Some(1),
-        next_task: Some(task("b")),
-    });
+    h.next_task_for_a_dead_slot("gone");
     let effects = h.go(Input::Drain);
     assert_eq!(hand_backs(&effects), ["b"], "{effects:?}");
     assert!(

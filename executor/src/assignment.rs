@@ -261,16 +261,15 @@ impl AssignmentRunner {
     ) -> RuntimeResult {
         match self.try_execute(execution_id, attempt, io).await {
             // Every body kind (a Rust `Task` too), the whole output (workspace included).
-            Ok(output) if perago_core::json::encoded_len(&output) > MAX_OUTPUT_BYTES => {
-                RuntimeResult::failed(
+            Ok(output) => match perago_core::json::encoded_len(&output) {
+                size if size > MAX_OUTPUT_BYTES => RuntimeResult::failed(
                     &self.worker_id,
                     Reason::new(format!(
-                        "task output is {} bytes; perago fails outputs above {MAX_OUTPUT_BYTES} bytes (Conductor would move them to external storage)",
-                        perago_core::json::encoded_len(&output)
+                        "task output is {size} bytes; perago fails outputs above {MAX_OUTPUT_BYTES} bytes (Conductor would move them to external storage)"
                     )),
-                )
-            }
-            Ok(output) => RuntimeResult::completed(&self.worker_id, output),
+                ),
+                _ => RuntimeResult::completed(&self.worker_id, output),
+            },
             Err(Failure::Retriable(reason)) => RuntimeResult::failed(&self.worker_id, reason),
             Err(Failure::Terminal(reason)) => {
                 RuntimeResult::failed_terminal(&self.worker_id, reason)
