@@ -6,8 +6,8 @@ use std::{path::PathBuf, time::Duration};
 
 /// The socket path.
 pub const PERAGO_SOCKET: &str = "PERAGO_SOCKET";
-/// The number of slots.
-pub const PERAGO_SLOTS: &str = "PERAGO_SLOTS";
+/// The number of slots (the executor range's maximum).
+pub use perago_core::capacity::PERAGO_SLOTS;
 /// The supervisor's control secret.
 pub const PERAGO_CONTROL_TOKEN: &str = "PERAGO_CONTROL_TOKEN";
 /// The task name.
@@ -42,9 +42,10 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
         )
     })?;
     let prefix = WorkerPrefix::explicit(&prefix).map_err(|e| e.to_string())?;
-    let slots: u32 = slots
-        .parse()
-        .map_err(|_| format!("{PERAGO_SLOTS} must be a positive integer"))?;
+    if !slots.parse::<u32>().is_ok_and(|n| n >= 1) {
+        return Err(format!("{PERAGO_SLOTS} must be a positive integer"));
+    }
+    let capacity = perago_core::capacity::Capacity::from_lookup(&lookup)?;
     // CONDUCTOR_SERVER_URL, and CONDUCTOR_AUTH_KEY/SECRET when the server requires a token.
     let conductor = ConductorClient::from_lookup(&lookup).map_err(|e| e.to_string())?;
     let poll_wait = match var(PERAGO_POLL_WAIT_MS) {
@@ -69,7 +70,7 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
     Ok(BrokerConfig {
         task_name,
         prefix,
-        slots,
+        capacity,
         conductor,
         socket: PathBuf::from(socket),
         control_token,

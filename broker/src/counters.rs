@@ -33,6 +33,11 @@ pub(crate) struct Counters {
     pub(crate) executor_exits: Counter,
     pub(crate) results_lost: Counter,
     pub(crate) rejected_completions: Counter,
+    pub(crate) executors_recycled: Counter,
+    pub(crate) tasks_poisoned: Counter,
+    pub(crate) scale_ups: Counter,
+    pub(crate) scale_downs: Counter,
+    pub(crate) polls_withheld: Counter,
 }
 
 impl Counters {
@@ -50,6 +55,12 @@ impl Counters {
             leases_lost: self.leases_lost.get(),
             executor_exits: self.executor_exits.get(),
             results_lost: self.results_lost.get(),
+            rejected_completions: self.rejected_completions.get(),
+            executors_recycled: self.executors_recycled.get(),
+            tasks_poisoned: self.tasks_poisoned.get(),
+            scale_ups: self.scale_ups.get(),
+            scale_downs: self.scale_downs.get(),
+            polls_withheld: self.polls_withheld.get(),
         }
     }
 }
@@ -85,6 +96,14 @@ impl Histogram {
 pub(crate) struct Gauges {
     pub(crate) busy_slots: AtomicU64,
     pub(crate) slots: AtomicU64,
+    /// Executors the runtime wants running (the adaptive range's current target).
+    pub(crate) wanted_executors: AtomicU64,
+    /// The task type's queue depth as last read from Conductor; `u64::MAX` = not read.
+    pub(crate) queue_depth: AtomicU64,
+    /// Available memory in bytes when last measured; 0 = not measured.
+    pub(crate) available_memory: AtomicU64,
+    /// 1 while the broker may poll (memory admission), else 0.
+    pub(crate) admission_open: AtomicU64,
     pub(crate) task_duration: Histogram,
 }
 
@@ -152,6 +171,31 @@ pub(crate) fn prometheus(task: &str, c: &Counters, g: &Gauges) -> String {
         "Completions refused because they were not the slot's current assignment.",
         c.rejected_completions.get(),
     );
+    counter(
+        "perago_executors_recycled_total",
+        "Executors replaced after --max-tasks-per-executor or --max-executor-memory.",
+        c.executors_recycled.get(),
+    );
+    counter(
+        "perago_tasks_poisoned_total",
+        "Tasks failed for good after PERAGO_POISON_AFTER executor crashes.",
+        c.tasks_poisoned.get(),
+    );
+    counter(
+        "perago_scale_ups_total",
+        "Slots started above the minimum of the executor range.",
+        c.scale_ups.get(),
+    );
+    counter(
+        "perago_scale_downs_total",
+        "Idle slots retired down towards the minimum of the executor range.",
+        c.scale_downs.get(),
+    );
+    counter(
+        "perago_polls_withheld_total",
+        "Poll grants withheld while available memory was below PERAGO_MIN_FREE_MEMORY.",
+        c.polls_withheld.get(),
+    );
     let _ = writeln!(
         out,
         "# HELP perago_task_results_total Results reported to Conductor, by status.\n# TYPE perago_task_results_total counter"
@@ -175,6 +219,38 @@ pub(crate) fn prometheus(task: &str, c: &Counters, g: &Gauges) -> String {
         out,
         "# HELP perago_slots Executor slots.\n# TYPE perago_slots gauge\nperago_slots{{{label}}} {}",
         g.slots.load(Ordering::Relaxed)
+    );
+    let mut gauge = |name: &str, help: &str, value: u64| {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{label}}} {value}"
+        );
+    };
+    gauge(
+        "perago_wanted_executors",
+        "Executors the runtime wants running (between the -j range's bounds).",
+        g.wanted_executors.load(Ordering::Relaxed),
+    );
+    let depth = g.queue_depth.load(Ordering::Relaxed);
+    if depth != u64::MAX {
+        gauge(
+            "perago_queue_depth",
+            "The task type's queue depth as Conductor last reported it.",
+            depth,
+        );
+    }
+    let available = g.available_memory.load(Ordering::Relaxed);
+    if available > 0 {
+        gauge(
+            "perago_available_memory_bytes",
+            "Available memory when last measured (cgroup v2 aware).",
+            available,
+        );
+    }
+    gauge(
+        "perago_admission_open",
+        "1 while the broker may poll for new tasks, 0 while memory admission is closed.",
+        g.admission_open.load(Ordering::Relaxed),
     );
     let h = &g.task_duration;
     let _ = writeln!(

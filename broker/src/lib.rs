@@ -31,8 +31,8 @@ pub struct BrokerConfig {
     pub task_name: String,
     /// The worker id prefix (the broker polls as prefix + `Broker`).
     pub prefix: WorkerPrefix,
-    /// The number of executor slots.
-    pub slots: u32,
+    /// The capacity and lifecycle settings; `capacity.max_executors` is the number of slots.
+    pub capacity: perago_core::capacity::Capacity,
     /// The Conductor client.
     pub conductor: ConductorClient,
     /// Where to serve gRPC.
@@ -80,7 +80,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     // them (see `incoming`), so a flood of connections cannot starve the executors' streams,
     // `status` or the Conductor client.
     let nofile = perago_core::process::raise_nofile_limit();
-    let limits = incoming::Limits::for_descriptors(nofile, config.slots);
+    let limits = incoming::Limits::for_descriptors(nofile, config.capacity.max_executors);
     let (listener, _socket_guard) =
         socket::bind(&config.socket)
             .await
@@ -118,13 +118,19 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     let machine = state::Machine::new(
         config.task_name.clone(),
         &config.prefix,
-        config.slots,
+        config.capacity.clone(),
         reporter.v2_flag(),
         Arc::clone(&counters),
         gauges,
         SystemTime::now(),
     );
-    let actor = actor::Actor::new(machine, config.slots, reporter, events.clone(), drained_tx);
+    let actor = actor::Actor::new(
+        machine,
+        config.capacity.max_executors,
+        reporter,
+        events.clone(),
+        drained_tx,
+    );
     let actor = tokio::spawn(actor.run(rx));
     let poller = poller::Poller {
         client: config.conductor.clone(),
@@ -138,7 +144,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     tokio::spawn(poller.run(events.clone()));
 
     tracing::info!(
-        task = %config.task_name, slots = config.slots, socket = %config.socket.display(),
+        task = %config.task_name, slots = config.capacity.max_executors, socket = %config.socket.display(),
         broker_id = %config.prefix.broker_id(), conductor = config.conductor.base_url(),
         "broker serving"
     );

@@ -21,6 +21,7 @@
 use crate::{counters::Counters, counters::Gauges, wire};
 use perago_core::{
     attempt::{AttemptError, AttemptSnapshot, TaskRef, task_ref},
+    capacity::Capacity,
     conductor::Polled,
     identity::{Slot as SlotNumber, WorkerPrefix},
     result::{Reason, RuntimeResult},
@@ -202,6 +203,8 @@ struct Held {
 #[derive(Debug)]
 pub(crate) struct Machine {
     task_name: String,
+    /// The capacity and lifecycle settings (`-j`, recycling, admission, poison, run once).
+    capacity: Capacity,
     broker_id: String,
     slots: Vec<Slot>,
     held: VecDeque<Held>,
@@ -248,15 +251,20 @@ impl Machine {
     pub(crate) fn new(
         task_name: String,
         prefix: &WorkerPrefix,
-        slots: u32,
+        capacity: Capacity,
         v2: Arc<std::sync::atomic::AtomicBool>,
         counters: Arc<Counters>,
         gauges: Arc<Gauges>,
         started_at: SystemTime,
     ) -> Self {
+        let slots = capacity.max_executors;
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        gauges.slots.store(u64::from(slots), relaxed);
         gauges
-            .slots
-            .store(u64::from(slots), std::sync::atomic::Ordering::Relaxed);
+            .wanted_executors
+            .store(u64::from(capacity.min_executors), relaxed);
+        gauges.queue_depth.store(u64::MAX, relaxed);
+        gauges.admission_open.store(1, relaxed);
         let slots = (1..=slots)
             .map(|n| Slot {
                 number: n,
@@ -272,6 +280,7 @@ impl Machine {
             .collect();
         Self {
             task_name,
+            capacity,
             broker_id: prefix.broker_id(),
             slots,
             held: VecDeque::new(),
@@ -979,6 +988,31 @@ impl Machine {
             counters: Some(self.counters.snapshot()),
             broker_pid: std::process::id(),
             started_at_unix_ms: unix_ms(self.started_at),
+            capacity: Some(self.capacity_status()),
+        }
+    }
+
+    /// The capacity settings and the live figures they act on, for Admin.Status.
+    fn capacity_status(&self) -> admin::Capacity {
+        let c = &self.capacity;
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        let depth = self.gauges.queue_depth.load(relaxed);
+        let open = self.gauges.admission_open.load(relaxed) == 1;
+        admin::Capacity {
+            once: c.once,
+            max_tasks_per_executor: c.max_tasks_per_executor.unwrap_or(0),
+            max_executor_memory_bytes: c.max_executor_memory.unwrap_or(0),
+            min_executors: c.min_executors,
+            max_executors: c.max_executors,
+            scale_down_after_ms: u64::try_from(c.scale_down_after.as_millis()).unwrap_or(u64::MAX),
+            min_free_memory_bytes: c.min_free_memory.unwrap_or(0),
+            poison_after: c.poison_after,
+            wanted_executors: u32::try_from(self.gauges.wanted_executors.load(relaxed))
+                .unwrap_or(u32::MAX),
+            queue_depth: i64::try_from(depth).unwrap_or(-1),
+            available_memory_bytes: self.gauges.available_memory.load(relaxed),
+            admission_open: open,
+            admission_reason: String::new(),
         }
     }
 }

@@ -28,11 +28,16 @@ fn raw_task(id: &str) -> Value {
 
 impl Harness {
     fn new(slots: u32, v2: bool) -> Self {
+        Self::with_capacity(perago_core::capacity::Capacity::fixed(slots), v2)
+    }
+
+    /// A machine with these capacity settings (`max_executors` slots).
+    fn with_capacity(capacity: perago_core::capacity::Capacity, v2: bool) -> Self {
         let counters = Arc::new(Counters::default());
         let m = Machine::new(
             "t".into(),
             &WorkerPrefix::derive("t").unwrap(),
-            slots,
+            capacity,
             Arc::new(AtomicBool::new(v2)),
             Arc::clone(&counters),
             Arc::new(Gauges::default()),

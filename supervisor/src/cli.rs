@@ -59,19 +59,45 @@ pub struct ExtractArgs {
 pub struct StartArgs {
     /// The task manifest (TOML).
     pub manifest: PathBuf,
-    /// Number of executor processes (slots), at least 1.
+    /// Executor processes (slots): `N` (at least 1), or an adaptive range `MIN..MAX` that
+    /// starts MIN, grows towards MAX while Conductor's queue for the task has a backlog, and
+    /// retires slots idle for PERAGO_SCALE_DOWN_AFTER (default 30s).
     #[arg(
         short = 'j',
         long = "jobs",
-        value_name = "N",
-        default_value_t = 1,
-        allow_negative_numbers = true
+        value_name = "N|MIN..MAX",
+        default_value = "1",
+        allow_hyphen_values = true
     )]
-    pub jobs: i64,
+    pub jobs: String,
     /// `process` (a broker and N executor processes) or `thread` (one process). Default: the
     /// PERAGO_EXECUTION_MODE environment variable, else `process`.
     #[arg(long, value_enum)]
     pub execution_mode: Option<ModeArg>,
+    /// Work until Conductor has no task of this type left and every slot is idle, then drain
+    /// and exit 0 (cron jobs, CI, backfills). Also PERAGO_ONCE=1.
+    #[arg(long)]
+    pub once: bool,
+    /// Replace an executor by a fresh process after N assignments (it finishes and reports
+    /// the last one first). Also PERAGO_EXECUTOR_MAX_TASKS.
+    #[arg(long, value_name = "N")]
+    pub max_tasks_per_executor: Option<String>,
+    /// Replace an executor after an assignment that leaves it and its bodies' processes above
+    /// SIZE resident memory, e.g. 512MiB. Also PERAGO_EXECUTOR_MAX_MEMORY.
+    #[arg(long, value_name = "SIZE")]
+    pub max_executor_memory: Option<String>,
+}
+
+impl StartArgs {
+    /// The capacity flags, for [`perago_core::capacity::Capacity::resolve`].
+    pub fn capacity_flags(&self) -> perago_core::capacity::CapacityFlags {
+        perago_core::capacity::CapacityFlags {
+            jobs: self.jobs.clone(),
+            once: self.once,
+            max_tasks_per_executor: self.max_tasks_per_executor.clone(),
+            max_executor_memory: self.max_executor_memory.clone(),
+        }
+    }
 }
 
 /// `completions`.

@@ -165,7 +165,7 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
             task_name: name.clone(),
             manifest_path: std::fs::canonicalize(&args.manifest)
                 .unwrap_or_else(|_| args.manifest.clone()),
-            workers: workers.get(),
+            capacity: perago_core::capacity::Capacity::fixed(workers.get()),
             prefix,
             conductor_url: url.clone(),
             socket: locked.socket.clone(),

@@ -28,6 +28,9 @@ pub enum ExpectedError {
     /// `-j` out of range.
     #[error(transparent)]
     WorkerCount(#[from] WorkerCountError),
+    /// A bad command-line value (e.g. `-j 0`, `-j 8..2`).
+    #[error("{0}")]
+    Usage(String),
     /// A bad `PERAGO_EXECUTION_MODE`.
     #[error(transparent)]
     ExecutionMode(#[from] ExecutionModeError),
@@ -73,7 +76,7 @@ impl ExpectedError {
     /// The exit code for this error.
     pub fn process_exit_code(&self) -> i32 {
         match self {
-            Self::WorkerCount(_) => exit_codes::USAGE,
+            Self::WorkerCount(_) | Self::Usage(_) => exit_codes::USAGE,
             Self::ForceKilled(_) => exit_codes::FORCE_KILLED,
             _ => exit_codes::FAILURE,
         }

@@ -8,11 +8,12 @@ use crate::runtime::{
 };
 use crate::{cli::StartArgs, errors::ExpectedError};
 use perago_core::{
+    capacity::{Capacity, parse_jobs},
     conductor::ConductorClient,
     env,
     identity::WorkerPrefix,
     manifest::{BodyKind, Manifest, TaskKind},
-    mode::{ExecutionMode, WorkerCount},
+    mode::ExecutionMode,
 };
 use perago_executor::workspace::lakefs::{LakefsClient, LakefsConfig};
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
@@ -23,21 +24,23 @@ const DEFAULT_ROOT_LOCK_WAIT: Duration = Duration::from_secs(30);
 /// What `start` resolved from its arguments and environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct StartPlan {
-    pub(crate) workers: WorkerCount,
+    pub(crate) capacity: Capacity,
     pub(crate) mode: ExecutionMode,
 }
 
-/// `-j` and the execution mode, before anything touches the manifest.
+/// `-j`, the capacity settings and the execution mode, before anything touches the manifest.
 pub(crate) fn resolve_args(
     args: &StartArgs,
     vars: &BTreeMap<String, String>,
 ) -> Result<StartPlan, ExpectedError> {
-    let workers = WorkerCount::new(args.jobs)?;
+    parse_jobs(&args.jobs).map_err(ExpectedError::Usage)?;
+    let capacity = Capacity::resolve(&args.capacity_flags(), |name| vars.get(name).cloned())
+        .map_err(ExpectedError::Config)?;
     let mode = ExecutionMode::resolve(
         args.execution_mode.map(Into::into),
         vars.get(env::PERAGO_EXECUTION_MODE).map(String::as_str),
     )?;
-    Ok(StartPlan { workers, mode })
+    Ok(StartPlan { capacity, mode })
 }
 
 /// The service configuration `start` needs, every missing name reported at once.
@@ -206,7 +209,7 @@ pub(crate) fn start(
         let spec = RuntimeSpec {
             task_name: name.clone(),
             manifest_path,
-            workers: plan.workers.get(),
+            capacity: plan.capacity.clone(),
             prefix,
             conductor_url: conductor.base_url().to_owned(),
             socket: locked.socket.clone(),
@@ -244,8 +247,11 @@ mod tests {
     fn args(jobs: i64, mode: Option<ModeArg>) -> StartArgs {
         StartArgs {
             manifest: PathBuf::from("task.toml"),
-            jobs,
+            jobs: jobs.to_string(),
             execution_mode: mode,
+            once: false,
+            max_tasks_per_executor: None,
+            max_executor_memory: None,
         }
     }
 
@@ -264,7 +270,23 @@ mod tests {
             assert_eq!(err.process_exit_code(), 2);
         }
         let plan = resolve_args(&args(4, None), &vars(&[])).unwrap();
-        assert_eq!(plan.workers.get(), 4);
+        assert_eq!(plan.capacity, Capacity::fixed(4));
+        let mut range = args(1, None);
+        range.jobs = "4..2".to_owned();
+        let err = resolve_args(&range, &vars(&[])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "-j 4..2: the minimum (4) is above the maximum (2)"
+        );
+        assert_eq!(err.process_exit_code(), 2);
+        // Capacity problems are configuration errors, all at once, each named.
+        let mut bad = args(2, None);
+        bad.max_tasks_per_executor = Some("none".to_owned());
+        let err = resolve_args(&bad, &vars(&[("PERAGO_MIN_FREE_MEMORY", "x")])).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("--max-tasks-per-executor \"none\""), "{text}");
+        assert!(text.contains("PERAGO_MIN_FREE_MEMORY"), "{text}");
+        assert_eq!(err.process_exit_code(), 1);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use crate::{
 };
 use perago_core::{env, manifest::Manifest};
 use perago_proto::admin::v1::{
-    BrokerCounters, SlotState, StatusRequest, StatusResponse, admin_client::AdminClient,
+    BrokerCounters, Capacity, SlotState, StatusRequest, StatusResponse, admin_client::AdminClient,
 };
 use serde_json::{Value, json};
 use std::{
@@ -50,6 +50,7 @@ fn state_name(state: i32) -> &'static str {
         Ok(SlotState::Busy) => "busy",
         Ok(SlotState::Stopping) => "stopping",
         Ok(SlotState::Exited) => "exited",
+        Ok(SlotState::Retired) => "retired",
         _ => "unknown",
     }
 }
@@ -70,7 +71,107 @@ fn counters_json(c: &BrokerCounters) -> Value {
         "failed_terminal": c.failed_terminal, "update_retries": c.update_retries,
         "lease_extensions": c.lease_extensions, "leases_lost": c.leases_lost,
         "executor_exits": c.executor_exits, "results_lost": c.results_lost,
+        "rejected_completions": c.rejected_completions,
+        "executors_recycled": c.executors_recycled, "tasks_poisoned": c.tasks_poisoned,
+        "scale_ups": c.scale_ups, "scale_downs": c.scale_downs,
+        "polls_withheld": c.polls_withheld,
     })
+}
+
+fn capacity_json(c: &Capacity) -> Value {
+    let off_if_zero = |n: u64| (n > 0).then_some(n);
+    json!({
+        "once": c.once,
+        "max_tasks_per_executor": off_if_zero(c.max_tasks_per_executor),
+        "max_executor_memory_bytes": off_if_zero(c.max_executor_memory_bytes),
+        "min_executors": c.min_executors, "max_executors": c.max_executors,
+        "wanted_executors": c.wanted_executors,
+        "scale_down_after_ms": c.scale_down_after_ms,
+        "min_free_memory_bytes": off_if_zero(c.min_free_memory_bytes),
+        "poison_after": c.poison_after,
+        "queue_depth": (c.queue_depth >= 0).then_some(c.queue_depth),
+        "available_memory_bytes": off_if_zero(c.available_memory_bytes),
+        "admission_open": c.admission_open,
+        "admission_reason": c.admission_reason,
+    })
+}
+
+/// `1.5GiB`, `512MiB`, `800KiB`, `12B`.
+fn bytes(n: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
+    for (unit, size) in UNITS {
+        if n >= size {
+            let value = n as f64 / size as f64;
+            return if n.is_multiple_of(size) {
+                format!("{}{unit}", n / size)
+            } else {
+                format!("{value:.1}{unit}")
+            };
+        }
+    }
+    format!("{n}B")
+}
+
+/// The capacity lines of the table: only what is on, plus the live figures.
+fn capacity_table(c: &Capacity) -> String {
+    let mut parts = Vec::new();
+    if c.min_executors < c.max_executors {
+        parts.push(format!(
+            "executors {}..{} (wanted {}, scale down after {})",
+            c.min_executors,
+            c.max_executors,
+            c.wanted_executors,
+            human(Duration::from_millis(c.scale_down_after_ms))
+        ));
+    }
+    if c.once {
+        parts.push("run once".to_owned());
+    }
+    if c.max_tasks_per_executor > 0 {
+        parts.push(format!("recycle after {} tasks", c.max_tasks_per_executor));
+    }
+    if c.max_executor_memory_bytes > 0 {
+        parts.push(format!(
+            "recycle above {}",
+            bytes(c.max_executor_memory_bytes)
+        ));
+    }
+    if c.min_free_memory_bytes > 0 {
+        parts.push(format!(
+            "min free memory {}",
+            bytes(c.min_free_memory_bytes)
+        ));
+    }
+    parts.push(if c.poison_after > 0 {
+        format!("poison after {} crashes", c.poison_after)
+    } else {
+        "poison detection off".to_owned()
+    });
+    let mut out = format!("capacity: {}\n", parts.join(", "));
+    let mut live = Vec::new();
+    if c.queue_depth >= 0 {
+        live.push(format!("queue depth {}", c.queue_depth));
+    }
+    if c.available_memory_bytes > 0 {
+        live.push(format!(
+            "available memory {}",
+            bytes(c.available_memory_bytes)
+        ));
+    }
+    live.push(if c.admission_open {
+        "admission open".to_owned()
+    } else if c.admission_reason.is_empty() {
+        "admission CLOSED".to_owned()
+    } else {
+        format!("admission CLOSED: {}", c.admission_reason)
+    });
+    let _ = writeln!(out, "now: {}", live.join(", "));
+    out
 }
 
 /// The status as JSON (snake_case, as the proto fields).
@@ -87,6 +188,7 @@ pub(crate) fn to_json(status: &StatusResponse) -> Value {
             "busy_since_unix_ms": s.busy_since_unix_ms, "phase": s.phase,
         })).collect::<Vec<_>>(),
         "counters": status.counters.as_ref().map(counters_json),
+        "capacity": status.capacity.as_ref().map(capacity_json),
     })
 }
 
@@ -143,7 +245,7 @@ pub(crate) fn to_table(status: &StatusResponse) -> String {
     if let Some(c) = &status.counters {
         let _ = writeln!(
             out,
-            "counters: polls {}, empty polls {}, poll errors {}, dispatched {}, completed {}, failed {}, failed terminal {}, update retries {}, lease extensions {}, leases lost {}, executor exits {}, results lost {}",
+            "counters: polls {}, empty polls {}, poll errors {}, dispatched {}, completed {}, failed {}, failed terminal {}, update retries {}, lease extensions {}, leases lost {}, executor exits {}, results lost {}, rejected completions {}, executors recycled {}, tasks poisoned {}, scale ups {}, scale downs {}, polls withheld {}",
             c.polls,
             c.empty_polls,
             c.poll_errors,
@@ -155,8 +257,17 @@ pub(crate) fn to_table(status: &StatusResponse) -> String {
             c.lease_extensions,
             c.leases_lost,
             c.executor_exits,
-            c.results_lost
+            c.results_lost,
+            c.rejected_completions,
+            c.executors_recycled,
+            c.tasks_poisoned,
+            c.scale_ups,
+            c.scale_downs,
+            c.polls_withheld
         );
+    }
+    if let Some(c) = &status.capacity {
+        out.push_str(&capacity_table(c));
     }
     out
 }
@@ -246,6 +357,43 @@ pub(crate) fn status(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn capacity_shows_what_is_on_and_why_admission_is_closed() {
+        let mut c = Capacity {
+            min_executors: 2,
+            max_executors: 2,
+            wanted_executors: 2,
+            scale_down_after_ms: 30_000,
+            poison_after: 3,
+            queue_depth: -1,
+            admission_open: true,
+            ..Capacity::default()
+        };
+        assert_eq!(
+            capacity_table(&c),
+            "capacity: poison after 3 crashes\nnow: admission open\n"
+        );
+        assert_eq!(capacity_json(&c)["queue_depth"], Value::Null);
+        c.max_executors = 8;
+        c.wanted_executors = 3;
+        c.once = true;
+        c.max_tasks_per_executor = 5;
+        c.max_executor_memory_bytes = 512 << 20;
+        c.min_free_memory_bytes = 3 << 29;
+        c.queue_depth = 12;
+        c.available_memory_bytes = 1 << 30;
+        c.admission_open = false;
+        c.admission_reason = "available 1GiB < PERAGO_MIN_FREE_MEMORY 1.5GiB".to_owned();
+        assert_eq!(
+            capacity_table(&c),
+            "capacity: executors 2..8 (wanted 3, scale down after 30.0s), run once, recycle after 5 tasks, recycle above 512MiB, min free memory 1.5GiB, poison after 3 crashes\nnow: queue depth 12, available memory 1GiB, admission CLOSED: available 1GiB < PERAGO_MIN_FREE_MEMORY 1.5GiB\n"
+        );
+        let json = capacity_json(&c);
+        assert_eq!(json["queue_depth"], 12);
+        assert_eq!(json["max_executor_memory_bytes"], 512 << 20);
+        assert_eq!(json["admission_open"], false);
+    }
 
     #[test]
     fn staging_branches_left_are_read_beside_the_socket_and_listed() {

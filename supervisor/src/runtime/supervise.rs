@@ -65,7 +65,8 @@ pub(crate) fn restart_delay(n: u32) -> Duration {
 pub(crate) struct RuntimeSpec {
     pub(crate) task_name: String,
     pub(crate) manifest_path: PathBuf,
-    pub(crate) workers: u32,
+    /// `-j` and the other capacity and lifecycle settings (passed to every child).
+    pub(crate) capacity: perago_core::capacity::Capacity,
     pub(crate) prefix: WorkerPrefix,
     pub(crate) conductor_url: String,
     pub(crate) socket: PathBuf,
@@ -272,6 +273,7 @@ impl Supervisor {
                 self.spec.workspace_root.display().to_string(),
             ),
         ];
+        env.extend(self.spec.capacity.child_env());
         env.extend(self.spec.child_env.iter().cloned());
         env
     }
@@ -640,7 +642,6 @@ pub(crate) async fn supervise(
 
     let control_token = secret();
     let mut broker_env = vec![
-        ("PERAGO_SLOTS".to_owned(), spec.workers.to_string()),
         ("PERAGO_CONTROL_TOKEN".to_owned(), control_token.clone()),
         // Control calls are taken on this process's connections only.
         (
@@ -648,7 +649,7 @@ pub(crate) async fn supervise(
             std::process::id().to_string(),
         ),
     ];
-    let slots = (1..=spec.workers)
+    let slots = (1..=spec.capacity.max_executors)
         .map(|n| {
             let worker_id = spec
                 .prefix
@@ -718,7 +719,9 @@ pub(crate) async fn supervise(
     ));
     sup.admin = Some(AdminClient::new(channel));
 
-    let slot_numbers: Vec<u32> = sup.slots.keys().copied().collect();
+    // An adaptive runtime starts its minimum; the slots above it start when the queue has a
+    // backlog.
+    let slot_numbers: Vec<u32> = (1..=sup.spec.capacity.min_executors).collect();
     for slot in slot_numbers {
         if let Err(e) = sup.start_executor(slot).await {
             tracing::error!(error = %e, "cannot start an executor; stopping");

@@ -1,0 +1,399 @@
+//! Capacity and lifecycle controls (SPEC §8): run once, executor recycling, the adaptive
+//! executor range, memory-headroom admission and poison tasks. Every one is off (or at today's
+//! behaviour) by default. The supervisor resolves them from its flags and environment (a flag
+//! wins), reports every bad value at once naming the flag or variable, and hands the result to
+//! the broker and the executors as environment variables ([`Capacity::child_env`]), which they
+//! read back with [`Capacity::from_lookup`].
+
+use crate::{
+    identity::MAX_SLOT,
+    mode::WORKER_COUNT_MESSAGE,
+    units::{parse_byte_size, parse_duration},
+};
+use std::time::Duration;
+
+/// `1`/`true`/`yes`: run until the task type's queue is empty and every slot idle, then drain.
+pub const PERAGO_ONCE: &str = "PERAGO_ONCE";
+/// Assignments after which an executor is replaced by a new generation.
+pub const PERAGO_EXECUTOR_MAX_TASKS: &str = "PERAGO_EXECUTOR_MAX_TASKS";
+/// Memory (executor + its bodies' process tree) above which an executor is replaced.
+pub const PERAGO_EXECUTOR_MAX_MEMORY: &str = "PERAGO_EXECUTOR_MAX_MEMORY";
+/// How long a slot stays idle before an adaptive runtime retires it (default 30s).
+pub const PERAGO_SCALE_DOWN_AFTER: &str = "PERAGO_SCALE_DOWN_AFTER";
+/// Available memory below which the broker stops polling (and scaling up).
+pub const PERAGO_MIN_FREE_MEMORY: &str = "PERAGO_MIN_FREE_MEMORY";
+/// Executor crashes of one workflow task after which it fails for good (default 3; 0 = off).
+pub const PERAGO_POISON_AFTER: &str = "PERAGO_POISON_AFTER";
+/// The number of slots (the executor range's maximum), set by the supervisor for the broker.
+pub const PERAGO_SLOTS: &str = "PERAGO_SLOTS";
+/// The executor range's minimum, set by the supervisor for the broker.
+pub const PERAGO_EXECUTORS_MIN: &str = "PERAGO_EXECUTORS_MIN";
+
+/// The default [`Capacity::scale_down_after`].
+pub const DEFAULT_SCALE_DOWN_AFTER: Duration = Duration::from_secs(30);
+/// The default [`Capacity::poison_after`].
+pub const DEFAULT_POISON_AFTER: u32 = 3;
+
+/// Every capacity and lifecycle setting of a runtime.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capacity {
+    /// Work until the queue is empty and every slot idle, then drain and exit 0.
+    pub once: bool,
+    /// Replace an executor after this many assignments.
+    pub max_tasks_per_executor: Option<u64>,
+    /// Replace an executor whose RSS plus its bodies' exceeds this many bytes after an
+    /// assignment.
+    pub max_executor_memory: Option<u64>,
+    /// Executors started at first and kept at least (`-j MIN..MAX`; `-j N`: N).
+    pub min_executors: u32,
+    /// Slots: executors that may run at once (`-j N`: N).
+    pub max_executors: u32,
+    /// Idle time after which an adaptive runtime retires a slot above the minimum.
+    pub scale_down_after: Duration,
+    /// Poll (and scale up) only while at least this many bytes are available.
+    pub min_free_memory: Option<u64>,
+    /// Executor crashes of one workflow task (workflow id + reference name) after which it is
+    /// failed with FAILED_WITH_TERMINAL_ERROR; 0 turns poison detection off.
+    pub poison_after: u32,
+}
+
+impl Default for Capacity {
+    fn default() -> Self {
+        Self::fixed(1)
+    }
+}
+
+/// The supervisor's capacity flags, as given (values are checked by [`Capacity::resolve`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CapacityFlags {
+    /// `-j N` or `-j MIN..MAX`.
+    pub jobs: String,
+    /// `--once`.
+    pub once: bool,
+    /// `--max-tasks-per-executor N`.
+    pub max_tasks_per_executor: Option<String>,
+    /// `--max-executor-memory SIZE`.
+    pub max_executor_memory: Option<String>,
+}
+
+/// `-j`: one count, or an adaptive range `MIN..MAX`.
+pub fn parse_jobs(value: &str) -> Result<(u32, u32), String> {
+    let count = |text: &str| -> Result<u32, String> {
+        let n: i64 = text.trim().parse().map_err(|_| {
+            format!("-j {value:?}: expected a count such as 4 or a range such as 2..16")
+        })?;
+        if n < 1 {
+            return Err(WORKER_COUNT_MESSAGE.to_owned());
+        }
+        if n > i64::from(MAX_SLOT) {
+            return Err(format!(
+                "worker process count must be at most {MAX_SLOT}, got {n}"
+            ));
+        }
+        Ok(n as u32)
+    };
+    match value.split_once("..") {
+        None => count(value).map(|n| (n, n)),
+        Some((min, max)) => {
+            let (min, max) = (count(min)?, count(max)?);
+            if min > max {
+                return Err(format!(
+                    "-j {value}: the minimum ({min}) is above the maximum ({max})"
+                ));
+            }
+            Ok((min, max))
+        }
+    }
+}
+
+fn flag_or_var<'a>(flag: Option<&'a str>, var: Option<&'a str>) -> Option<&'a str> {
+    flag.or(var.filter(|v| !v.trim().is_empty()))
+}
+
+fn parse_bool(name: &str, value: &str) -> Result<bool, String> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "" | "0" | "false" | "no" | "off" => Ok(false),
+        "1" | "true" | "yes" | "on" => Ok(true),
+        _ => Err(format!("{name}={value:?}: expected 1 or 0 (true or false)")),
+    }
+}
+
+impl Capacity {
+    /// Today's behaviour with `n` executors.
+    pub fn fixed(n: u32) -> Self {
+        Self {
+            once: false,
+            max_tasks_per_executor: None,
+            max_executor_memory: None,
+            min_executors: n,
+            max_executors: n,
+            scale_down_after: DEFAULT_SCALE_DOWN_AFTER,
+            min_free_memory: None,
+            poison_after: DEFAULT_POISON_AFTER,
+        }
+    }
+
+    /// Whether the executor count adapts to the queue (`-j MIN..MAX` with MIN < MAX).
+    pub fn adaptive(&self) -> bool {
+        self.min_executors < self.max_executors
+    }
+
+    /// The supervisor's settings: `flags` first, then the environment (`lookup`). Every
+    /// problem is reported, each naming the flag or variable.
+    pub fn resolve(
+        flags: &CapacityFlags,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, Vec<String>> {
+        let mut problems = Vec::new();
+        let (min_executors, max_executors) = parse_jobs(&flags.jobs)
+            .map_err(|e| problems.push(e))
+            .unwrap_or((1, 1));
+        let mut capacity = Self::fixed(1);
+        capacity.min_executors = min_executors;
+        capacity.max_executors = max_executors;
+        capacity.once = flags.once
+            || lookup(PERAGO_ONCE)
+                .map(|v| parse_bool(PERAGO_ONCE, &v))
+                .transpose()
+                .map_err(|e| problems.push(e))
+                .ok()
+                .flatten()
+                .unwrap_or(false);
+        let var = lookup(PERAGO_EXECUTOR_MAX_TASKS);
+        match (flags.max_tasks_per_executor.as_deref(), var.as_deref()) {
+            (Some(flag), _) => match flag.trim().parse::<u64>() {
+                Ok(n) if n >= 1 => capacity.max_tasks_per_executor = Some(n),
+                _ => problems.push(format!(
+                    "--max-tasks-per-executor {flag:?}: expected a count of at least 1"
+                )),
+            },
+            (None, Some(v)) if !v.trim().is_empty() => match v.trim().parse::<u64>() {
+                Ok(n) if n >= 1 => capacity.max_tasks_per_executor = Some(n),
+                _ => problems.push(format!(
+                    "{PERAGO_EXECUTOR_MAX_TASKS}={v:?}: expected a count of at least 1"
+                )),
+            },
+            _ => {}
+        }
+        let size = |flag: Option<&str>,
+                    flag_name: &str,
+                    var_name: &str,
+                    problems: &mut Vec<String>|
+         -> Option<u64> {
+            let var = lookup(var_name);
+            let (text, name) = match (flag, var.as_deref()) {
+                (Some(f), _) => (f.to_owned(), flag_name.to_owned()),
+                (None, Some(v)) if !v.trim().is_empty() => (v.to_owned(), var_name.to_owned()),
+                _ => return None,
+            };
+            match parse_byte_size(&text) {
+                Ok(0) => {
+                    problems.push(format!("{name} {text:?}: must be above 0"));
+                    None
+                }
+                Ok(n) => Some(n),
+                Err(e) => {
+                    problems.push(format!("{name}: {e}"));
+                    None
+                }
+            }
+        };
+        capacity.max_executor_memory = size(
+            flags.max_executor_memory.as_deref(),
+            "--max-executor-memory",
+            PERAGO_EXECUTOR_MAX_MEMORY,
+            &mut problems,
+        );
+        capacity.min_free_memory = size(None, "", PERAGO_MIN_FREE_MEMORY, &mut problems);
+        if let Some(v) = flag_or_var(None, lookup(PERAGO_SCALE_DOWN_AFTER).as_deref()) {
+            match parse_duration(v) {
+                Ok(d) if !d.is_zero() => capacity.scale_down_after = d,
+                Ok(_) => problems.push(format!("{PERAGO_SCALE_DOWN_AFTER}={v:?}: must be above 0")),
+                Err(e) => problems.push(format!("{PERAGO_SCALE_DOWN_AFTER}: {e}")),
+            }
+        }
+        if let Some(v) = flag_or_var(None, lookup(PERAGO_POISON_AFTER).as_deref()) {
+            match v.trim().parse::<u32>() {
+                Ok(n) => capacity.poison_after = n,
+                Err(_) => problems.push(format!(
+                    "{PERAGO_POISON_AFTER}={v:?}: expected a count (0 turns poison detection off)"
+                )),
+            }
+        }
+        if problems.is_empty() {
+            Ok(capacity)
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// The environment the supervisor gives the broker and the executors.
+    pub fn child_env(&self) -> Vec<(String, String)> {
+        let mut env = vec![
+            (
+                PERAGO_ONCE.to_owned(),
+                if self.once { "1" } else { "0" }.to_owned(),
+            ),
+            (PERAGO_SLOTS.to_owned(), self.max_executors.to_string()),
+            (
+                PERAGO_EXECUTORS_MIN.to_owned(),
+                self.min_executors.to_string(),
+            ),
+            (
+                PERAGO_SCALE_DOWN_AFTER.to_owned(),
+                format!("{}ms", self.scale_down_after.as_millis()),
+            ),
+            (
+                PERAGO_POISON_AFTER.to_owned(),
+                self.poison_after.to_string(),
+            ),
+        ];
+        if let Some(n) = self.max_tasks_per_executor {
+            env.push((PERAGO_EXECUTOR_MAX_TASKS.to_owned(), n.to_string()));
+        }
+        if let Some(n) = self.max_executor_memory {
+            env.push((PERAGO_EXECUTOR_MAX_MEMORY.to_owned(), n.to_string()));
+        }
+        if let Some(n) = self.min_free_memory {
+            env.push((PERAGO_MIN_FREE_MEMORY.to_owned(), n.to_string()));
+        }
+        env
+    }
+
+    /// A child's settings, from the environment [`Capacity::child_env`] wrote. `PERAGO_SLOTS`
+    /// is optional (an executor has none: it then reads as one slot).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let slots = lookup(PERAGO_SLOTS).unwrap_or_else(|| "1".to_owned());
+        let jobs = match lookup(PERAGO_EXECUTORS_MIN).filter(|v| !v.is_empty()) {
+            Some(min) => format!("{min}..{slots}"),
+            None => slots,
+        };
+        let flags = CapacityFlags {
+            jobs,
+            ..CapacityFlags::default()
+        };
+        Self::resolve(&flags, lookup).map_err(|problems| problems.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: BTreeMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    fn jobs(j: &str) -> CapacityFlags {
+        CapacityFlags {
+            jobs: j.to_owned(),
+            ..CapacityFlags::default()
+        }
+    }
+
+    #[test]
+    fn defaults_are_todays_behaviour() {
+        let c = Capacity::resolve(&jobs("4"), vars(&[])).unwrap();
+        assert_eq!(c, Capacity::fixed(4));
+        assert!(!c.adaptive());
+        assert!(!c.once);
+        assert_eq!(c.poison_after, 3);
+        assert_eq!(c.scale_down_after, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn jobs_count_or_range() {
+        assert_eq!(parse_jobs("3"), Ok((3, 3)));
+        assert_eq!(parse_jobs("2..16"), Ok((2, 16)));
+        assert_eq!(parse_jobs("0"), Err(WORKER_COUNT_MESSAGE.to_owned()));
+        assert_eq!(parse_jobs("-1"), Err(WORKER_COUNT_MESSAGE.to_owned()));
+        assert_eq!(parse_jobs("0..4"), Err(WORKER_COUNT_MESSAGE.to_owned()));
+        assert_eq!(
+            parse_jobs("8..2"),
+            Err("-j 8..2: the minimum (8) is above the maximum (2)".to_owned())
+        );
+        assert_eq!(
+            parse_jobs("10000"),
+            Err("worker process count must be at most 9999, got 10000".to_owned())
+        );
+        assert!(parse_jobs("two").unwrap_err().contains("expected a count"));
+        assert!(
+            Capacity::resolve(&jobs("1..4"), vars(&[]))
+                .unwrap()
+                .adaptive()
+        );
+    }
+
+    #[test]
+    fn a_flag_wins_over_the_variable() {
+        let flags = CapacityFlags {
+            jobs: "1".to_owned(),
+            once: false,
+            max_tasks_per_executor: Some("5".to_owned()),
+            max_executor_memory: Some("512MiB".to_owned()),
+        };
+        let env = vars(&[
+            (PERAGO_EXECUTOR_MAX_TASKS, "9"),
+            (PERAGO_EXECUTOR_MAX_MEMORY, "1GiB"),
+            (PERAGO_ONCE, "1"),
+        ]);
+        let c = Capacity::resolve(&flags, env).unwrap();
+        assert_eq!(c.max_tasks_per_executor, Some(5));
+        assert_eq!(c.max_executor_memory, Some(512 << 20));
+        assert!(c.once, "the variable turns it on when the flag is absent");
+    }
+
+    #[test]
+    fn every_bad_value_is_named() {
+        let flags = CapacityFlags {
+            jobs: "0".to_owned(),
+            once: false,
+            max_tasks_per_executor: Some("0".to_owned()),
+            max_executor_memory: Some("lots".to_owned()),
+        };
+        let env = vars(&[
+            (PERAGO_ONCE, "maybe"),
+            (PERAGO_MIN_FREE_MEMORY, "1 parsec"),
+            (PERAGO_SCALE_DOWN_AFTER, "soon"),
+            (PERAGO_POISON_AFTER, "-1"),
+        ]);
+        let problems = Capacity::resolve(&flags, env).unwrap_err();
+        let text = problems.join("\n");
+        for name in [
+            WORKER_COUNT_MESSAGE,
+            "PERAGO_ONCE",
+            "--max-tasks-per-executor",
+            "--max-executor-memory",
+            "PERAGO_MIN_FREE_MEMORY",
+            "PERAGO_SCALE_DOWN_AFTER",
+            "PERAGO_POISON_AFTER",
+        ] {
+            assert!(text.contains(name), "{name} not named in:\n{text}");
+        }
+        assert_eq!(problems.len(), 7, "{text}");
+    }
+
+    #[test]
+    fn children_read_back_what_the_supervisor_resolved() {
+        let flags = CapacityFlags {
+            jobs: "2..6".to_owned(),
+            once: true,
+            max_tasks_per_executor: Some("7".to_owned()),
+            max_executor_memory: Some("64MiB".to_owned()),
+        };
+        let env = vars(&[
+            (PERAGO_MIN_FREE_MEMORY, "1GiB"),
+            (PERAGO_SCALE_DOWN_AFTER, "1500ms"),
+            (PERAGO_POISON_AFTER, "0"),
+        ]);
+        let resolved = Capacity::resolve(&flags, env).unwrap();
+        let child: BTreeMap<String, String> = resolved.child_env().into_iter().collect();
+        let read = Capacity::from_lookup(|name| child.get(name).cloned()).unwrap();
+        assert_eq!(read, resolved);
+    }
+}
