@@ -205,6 +205,11 @@ pub(crate) struct Machine {
     task_name: String,
     /// The capacity and lifecycle settings (`-j`, recycling, admission, poison, run once).
     capacity: Capacity,
+    /// Memory admission: whether new tasks may be polled (and slots added) now. Always true
+    /// without `PERAGO_MIN_FREE_MEMORY`.
+    admission_open: bool,
+    /// The task type's queue depth as Conductor last reported it (run once, adaptive range).
+    queue_depth: Option<u64>,
     broker_id: String,
     slots: Vec<Slot>,
     held: VecDeque<Held>,
@@ -281,6 +286,8 @@ impl Machine {
         Self {
             task_name,
             capacity,
+            admission_open: true,
+            queue_depth: None,
             broker_id: prefix.broker_id(),
             slots,
             held: VecDeque::new(),
@@ -996,8 +1003,6 @@ impl Machine {
     fn capacity_status(&self) -> admin::Capacity {
         let c = &self.capacity;
         let relaxed = std::sync::atomic::Ordering::Relaxed;
-        let depth = self.gauges.queue_depth.load(relaxed);
-        let open = self.gauges.admission_open.load(relaxed) == 1;
         admin::Capacity {
             once: c.once,
             max_tasks_per_executor: c.max_tasks_per_executor.unwrap_or(0),
@@ -1009,9 +1014,11 @@ impl Machine {
             poison_after: c.poison_after,
             wanted_executors: u32::try_from(self.gauges.wanted_executors.load(relaxed))
                 .unwrap_or(u32::MAX),
-            queue_depth: i64::try_from(depth).unwrap_or(-1),
+            queue_depth: self
+                .queue_depth
+                .map_or(-1, |d| i64::try_from(d).unwrap_or(i64::MAX)),
             available_memory_bytes: self.gauges.available_memory.load(relaxed),
-            admission_open: open,
+            admission_open: self.admission_open,
             admission_reason: String::new(),
         }
     }
