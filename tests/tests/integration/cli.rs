@@ -277,10 +277,44 @@ fn start_rejects_a_worker_count_below_one() {
     }
     let out = run(&["start", "examples/greet/task.toml", "-j", "many"]);
     out.expect_code(2);
-    assert!(
-        out.stderr.contains("invalid value 'many' for '--jobs <N>'"),
+    assert_eq!(
+        out.stderr,
+        "error: -j \"many\": expected a count such as 4 or a range such as 2..16\n",
         "{out}"
     );
+    let out = run(&["start", "examples/greet/task.toml", "-j", "8..2"]);
+    out.expect_code(2);
+    assert_eq!(
+        out.stderr, "error: -j 8..2: the minimum (8) is above the maximum (2)\n",
+        "{out}"
+    );
+}
+
+/// Capacity flags and variables are checked before anything else runs, every bad value at
+/// once, each named.
+#[test]
+fn start_names_every_bad_capacity_setting() {
+    let out = Run::of(
+        supervisor(&[
+            "start",
+            "examples/greet/task.toml",
+            "--max-tasks-per-executor",
+            "0",
+            "--max-executor-memory",
+            "a lot",
+        ])
+        .env("PERAGO_MIN_FREE_MEMORY", "-5")
+        .env("PERAGO_ONCE", "perhaps"),
+    );
+    out.expect_code(1);
+    for name in [
+        "--max-tasks-per-executor \"0\"",
+        "--max-executor-memory",
+        "PERAGO_MIN_FREE_MEMORY",
+        "PERAGO_ONCE",
+    ] {
+        assert!(out.stderr.contains(name), "{name}: {out}");
+    }
 }
 
 #[test]
