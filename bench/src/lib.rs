@@ -4,7 +4,8 @@
 //! plot. See `docs/performance.md`.
 //!
 //! `cargo run --release -p perago-bench -- [--runs N] [--tasks N] [--smoke] [scenario…]`
-//! with scenarios `throughput latency slot memory startup scaling` (default: all).
+//! with scenarios `throughput payload logging spawn latency slot memory startup scaling workspace`
+//! (default: all).
 
 mod perago;
 mod procs;
@@ -24,8 +25,11 @@ use std::{
 };
 use workload::{Conductor, ceiling, throughput};
 
-const SCENARIOS: [&str; 7] = [
+const SCENARIOS: [&str; 10] = [
     "throughput",
+    "payload",
+    "logging",
+    "spawn",
     "latency",
     "slot",
     "memory",
@@ -221,19 +225,53 @@ impl Bench {
         Duration::from_secs(600)
     }
 
-    /// One perago throughput run; also records RSS idle and under load.
+    /// One perago throughput run; also records RSS idle and under load, and CPU per task by
+    /// role.
     async fn perago_run(&mut self, body: Body, jobs: u32, tasks: usize) -> Result<f64, String> {
+        self.perago_measured(body, jobs, tasks, 0, &[], "").await
+    }
+
+    /// A perago run with `pad` bytes more input per task and `env` for the runtime; `tag`
+    /// names the variant in the CPU figures (e.g. " 64KiB", " RUST_LOG=warn").
+    async fn perago_measured(
+        &mut self,
+        body: Body,
+        jobs: u32,
+        tasks: usize,
+        pad: usize,
+        env: &[(String, String)],
+        tag: &str,
+    ) -> Result<f64, String> {
         let conductor = Conductor::start().await?;
         conductor.register(TASK).await?;
         let (runtime, _) =
-            Runtime::start(&self.o.binaries, &conductor.url(), TASK, body, jobs, &[]).await?;
+            Runtime::start(&self.o.binaries, &conductor.url(), TASK, body, jobs, env).await?;
         let (broker_idle, exec_idle) = runtime.rss();
-        let ids = conductor.start_many(TASK, tasks).await?;
+        let cpu_before = runtime.cpu();
+        let ids = conductor.start_many_padded(TASK, tasks, pad).await?;
         let (broker_busy, exec_busy) = runtime.rss();
         let times = conductor.wait_all(&ids, self.patience()).await?;
+        let spent = runtime.cpu().since(&cpu_before);
         runtime.stop().await;
         conductor.server.shutdown().await;
-        if body == Body::Rust {
+        let who = format!("perago {} j={jobs}{tag}", body.name());
+        let per_task = |seconds: f64| seconds * 1e6 / tasks as f64;
+        for (role, seconds) in &spent.0 {
+            self.figure(&format!("cpu/task {role}, {who}"), "µs")
+                .runs
+                .push(per_task(*seconds));
+        }
+        let bodies = spent.0.get("bodies").copied().unwrap_or(0.0);
+        self.figure(
+            &format!("cpu/task runtime (broker+executors+supervisor), {who}"),
+            "µs",
+        )
+        .runs
+        .push(per_task(spent.total() - bodies));
+        self.figure(&format!("cpu/task whole worker side, {who}"), "µs")
+            .runs
+            .push(per_task(spent.total()));
+        if body == Body::Rust && pad == 0 && env.is_empty() {
             let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
             self.figure("rss broker idle", "MiB").runs.push(broker_idle);
             self.figure("rss broker under load", "MiB")
@@ -250,23 +288,52 @@ impl Bench {
     }
 
     async fn python_run(&mut self, processes: u32, tasks: usize) -> Result<f64, String> {
+        self.python_measured(processes, tasks, 0, "").await
+    }
+
+    /// One conductor-python run (see [`Bench::perago_measured`] for `pad` and `tag`).
+    async fn python_measured(
+        &mut self,
+        processes: u32,
+        tasks: usize,
+        pad: usize,
+        tag: &str,
+    ) -> Result<f64, String> {
         let conductor = Conductor::start().await?;
         conductor.register(TASK).await?;
         let script = workspace_root().join("bench/python/python_worker.py");
         let workers =
             PythonWorkers::start(&self.o.python, &script, &conductor.url(), TASK, processes)?;
-        let ids = conductor.start_many(TASK, tasks).await?;
+        let cpu_before = workers.cpu();
+        let ids = conductor.start_many_padded(TASK, tasks, pad).await?;
         let rss = workers.rss();
         let times = conductor.wait_all(&ids, self.patience()).await?;
+        let spent = workers.cpu().since(&cpu_before);
         workers.stop().await;
         conductor.server.shutdown().await;
-        if !rss.is_empty() {
+        self.figure(
+            &format!("cpu/task whole worker side, conductor-python j={processes}{tag}"),
+            "µs",
+        )
+        .runs
+        .push(spent.total() * 1e6 / tasks as f64);
+        if !rss.is_empty() && pad == 0 {
             let mean = rss.iter().sum::<f64>() / rss.len() as f64;
             self.figure("rss python process under load (mean)", "MiB")
                 .runs
                 .push(mean);
         }
         Ok(throughput(&times))
+    }
+
+    /// `numerator / denominator` as a figure, when both medians exist and the denominator is
+    /// above zero.
+    fn ratio(&mut self, name: &str, numerator: &str, denominator: &str) {
+        if let (Some(n), Some(d)) = (self.median(numerator), self.median(denominator))
+            && d > 0.0
+        {
+            self.figure(name, "x").runs.push(n / d);
+        }
     }
 
     async fn throughput(&mut self) -> Result<(), String> {
@@ -308,6 +375,13 @@ impl Bench {
                     .runs
                     .push(j / p);
             }
+            self.ratio(
+                &format!("ratio cpu/task conductor-python / perago jsonl python runtime j={jobs}"),
+                &format!("cpu/task whole worker side, conductor-python j={jobs}"),
+                &format!(
+                    "cpu/task runtime (broker+executors+supervisor), perago jsonl python body j={jobs}"
+                ),
+            );
             if let (Some(r), Some(e), Some(p), Some(c)) = (rust, exec, py, ceiling) {
                 self.figure(&format!("ratio perago rust / python j={jobs}"), "x")
                     .runs
@@ -319,6 +393,97 @@ impl Bench {
                     .runs
                     .push(r / c);
             }
+        }
+        Ok(())
+    }
+
+    /// How CPU and throughput grow with the input size: the Python function behind `jsonl`
+    /// and conductor-python, j = 2, 1 KiB, 64 KiB and 1 MiB of input per task.
+    async fn payload(&mut self) -> Result<(), String> {
+        let tasks = self.o.tasks;
+        let sizes: [(usize, &str, usize); 3] = if self.o.smoke {
+            [
+                (1 << 10, "1KiB", 4),
+                (64 << 10, "64KiB", 4),
+                (1 << 20, "1MiB", 2),
+            ]
+        } else {
+            [
+                (1 << 10, "1KiB", tasks.min(2000)),
+                (64 << 10, "64KiB", tasks.min(500)),
+                (1 << 20, "1MiB", tasks.min(60)),
+            ]
+        };
+        for _ in 0..self.o.runs {
+            for (pad, label, n) in sizes {
+                let tag = format!(" {label}");
+                let perago = self
+                    .perago_measured(Body::JsonlPython, 2, n, pad, &[], &tag)
+                    .await?;
+                self.figure(&format!("perago jsonl python body j=2{tag}"), "tasks/s")
+                    .runs
+                    .push(perago);
+                let python = self.python_measured(2, n, pad, &tag).await?;
+                self.figure(&format!("conductor-python j=2{tag}"), "tasks/s")
+                    .runs
+                    .push(python);
+            }
+        }
+        Ok(())
+    }
+
+    /// The cost of the default `info` logging: the Rust body at j = 2 with and without it.
+    async fn logging(&mut self) -> Result<(), String> {
+        let tasks = self.o.tasks;
+        let warn = [("RUST_LOG".to_owned(), "warn".to_owned())];
+        for _ in 0..self.o.runs {
+            let info = self
+                .perago_measured(Body::Rust, 2, tasks, 0, &[], " info")
+                .await?;
+            self.figure("perago rust body j=2 info", "tasks/s")
+                .runs
+                .push(info);
+            let quiet = self
+                .perago_measured(Body::Rust, 2, tasks, 0, &warn, " RUST_LOG=warn")
+                .await?;
+            self.figure("perago rust body j=2 RUST_LOG=warn", "tasks/s")
+                .runs
+                .push(quiet);
+        }
+        self.ratio(
+            "ratio throughput info / RUST_LOG=warn, rust body j=2",
+            "perago rust body j=2 info",
+            "perago rust body j=2 RUST_LOG=warn",
+        );
+        Ok(())
+    }
+
+    /// The floor for an `exec` body: a small Rust loop that spawns `cat`, writes a task's
+    /// input to it and reads its output, with nothing else; its own CPU per spawn beside what
+    /// the executors spend per task in the exec throughput runs.
+    fn spawn(&mut self) -> Result<(), String> {
+        let rounds = if self.o.smoke { 20 } else { 2000 };
+        let input = br#"{"params":{"n":1}}"#;
+        for _ in 0..self.o.runs {
+            let me = std::process::id();
+            let (own_before, reaped_before) = procs::cpu_seconds(me).unwrap_or_default();
+            for _ in 0..rounds {
+                spawn_cat(input)?;
+            }
+            let (own_after, reaped_after) = procs::cpu_seconds(me).unwrap_or_default();
+            self.figure("cpu/task bare spawn loop (cat), spawner", "µs")
+                .runs
+                .push((own_after - own_before) * 1e6 / rounds as f64);
+            self.figure("cpu/task bare spawn loop (cat), cat", "µs")
+                .runs
+                .push((reaped_after - reaped_before) * 1e6 / rounds as f64);
+        }
+        for jobs in [2, 4] {
+            self.ratio(
+                &format!("ratio exec executors cpu/task / bare spawn loop j={jobs}"),
+                &format!("cpu/task executors, perago exec body j={jobs}"),
+                "cpu/task bare spawn loop (cat), spawner",
+            );
         }
         Ok(())
     }
@@ -530,6 +695,32 @@ impl Bench {
     }
 }
 
+/// One `cat` with piped stdin and stdout: write `input`, close, read to the end, wait.
+fn spawn_cat(input: &[u8]) -> Result<(), String> {
+    use std::io::{Read as _, Write as _};
+    let mut child = std::process::Command::new("cat")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot spawn cat: {e}"))?;
+    let mut stdin = child.stdin.take().expect("piped");
+    stdin.write_all(input).map_err(|e| e.to_string())?;
+    drop(stdin);
+    let mut out = Vec::new();
+    child
+        .stdout
+        .take()
+        .expect("piped")
+        .read_to_end(&mut out)
+        .map_err(|e| e.to_string())?;
+    child.wait().map_err(|e| e.to_string())?;
+    if out != input {
+        return Err("cat did not echo its input".to_owned());
+    }
+    Ok(())
+}
+
 /// Runs the selected scenarios; prints the table; writes `results.json` and `scaling.svg`.
 pub async fn run(options: Options) -> Result<(), String> {
     ensure_binaries(&options.binaries)?;
@@ -547,6 +738,9 @@ pub async fn run(options: Options) -> Result<(), String> {
         eprintln!("running {scenario}…");
         match scenario.as_str() {
             "throughput" => bench.throughput().await?,
+            "payload" => bench.payload().await?,
+            "logging" => bench.logging().await?,
+            "spawn" => bench.spawn()?,
             "latency" => bench.latency().await?,
             "slot" => bench.slot()?,
             "memory" => bench.memory().await?,

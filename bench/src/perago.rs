@@ -1,7 +1,7 @@
 //! A perago runtime under test: the release supervisor, broker and executors as processes,
 //! started against the benchmark's devstack, measured from spawn to every slot attached.
 
-use crate::procs::{descendants, rss_mib};
+use crate::procs::{CpuByRole, descendants, perago_cpu, rss_mib};
 use perago_proto::admin::v1::{SlotState, StatusRequest, admin_client::AdminClient};
 use std::{
     path::PathBuf,
@@ -33,6 +33,18 @@ pub(crate) enum Body {
     Workspace,
     /// The stock executor with a persistent Python body (`jsonl` protocol).
     JsonlPython,
+}
+
+impl Body {
+    /// How the figures name it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Rust => "rust body",
+            Self::Exec => "exec body",
+            Self::Workspace => "workspace body",
+            Self::JsonlPython => "jsonl python body",
+        }
+    }
 }
 
 pub(crate) struct Runtime {
@@ -140,6 +152,11 @@ impl Runtime {
             }
         }
         (broker, executors)
+    }
+
+    /// CPU seconds so far by role (supervisor, broker, executors, bodies).
+    pub(crate) fn cpu(&self) -> CpuByRole {
+        perago_cpu(self.child.id())
     }
 
     /// SIGTERM (drain) and wait.

@@ -1,6 +1,6 @@
 //! The peer: conductor-python's TaskHandler with N worker processes (`python/python_worker.py`).
 
-use crate::procs::{descendants, rss_mib};
+use crate::procs::{CpuByRole, descendants, rss_mib, tree_cpu};
 use std::{
     io::{BufRead as _, BufReader},
     path::Path,
@@ -52,6 +52,11 @@ impl PythonWorkers {
             .into_iter()
             .filter_map(|(pid, _)| rss_mib(pid))
             .collect()
+    }
+
+    /// CPU seconds so far of the whole runner (handler and worker processes).
+    pub(crate) fn cpu(&self) -> CpuByRole {
+        tree_cpu(self.child.id(), "conductor-python")
     }
 
     pub(crate) async fn stop(mut self) {

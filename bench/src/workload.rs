@@ -78,18 +78,36 @@ impl Conductor {
 
     /// Starts `n` workflows of `task`; returns their ids in start order.
     pub(crate) async fn start_many(&self, task: &str, n: usize) -> Result<Vec<String>, String> {
+        self.start_many_padded(task, n, 0).await
+    }
+
+    /// [`start_many`](Self::start_many) with `pad` more bytes of input per task (a string in
+    /// `params.pad`), for the payload-size figures.
+    pub(crate) async fn start_many_padded(
+        &self,
+        task: &str,
+        n: usize,
+        pad: usize,
+    ) -> Result<Vec<String>, String> {
+        let padding = Arc::new("x".repeat(pad));
         let limit = Arc::new(Semaphore::new(START_CONCURRENCY));
         let mut starts = JoinSet::new();
         for i in 0..n {
-            let (client, limit, name) = (
+            let (client, limit, name, padding) = (
                 self.client.clone(),
                 Arc::clone(&limit),
                 format!("{task}.wf"),
+                Arc::clone(&padding),
             );
             starts.spawn(async move {
                 let _permit = limit.acquire_owned().await.expect("never closed");
+                let params = if padding.is_empty() {
+                    json!({"n": i})
+                } else {
+                    json!({"n": i, "pad": padding.as_str()})
+                };
                 let id = client
-                    .start_workflow(&name, &json!({"params": {"n": i}}))
+                    .start_workflow(&name, &json!({"params": params}))
                     .await
                     .map_err(|e| e.to_string())?;
                 Ok::<_, String>((i, id))

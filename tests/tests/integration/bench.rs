@@ -32,6 +32,16 @@ fn the_benchmark_smoke_run_measures_every_scenario() {
         "start-up to all slots attached j=2",
         "scaling perago rust body j=2",
         "perago workspace task (10 files in, 1 published) j=2",
+        "cpu/task broker, perago jsonl python body j=2",
+        "cpu/task executors, perago exec body j=4",
+        "cpu/task bodies, perago jsonl python body j=4",
+        "cpu/task supervisor, perago rust body j=2",
+        "cpu/task runtime (broker+executors+supervisor), perago jsonl python body j=2",
+        "cpu/task whole worker side, conductor-python j=2",
+        "cpu/task whole worker side, conductor-python j=2 1MiB",
+        "perago jsonl python body j=2 64KiB",
+        "perago rust body j=2 RUST_LOG=warn",
+        "cpu/task bare spawn loop (cat), spawner",
     ] {
         assert!(out.stdout.contains(figure), "{figure} missing\n{out}");
     }

@@ -278,8 +278,7 @@ fn start_rejects_a_worker_count_below_one() {
     let out = run(&["start", "examples/greet/task.toml", "-j", "many"]);
     out.expect_code(2);
     assert_eq!(
-        out.stderr,
-        "error: -j \"many\": expected a count such as 4 or a range such as 2..16\n",
+        out.stderr, "error: -j \"many\": expected a count such as 4 or a range such as 2..16\n",
         "{out}"
     );
     let out = run(&["start", "examples/greet/task.toml", "-j", "8..2"]);
