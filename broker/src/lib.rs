@@ -12,6 +12,7 @@ mod counters;
 mod health;
 mod incoming;
 mod metrics;
+mod poison;
 mod poller;
 mod report;
 mod service;
