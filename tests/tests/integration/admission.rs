@@ -36,7 +36,10 @@ async fn no_task_is_polled_below_the_free_memory_threshold_and_a_lower_one_resum
         &task,
         &conductor,
         2,
-        &[("PERAGO_MIN_FREE_MEMORY", "100TiB")],
+        &[
+            ("PERAGO_MIN_FREE_MEMORY", "100TiB"),
+            ("PERAGO_METRICS_ADDR", "127.0.0.1:0"),
+        ],
     );
     // Both executors attached and idle, a poll request withheld: admission is what stops it.
     let closed = eventually(
@@ -65,6 +68,29 @@ async fn no_task_is_polled_below_the_free_memory_threshold_and_a_lower_one_resum
             .contains("admission closed: available memory"),
         "{}",
         sup.log_text()
+    );
+    // /metrics has the gauges.
+    let log = sup.log_text();
+    let at = log.find("metrics served at ").expect("the metrics address") + 18;
+    let url = log[at..].split_whitespace().next().unwrap().to_owned();
+    let out = Command::new("curl").args(["-sf", &url]).output().unwrap();
+    assert!(out.status.success(), "curl {url} failed");
+    let metrics = String::from_utf8(out.stdout).unwrap();
+    let label = "{task=\"admission.echo\"}";
+    let value = |name: &str| -> Option<u64> {
+        let prefix = format!("{name}{label} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
+    };
+    assert_eq!(value("perago_admission_open"), Some(0), "{metrics}");
+    assert!(
+        value("perago_available_memory_bytes").unwrap() > 0,
+        "{metrics}"
+    );
+    assert!(
+        value("perago_polls_withheld_total").unwrap() >= 1,
+        "{metrics}"
     );
     // A window of two seconds (two measurements): nothing is polled, every task waits.
     let window = Instant::now();

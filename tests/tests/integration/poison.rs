@@ -68,6 +68,14 @@ async fn a_task_that_kills_its_executor_three_times_fails_for_good_and_others_co
         assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
         assert_eq!(wf["output"]["result"]["echo"], json!({"n": n}));
     }
+    let socket = sup.workspace_root().join("run/broker.sock");
+    let out = std::process::Command::new(crate::harness::SUPERVISOR)
+        .args(["status", "--json", "--socket", socket.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["counters"]["tasks_poisoned"], 1, "{status:#}");
+    assert_eq!(status["capacity"]["poison_after"], 3, "{status:#}");
     let log = sup.log_text();
     assert_eq!(
         log.matches("poison task: attempts of workflow task")
