@@ -7,11 +7,13 @@
 //! reporters talk to it by message. See `docs/runtime.md`.
 
 mod actor;
+mod admission;
 pub mod cli;
 mod counters;
 mod health;
 mod incoming;
 mod metrics;
+mod poison;
 mod poller;
 mod report;
 mod service;
@@ -132,6 +134,13 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         drained_tx,
     );
     let actor = tokio::spawn(actor.run(rx));
+    if config.capacity.min_free_memory.is_some() {
+        // Measured once before the poller asks for its first grant, so a runtime started
+        // short of memory polls nothing.
+        let mut failing = false;
+        admission::measure(&events, &mut failing).await;
+        tokio::spawn(admission::watch(events.clone(), failing));
+    }
     let poller = poller::Poller {
         client: config.conductor.clone(),
         task_name: config.task_name.clone(),

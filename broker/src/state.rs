@@ -18,12 +18,18 @@
 //! for, or every executor gone during a drain): Conductor keeps the attempt's `startTime`, so
 //! its `timeoutSeconds` keeps running (see docs/runtime.md).
 
-use crate::{counters::Counters, counters::Gauges, wire};
+use crate::{
+    counters::Counters,
+    counters::Gauges,
+    poison::{CrashLedger, WorkflowTask},
+    wire,
+};
 use perago_core::{
     attempt::{AttemptError, AttemptSnapshot, TaskRef, task_ref},
-    capacity::Capacity,
+    capacity::{Capacity, PERAGO_MIN_FREE_MEMORY},
     conductor::Polled,
     identity::{Slot as SlotNumber, WorkerPrefix},
+    memory::format_bytes,
     result::{Reason, RuntimeResult},
 };
 use perago_proto::{admin::v1 as admin, slot::v1 as proto};
@@ -85,6 +91,9 @@ pub(crate) enum Input {
     Drain,
     /// A status snapshot. Answer: [`Reply::Status`].
     Status,
+    /// Available memory was measured (only with `PERAGO_MIN_FREE_MEMORY`): admission opens
+    /// or closes.
+    Memory { available: u64 },
 }
 
 /// The machine's answer to the caller of an input that asks a question.
@@ -210,6 +219,12 @@ pub(crate) struct Machine {
     admission_open: bool,
     /// The task type's queue depth as Conductor last reported it (run once, adaptive range).
     queue_depth: Option<u64>,
+    /// Executor crashes per workflow task (poison detection, `PERAGO_POISON_AFTER`).
+    crashes: CrashLedger,
+    /// Available memory when last measured (memory admission).
+    available_memory: Option<u64>,
+    /// The waiting poll request has been counted as withheld by memory admission.
+    poll_withheld: bool,
     broker_id: String,
     slots: Vec<Slot>,
     held: VecDeque<Held>,
@@ -288,6 +303,9 @@ impl Machine {
             capacity,
             admission_open: true,
             queue_depth: None,
+            crashes: CrashLedger::default(),
+            available_memory: None,
+            poll_withheld: false,
             broker_id: prefix.broker_id(),
             slots,
             held: VecDeque::new(),
@@ -408,6 +426,7 @@ impl Machine {
                 return Reply::Drain(already);
             }
             Input::Status => return Reply::Status(Box::new(self.status())),
+            Input::Memory { available } => self.memory_measured(available),
         }
         Reply::None
     }
@@ -589,14 +608,44 @@ impl Machine {
             }
         }
         if let Work::Busy(run) = work {
-            let reason = Reason::new(format!(
+            let crash = format!(
                 "executor {worker_id} (pid {pid}, generation {generation}) exited ({how}) while running execution {}",
                 run.execution_id
-            ));
-            tracing::warn!(task_id = %run.attempt.task_id, execution_id = %run.execution_id, worker_id = %worker_id, "{reason}");
-            let result = RuntimeResult::failed(worker_id, reason);
+            );
+            tracing::warn!(task_id = %run.attempt.task_id, execution_id = %run.execution_id, worker_id = %worker_id, "{crash}");
+            // A drain's stop (or its deadline's kill) is not the task's doing.
+            let result = match self.poisoned(&run, &crash, draining) {
+                Some(reason) => {
+                    tracing::warn!(task_id = %run.attempt.task_id, execution_id = %run.execution_id, worker_id = %worker_id, "{reason}");
+                    self.counters.tasks_poisoned.inc();
+                    RuntimeResult::failed_terminal(worker_id, Reason::new(reason))
+                }
+                None => RuntimeResult::failed(worker_id, Reason::new(crash)),
+            };
             self.report(None, *run, result, false);
         }
+    }
+
+    /// Counts an executor crash against the running attempt's workflow task; once it has
+    /// crashed `poison_after` times, the reason to fail it for good (its key is forgotten, so
+    /// a rerun of the workflow starts afresh).
+    fn poisoned(&mut self, run: &Running, crash: &str, draining: bool) -> Option<String> {
+        let limit = self.capacity.poison_after;
+        if limit == 0 || draining {
+            return None;
+        }
+        let task = WorkflowTask::of(&run.attempt);
+        let crashes = self.crashes.record(task.clone());
+        if crashes < limit {
+            return None;
+        }
+        self.crashes.forget(&task);
+        Some(format!(
+            "poison task: attempts of workflow task {} in workflow {} killed their executor {crashes} times ({}={limit}); last: {crash}",
+            task.reference_task_name,
+            task.workflow_instance_id,
+            perago_core::capacity::PERAGO_POISON_AFTER,
+        ))
     }
 
     fn fence_target(
@@ -868,10 +917,58 @@ impl Machine {
         let free = self.slots.iter().filter(|s| s.free()).count() as u32;
         let held = u32::try_from(self.held.len()).unwrap_or(u32::MAX);
         let available = free.saturating_sub(self.reserved).saturating_sub(held);
+        if available > 0 && !self.admission_open {
+            // Counted once per poll request that memory alone keeps waiting.
+            if !self.poll_withheld {
+                self.poll_withheld = true;
+                self.counters.polls_withheld.inc();
+            }
+            return;
+        }
         if available > 0 {
             self.poll_wanted = false;
+            self.poll_withheld = false;
             self.reserved += available;
             self.effects.push(Effect::GrantPoll(available));
+        }
+    }
+
+    /// Memory admission: new tasks are polled only while at least `PERAGO_MIN_FREE_MEMORY` is
+    /// available. Tasks already received run regardless; the waiting poll is granted as soon
+    /// as admission opens again (see `grant_poll`).
+    fn memory_measured(&mut self, available: u64) {
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        self.available_memory = Some(available);
+        self.gauges.available_memory.store(available, relaxed);
+        let Some(min) = self.capacity.min_free_memory else {
+            return;
+        };
+        let open = available >= min;
+        if open != self.admission_open {
+            let (available, min) = (format_bytes(available), format_bytes(min));
+            if open {
+                tracing::info!(available = %available, min_free_memory = %min, "admission open: available memory {available} is at least {PERAGO_MIN_FREE_MEMORY} {min}; polling resumes");
+            } else {
+                tracing::warn!(available = %available, min_free_memory = %min, "admission closed: available memory {available} is below {PERAGO_MIN_FREE_MEMORY} {min}; no new tasks are polled until it is back (running tasks go on)");
+            }
+        }
+        self.admission_open = open;
+        self.gauges.admission_open.store(u64::from(open), relaxed);
+    }
+
+    /// Why admission is closed, for Admin.Status (empty while open).
+    fn admission_reason(&self) -> String {
+        match (
+            self.admission_open,
+            self.available_memory,
+            self.capacity.min_free_memory,
+        ) {
+            (false, Some(available), Some(min)) => format!(
+                "available memory {} is below {PERAGO_MIN_FREE_MEMORY} {}",
+                format_bytes(available),
+                format_bytes(min)
+            ),
+            _ => String::new(),
         }
     }
 
@@ -1019,7 +1116,7 @@ impl Machine {
                 .map_or(-1, |d| i64::try_from(d).unwrap_or(i64::MAX)),
             available_memory_bytes: self.gauges.available_memory.load(relaxed),
             admission_open: self.admission_open,
-            admission_reason: String::new(),
+            admission_reason: self.admission_reason(),
         }
     }
 }

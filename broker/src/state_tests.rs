@@ -883,3 +883,243 @@ fn status_shows_each_slot() {
     assert_eq!(status.slots[0].task_id, "a");
     assert_eq!(status.slots[1].state, admin::SlotState::Waiting as i32);
 }
+
+/// Attempt `id` of workflow task `t_ref` in `workflow`.
+fn task_in(id: &str, workflow: &str) -> Polled {
+    let mut t = raw_task(id);
+    t["workflowInstanceId"] = json!(workflow);
+    Polled::Task(t)
+}
+
+fn capacity_with(change: impl FnOnce(&mut perago_core::capacity::Capacity)) -> Harness {
+    let mut capacity = perago_core::capacity::Capacity::fixed(1);
+    change(&mut capacity);
+    Harness::with_capacity(capacity, false)
+}
+
+impl Harness {
+    /// Generation `generation` of slot 1 starts, runs `task` and is killed by a signal; the
+    /// report of its failure.
+    fn crash(&mut self, generation: u64, task: Polled) -> Report {
+        self.started(1, generation).unwrap();
+        self.hello(1, generation).0.unwrap();
+        let granted = self.poll().expect("a grant");
+        let effects = self.go(Input::Polled {
+            tasks: vec![task],
+            reserved: granted,
+        });
+        assert_eq!(assignments(&effects).len(), 1, "{effects:?}");
+        let mut failed = reports(&self.go(Input::SlotExited(proto::SlotExited {
+            slot: 1,
+            generation,
+            pid: 99,
+            status: "signal 9 (SIGKILL)".into(),
+        })));
+        assert_eq!(failed.len(), 1);
+        failed.remove(0)
+    }
+}
+
+#[test]
+fn a_workflow_task_that_kills_its_executor_three_times_fails_for_good() {
+    let mut h = Harness::new(1, false);
+    for (generation, id) in [(1, "a1"), (2, "a2")] {
+        let failed = h.crash(generation, task_in(id, "wf-poison"));
+        assert_eq!(failed.result.status(), ResultStatus::Failed, "{id}");
+    }
+    // Another workflow's crashes are its own.
+    let other = h.crash(3, task_in("b1", "wf-other"));
+    assert_eq!(other.result.status(), ResultStatus::Failed);
+    assert_eq!(h.counters.tasks_poisoned.get(), 0);
+    let third = h.crash(4, task_in("a3", "wf-poison"));
+    assert_eq!(third.task_id, "a3");
+    assert_eq!(third.result.status(), ResultStatus::FailedWithTerminalError);
+    assert_eq!(
+        reason(&third),
+        format!(
+            "poison task: attempts of workflow task t_ref in workflow wf-poison killed their executor 3 times (PERAGO_POISON_AFTER=3); last: executor t0001 (pid 99, generation 4) exited (signal 9 (SIGKILL)) while running execution {}",
+            third.execution_id
+        )
+    );
+    assert_eq!(h.counters.tasks_poisoned.get(), 1);
+    assert_eq!(h.status().counters.unwrap().tasks_poisoned, 1);
+    // The other workflow is at its second crash: still retried.
+    let other = h.crash(5, task_in("b2", "wf-other"));
+    assert_eq!(other.result.status(), ResultStatus::Failed);
+    // A rerun of the poisoned workflow task starts its count afresh.
+    let rerun = h.crash(6, task_in("a4", "wf-poison"));
+    assert_eq!(rerun.result.status(), ResultStatus::Failed);
+    assert_eq!(h.counters.tasks_poisoned.get(), 1);
+}
+
+#[test]
+fn loop_iterations_are_counted_apart() {
+    let mut h = capacity_with(|c| c.poison_after = 2);
+    let iteration = |id: &str, n: u32| {
+        let mut t = raw_task(id);
+        t["iteration"] = json!(n);
+        Polled::Task(t)
+    };
+    // raw_task puts each id in its own workflow: keep one workflow for every attempt.
+    let in_one = |p: Polled| match p {
+        Polled::Task(mut t) => {
+            t["workflowInstanceId"] = json!("wf-loop");
+            Polled::Task(t)
+        }
+        other => other,
+    };
+    let first = h.crash(1, in_one(iteration("i1", 1)));
+    let second = h.crash(2, in_one(iteration("i2", 2)));
+    assert_eq!(first.result.status(), ResultStatus::Failed);
+    assert_eq!(second.result.status(), ResultStatus::Failed);
+    let again = h.crash(3, in_one(iteration("i3", 2)));
+    assert_eq!(again.result.status(), ResultStatus::FailedWithTerminalError);
+}
+
+#[test]
+fn poison_after_zero_never_fails_a_task_for_good() {
+    let mut h = capacity_with(|c| c.poison_after = 0);
+    for generation in 1..=6 {
+        let failed = h.crash(generation, task_in(&format!("a{generation}"), "wf"));
+        assert_eq!(failed.result.status(), ResultStatus::Failed);
+    }
+    assert_eq!(h.counters.tasks_poisoned.get(), 0);
+}
+
+#[test]
+fn a_kill_during_a_drain_is_not_the_tasks_doing() {
+    let mut h = capacity_with(|c| c.poison_after = 1);
+    h.up(1);
+    let granted = h.poll().unwrap();
+    h.go(Input::Polled {
+        tasks: vec![task_in("a1", "wf")],
+        reserved: granted,
+    });
+    h.go(Input::Drain);
+    let failed = reports(&h.go(Input::SlotExited(proto::SlotExited {
+        slot: 1,
+        generation: 1,
+        pid: 99,
+        status: "killed by the supervisor at the shutdown deadline".into(),
+    })));
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].result.status(), ResultStatus::Failed);
+    assert_eq!(h.counters.tasks_poisoned.get(), 0);
+    // The same threshold outside a drain fails the first crash for good.
+    let mut h = capacity_with(|c| c.poison_after = 1);
+    let failed = h.crash(1, task_in("a1", "wf"));
+    assert_eq!(
+        failed.result.status(),
+        ResultStatus::FailedWithTerminalError
+    );
+}
+
+#[test]
+fn the_crash_ledger_stays_bounded() {
+    let mut h = capacity_with(|c| c.poison_after = 2);
+    let total = crate::poison::MAX_TRACKED as u64 + 1;
+    for n in 0..total {
+        h.crash(n + 1, task_in(&format!("t{n}"), &format!("wf{n}")));
+    }
+    assert_eq!(h.m.crashes.len(), crate::poison::MAX_TRACKED);
+    // The oldest workflow task was forgotten: its next crash is its first again.
+    let failed = h.crash(total + 1, task_in("again", "wf0"));
+    assert_eq!(failed.result.status(), ResultStatus::Failed);
+    // The newest is remembered: its second crash poisons it.
+    let failed = h.crash(total + 2, task_in("again2", &format!("wf{}", total - 1)));
+    assert_eq!(
+        failed.result.status(),
+        ResultStatus::FailedWithTerminalError
+    );
+}
+
+const GIB: u64 = 1 << 30;
+
+fn with_min_free_memory(slots: u32, min: u64) -> Harness {
+    let mut capacity = perago_core::capacity::Capacity::fixed(slots);
+    capacity.min_free_memory = Some(min);
+    Harness::with_capacity(capacity, true)
+}
+
+#[test]
+fn admission_closed_withholds_polls_and_reopening_grants_the_waiting_one() {
+    let mut h = with_min_free_memory(2, GIB);
+    h.go(Input::Memory { available: 2 * GIB });
+    h.up(2);
+    assert_eq!(h.poll(), Some(2), "open: polls as before");
+    h.go(Input::Polled {
+        tasks: vec![task("a")],
+        reserved: 2,
+    });
+    // Memory drops: the next poll request waits, counted once however many inputs pass.
+    h.go(Input::Memory {
+        available: 812 << 20,
+    });
+    assert_eq!(h.poll(), None);
+    assert_eq!(h.counters.polls_withheld.get(), 1);
+    for _ in 0..3 {
+        assert_eq!(grant(&h.go(Input::Memory { available: GIB - 1 })), None);
+    }
+    h.go(Input::Memory {
+        available: 812 << 20,
+    });
+    assert_eq!(h.counters.polls_withheld.get(), 1);
+    let status = h.status();
+    let capacity = status.capacity.unwrap();
+    assert!(!capacity.admission_open);
+    assert_eq!(
+        capacity.admission_reason,
+        "available memory 812MiB is below PERAGO_MIN_FREE_MEMORY 1GiB"
+    );
+    assert_eq!(capacity.available_memory_bytes, 812 << 20);
+    assert_eq!(status.counters.unwrap().polls_withheld, 1);
+    assert_eq!(
+        h.m.gauges
+            .admission_open
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    // The task already received runs on: it completes and reports.
+    let status = h.status();
+    let running = &status.slots.iter().find(|s| s.task_id == "a").unwrap();
+    let effects = h.complete(running.slot, 1, "a", &running.execution_id.clone());
+    assert_eq!(reports(&effects).len(), 1);
+    // Memory is back: the waiting poll is granted for every free slot.
+    let effects = h.go(Input::Memory { available: GIB });
+    assert_eq!(grant(&effects), Some(1), "{effects:?}");
+    let capacity = h.status().capacity.unwrap();
+    assert!(capacity.admission_open);
+    assert_eq!(capacity.admission_reason, "");
+    // A second request withheld is counted again.
+    h.go(Input::Polled {
+        tasks: vec![],
+        reserved: 1,
+    });
+    h.go(Input::Memory { available: 0 });
+    assert_eq!(h.poll(), None);
+    assert_eq!(h.counters.polls_withheld.get(), 2);
+}
+
+#[test]
+fn a_poll_waiting_for_a_slot_is_not_counted_as_withheld_by_memory() {
+    let mut h = with_min_free_memory(1, GIB);
+    h.go(Input::Memory { available: 0 });
+    assert_eq!(h.poll(), None, "no slot attached");
+    assert_eq!(h.counters.polls_withheld.get(), 0);
+    h.up(1);
+    assert_eq!(h.counters.polls_withheld.get(), 1, "a slot is free now");
+    // A drain stops the waiting poller as usual.
+    assert_eq!(grant(&h.go(Input::Drain)), Some(0));
+}
+
+#[test]
+fn without_a_minimum_memory_is_only_reported() {
+    let mut h = Harness::new(1, true);
+    h.up(1);
+    h.go(Input::Memory { available: 1 });
+    assert_eq!(h.poll(), Some(1));
+    let capacity = h.status().capacity.unwrap();
+    assert!(capacity.admission_open);
+    assert_eq!(capacity.available_memory_bytes, 1);
+    assert_eq!(h.counters.polls_withheld.get(), 0);
+}

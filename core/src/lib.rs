@@ -1,7 +1,7 @@
 //! perago's shared, wire-independent core: the task manifest, the attempt snapshot and fence,
 //! input/output shapes, the runtime result, worker identity, execution mode and worker count,
-//! durations and byte sizes, the environment variables, and the Conductor TaskDef a manifest
-//! describes.
+//! durations and byte sizes, available memory (cgroup v2 aware), the environment variables,
+//! and the Conductor TaskDef a manifest describes.
 //!
 //! This crate depends on no other perago crate: the broker, the executors and the supervisor
 //! all build on it.
@@ -18,6 +18,7 @@ pub mod identity;
 pub mod json;
 pub mod logging;
 pub mod manifest;
+pub mod memory;
 pub mod mode;
 pub mod process;
 pub mod result;

@@ -4,6 +4,13 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use perago_core::mode::ExecutionMode;
 use std::path::PathBuf;
 
+/// Settings of `start` that only the environment gives (the README lists every variable).
+const START_ENVIRONMENT: &str = "Environment (no flag):
+  PERAGO_MIN_FREE_MEMORY=SIZE  poll for new tasks only while at least SIZE (e.g. 1GiB) of memory
+                               is available (cgroup v2 limits when inside one, else MemAvailable)
+  PERAGO_POISON_AFTER=K        fail a workflow task with FAILED_WITH_TERMINAL_ERROR once its
+                               attempts have killed their executor K times (default 3; 0 = off)";
+
 /// Run one Conductor task type with a broker and N executor processes.
 #[derive(Debug, Parser)]
 #[command(name = "perago-supervisor", version, max_term_width = 100)]
@@ -56,6 +63,7 @@ pub struct ExtractArgs {
 /// `start`.
 #[derive(Debug, Args)]
 #[deny(missing_docs)]
+#[command(after_help = START_ENVIRONMENT)]
 pub struct StartArgs {
     /// The task manifest (TOML).
     pub manifest: PathBuf,

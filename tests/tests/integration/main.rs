@@ -1,5 +1,6 @@
 //! End-to-end tests that run the real perago binaries as separate processes.
 
+mod admission;
 mod auth;
 mod bad_input;
 mod bench;
@@ -11,6 +12,7 @@ mod descendants;
 mod harness;
 mod hostile_tasks;
 mod ops;
+mod poison;
 mod runtime;
 mod wire;
 mod workspace;

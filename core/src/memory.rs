@@ -1,0 +1,262 @@
+//! Available memory, as memory-headroom admission (`PERAGO_MIN_FREE_MEMORY`) measures it.
+//!
+//! Inside a cgroup v2 (`/proc/self/cgroup` has a `0::/path` line and the cgroup's directory
+//! has `memory.max`), every limit of the cgroup and its ancestors binds: the headroom under a
+//! limit is `memory.max − (memory.current − inactive_file)` (page cache the kernel can drop
+//! first does not count as used, as kubelet and `docker stats` count it), and the smallest
+//! headroom wins. Available memory is that headroom or the host's `MemAvailable`
+//! (`/proc/meminfo`), whichever is smaller; outside a limited cgroup v2 it is `MemAvailable`.
+//!
+//! The parsers take text, so they are tested with fixtures; [`available_memory`] only reads.
+
+use std::path::Path;
+
+/// Where cgroup v2 is mounted.
+pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes.
+pub fn parse_meminfo_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?;
+    let mut words = line.split_whitespace();
+    let value: u64 = words.next()?.parse().ok()?;
+    match words.next() {
+        Some("kB") => value.checked_mul(1024),
+        None => Some(value),
+        Some(_) => None,
+    }
+}
+
+/// The cgroup v2 path of `/proc/self/cgroup` (the `0::/path` line), if any.
+pub fn parse_cgroup_v2_path(cgroup: &str) -> Option<&str> {
+    cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::trim)
+        .filter(|p| p.starts_with('/'))
+}
+
+/// A `memory.max`: `Some(bytes)`, or `None` for `max` (no limit) and anything unreadable.
+pub fn parse_memory_max(text: &str) -> Option<u64> {
+    match text.trim() {
+        "max" => None,
+        n => n.parse().ok(),
+    }
+}
+
+/// `inactive_file` of a `memory.stat`, in bytes (0 when absent).
+pub fn parse_inactive_file(stat: &str) -> u64 {
+    stat.lines()
+        .find_map(|l| l.strip_prefix("inactive_file "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// One limited cgroup on the way up: its limit and what it uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CgroupUsage {
+    /// `memory.max`.
+    pub max: u64,
+    /// `memory.current`.
+    pub current: u64,
+    /// `inactive_file` of `memory.stat`: reclaimable page cache.
+    pub inactive_file: u64,
+}
+
+impl CgroupUsage {
+    /// The bytes this cgroup can still take.
+    pub fn headroom(&self) -> u64 {
+        let used = self.current.saturating_sub(self.inactive_file);
+        self.max.saturating_sub(used)
+    }
+}
+
+/// Available memory: the smallest cgroup headroom, capped by the host's `MemAvailable`.
+pub fn available(mem_available: u64, cgroups: &[CgroupUsage]) -> u64 {
+    cgroups
+        .iter()
+        .map(CgroupUsage::headroom)
+        .fold(mem_available, u64::min)
+}
+
+/// The directories of a cgroup and its ancestors under `root`, the cgroup first.
+pub fn cgroup_dirs(root: &Path, cgroup_path: &str) -> Vec<std::path::PathBuf> {
+    let parts: Vec<&str> = cgroup_path.split('/').filter(|p| !p.is_empty()).collect();
+    (0..=parts.len())
+        .rev()
+        .map(|n| {
+            parts[..n]
+                .iter()
+                .fold(root.to_path_buf(), |dir, p| dir.join(p))
+        })
+        .collect()
+}
+
+/// Reads the limited cgroups of `cgroup_path` (under `root`), the cgroup first.
+fn read_cgroups(root: &Path, cgroup_path: &str) -> Vec<CgroupUsage> {
+    let read = |dir: &Path, file: &str| std::fs::read_to_string(dir.join(file)).ok();
+    cgroup_dirs(root, cgroup_path)
+        .iter()
+        .filter_map(|dir| {
+            let max = parse_memory_max(&read(dir, "memory.max")?)?;
+            let current = read(dir, "memory.current")?.trim().parse().ok()?;
+            let inactive_file = read(dir, "memory.stat").map_or(0, |s| parse_inactive_file(&s));
+            Some(CgroupUsage {
+                max,
+                current,
+                inactive_file,
+            })
+        })
+        .collect()
+}
+
+/// Available memory now (cgroup v2 aware), in bytes; `proc` is `/proc`, `cgroup_root` where
+/// cgroup v2 is mounted.
+pub fn available_memory_at(proc: &Path, cgroup_root: &Path) -> Result<u64, String> {
+    let meminfo_path = proc.join("meminfo");
+    let meminfo = std::fs::read_to_string(&meminfo_path)
+        .map_err(|e| format!("cannot read {}: {e}", meminfo_path.display()))?;
+    let mem_available = parse_meminfo_available(&meminfo)
+        .ok_or_else(|| format!("{} has no MemAvailable line", meminfo_path.display()))?;
+    let cgroups = std::fs::read_to_string(proc.join("self/cgroup"))
+        .ok()
+        .and_then(|text| parse_cgroup_v2_path(&text).map(|p| read_cgroups(cgroup_root, p)))
+        .unwrap_or_default();
+    Ok(available(mem_available, &cgroups))
+}
+
+/// Available memory now (cgroup v2 aware), in bytes.
+pub fn available_memory() -> Result<u64, String> {
+    available_memory_at(Path::new("/proc"), Path::new(CGROUP_ROOT))
+}
+
+/// `1.5GiB`, `512MiB`, `800KiB`, `12B`: a byte count for logs and reasons.
+pub fn format_bytes(n: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
+    for (unit, size) in UNITS {
+        if n >= size {
+            return if n.is_multiple_of(size) {
+                format!("{}{unit}", n / size)
+            } else {
+                format!("{:.1}{unit}", n as f64 / size as f64)
+            };
+        }
+    }
+    format!("{n}B")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MEMINFO: &str = "MemTotal:       32768000 kB\nMemFree:         1000000 kB\nMemAvailable:   23920220 kB\nBuffers:          100 kB\n";
+
+    #[test]
+    fn meminfo_available_is_in_bytes() {
+        assert_eq!(parse_meminfo_available(MEMINFO), Some(23_920_220 * 1024));
+        assert_eq!(parse_meminfo_available("MemTotal: 5 kB\n"), None);
+        assert_eq!(parse_meminfo_available("MemAvailable: x kB\n"), None);
+    }
+
+    #[test]
+    fn the_cgroup_v2_line_is_found_among_v1_lines() {
+        let hybrid = "4:memory:/process_api/abc\n1:cpu:/\n0::/system.slice/perago.service\n";
+        assert_eq!(
+            parse_cgroup_v2_path(hybrid),
+            Some("/system.slice/perago.service")
+        );
+        assert_eq!(parse_cgroup_v2_path("0::/\n"), Some("/"));
+        assert_eq!(parse_cgroup_v2_path("4:memory:/x\n"), None);
+    }
+
+    #[test]
+    fn memory_max_and_stat() {
+        assert_eq!(parse_memory_max("max\n"), None);
+        assert_eq!(parse_memory_max("1073741824\n"), Some(1 << 30));
+        assert_eq!(
+            parse_inactive_file("anon 10\ninactive_file 4096\nactive_file 1\n"),
+            4096
+        );
+        assert_eq!(parse_inactive_file("anon 10\n"), 0);
+    }
+
+    #[test]
+    fn the_smallest_headroom_wins_capped_by_mem_available() {
+        let gib = 1u64 << 30;
+        let cgroup = CgroupUsage {
+            max: 4 * gib,
+            current: 3 * gib,
+            inactive_file: gib / 2,
+        };
+        assert_eq!(cgroup.headroom(), gib + gib / 2);
+        let parent = CgroupUsage {
+            max: 8 * gib,
+            current: 7 * gib,
+            inactive_file: 0,
+        };
+        assert_eq!(available(16 * gib, &[cgroup, parent]), gib);
+        assert_eq!(available(gib / 4, &[cgroup, parent]), gib / 4);
+        assert_eq!(available(16 * gib, &[]), 16 * gib);
+        // Above its limit (memory.max lowered under the usage), nothing is available.
+        let over = CgroupUsage {
+            max: gib,
+            current: 2 * gib,
+            inactive_file: 0,
+        };
+        assert_eq!(available(16 * gib, &[over]), 0);
+    }
+
+    #[test]
+    fn cgroup_dirs_go_up_to_the_root() {
+        let root = Path::new("/sys/fs/cgroup");
+        assert_eq!(
+            cgroup_dirs(root, "/a/b"),
+            [root.join("a/b"), root.join("a"), root.to_path_buf()]
+        );
+        assert_eq!(cgroup_dirs(root, "/"), [root.to_path_buf()]);
+    }
+
+    #[test]
+    fn reads_a_limited_cgroup_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc = dir.path().join("proc");
+        let root = dir.path().join("cgroup");
+        std::fs::create_dir_all(proc.join("self")).unwrap();
+        std::fs::create_dir_all(root.join("outer/inner")).unwrap();
+        std::fs::write(proc.join("meminfo"), MEMINFO).unwrap();
+        std::fs::write(proc.join("self/cgroup"), "0::/outer/inner\n").unwrap();
+        // The inner cgroup has no limit of its own; the outer one binds.
+        std::fs::write(root.join("outer/inner/memory.max"), "max\n").unwrap();
+        std::fs::write(root.join("outer/inner/memory.current"), "100\n").unwrap();
+        std::fs::write(root.join("outer/memory.max"), "1000000\n").unwrap();
+        std::fs::write(root.join("outer/memory.current"), "400000\n").unwrap();
+        std::fs::write(root.join("outer/memory.stat"), "inactive_file 100000\n").unwrap();
+        assert_eq!(available_memory_at(&proc, &root), Ok(700_000));
+        // Outside any cgroup v2 (or without the files): MemAvailable.
+        std::fs::write(proc.join("self/cgroup"), "4:memory:/x\n").unwrap();
+        assert_eq!(available_memory_at(&proc, &root), Ok(23_920_220 * 1024));
+        std::fs::write(proc.join("self/cgroup"), "0::/elsewhere\n").unwrap();
+        assert_eq!(available_memory_at(&proc, &root), Ok(23_920_220 * 1024));
+        assert!(available_memory_at(&root, &root).is_err());
+    }
+
+    #[test]
+    fn this_machine_has_some_memory_available() {
+        assert!(available_memory().unwrap() > 0);
+    }
+
+    #[test]
+    fn byte_counts_read_like_settings() {
+        assert_eq!(format_bytes(1 << 30), "1GiB");
+        assert_eq!(format_bytes(812 << 20), "812MiB");
+        assert_eq!(format_bytes(3 << 29), "1.5GiB");
+        assert_eq!(format_bytes(100 << 40), "100TiB");
+        assert_eq!(format_bytes(12), "12B");
+    }
+}
