@@ -12,5 +12,6 @@ mod harness;
 mod hostile_tasks;
 mod ops;
 mod runtime;
+mod soft_limit;
 mod wire;
 mod workspace;
