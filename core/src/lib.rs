@@ -21,6 +21,7 @@ pub mod manifest;
 pub mod mode;
 pub mod process;
 pub mod result;
+pub mod rss;
 pub mod shape;
 pub mod taskdef;
 pub mod units;

@@ -675,6 +675,14 @@ fn kill_all_children() {
     }
 }
 
+/// The exit code of an executor that ends to be recycled (`--max-tasks-per-executor`,
+/// `--max-executor-memory`): the supervisor starts the slot's next generation at once, without
+/// backoff (EX_TEMPFAIL).
+pub const EXIT_RECYCLED: i32 = 75;
+
+/// The reason of the broker's `Stop` to an executor that asked to be recycled.
+pub const STOP_RECYCLE: &str = "recycle";
+
 /// SIGTERM.
 pub const SIGTERM: i32 = libc::SIGTERM;
 /// SIGKILL.

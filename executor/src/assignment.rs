@@ -599,6 +599,14 @@ impl AssignmentRunner {
         }
     }
 
+    /// The pid of the persistent (`jsonl`) body process, while one runs between assignments.
+    pub fn body_pid(&self) -> Option<u32> {
+        match &self.body {
+            Body::Jsonl(body) => body.pid(),
+            _ => None,
+        }
+    }
+
     /// True once a Rust body overran its time limit: the executor should exit after sending
     /// the completion.
     pub fn poisoned(&self) -> bool {

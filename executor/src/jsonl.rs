@@ -141,6 +141,14 @@ impl JsonlBody {
         }
     }
 
+    /// The running process's pid (`None` when none runs, or while a call holds it).
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.running
+            .try_lock()
+            .ok()
+            .and_then(|r| r.as_ref().map(|r| r.managed.pid()))
+    }
+
     /// Runs one assignment through the persistent process.
     pub(crate) async fn call(
         &self,

@@ -11,6 +11,7 @@ mod descendants;
 mod harness;
 mod hostile_tasks;
 mod ops;
+mod recycle;
 mod runtime;
 mod soft_limit;
 mod wire;
