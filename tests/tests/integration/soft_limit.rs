@@ -119,3 +119,33 @@ fn worker_log(sup: &SupervisorProc, task: &TaskFixture) -> String {
     let dir = sup.jsonl_dir(task, &format!("{}0001", task.prefix()));
     std::fs::read_to_string(dir.join("perago.jsonl")).unwrap_or_default()
 }
+
+#[test]
+fn check_names_a_soft_limit_that_is_not_below_the_timeout() {
+    use perago_tests::{Run, command};
+    let task = short(fixture("e2e.softcheck", TRAPPING));
+    let ok = Run::of(
+        command(crate::harness::SUPERVISOR).args(["check", task.manifest().to_str().unwrap()]),
+    );
+    ok.expect_code(0);
+    assert!(
+        ok.stdout.contains(
+            "  soft time limit: 1s (SIGUSR1 to an exec body, a cancel line to a jsonl body)"
+        ),
+        "{}",
+        ok.stdout
+    );
+    let manifest = std::fs::read_to_string(task.manifest())
+        .unwrap()
+        .replace("soft_time_limit = \"1s\"", "soft_time_limit = \"3s\"");
+    std::fs::write(task.manifest(), manifest).unwrap();
+    let bad = Run::of(
+        command(crate::harness::SUPERVISOR).args(["check", task.manifest().to_str().unwrap()]),
+    );
+    bad.expect_code(1);
+    assert!(
+        bad.stderr.contains("body.soft_time_limit: 3s is not below task.timeout_seconds (3s); the soft limit must come before the hard one"),
+        "{}",
+        bad.stderr
+    );
+}
