@@ -192,6 +192,8 @@ struct Slot {
     attached: bool,
     work: Work,
     stopping: bool,
+    /// The generation asked to be recycled and was told to stop: its exit is no failure.
+    recycled: bool,
     exited: bool,
 }
 
@@ -295,6 +297,7 @@ impl Machine {
                 attached: false,
                 work: Work::Idle,
                 stopping: false,
+                recycled: false,
                 exited: false,
             })
             .collect();
@@ -556,6 +559,7 @@ impl Machine {
         slot.token = started.token;
         slot.pid = started.pid;
         slot.stopping = false;
+        slot.recycled = false;
         slot.exited = false;
         slot.attached = false;
         slot.work = Work::Idle;
@@ -598,12 +602,13 @@ impl Machine {
         let work = std::mem::replace(&mut slot.work, Work::Idle);
         let worker_id = slot.worker_id.clone();
         let pid = slot.pid;
+        let recycled = slot.recycled;
         if had_stream {
             self.effects.push(Effect::Detach { slot: number });
         }
         if was_attached {
             tracing::info!(slot = number, generation, worker_id = %worker_id, "executor detached: {how}");
-            if !draining {
+            if !draining && !recycled {
                 self.counters.executor_exits.inc();
             }
         }
@@ -670,7 +675,11 @@ impl Machine {
 
     fn complete(&mut self, number: u32, generation: u64, completion: proto::Completion) {
         let counters = Arc::clone(&self.counters);
-        let v2 = !self.draining && self.v2.load(std::sync::atomic::Ordering::Relaxed);
+        // A generation that leaves to be recycled gets no next task: v1.
+        let recycle = completion.recycle.clone();
+        let v2 = !self.draining
+            && recycle.is_empty()
+            && self.v2.load(std::sync::atomic::Ordering::Relaxed);
         let Some(slot) = self.slot_mut(number) else {
             return;
         };
@@ -709,6 +718,29 @@ impl Machine {
             self.gauges.task_duration.observe(took.as_secs_f64());
         }
         self.report(v2.then_some(number), *run, result, v2);
+        if !recycle.is_empty() {
+            self.recycle(number, &recycle);
+        }
+    }
+
+    /// The executor of `number` reached a recycling limit with the assignment it just
+    /// completed: it is told to stop, and the supervisor starts the next generation at once.
+    fn recycle(&mut self, number: u32, why: &str) {
+        let Some(slot) = self.slot_mut(number) else {
+            return;
+        };
+        tracing::info!(slot = number, generation = slot.generation, worker_id = %slot.worker_id, pid = slot.pid, "executor recycled: {why}");
+        slot.recycled = true;
+        let already = std::mem::replace(&mut slot.stopping, true);
+        let (generation, attached) = (slot.generation, slot.attached);
+        self.counters.executors_recycled.inc();
+        if !already && attached {
+            self.send(
+                number,
+                generation,
+                stop_message(perago_core::process::STOP_RECYCLE),
+            );
+        }
     }
 
     fn report(&mut self, slot: Option<u32>, run: Running, result: RuntimeResult, v2: bool) {

@@ -111,6 +111,18 @@ impl Harness {
         task_id: &str,
         execution_id: &str,
     ) -> Vec<Effect> {
+        self.complete_recycling(slot, generation, task_id, execution_id, "")
+    }
+
+    /// A completion whose executor reached a recycling limit (`recycle` non-empty).
+    fn complete_recycling(
+        &mut self,
+        slot: u32,
+        generation: u64,
+        task_id: &str,
+        execution_id: &str,
+        recycle: &str,
+    ) -> Vec<Effect> {
         self.go(Input::Completion {
             slot,
             generation,
@@ -123,6 +135,7 @@ impl Harness {
                     })),
                     worker_id: format!("t{slot:04}"),
                 }),
+                recycle: recycle.into(),
             },
         })
     }
@@ -1122,4 +1135,103 @@ fn without_a_minimum_memory_is_only_reported() {
     assert!(capacity.admission_open);
     assert_eq!(capacity.available_memory_bytes, 1);
     assert_eq!(h.counters.polls_withheld.get(), 0);
+}
+
+fn stop_reasons(effects: &[Effect]) -> Vec<(u32, String)> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Send {
+                slot,
+                message:
+                    proto::BrokerMessage {
+                        message: Some(proto::broker_message::Message::Stop(stop)),
+                    },
+                ..
+            } => Some((*slot, stop.reason.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_recycling_executor_reports_through_v1_is_stopped_and_its_exit_is_no_failure() {
+    let mut h = Harness::new(1, true);
+    h.up(1);
+    let (_, execution, _) = assignments(&h.deliver(&["a"])).remove(0);
+    let effects = h.complete_recycling(
+        1,
+        1,
+        "a",
+        &execution,
+        "3 assignments reached --max-tasks-per-executor 3",
+    );
+    let done = reports(&effects);
+    assert_eq!(done.len(), 1, "{effects:?}");
+    assert_eq!(done[0].result.status(), ResultStatus::Completed);
+    assert!(!done[0].use_v2, "no next task for a slot that is leaving");
+    assert_eq!(done[0].slot, None);
+    assert_eq!(stop_reasons(&effects), vec![(1, "recycle".to_owned())]);
+    assert_eq!(h.counters.executors_recycled.get(), 1);
+    assert_eq!(h.poll(), None, "a leaving slot takes no task");
+    assert_eq!(h.status().slots[0].state, admin::SlotState::Stopping as i32);
+
+    // The executor exits: its stream ends, then the supervisor reports the exit.
+    let effects = h.go(Input::StreamEnded {
+        slot: 1,
+        generation: 1,
+    });
+    assert!(reports(&effects).is_empty(), "{effects:?}");
+    let effects = h.go(Input::SlotExited(proto::SlotExited {
+        slot: 1,
+        generation: 1,
+        pid: 1001,
+        status: "exit status 75".into(),
+    }));
+    assert!(reports(&effects).is_empty(), "{effects:?}");
+    assert_eq!(
+        h.counters.executor_exits.get(),
+        0,
+        "a recycled exit is no crash"
+    );
+
+    // The next generation takes tasks at once.
+    h.started(1, 2).unwrap();
+    let (r, effects) = h.hello(1, 2);
+    r.unwrap();
+    assert_eq!(grant(&effects), Some(1));
+    h.go(Input::Polled {
+        tasks: vec![task("b")],
+        reserved: 1,
+    });
+    assert_eq!(h.counters.executors_recycled.get(), 1);
+
+    // A crash of that generation still counts.
+    h.go(Input::SlotExited(proto::SlotExited {
+        slot: 1,
+        generation: 2,
+        pid: 1001,
+        status: "signal 9 (SIGKILL)".into(),
+    }));
+    assert_eq!(h.counters.executor_exits.get(), 1);
+}
+
+#[test]
+fn a_drain_after_a_recycle_sends_no_second_stop() {
+    let mut h = Harness::new(1, false);
+    h.up(1);
+    let (_, execution, _) = assignments(&h.deliver(&["a"])).remove(0);
+    let effects = h.complete_recycling(
+        1,
+        1,
+        "a",
+        &execution,
+        "resident memory 80MiB (executor and bodies) above --max-executor-memory 64MiB",
+    );
+    assert_eq!(reports(&effects).len(), 1);
+    assert_eq!(stops(&effects), vec![1]);
+    // A drain after it sends no second Stop.
+    let effects = h.go(Input::Drain);
+    assert!(stops(&effects).is_empty(), "{effects:?}");
+    assert_eq!(h.counters.executors_recycled.get(), 1);
 }

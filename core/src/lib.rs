@@ -22,6 +22,7 @@ pub mod memory;
 pub mod mode;
 pub mod process;
 pub mod result;
+pub mod rss;
 pub mod shape;
 pub mod taskdef;
 pub mod units;

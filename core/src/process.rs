@@ -268,6 +268,28 @@ pub fn signal_group(pgid: u32, signal: i32) -> io::Result<()> {
     }
 }
 
+/// Sends `signal` to the one process `pid` (not its group). A process that is already gone is
+/// not an error.
+pub fn signal_process(pid: u32, signal: i32) -> io::Result<()> {
+    let Ok(pid) = i32::try_from(pid) else {
+        return Err(io::Error::other("process id out of range"));
+    };
+    if pid <= 1 {
+        return Err(io::Error::other("refusing to signal process 0 or 1"));
+    }
+    // SAFETY: kill(2) on one pid; no memory is involved.
+    let rc = unsafe { libc::kill(pid, signal) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::ESRCH) {
+        Ok(())
+    } else {
+        Err(err)
+    }
+}
+
 /// Makes this process a child subreaper (`PR_SET_CHILD_SUBREAPER`): a process started below it
 /// whose parent dies is re-parented to this process instead of init, so [`kill_adopted`] can
 /// find it, however it detached (double fork, `setsid`). The processes that are already our
@@ -516,8 +538,9 @@ pub fn body_command(program: &std::path::Path) -> tokio::process::Command {
 /// subreaper, runs `args` (program, arguments) with the guard's stdio in the guard's process
 /// group, and kills everything the body started as soon as the body exits or the guard's
 /// parent dies (its parent-death signal is SIGUSR1, which it waits for). It then exits as the
-/// body did. Signals the guard itself receives (the group's SIGTERM at a time limit) also
-/// reached the body and are otherwise ignored. Returns the exit code.
+/// body did. A SIGUSR1 while its parent lives (the soft time limit, sent to the guard alone)
+/// is passed on to the body. Other signals the guard itself receives (the group's SIGTERM at
+/// a time limit) also reached the body and are otherwise ignored. Returns the exit code.
 pub fn body_guard_main(args: &[std::ffi::OsString]) -> i32 {
     use std::os::unix::process::CommandExt as _;
     let Some((program, rest)) = args.split_first() else {
@@ -598,6 +621,12 @@ pub fn body_guard_main(args: &[std::ffi::OsString]) -> i32 {
                     status = Some(raw);
                 }
             },
+            // SIGUSR1 is the parent-death signal; while the parent lives it is the
+            // executor's soft time limit, for the body.
+            // SAFETY: getppid(2) and kill(2) on the body's pid; no memory is involved.
+            libc::SIGUSR1 if unsafe { libc::getppid() } == parent => unsafe {
+                libc::kill(body as i32, libc::SIGUSR1);
+            },
             // The parent (the supervisor) died: end the body and all it started.
             libc::SIGUSR1 => {
                 kill_all_children();
@@ -646,10 +675,20 @@ fn kill_all_children() {
     }
 }
 
+/// The exit code of an executor that ends to be recycled (`--max-tasks-per-executor`,
+/// `--max-executor-memory`): the supervisor starts the slot's next generation at once, without
+/// backoff (EX_TEMPFAIL).
+pub const EXIT_RECYCLED: i32 = 75;
+
+/// The reason of the broker's `Stop` to an executor that asked to be recycled.
+pub const STOP_RECYCLE: &str = "recycle";
+
 /// SIGTERM.
 pub const SIGTERM: i32 = libc::SIGTERM;
 /// SIGKILL.
 pub const SIGKILL: i32 = libc::SIGKILL;
+/// SIGUSR1: a body's soft time limit.
+pub const SIGUSR1: i32 = libc::SIGUSR1;
 
 /// The name of a signal number, for reasons and logs.
 pub fn signal_name(signal: i32) -> &'static str {

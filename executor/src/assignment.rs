@@ -3,7 +3,7 @@
 //! reason names the check first and ends with the tail of the failing command's stderr.
 
 use crate::{
-    command::{self, CommandSpec, Ended, Finished, RunLimits},
+    command::{self, CommandSpec, Ended, Finished, RunLimits, SoftLimit},
     jsonl::{JsonlBody, JsonlFailure},
     task::{Task, TaskContext, TaskError},
     workspace::{
@@ -286,6 +286,7 @@ impl AssignmentRunner {
         io.phase(Phase::Preparing);
         let budget = Budget::new(
             self.manifest.task.timeout_seconds,
+            self.manifest.body.soft_time_limit,
             self.manifest.task.timeout_policy != TimeoutPolicy::AlertOnly,
             attempt.timeout_clock_started_ms,
             now_unix_ms(),
@@ -428,8 +429,10 @@ impl AssignmentRunner {
         };
         let result = match &self.body {
             Body::Command(program) => {
-                let run = self
-                    .run(program, env, params_json, limits)
+                let mut spec = program.spec.clone();
+                spec.env.extend(env.iter().cloned());
+                let soft = soft_limit(budget, &attempt.task_id, execution_id, &self.worker_id);
+                let run = command::run_with_soft_limit(&spec, params_json, limits, soft.as_ref())
                     .await
                     .map_err(|e| {
                         Failure::Retriable(Reason::new(format!("body could not start: {e}")))
@@ -453,8 +456,15 @@ impl AssignmentRunner {
                 });
                 // The process outlives assignments: only its stable identity is in its env.
                 let process_env = [("PERAGO_WORKER_ID".to_owned(), self.worker_id.clone())];
+                let soft = soft_limit(budget, &attempt.task_id, execution_id, &self.worker_id);
                 match body
-                    .call(execution_id, request, &process_env, budget.left())
+                    .call(
+                        execution_id,
+                        request,
+                        &process_env,
+                        budget.left(),
+                        soft.as_ref(),
+                    )
                     .await
                 {
                     Ok(result) => {
@@ -589,6 +599,14 @@ impl AssignmentRunner {
         }
     }
 
+    /// The pid of the persistent (`jsonl`) body process, while one runs between assignments.
+    pub fn body_pid(&self) -> Option<u32> {
+        match &self.body {
+            Body::Jsonl(body) => body.pid(),
+            _ => None,
+        }
+    }
+
     /// True once a Rust body overran its time limit: the executor should exit after sending
     /// the completion.
     pub fn poisoned(&self) -> bool {
@@ -620,29 +638,47 @@ struct Budget {
     /// How much of it was gone when this execution began.
     spent: Duration,
     deadline: Option<tokio::time::Instant>,
+    /// `body.soft_time_limit` on the same clock: when the body is asked to wrap up.
+    soft_deadline: Option<tokio::time::Instant>,
 }
 
 impl Budget {
-    fn new(seconds: u64, enforced: bool, clock_started_ms: Option<i64>, now_ms: i64) -> Self {
+    fn new(
+        seconds: u64,
+        soft: Option<Duration>,
+        enforced: bool,
+        clock_started_ms: Option<i64>,
+        now_ms: i64,
+    ) -> Self {
         let spent = match clock_started_ms {
             Some(started) if enforced => {
                 Duration::from_millis(u64::try_from(now_ms.saturating_sub(started)).unwrap_or(0))
             }
             _ => Duration::ZERO,
         };
+        let now = tokio::time::Instant::now();
         let total = Duration::from_secs(seconds);
-        let deadline =
-            (seconds > 0).then(|| tokio::time::Instant::now() + total.saturating_sub(spent));
+        let deadline = (seconds > 0).then(|| now + total.saturating_sub(spent));
+        // Already past the soft limit at dispatch: zero (a jsonl body is asked to wrap up at
+        // once; an exec body, just started, is not signalled: see `command::run_with_soft_limit`).
+        let soft_deadline = soft.map(|soft| now + soft.saturating_sub(spent));
         Self {
             seconds,
             spent,
             deadline,
+            soft_deadline,
         }
     }
 
     /// The time left from now; `None` = no limit.
     fn left(&self) -> Option<Duration> {
         self.deadline
+            .map(|d| d.saturating_duration_since(tokio::time::Instant::now()))
+    }
+
+    /// The time left until the soft limit; `None` = no soft limit.
+    fn soft_left(&self) -> Option<Duration> {
+        self.soft_deadline
             .map(|d| d.saturating_duration_since(tokio::time::Instant::now()))
     }
 
@@ -662,6 +698,21 @@ impl Budget {
             )
         }
     }
+}
+
+/// The soft limit of this assignment's body, if the manifest sets one.
+fn soft_limit(
+    budget: &Budget,
+    task_id: &str,
+    execution_id: &str,
+    worker_id: &str,
+) -> Option<SoftLimit> {
+    budget.soft_left().map(|after| SoftLimit {
+        after,
+        task_id: task_id.to_owned(),
+        execution_id: execution_id.to_owned(),
+        worker_id: worker_id.to_owned(),
+    })
 }
 
 fn now_unix_ms() -> i64 {
@@ -755,4 +806,43 @@ fn body_result(run: &Finished, budget: &Budget) -> Result<Value, Failure> {
     }
     perago_core::json::from_str(&text)
         .or_else(|e| fail(format!("body result on stdout is not valid JSON: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_000_000;
+
+    fn near(actual: Option<Duration>, expected: Duration) -> bool {
+        // Computed against the clock at two moments a few microseconds apart.
+        actual.is_some_and(|a| a <= expected && expected - a < Duration::from_millis(50))
+    }
+
+    #[test]
+    fn the_soft_limit_counts_from_the_attempts_start_like_the_hard_one() {
+        let soft = Some(Duration::from_secs(40));
+        // 15 s gone in Conductor: 45 s to the hard limit, 25 s to the soft one.
+        let b = Budget::new(60, soft, true, Some(NOW - 15_000), NOW);
+        assert!(near(b.left(), Duration::from_secs(45)));
+        assert!(near(b.soft_left(), Duration::from_secs(25)));
+        // Past the soft limit at dispatch: at once.
+        let b = Budget::new(60, soft, true, Some(NOW - 50_000), NOW);
+        assert_eq!(b.soft_left(), Some(Duration::ZERO));
+        assert!(near(b.left(), Duration::from_secs(10)));
+        // ALERT_ONLY, or the start unknown: from this execution's start.
+        for b in [
+            Budget::new(60, soft, false, Some(NOW - 15_000), NOW),
+            Budget::new(60, soft, true, None, NOW),
+        ] {
+            assert!(near(b.soft_left(), Duration::from_secs(40)));
+            assert!(near(b.left(), Duration::from_secs(60)));
+        }
+        // No hard limit: the soft one still applies.
+        let b = Budget::new(0, soft, true, Some(NOW - 15_000), NOW);
+        assert_eq!(b.left(), None);
+        assert!(near(b.soft_left(), Duration::from_secs(25)));
+        // None set.
+        assert_eq!(Budget::new(60, None, true, None, NOW).soft_left(), None);
+    }
 }

@@ -4,7 +4,7 @@
 
 use crate::{
     assignment::AssignmentRunner,
-    slot::{SlotIdentity, serve},
+    slot::{Served, SlotIdentity, serve},
 };
 use perago_core::{env, manifest::Manifest};
 use std::{
@@ -57,6 +57,7 @@ pub fn identity_from(
     let generation = generation
         .parse()
         .map_err(|_| format!("{PERAGO_GENERATION} must be a generation number"))?;
+    let recycle = crate::recycle::RecycleLimits::from_lookup(&lookup)?;
     let completions = lookup(PERAGO_COMPLETION_FD)
         .and_then(|fd| fd.parse().ok())
         .and_then(perago_core::process::adopt_fd)
@@ -69,6 +70,7 @@ pub fn identity_from(
             token,
             socket: PathBuf::from(socket),
             completions,
+            recycle,
         },
         PathBuf::from(manifest),
     ))
@@ -192,7 +194,11 @@ pub(crate) fn main_with(task: Option<Arc<dyn crate::task::Task>>) -> i32 {
             }
         });
         match serve(&identity, &runner, stop, wake_rx).await {
-            Ok(()) => 0,
+            Ok(Served::Stopped) => 0,
+            Ok(Served::Recycled(why)) => {
+                tracing::info!(worker_id = %identity.worker_id, "executor recycled ({why}); exiting for the next generation");
+                perago_core::process::EXIT_RECYCLED
+            }
             Err(e) => {
                 tracing::error!(error = %e, "slot loop ended");
                 eprintln!("error: {e}");

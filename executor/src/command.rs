@@ -61,6 +61,32 @@ impl Default for RunLimits {
     }
 }
 
+/// `body.soft_time_limit` for one run: when the body is asked to wrap up, and the ids logged
+/// when it is.
+#[derive(Debug, Clone)]
+pub struct SoftLimit {
+    /// From the start of the run (zero: at once).
+    pub after: Duration,
+    /// The assignment's task id.
+    pub task_id: String,
+    /// Its execution id.
+    pub execution_id: String,
+    /// This executor's worker id.
+    pub worker_id: String,
+}
+
+impl SoftLimit {
+    /// Logs that the soft limit was reached and what the body is sent.
+    pub(crate) fn log(&self, sent: &str) {
+        tracing::info!(
+            task_id = %self.task_id,
+            execution_id = %self.execution_id,
+            worker_id = %self.worker_id,
+            "soft time limit reached (body.soft_time_limit); sending the body {sent}"
+        );
+    }
+}
+
 /// How a run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ended {
@@ -141,6 +167,19 @@ pub(crate) fn strip_runtime_secrets(cmd: &mut tokio::process::Command) {
 
 /// Runs `spec` with `stdin` as its standard input, within `limits`.
 pub async fn run(spec: &CommandSpec, stdin: Vec<u8>, limits: RunLimits) -> io::Result<Finished> {
+    run_with_soft_limit(spec, stdin, limits, None).await
+}
+
+/// [`run`], and at `soft` the process gets SIGUSR1: the process itself, not its group (the
+/// signal's default action would kill the group's other members, which do not expect it).
+/// The run then goes on as before: the result of a body that wraps up is used as usual, and
+/// the time limit still applies.
+pub async fn run_with_soft_limit(
+    spec: &CommandSpec,
+    stdin: Vec<u8>,
+    limits: RunLimits,
+    soft: Option<&SoftLimit>,
+) -> io::Result<Finished> {
     let started = Instant::now();
     let mut cmd = unix::body_command(&spec.program);
     strip_runtime_secrets(&mut cmd);
@@ -175,7 +214,33 @@ pub async fn run(spec: &CommandSpec, stdin: Vec<u8>, limits: RunLimits) -> io::R
         .take()
         .map(|pipe| tokio::spawn(read_tail(pipe, limits.stderr_tail, spec.label.clone())));
 
-    let ended = match limits.timeout {
+    let hard = limits
+        .timeout
+        .map(|limit| tokio::time::Instant::now() + limit);
+    if let Some(soft) = soft
+        && soft.after.is_zero()
+    {
+        // A process just spawned has had no time to install a SIGUSR1 handler, and the
+        // signal's default action would kill it: a body dispatched past its soft limit is not
+        // signalled, and the hard limit applies as usual.
+        tracing::info!(
+            task_id = %soft.task_id, execution_id = %soft.execution_id, worker_id = %soft.worker_id,
+            "soft time limit already past at dispatch (body.soft_time_limit): the body is not sent SIGUSR1, which would kill it before it can install a handler; the hard limit applies"
+        );
+    } else if let Some(soft) = soft {
+        let soft_at = tokio::time::Instant::now() + soft.after;
+        if hard.is_none_or(|hard| soft_at < hard) {
+            tokio::select! {
+                _ = tokio::time::sleep_until(soft_at) => {
+                    soft.log("SIGUSR1");
+                    unix::signal_process(pgid, unix::SIGUSR1)?;
+                }
+                _ = child.wait() => {}
+            }
+        }
+    }
+    let left = hard.map(|hard| hard.saturating_duration_since(tokio::time::Instant::now()));
+    let ended = match left {
         None => Ended::from_status(child.wait().await?),
         Some(limit) => match tokio::time::timeout(limit, child.wait()).await {
             Ok(status) => Ended::from_status(status?),

@@ -11,7 +11,7 @@
 //! A process that exits, writes something else, or overruns the time limit fails the
 //! assignment; it is stopped (its whole process group) and started again for the next one.
 
-use crate::command::CommandSpec;
+use crate::command::{CommandSpec, SoftLimit};
 use perago_core::process;
 use serde_json::{Value, json};
 use std::{collections::VecDeque, process::Stdio, sync::Arc, time::Duration};
@@ -141,6 +141,14 @@ impl JsonlBody {
         }
     }
 
+    /// The running process's pid (`None` when none runs, or while a call holds it).
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.running
+            .try_lock()
+            .ok()
+            .and_then(|r| r.as_ref().map(|r| r.managed.pid()))
+    }
+
     /// Runs one assignment through the persistent process.
     pub(crate) async fn call(
         &self,
@@ -148,6 +156,7 @@ impl JsonlBody {
         request: Value,
         env: &[(String, String)],
         limit: Option<Duration>,
+        soft: Option<&SoftLimit>,
     ) -> Result<Value, JsonlFailure> {
         let mut guard = self.running.lock().await;
         if guard.is_none() {
@@ -159,7 +168,7 @@ impl JsonlBody {
         }
         let outcome = {
             let running = guard.as_mut().expect("started above");
-            let exchange = exchange(running, execution_id, &request);
+            let exchange = exchange(running, execution_id, &request, soft);
             match limit {
                 None => exchange.await,
                 Some(limit) => match tokio::time::timeout(limit, exchange).await {
@@ -215,11 +224,13 @@ impl JsonlBody {
     }
 }
 
-/// Writes the request line and reads the response line; any protocol break is an error.
+/// Writes the request line and reads the response line; any protocol break is an error. At
+/// the soft limit a `{"cancel": "<execution id>"}` line is written meanwhile.
 async fn exchange(
     running: &mut Running,
     execution_id: &str,
     request: &Value,
+    soft: Option<&SoftLimit>,
 ) -> Result<Value, String> {
     let mut line = serde_json::to_string(request).expect("a Value always serializes");
     line.push('\n');
@@ -227,7 +238,27 @@ async fn exchange(
         return Err(format!("cannot write to the body process: {e}"));
     }
     let _ = running.stdin.flush().await;
-    let answer = match running.stdout.next_line().await {
+    let next = running.stdout.next_line();
+    let mut next = std::pin::pin!(next);
+    if let Some(soft) = soft {
+        let soft_at = tokio::time::Instant::now() + soft.after;
+        tokio::select! {
+            read = &mut next => return answer(read, execution_id),
+            () = tokio::time::sleep_until(soft_at) => {}
+        }
+        soft.log("a cancel line");
+        let mut cancel = json!({ "cancel": execution_id }).to_string();
+        cancel.push('\n');
+        // A body that stopped reading shows it in its answer (or its time limit).
+        let _ = running.stdin.write_all(cancel.as_bytes()).await;
+        let _ = running.stdin.flush().await;
+    }
+    answer(next.await, execution_id)
+}
+
+/// Checks the response line read for `execution_id`.
+fn answer(read: std::io::Result<Option<String>>, execution_id: &str) -> Result<Value, String> {
+    let answer = match read {
         Ok(Some(answer)) => answer,
         Ok(None) => return Err(STDOUT_CLOSED.to_owned()),
         Err(e) => return Err(format!("cannot read from the body process: {e}")),

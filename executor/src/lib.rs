@@ -4,13 +4,15 @@
 //!
 //! Modules: [`slot`] (the slot client), [`assignment`] (one assignment, start to result),
 //! [`command`] (bodies and guardrails in their own process group with a time limit), the
-//! `jsonl` protocol, [`task`] (the `Task` trait for Rust task binaries), [`workspace`] (the
+//! `jsonl` protocol, [`recycle`] (leaving after a number of assignments or above a memory
+//! size), [`task`] (the `Task` trait for Rust task binaries), [`workspace`] (the
 //! lakeFS workspace flow) and [`wire`] (slot-protocol conversions).
 
 pub mod assignment;
 pub mod cli;
 pub mod command;
 mod jsonl;
+pub mod recycle;
 pub mod slot;
 pub mod task;
 pub mod wire;

@@ -15,6 +15,7 @@
 
 use crate::{
     assignment::{AssignmentIo, AssignmentRunner},
+    recycle::RecycleLimits,
     wire,
     workspace::flow::{Fence, FenceRead},
 };
@@ -85,6 +86,18 @@ pub struct SlotIdentity {
     pub socket: PathBuf,
     /// Where to tell the supervisor of each completed assignment (`PERAGO_COMPLETION_FD`).
     pub completions: Option<Arc<std::fs::File>>,
+    /// When this generation leaves to be replaced by a fresh one.
+    pub recycle: RecycleLimits,
+}
+
+/// How the slot loop ended normally.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Served {
+    /// The broker said stop (a drain), or a signal asked for it.
+    Stopped,
+    /// A recycling limit was reached (the reason says which) and the broker said stop: exit
+    /// with [`EXIT_RECYCLED`](perago_core::process::EXIT_RECYCLED).
+    Recycled(String),
 }
 
 /// Why the slot loop ended abnormally.
@@ -219,7 +232,7 @@ pub async fn serve(
     runner: &AssignmentRunner,
     stop_requested: Arc<AtomicBool>,
     mut signalled: mpsc::Receiver<()>,
-) -> Result<(), SlotError> {
+) -> Result<Served, SlotError> {
     let channel = connect_patiently(&identity.socket).await?;
     let mut client = SlotClient::new(channel.clone())
         .max_decoding_message_size(perago_proto::MAX_SLOT_MESSAGE_BYTES)
@@ -250,10 +263,19 @@ pub async fn serve(
 
     // Messages that arrived while an assignment ran (a drain's Stop), handled after it.
     let mut pending = std::collections::VecDeque::new();
+    // Assignments this generation ran, and the recycling limit it reached (sent with the
+    // completion; the broker answers with a Stop).
+    let mut done: u64 = 0;
+    let mut recycling: Option<String> = None;
+    let served = |recycling: &Option<String>| match recycling {
+        Some(why) => Served::Recycled(why.clone()),
+        None => Served::Stopped,
+    };
     loop {
         if stop_requested.load(Ordering::SeqCst) {
             tracing::info!("stop requested by signal; exiting while idle");
-            return close(tx, inbound).await;
+            close(tx, inbound).await?;
+            return Ok(served(&recycling));
         }
         let next = match pending.pop_front() {
             Some(next) => next,
@@ -274,7 +296,8 @@ pub async fn serve(
         match next {
             FromBroker::Stop(stop) => {
                 tracing::info!(reason = %stop.reason, "stop from the broker; exiting while idle");
-                return close(tx, inbound).await;
+                close(tx, inbound).await?;
+                return Ok(served(&recycling));
             }
             FromBroker::Welcome(_) => {}
             FromBroker::Assignment(assignment) => {
@@ -331,17 +354,25 @@ pub async fn serve(
                         ),
                     ),
                 };
-                let completion = proto::Completion {
-                    task_id,
-                    execution_id,
-                    result: Some(wire::result_to_wire(&result)),
-                };
                 // Whatever the body left running (orphans re-parented to this subreaper) ends
                 // with the assignment.
                 let killed = perago_core::process::kill_adopted();
                 if killed > 0 {
                     tracing::info!(killed, "killed the processes the assignment left running");
                 }
+                done += 1;
+                if recycling.is_none()
+                    && let Some(why) = identity.recycle.check(done, runner.body_pid())
+                {
+                    tracing::info!(task_id = %task_id, execution_id = %execution_id, worker_id = %identity.worker_id, "recycling this executor after this assignment: {why}");
+                    recycling = Some(why);
+                }
+                let completion = proto::Completion {
+                    task_id,
+                    execution_id,
+                    result: Some(wire::result_to_wire(&result)),
+                    recycle: recycling.clone().unwrap_or_default(),
+                };
                 tx.send(message(ToBroker::Completion(completion)))
                     .await
                     .map_err(|_| SlotError::BrokerGone)?;

@@ -487,3 +487,59 @@ async fn an_oversized_rust_task_output_fails_with_its_size() {
         "task output is 4194326 bytes; perago fails outputs above 3145728 bytes (Conductor would move them to external storage)"
     );
 }
+
+/// The soft limit's body: sleeps in the background so the shell runs its trap at once.
+const SOFT_BODY: &str = "trap 'echo \"{\\\"partial\\\": true}\"; exit 0' USR1\n\
+                         sleep 30 &\nwait $!\necho '{\"partial\": false}'\n";
+
+fn soft_manifest(timeout: u64, soft: &str) -> String {
+    format!(
+        "[task]\nname = \"test.task\"\nkind = \"workspace-free\"\ntimeout_seconds = {timeout}\n\
+         [body]\ncommand = [\"sh\", \"body.sh\"]\nsoft_time_limit = \"{soft}\"\n"
+    )
+}
+
+#[tokio::test]
+async fn at_the_soft_limit_an_exec_body_gets_sigusr1_and_its_result_is_used() {
+    let task = Task::new(SOFT_BODY, "").file("task.toml", &soft_manifest(5, "300ms"));
+    let started = Instant::now();
+    let r = task.run(json!({"params": {}})).await;
+    assert_eq!(output(&r)["result"], json!({"partial": true}));
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+}
+
+/// A body dispatched past its soft limit has had no time to install a handler, and SIGUSR1's
+/// default action would kill it: it is not signalled, and runs to its end (within the hard
+/// limit). Under load, the signal used to arrive before the trap and the body died of it.
+#[tokio::test]
+async fn an_exec_body_dispatched_past_its_soft_limit_is_not_signalled() {
+    let body = "sleep 0.3\ntrap 'echo \"{\\\"partial\\\": true}\"; exit 0' USR1\n\
+                sleep 0.3\necho '{\"partial\": false}'\n";
+    let task = Task::new(body, "").file("task.toml", &soft_manifest(10, "2s"));
+    // Conductor started the attempt 3 s ago: the soft limit (2 s) is behind it.
+    let started = Instant::now();
+    let r = task
+        .run_started(json!({"params": {}}), Some(Duration::from_secs(3)))
+        .await;
+    assert_eq!(output(&r)["result"], json!({"partial": false}));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_body_ignoring_the_soft_limit_is_stopped_at_the_hard_limit() {
+    let task = Task::new("trap '' USR1\necho stubborn >&2\nsleep 30\n", "")
+        .file("task.toml", &soft_manifest(1, "200ms"));
+    let r = task.run(json!({"params": {}})).await;
+    assert_eq!(
+        reason(&r, ResultStatus::Failed),
+        "body timed out after 1s (task.timeout_seconds) and was stopped: stubborn"
+    );
+}

@@ -147,3 +147,44 @@ async fn an_overrun_is_stopped_and_the_process_replaced() {
     );
     assert_ne!(result(&run(&runner, "e3", json!({})).await)["pid"], pid);
 }
+
+/// A body that works until it reads the cancel line for its execution, then answers with what
+/// it has.
+const CANCELLABLE: &str = r#"
+import json, sys
+for line in sys.stdin:
+    req = json.loads(line)
+    if "cancel" in req:
+        continue
+    eid = req["execution_id"]
+    cancel = json.loads(sys.stdin.readline())
+    out = {"execution_id": eid, "result": {"cancelled": cancel["cancel"]}}
+    print(json.dumps(out), flush=True)
+"#;
+
+#[tokio::test]
+async fn at_the_soft_limit_a_jsonl_body_reads_a_cancel_line() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("body.py"), CANCELLABLE).unwrap();
+    fs::write(
+        dir.path().join("task.toml"),
+        "[task]\nname = \"jsonl.task\"\nkind = \"workspace-free\"\ntimeout_seconds = 5\n\
+         [body]\ncommand = [\"python3\", \"-u\", \"body.py\"]\nprotocol = \"jsonl\"\n\
+         soft_time_limit = \"300ms\"\n",
+    )
+    .unwrap();
+    let manifest = Arc::new(Manifest::load(&dir.path().join("task.toml")).unwrap());
+    let runner = AssignmentRunner::new(
+        manifest,
+        "jsonltask0001".into(),
+        std::env::var_os("PATH").as_deref(),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let r = run(&runner, "exec-soft", json!({})).await;
+    assert_eq!(result(&r), json!({"cancelled": "exec-soft"}));
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    // The same process takes the next assignment.
+    let r = run(&runner, "exec-next", json!({})).await;
+    assert_eq!(result(&r), json!({"cancelled": "exec-next"}));
+}

@@ -100,5 +100,15 @@ pub(crate) fn check(
         task.retry_logic.as_str(),
         task.retry_delay_seconds
     );
+    if let Some(soft) = manifest.body.soft_time_limit {
+        let _ = writeln!(
+            report,
+            "  soft time limit: {} (SIGUSR1 to an exec body, a cancel line to a jsonl body)",
+            match soft.subsec_millis() {
+                0 => format!("{}s", soft.as_secs()),
+                _ => format!("{}ms", soft.as_millis()),
+            }
+        );
+    }
     Ok(report)
 }

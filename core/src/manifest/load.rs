@@ -152,6 +152,7 @@ fn read_manifest(p: &mut Problems, path: &Path, dir: &Path, root: &Table) -> Opt
     let mut task = task;
     apply_timeouts(p, &mut task, workspace.as_ref());
     let body = body?;
+    check_soft_time_limit(p, &task, &body);
     if dev.seed.is_some() && task.kind != TaskKind::Workspace {
         p.add("dev.seed", "only workspace tasks have a workspace to seed");
     }
@@ -341,6 +342,27 @@ fn apply_timeouts(p: &mut Problems, task: &mut TaskSpec, workspace: Option<&Work
     task.response_timeout_seconds = response;
 }
 
+/// `body.soft_time_limit` must leave the body time between the soft and the hard limit.
+fn check_soft_time_limit(p: &mut Problems, task: &TaskSpec, body: &BodySpec) {
+    let Some(soft) = body.soft_time_limit else {
+        return;
+    };
+    let hard = std::time::Duration::from_secs(task.timeout_seconds);
+    if task.timeout_seconds > 0 && soft >= hard {
+        p.add(
+            "body.soft_time_limit",
+            format!(
+                "{} is not below task.timeout_seconds ({}s); the soft limit must come before the hard one",
+                match soft.subsec_millis() {
+                    0 => format!("{}s", soft.as_secs()),
+                    _ => format!("{}ms", soft.as_millis()),
+                },
+                task.timeout_seconds
+            ),
+        );
+    }
+}
+
 fn read_body(p: &mut Problems, dir: &Path, mut s: Section<'_>) -> Option<BodySpec> {
     let before = p.0.len();
     let command = s.argv(p, "command");
@@ -352,6 +374,16 @@ fn read_body(p: &mut Problems, dir: &Path, mut s: Section<'_>) -> Option<BodySpe
     );
     let env = s.table(p, "env").map(|env| read_env(p, &env));
     let user = s.string(p, "user");
+    let soft_time_limit = s.string(p, "soft_time_limit").and_then(|text| {
+        crate::units::parse_duration(&text)
+            .map_err(|e| {
+                p.add(
+                    "body.soft_time_limit",
+                    format!("{e} (a duration such as \"45s\", \"500ms\" or \"5m\")"),
+                );
+            })
+            .ok()
+    });
     if let Some(user) = &user
         && (user.is_empty()
             || user
@@ -404,6 +436,7 @@ fn read_body(p: &mut Problems, dir: &Path, mut s: Section<'_>) -> Option<BodySpe
         kind: kind?,
         env: env.unwrap_or_default(),
         user,
+        soft_time_limit,
     })
 }
 

@@ -214,6 +214,10 @@ pub struct BodySpec {
     /// `body.user`: the user bodies and guardrails run as (the runtime must run as root to
     /// switch to it); `None` = the runtime's own user.
     pub user: Option<String>,
+    /// `body.soft_time_limit`: when the body is asked to wrap up (an `exec` body gets SIGUSR1,
+    /// a `jsonl` body a `{"cancel": "<execution id>"}` line), counted on the same clock as
+    /// `task.timeout_seconds`; `None` = never.
+    pub soft_time_limit: Option<std::time::Duration>,
 }
 
 /// The `[guardrails]` table: commands run before and after the body.

@@ -73,6 +73,7 @@ fn minimal_manifest_gets_conductor_defaults() {
             },
             env: Default::default(),
             user: None,
+            soft_time_limit: None,
         }
     );
     assert_eq!(m.guardrails, Guardrails::default());
@@ -399,11 +400,58 @@ fn body_rules() {
         ),
         (
             "command = [\"x\"]\ncwd = \"/tmp\"",
-            "body.cwd: unknown key (keys of [body]: command, env, executor, protocol, user)",
+            "body.cwd: unknown key (keys of [body]: command, env, executor, protocol, soft_time_limit, user)",
         ),
     ];
     for (b, expected) in cases {
         assert_eq!(one_problem(&body(b)), expected, "{b}");
+    }
+}
+
+#[test]
+fn soft_time_limit_is_a_duration_below_the_timeout() {
+    let m = parse(&with("body", "soft_time_limit = \"9m\"")).unwrap();
+    assert_eq!(
+        m.body.soft_time_limit,
+        Some(std::time::Duration::from_secs(540))
+    );
+    let m = parse(&with("body", "soft_time_limit = \"599500ms\"")).unwrap();
+    assert_eq!(
+        m.body.soft_time_limit,
+        Some(std::time::Duration::from_millis(599_500))
+    );
+    // No hard limit: any soft limit comes before it.
+    let text = with("body", "soft_time_limit = \"2h\"")
+        .replace("timeout_seconds = 600", "timeout_seconds = 0");
+    assert!(parse(&text).is_ok());
+    let cases = [
+        (
+            "soft_time_limit = \"10m\"",
+            "body.soft_time_limit: 600s is not below task.timeout_seconds (600s); the soft limit must come before the hard one",
+        ),
+        (
+            "soft_time_limit = \"600500ms\"",
+            "body.soft_time_limit: 600500ms is not below task.timeout_seconds (600s); the soft limit must come before the hard one",
+        ),
+        (
+            "soft_time_limit = \"0s\"",
+            "body.soft_time_limit: invalid duration \"0s\": must be greater than zero (a duration such as \"45s\", \"500ms\" or \"5m\")",
+        ),
+        (
+            "soft_time_limit = \"-1s\"",
+            "body.soft_time_limit: invalid duration \"-1s\": must be positive (a duration such as \"45s\", \"500ms\" or \"5m\")",
+        ),
+        (
+            "soft_time_limit = \"soon\"",
+            "body.soft_time_limit: invalid duration \"soon\": expected a number followed by ms, s, m or h (a duration such as \"45s\", \"500ms\" or \"5m\")",
+        ),
+        (
+            "soft_time_limit = 30",
+            "body.soft_time_limit: expected a string, found an integer",
+        ),
+    ];
+    for (line, expected) in cases {
+        assert_eq!(one_problem(&with("body", line)), expected, "{line}");
     }
 }
 

@@ -37,6 +37,8 @@ pub(crate) enum Ended {
     Process(std::io::Result<ExitStatus>),
     /// A thread-mode task.
     Task(Result<(), String>),
+    /// A thread-mode executor task that ended to be recycled (the reason says which limit).
+    Recycled(String),
 }
 
 impl Ended {
@@ -45,6 +47,17 @@ impl Ended {
             Self::Process(Ok(s)) => s.success(),
             Self::Process(Err(_)) => false,
             Self::Task(r) => r.is_ok(),
+            Self::Recycled(_) => true,
+        }
+    }
+
+    /// An executor that left to be recycled (exit code
+    /// [`EXIT_RECYCLED`](process::EXIT_RECYCLED), or its thread-mode task's end).
+    pub(crate) fn recycled(&self) -> bool {
+        match self {
+            Self::Process(Ok(s)) => s.code() == Some(process::EXIT_RECYCLED),
+            Self::Recycled(_) => true,
+            _ => false,
         }
     }
 
@@ -60,6 +73,7 @@ impl Ended {
             Self::Process(Err(e)) => format!("wait failed: {e}"),
             Self::Task(Ok(())) => "finished".to_owned(),
             Self::Task(Err(e)) => format!("failed: {e}"),
+            Self::Recycled(why) => format!("recycled: {why}"),
         }
     }
 }
@@ -209,7 +223,7 @@ impl Launcher {
         &mut self,
         kind: ChildKind,
         exits: &mpsc::UnboundedSender<ChildExit>,
-        work: impl Future<Output = Result<(), String>> + Send + 'static,
+        work: impl Future<Output = Ended> + Send + 'static,
     ) -> Child {
         let handle = tokio::spawn(work);
         if let Self::Thread { tasks, .. } = self {
@@ -219,14 +233,14 @@ impl Launcher {
         let exits = exits.clone();
         tokio::spawn(async move {
             let ended = match handle.await {
-                Ok(result) => result,
-                Err(e) if e.is_cancelled() => Err("aborted".to_owned()),
-                Err(e) => Err(format!("panicked: {e}")),
+                Ok(ended) => ended,
+                Err(e) if e.is_cancelled() => Ended::Task(Err("aborted".to_owned())),
+                Err(e) => Ended::Task(Err(format!("panicked: {e}"))),
             };
             let _ = exits.send(ChildExit {
                 kind,
                 pid: 0,
-                ended: Ended::Task(ended),
+                ended,
             });
         });
         Child::Task
@@ -257,9 +271,11 @@ impl Launcher {
                     perago_broker::cli::config_from(lookup(env)).map_err(std::io::Error::other)?;
                 let work = async move {
                     // Drains come over Admin.Drain, as in process mode.
-                    perago_broker::run(config, std::future::pending())
-                        .await
-                        .map_err(|e| e.to_string())
+                    Ended::Task(
+                        perago_broker::run(config, std::future::pending())
+                            .await
+                            .map_err(|e| e.to_string()),
+                    )
                 };
                 Ok(self.spawn_task(ChildKind::Broker, exits, work))
             }
@@ -307,8 +323,10 @@ impl Launcher {
                     pipe.into_raw_fd().to_string(),
                 ));
                 let env = env.as_slice();
-                let (identity, _) = perago_executor::cli::identity_from(lookup(env))
+                let (mut identity, _) = perago_executor::cli::identity_from(lookup(env))
                     .map_err(std::io::Error::other)?;
+                // The executor shares this process: only its bodies' memory is its own.
+                identity.recycle.scope = perago_executor::recycle::MemoryScope::Bodies;
                 let workspace = perago_executor::cli::workspace_runtime(&identity, lookup(env));
                 let path = std::env::var_os("PATH");
                 let runner = perago_executor::assignment::AssignmentRunner::new(
@@ -325,7 +343,11 @@ impl Launcher {
                     let result =
                         perago_executor::slot::serve(&identity, &runner, stop, signalled).await;
                     drop(_keep);
-                    result.map_err(|e| e.to_string())
+                    match result {
+                        Ok(perago_executor::slot::Served::Recycled(why)) => Ended::Recycled(why),
+                        Ok(perago_executor::slot::Served::Stopped) => Ended::Task(Ok(())),
+                        Err(e) => Ended::Task(Err(e.to_string())),
+                    }
                 };
                 Ok(self.spawn_task(kind, exits, work))
             }

@@ -5,6 +5,7 @@
 //! ```text
 //! socket free → broker up (answers with its own pid) → per slot: SlotStarted(gen, token) → spawn executor
 //! executor exits, not draining → SlotExited → restart after 1, 2, 4, 8, 16, 30, 30… s
+//! executor exits EXIT_RECYCLED (a recycling limit) → SlotExited → restart at once, no backoff
 //! SIGINT/SIGTERM → Admin.Drain; the broker stops executors and exits once all is reported
 //! broker exits unexpectedly → SIGTERM executors, wait, exit 1
 //! ```
@@ -402,6 +403,15 @@ impl Supervisor {
                 let proc = self.slots.get_mut(&slot).expect("checked above");
                 if self.draining {
                     tracing::info!(worker_id = %worker_id, pid = exit.pid, generation, status = %status, "executor exited");
+                    return;
+                }
+                if exit.ended.recycled() {
+                    // It left on purpose between assignments: no failure, no backoff.
+                    proc.restart_at = Some(Instant::now());
+                    tracing::info!(
+                        worker_id = %worker_id, pid = exit.pid, generation, status = %status,
+                        "executor recycled: restarting the slot at once"
+                    );
                     return;
                 }
                 if ran >= BACKOFF_RESET_AFTER {

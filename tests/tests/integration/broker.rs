@@ -268,6 +268,7 @@ async fn only_the_current_assignment_can_complete_or_read_its_attempt() {
                 })),
                 worker_id: worker.clone(),
             }),
+            recycle: String::new(),
         })),
     };
     // Wrong execution id, then wrong task id: both refused. Then the real one.
@@ -378,6 +379,7 @@ async fn slot_started_out_of_order_is_refused_and_the_executor_keeps_its_slot() 
                 })),
                 worker_id: worker.clone(),
             }),
+            recycle: String::new(),
         })),
     })
     .await

@@ -13,6 +13,8 @@ mod harness;
 mod hostile_tasks;
 mod ops;
 mod poison;
+mod recycle;
 mod runtime;
+mod soft_limit;
 mod wire;
 mod workspace;
