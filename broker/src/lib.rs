@@ -130,7 +130,8 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         reporter,
         events.clone(),
         drained_tx,
-    );
+    )
+    .with_queue_depth(config.conductor.clone(), config.task_name.clone());
     let actor = tokio::spawn(actor.run(rx));
     let poller = poller::Poller {
         client: config.conductor.clone(),

@@ -1,5 +1,6 @@
 //! End-to-end tests that run the real perago binaries as separate processes.
 
+mod adaptive;
 mod auth;
 mod bad_input;
 mod bench;
@@ -10,6 +11,7 @@ mod deploy;
 mod descendants;
 mod harness;
 mod hostile_tasks;
+mod once;
 mod ops;
 mod runtime;
 mod wire;
