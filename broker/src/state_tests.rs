@@ -1195,3 +1195,41 @@ fn run_once_polls_on_while_tasks_wait_or_run() {
     h.depth(0, t0, 4.0);
     assert!(h.status().draining);
 }
+
+#[test]
+fn an_executor_attached_to_a_slot_not_wanted_gets_no_task_and_is_stopped() {
+    let mut h = Harness::with_capacity(adaptive(1, 2), true);
+    h.up(1);
+    // A start that raced a retirement: slot 2 attaches while not wanted.
+    h.started(2, 1).unwrap();
+    h.hello(2, 1).0.unwrap();
+    assert_eq!(h.poll(), Some(1), "only the wanted slot is free");
+    let effects = h.go(Input::Polled {
+        tasks: vec![task("a"), task("b")],
+        reserved: 1,
+    });
+    assert_eq!(
+        assignments(&effects)
+            .iter()
+            .map(|(slot, _, _)| *slot)
+            .collect::<Vec<_>>(),
+        [1]
+    );
+    let t0 = Instant::now();
+    // The backlog (b, held) cannot take slot 2 back while its executor is attached.
+    let stop = h.depth(0, t0, 0.0);
+    assert_eq!(stops(&stop), [2]);
+    assert_eq!(h.wanted(), [1]);
+    assert_eq!(h.counters.scale_downs.get(), 0, "nothing was retired");
+}
+
+#[test]
+fn a_slot_a_drain_stopped_before_its_executor_attached_is_told_on_attach() {
+    let mut h = Harness::new(1, true);
+    h.started(1, 1).unwrap();
+    let drain = h.go(Input::Drain);
+    assert!(stops(&drain).is_empty(), "nothing attached to tell");
+    let (attached, effects) = h.hello(1, 1);
+    attached.unwrap();
+    assert_eq!(stops(&effects), [1]);
+}
