@@ -1011,7 +1011,10 @@ impl Machine {
         if !needed || self.draining || self.depth_read_pending {
             return;
         }
-        let after = if self.depth_reads == 0 {
+        // The first read, and run once's confirming read when the last answer was asked for
+        // before the empty poll, go at once.
+        let stale = self.quiet_after.is_some_and(|q| self.depth_reads <= q);
+        let after = if self.depth_reads == 0 || stale {
             Duration::ZERO
         } else {
             QUEUE_DEPTH_INTERVAL
