@@ -135,3 +135,57 @@ async fn a_backlog_grows_the_executors_to_the_maximum_and_idleness_retires_them(
     sup.signal("TERM");
     assert_eq!(sup.wait_exit(Duration::from_secs(20)).await.code(), Some(0));
 }
+
+/// Thread mode: the same decisions, carried out on executor tasks of the supervisor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thread_mode_scales_up_and_down_too() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("adaptive.thread", SLEEPY, "");
+    conductor.register(&task).await;
+    let mut ids = Vec::new();
+    for n in 0..8 {
+        ids.push(conductor.start_workflow(&task, json!({"n": n})).await);
+    }
+    let mut sup = SupervisorProc::start_args(
+        &task,
+        &conductor,
+        "1..2",
+        &["--execution-mode", "thread"],
+        &[("PERAGO_SCALE_DOWN_AFTER", "1s")],
+        None,
+        None,
+    );
+    let root = sup.workspace_root();
+    eventually("two slots running", Duration::from_secs(15), || async {
+        let s = status(&root).await?;
+        (states(&s)
+            .iter()
+            .all(|st| matches!(st, SlotState::Busy | SlotState::Idle))
+            && s.capacity.as_ref()?.wanted_executors == 2)
+            .then_some(())
+    })
+    .await;
+    for id in &ids {
+        let wf = conductor.wait_terminal(id, Duration::from_secs(30)).await;
+        assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
+    }
+    let end = eventually("slot 2 retired", Duration::from_secs(10), || async {
+        let s = status(&root).await?;
+        (states(&s) == [SlotState::Idle, SlotState::Retired]).then_some(s)
+    })
+    .await;
+    let counters = end.counters.unwrap();
+    assert_eq!(
+        (
+            counters.scale_ups,
+            counters.scale_downs,
+            counters.executor_exits
+        ),
+        (1, 1, 0)
+    );
+    sup.signal("TERM");
+    assert_eq!(sup.wait_exit(Duration::from_secs(20)).await.code(), Some(0));
+    let log = sup.log_text();
+    assert!(log.contains("executor retired (scale down)"), "{log}");
+    assert!(!log.contains("slot restart scheduled"), "{log}");
+}
