@@ -7,7 +7,7 @@ use crate::{
     report::{Reporter, Update},
     state::{Effect, Input, Machine, Reply},
 };
-use perago_core::conductor::Polled;
+use perago_core::conductor::{ConductorClient, Polled};
 use perago_proto::{admin::v1 as admin, slot::v1 as proto};
 use std::{collections::HashMap, time::Duration};
 use tokio::{
@@ -73,6 +73,9 @@ pub(crate) struct Actor {
     reporter: Reporter,
     events: mpsc::Sender<Event>,
     drained: Option<oneshot::Sender<()>>,
+    /// Where queue depths are read (run once, adaptive executor count): the client and the
+    /// task type.
+    queue: Option<(ConductorClient, String)>,
 }
 
 impl Actor {
@@ -91,7 +94,14 @@ impl Actor {
             reporter,
             events,
             drained: Some(drained),
+            queue: None,
         }
+    }
+
+    /// Reads queue depths of `task_type` through `client` when the machine asks.
+    pub(crate) fn with_queue_depth(mut self, client: ConductorClient, task_type: String) -> Self {
+        self.queue = Some((client, task_type));
+        self
     }
 
     /// Runs until every event sender is gone.
@@ -259,6 +269,25 @@ impl Actor {
             Effect::Drained => {
                 if let Some(done) = self.drained.take() {
                     let _ = done.send(());
+                }
+            }
+            Effect::ReadQueueDepth { after } => {
+                if let Some((client, task_type)) = self.queue.clone() {
+                    let events = self.events.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(after).await;
+                        let depth = match client.queue_size(&task_type).await {
+                            Ok(depth) => Some(depth),
+                            Err(e) => {
+                                tracing::debug!(error = %e, "cannot read the queue depth; keeping the last one");
+                                None
+                            }
+                        };
+                        let now = std::time::Instant::now();
+                        let _ = events
+                            .send(Event::Slot(Input::QueueDepth { depth, now }))
+                            .await;
+                    });
                 }
             }
         }

@@ -132,7 +132,8 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         reporter,
         events.clone(),
         drained_tx,
-    );
+    )
+    .with_queue_depth(config.conductor.clone(), config.task_name.clone());
     let actor = tokio::spawn(actor.run(rx));
     if config.capacity.min_free_memory.is_some() {
         // Measured once before the poller asks for its first grant, so a runtime started

@@ -36,7 +36,7 @@ use perago_proto::{admin::v1 as admin, slot::v1 as proto};
 use std::{
     collections::VecDeque,
     sync::Arc,
-    time::{SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 use tonic::Status;
 
@@ -89,6 +89,9 @@ pub(crate) enum Input {
     LeaseLost { execution_id: String },
     /// Start draining. Answer: [`Reply::Drain`] (whether a drain was already under way).
     Drain,
+    /// The task type's queue depth was read from Conductor (`None`: the read failed) at `now`:
+    /// the clock of run once and of the adaptive executor count.
+    QueueDepth { depth: Option<u64>, now: Instant },
     /// A status snapshot. Answer: [`Reply::Status`].
     Status,
     /// Available memory was measured (only with `PERAGO_MIN_FREE_MEMORY`): admission opens
@@ -157,6 +160,9 @@ pub(crate) enum Effect {
     DisableV2,
     /// The drain is complete: every executor detached, every result reported.
     Drained,
+    /// Read the task type's queue depth from Conductor after `after`, and feed back
+    /// [`Input::QueueDepth`] (run once and the adaptive executor count only).
+    ReadQueueDepth { after: Duration },
 }
 
 /// The output of one transition.
@@ -195,13 +201,21 @@ struct Slot {
     /// The generation asked to be recycled and was told to stop: its exit is no failure.
     recycled: bool,
     exited: bool,
+    /// Part of the executor count the runtime wants now (`-j MIN..MAX`: the supervisor runs an
+    /// executor for a wanted slot; an unwanted one is retired). Always true with `-j N`.
+    wanted: bool,
+    /// Since when the slot has been seen free (at a queue-depth read) without taking a task.
+    idle_since: Option<Instant>,
 }
 
 impl Slot {
     fn free(&self) -> bool {
-        self.attached && matches!(self.work, Work::Idle) && !self.stopping
+        self.attached && matches!(self.work, Work::Idle) && !self.stopping && self.wanted
     }
 }
+
+/// How often the queue depth is read (run once, adaptive executor count).
+pub(crate) const QUEUE_DEPTH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A task received for which no slot was free yet: its lease runs until one is.
 #[derive(Debug)]
@@ -227,6 +241,13 @@ pub(crate) struct Machine {
     available_memory: Option<u64>,
     /// The waiting poll request has been counted as withheld by memory admission.
     poll_withheld: bool,
+    /// Queue-depth reads asked for so far; one is in flight while `depth_read_pending`.
+    depth_reads: u64,
+    depth_read_pending: bool,
+    /// Run once: a poll came back empty while everything was idle, and nothing has happened
+    /// since; the value is `depth_reads` then (only a read asked for later confirms it). While
+    /// set, no poll is granted: a confirming read of 0 drains with no poll in flight.
+    quiet_after: Option<u64>,
     broker_id: String,
     slots: Vec<Slot>,
     held: VecDeque<Held>,
@@ -299,6 +320,8 @@ impl Machine {
                 stopping: false,
                 recycled: false,
                 exited: false,
+                wanted: n <= capacity.min_executors,
+                idle_since: None,
             })
             .collect();
         Self {
@@ -309,6 +332,9 @@ impl Machine {
             crashes: CrashLedger::default(),
             available_memory: None,
             poll_withheld: false,
+            depth_reads: 0,
+            depth_read_pending: false,
+            quiet_after: None,
             broker_id: prefix.broker_id(),
             slots,
             held: VecDeque::new(),
@@ -338,6 +364,10 @@ impl Machine {
         self.settle_drain();
         self.grant_poll();
         self.check_drained();
+        if !self.all_idle() {
+            self.quiet_after = None;
+        }
+        self.request_queue_depth();
         let busy = self
             .slots
             .iter()
@@ -401,6 +431,9 @@ impl Machine {
             Input::PollRequest => self.poll_wanted = true,
             Input::Polled { tasks, reserved } => {
                 self.reserved = self.reserved.saturating_sub(reserved);
+                if tasks.is_empty() && self.capacity.once && self.all_idle() {
+                    self.quiet_after.get_or_insert(self.depth_reads);
+                }
                 for task in tasks {
                     self.receive(task, None);
                 }
@@ -430,6 +463,7 @@ impl Machine {
             }
             Input::Status => return Reply::Status(Box::new(self.status())),
             Input::Memory { available } => self.memory_measured(available),
+            Input::QueueDepth { depth, now } => self.queue_depth_read(depth, now),
         }
         Reply::None
     }
@@ -508,7 +542,12 @@ impl Machine {
         slot.work = Work::Idle;
         slot.exited = false;
         tracing::info!(slot = slot.number, generation = slot.generation, worker_id = %slot.worker_id, pid = hello.pid, "executor attached");
+        let stopping = slot.stopping;
         self.send(creds.slot, creds.generation, welcome);
+        if stopping && self.draining {
+            // The drain told this slot to stop before its executor attached.
+            self.send(creds.slot, creds.generation, stop_message("drain"));
+        }
         Ok((creds.slot, creds.generation))
     }
 
@@ -597,6 +636,7 @@ impl Machine {
         if slot.generation != generation || generation == 0 {
             return;
         }
+        let retired = !slot.wanted;
         let had_stream = std::mem::replace(&mut slot.attached, false);
         let was_attached = had_stream || matches!(slot.work, Work::Busy(_));
         let work = std::mem::replace(&mut slot.work, Work::Idle);
@@ -608,7 +648,7 @@ impl Machine {
         }
         if was_attached {
             tracing::info!(slot = number, generation, worker_id = %worker_id, "executor detached: {how}");
-            if !draining && !recycled {
+            if !draining && !recycled && !retired {
                 self.counters.executor_exits.inc();
             }
         }
@@ -894,6 +934,7 @@ impl Machine {
             response_timeout_seconds = attempt.response_timeout_seconds.unwrap_or(0),
             "dispatched"
         );
+        slot.idle_since = None;
         slot.work = Work::Busy(Box::new(Running {
             execution_id,
             attempt,
@@ -944,6 +985,10 @@ impl Machine {
                 self.poll_stopped = true;
                 self.effects.push(Effect::GrantPoll(0));
             }
+            return;
+        }
+        if self.quiet_after.is_some() {
+            // Run once: the queue looked empty; a queue-depth read confirms it first.
             return;
         }
         let free = self.slots.iter().filter(|s| s.free()).count() as u32;
@@ -1080,12 +1125,174 @@ impl Machine {
         }
     }
 
+    /// Nothing running, reported or held: no slot busy or awaiting update-v2's next task, no
+    /// held task, no update in flight.
+    fn all_idle(&self) -> bool {
+        self.held.is_empty()
+            && self.updates_in_flight == 0
+            && self.slots.iter().all(|s| matches!(s.work, Work::Idle))
+    }
+
+    /// Asks for the next queue-depth read (the first at once, then every
+    /// [`QUEUE_DEPTH_INTERVAL`]) while run once or the adaptive range needs it.
+    fn request_queue_depth(&mut self) {
+        let needed = self.capacity.once || self.capacity.adaptive();
+        if !needed || self.draining || self.depth_read_pending {
+            return;
+        }
+        // The first read, and run once's confirming read when the last answer was asked for
+        // before the empty poll, go at once.
+        let stale = self.quiet_after.is_some_and(|q| self.depth_reads <= q);
+        let after = if self.depth_reads == 0 || stale {
+            Duration::ZERO
+        } else {
+            QUEUE_DEPTH_INTERVAL
+        };
+        self.depth_reads += 1;
+        self.depth_read_pending = true;
+        self.effects.push(Effect::ReadQueueDepth { after });
+    }
+
+    /// A queue-depth read answered: run once may drain, the adaptive range may scale.
+    fn queue_depth_read(&mut self, depth: Option<u64>, now: Instant) {
+        self.depth_read_pending = false;
+        if let Some(depth) = depth {
+            self.queue_depth = Some(depth);
+            self.gauges
+                .queue_depth
+                .store(depth, std::sync::atomic::Ordering::Relaxed);
+        }
+        if self.draining {
+            return;
+        }
+        if let Some(quiet) = self.quiet_after
+            && depth.is_some()
+        {
+            // A read asked for after the empty poll decides: 0 drains, more polls again.
+            if self.depth_reads > quiet {
+                if depth == Some(0) && self.all_idle() {
+                    tracing::info!(
+                        "run once: no task of {} left and every slot idle; draining",
+                        self.task_name
+                    );
+                    self.start_drain();
+                    return;
+                }
+                self.quiet_after = None;
+            }
+        }
+        if self.capacity.adaptive() {
+            self.scale_up();
+            self.scale_down(now);
+            let wanted = self.slots.iter().filter(|s| s.wanted).count() as u64;
+            self.gauges
+                .wanted_executors
+                .store(wanted, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Adaptive range: while tasks wait (in Conductor's queue or held here) beyond the wanted
+    /// slots that can take one now or soon (free, or starting), more slots are wanted, up to
+    /// the maximum. Not while memory admission is closed.
+    fn scale_up(&mut self) {
+        let Some(depth) = self.queue_depth else {
+            return;
+        };
+        if !self.admission_open {
+            return;
+        }
+        let backlog = depth.saturating_add(self.held.len() as u64);
+        let ready = self
+            .slots
+            .iter()
+            .filter(|s| s.wanted && !s.stopping && matches!(s.work, Work::Idle))
+            .count() as u64;
+        let wanted = self.slots.iter().filter(|s| s.wanted).count() as u64;
+        let room = u64::from(self.capacity.max_executors).saturating_sub(wanted);
+        let mut add = backlog.saturating_sub(ready).min(room);
+        if add == 0 {
+            return;
+        }
+        let mut added = Vec::new();
+        // A slot whose retired executor is still attached comes back once it has exited.
+        for slot in self.slots.iter_mut().filter(|s| !s.wanted && !s.attached) {
+            if add == 0 {
+                break;
+            }
+            slot.wanted = true;
+            slot.idle_since = None;
+            added.push(slot.number);
+            self.counters.scale_ups.inc();
+            add -= 1;
+        }
+        if !added.is_empty() {
+            tracing::info!(
+                queue_depth = depth, slots = ?added, wanted = wanted + added.len() as u64,
+                max = self.capacity.max_executors,
+                "scaling up: tasks wait and every wanted executor is busy"
+            );
+        }
+    }
+
+    /// Adaptive range: each slot free for `scale_down_after` makes one wanted slot above the
+    /// minimum too many; as many free slots are retired, highest slot numbers first (so the
+    /// low ones stay), their idle executors told to stop. A slot attached while not wanted is
+    /// stopped too.
+    fn scale_down(&mut self, now: Instant) {
+        let after = self.capacity.scale_down_after;
+        let mut long_idle = 0u32;
+        for i in 0..self.slots.len() {
+            let slot = &mut self.slots[i];
+            if !slot.wanted && slot.attached && !slot.stopping && matches!(slot.work, Work::Idle) {
+                // Started by the supervisor for a slot no longer wanted.
+                slot.stopping = true;
+                let (number, generation) = (slot.number, slot.generation);
+                self.send(number, generation, stop_message("scale down"));
+                continue;
+            }
+            if !slot.free() {
+                slot.idle_since = None;
+                continue;
+            }
+            let since = *slot.idle_since.get_or_insert(now);
+            if now.duration_since(since) >= after {
+                long_idle += 1;
+            }
+        }
+        let mut wanted = self.slots.iter().filter(|s| s.wanted).count() as u32;
+        let mut retire = long_idle.min(wanted.saturating_sub(self.capacity.min_executors));
+        for i in (0..self.slots.len()).rev() {
+            if retire == 0 {
+                break;
+            }
+            let slot = &mut self.slots[i];
+            if !slot.free() {
+                continue;
+            }
+            slot.wanted = false;
+            slot.stopping = true;
+            slot.idle_since = None;
+            retire -= 1;
+            wanted -= 1;
+            let (number, generation, worker_id) =
+                (slot.number, slot.generation, slot.worker_id.clone());
+            self.counters.scale_downs.inc();
+            tracing::info!(
+                slot = number, worker_id = %worker_id, wanted,
+                scale_down_after_s = after.as_secs_f64(),
+                "scaling down: retiring an idle executor (slots were free for PERAGO_SCALE_DOWN_AFTER)"
+            );
+            self.send(number, generation, stop_message("scale down"));
+        }
+    }
+
     fn status(&self) -> admin::StatusResponse {
         let slots = self
             .slots
             .iter()
             .map(|s| {
                 let state = match (s.attached, &s.work) {
+                    (false, _) if !s.wanted => admin::SlotState::Retired,
                     (false, _) if s.exited => admin::SlotState::Exited,
                     (false, _) => admin::SlotState::Waiting,
                     (true, _) if s.stopping => admin::SlotState::Stopping,
@@ -1113,6 +1320,7 @@ impl Machine {
                     execution_id,
                     busy_since_unix_ms: since,
                     phase: phase.to_owned(),
+                    recycling: s.recycled,
                 }
             })
             .collect();

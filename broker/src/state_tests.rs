@@ -1235,3 +1235,357 @@ fn a_drain_after_a_recycle_sends_no_second_stop() {
     assert!(stops(&effects).is_empty(), "{effects:?}");
     assert_eq!(h.counters.executors_recycled.get(), 1);
 }
+
+/// `-j MIN..MAX` with `PERAGO_SCALE_DOWN_AFTER=2s`.
+fn adaptive(min: u32, max: u32) -> perago_core::capacity::Capacity {
+    perago_core::capacity::Capacity {
+        min_executors: min,
+        scale_down_after: Duration::from_secs(2),
+        ..perago_core::capacity::Capacity::fixed(max)
+    }
+}
+
+impl Harness {
+    /// A queue-depth read of `depth` taken `at` seconds after `t0`.
+    fn depth(&mut self, depth: u64, t0: Instant, at: f64) -> Vec<Effect> {
+        self.go(Input::QueueDepth {
+            depth: Some(depth),
+            now: t0 + Duration::from_secs_f64(at),
+        })
+    }
+
+    fn wanted(&self) -> Vec<u32> {
+        self.m
+            .slots
+            .iter()
+            .filter(|s| s.wanted)
+            .map(|s| s.number)
+            .collect()
+    }
+
+    fn states(&mut self) -> Vec<admin::SlotState> {
+        self.status().slots.iter().map(|s| s.state()).collect()
+    }
+}
+
+#[test]
+fn an_adaptive_runtime_grows_under_a_backlog_up_to_its_maximum() {
+    let mut h = Harness::with_capacity(adaptive(1, 4), true);
+    h.up(1);
+    use admin::SlotState::{Busy, Retired, Waiting};
+    assert_eq!(
+        h.states()[1..],
+        [Retired, Retired, Retired],
+        "not wanted yet"
+    );
+    h.deliver(&["a"]);
+    let t0 = Instant::now();
+    // Two tasks wait and the one slot is busy: two slots more.
+    h.depth(2, t0, 0.0);
+    assert_eq!(h.wanted(), [1, 2, 3]);
+    assert_eq!(h.counters.scale_ups.get(), 2);
+    assert_eq!(h.states(), [Busy, Waiting, Waiting, Retired]);
+    let capacity = h.status().capacity.unwrap();
+    assert_eq!((capacity.wanted_executors, capacity.queue_depth), (3, 2));
+    // Their executors are starting: the same backlog asks for nothing more.
+    h.depth(2, t0, 1.0);
+    assert_eq!(h.wanted(), [1, 2, 3]);
+    for slot in [2, 3] {
+        h.started(slot, 1).unwrap();
+        h.hello(slot, 1).0.unwrap();
+    }
+    assert_eq!(assignments(&h.deliver(&["b", "c"])).len(), 2);
+    // A large backlog with every slot busy: up to the maximum, not beyond.
+    h.depth(10, t0, 2.0);
+    assert_eq!(h.wanted(), [1, 2, 3, 4]);
+    h.started(4, 1).unwrap();
+    h.hello(4, 1).0.unwrap();
+    h.deliver(&["d"]);
+    h.depth(10, t0, 3.0);
+    assert_eq!(h.wanted(), [1, 2, 3, 4]);
+    assert_eq!(h.counters.scale_ups.get(), 3);
+    assert_eq!(h.status().capacity.unwrap().wanted_executors, 4);
+}
+
+#[test]
+fn no_slot_is_added_while_admission_is_closed() {
+    let mut h = Harness::with_capacity(adaptive(1, 4), true);
+    h.up(1);
+    h.deliver(&["a"]);
+    h.m.admission_open = false;
+    let t0 = Instant::now();
+    h.depth(5, t0, 0.0);
+    assert_eq!(h.wanted(), [1]);
+    h.m.admission_open = true;
+    h.depth(5, t0, 1.0);
+    assert_eq!(h.wanted(), [1, 2, 3, 4]);
+}
+
+#[test]
+fn idle_slots_are_retired_after_the_delay_down_to_the_minimum_and_their_exit_is_clean() {
+    let mut h = Harness::with_capacity(adaptive(1, 3), false);
+    h.up(1);
+    let (_, a, _) = assignments(&h.deliver(&["a"])).remove(0);
+    let t0 = Instant::now();
+    h.depth(2, t0, 0.0);
+    for slot in [2, 3] {
+        h.started(slot, 1).unwrap();
+        h.hello(slot, 1).0.unwrap();
+    }
+    h.complete(1, 1, "a", &a);
+    h.go(Input::UpdateDone {
+        slot: None,
+        next_task: None,
+    });
+    // Every slot free from 0.5 s on; retired 2 s later, highest first, slot 1 kept.
+    assert!(stops(&h.depth(0, t0, 0.5)).is_empty());
+    assert!(stops(&h.depth(0, t0, 2.0)).is_empty());
+    let retire = h.depth(0, t0, 2.5);
+    assert_eq!(stops(&retire), [3, 2]);
+    let reason = retire.iter().find_map(|e| match e {
+        Effect::Send {
+            message:
+                proto::BrokerMessage {
+                    message: Some(proto::broker_message::Message::Stop(stop)),
+                },
+            ..
+        } => Some(stop.reason.clone()),
+        _ => None,
+    });
+    assert_eq!(reason.as_deref(), Some("scale down"));
+    assert_eq!(h.wanted(), [1]);
+    assert_eq!(h.counters.scale_downs.get(), 2);
+    assert_eq!(h.status().capacity.unwrap().wanted_executors, 1);
+    // Polls ask for the one free wanted slot, and what they bring never goes to a retiring one.
+    assert_eq!(h.poll(), Some(1));
+    let run = h.go(Input::Polled {
+        tasks: vec![task("b")],
+        reserved: 1,
+    });
+    assert_eq!(assignments(&run)[0].0, 1);
+    // The retired executors exit: no failure, no executor exit counted.
+    h.go(Input::StreamEnded {
+        slot: 3,
+        generation: 1,
+    });
+    let exit = h.go(Input::SlotExited(proto::SlotExited {
+        slot: 2,
+        generation: 1,
+        pid: 1002,
+        status: "exit status 0".into(),
+    }));
+    assert!(reports(&exit).is_empty());
+    h.go(Input::StreamEnded {
+        slot: 2,
+        generation: 1,
+    });
+    assert_eq!(h.counters.executor_exits.get(), 0);
+    use admin::SlotState::{Busy, Exited, Retired, Waiting};
+    assert_eq!(h.states(), [Busy, Retired, Retired]);
+    // Not below the minimum, however long slot 1 idles.
+    let b = assignments(&run).remove(0).1;
+    h.complete(1, 1, "b", &b);
+    h.go(Input::UpdateDone {
+        slot: None,
+        next_task: None,
+    });
+    h.depth(0, t0, 3.0);
+    assert!(stops(&h.depth(0, t0, 60.0)).is_empty());
+    assert_eq!(h.wanted(), [1]);
+    // A backlog brings a retired slot back; it keeps its worker id, at its next generation.
+    h.deliver(&["c"]);
+    h.depth(1, t0, 61.0);
+    assert_eq!(h.wanted(), [1, 2]);
+    assert_eq!(h.states(), [Busy, Exited, Retired]);
+    assert_eq!(h.states().len(), 3);
+    h.started(2, 2).unwrap();
+    assert_eq!(h.states()[1], Waiting);
+    assert_eq!(h.hello(2, 2).0.unwrap(), (2, 2));
+    assert_eq!(h.status().slots[1].worker_id, "t0002");
+}
+
+#[test]
+fn a_slot_that_takes_a_task_is_not_retired() {
+    let mut h = Harness::with_capacity(adaptive(1, 2), false);
+    h.up(1);
+    let (_, a, _) = assignments(&h.deliver(&["a"])).remove(0);
+    let t0 = Instant::now();
+    h.depth(1, t0, 0.0);
+    h.started(2, 1).unwrap();
+    h.hello(2, 1).0.unwrap();
+    h.complete(1, 1, "a", &a);
+    h.go(Input::UpdateDone {
+        slot: None,
+        next_task: None,
+    });
+    h.depth(0, t0, 0.5);
+    // Both slots take a task at 1.5 s; slot 2's ends at 2 s.
+    let run = assignments(&h.deliver(&["b", "c"]));
+    let (slot, c, _) = run.iter().find(|(_, _, id)| id == "c").unwrap().clone();
+    assert_eq!(slot, 2);
+    h.complete(2, 1, "c", &c);
+    h.go(Input::UpdateDone {
+        slot: None,
+        next_task: None,
+    });
+    // Free since the read at 2.6 s: 2 s of idleness only at 4.6 s.
+    assert!(stops(&h.depth(0, t0, 2.6)).is_empty());
+    assert!(stops(&h.depth(0, t0, 4.0)).is_empty());
+    assert_eq!(stops(&h.depth(0, t0, 4.6)), [2]);
+    assert_eq!(h.wanted(), [1]);
+}
+
+#[test]
+fn a_fixed_runtime_neither_reads_the_queue_nor_scales() {
+    let mut h = Harness::new(2, true);
+    let effects = h.go(Input::PollRequest);
+    assert!(
+        !effects
+            .iter()
+            .any(|e| matches!(e, Effect::ReadQueueDepth { .. })),
+        "{effects:?}"
+    );
+    assert_eq!(h.wanted(), [1, 2]);
+}
+
+fn once(slots: u32) -> perago_core::capacity::Capacity {
+    perago_core::capacity::Capacity {
+        once: true,
+        ..perago_core::capacity::Capacity::fixed(slots)
+    }
+}
+
+fn depth_reads(effects: &[Effect]) -> Vec<Duration> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::ReadQueueDepth { after } => Some(*after),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn run_once_drains_when_a_read_after_an_empty_poll_says_zero_and_all_is_idle() {
+    let mut h = Harness::with_capacity(once(2), true);
+    // The first read is asked for at once, the next a second after each answer.
+    assert_eq!(depth_reads(&h.go(Input::PollRequest)), [Duration::ZERO]);
+    h.up(2);
+    let t0 = Instant::now();
+    // A read that was asked for before the empty poll does not count.
+    h.go(Input::Polled {
+        tasks: vec![],
+        reserved: 2,
+    });
+    assert_eq!(h.poll(), None, "polls wait for the confirming read");
+    let stale = h.depth(0, t0, 0.0);
+    assert!(stops(&stale).is_empty() && !h.status().draining);
+    assert_eq!(
+        depth_reads(&stale),
+        [Duration::ZERO],
+        "the confirming read goes at once"
+    );
+    let drain = h.depth(0, t0, 0.1);
+    assert!(h.status().draining);
+    assert_eq!(stops(&drain), [1, 2]);
+    assert_eq!(grant(&drain), Some(0), "the waiting poller is stopped");
+    assert!(depth_reads(&drain).is_empty());
+    h.go(Input::StreamEnded {
+        slot: 1,
+        generation: 1,
+    });
+    let end = h.go(Input::StreamEnded {
+        slot: 2,
+        generation: 1,
+    });
+    assert!(end.contains(&Effect::Drained));
+    assert_eq!(h.counters.executor_exits.get(), 0);
+}
+
+#[test]
+fn run_once_polls_on_while_tasks_wait_or_run() {
+    let mut h = Harness::with_capacity(once(2), false);
+    h.up(2);
+    let t0 = Instant::now();
+    // Slot 1 runs a task while slot 2's poll comes back empty: not quiet.
+    let (_, a, _) = assignments(&h.deliver(&["a"])).remove(0);
+    let granted = h.poll().unwrap();
+    h.go(Input::Polled {
+        tasks: vec![],
+        reserved: granted,
+    });
+    h.depth(0, t0, 0.0);
+    h.depth(0, t0, 1.0);
+    assert!(!h.status().draining);
+    h.complete(1, 1, "a", &a);
+    h.go(Input::UpdateDone {
+        slot: None,
+        next_task: None,
+    });
+    // Idle now, and an empty poll: a confirming read that finds a (delayed) task resumes polls.
+    let granted = h.poll().unwrap();
+    h.go(Input::Polled {
+        tasks: vec![],
+        reserved: granted,
+    });
+    assert_eq!(h.poll(), None);
+    assert_eq!(
+        grant(&h.depth(3, t0, 2.0)),
+        None,
+        "a read asked for before it"
+    );
+    let more = h.depth(3, t0, 2.5);
+    assert!(!h.status().draining);
+    assert_eq!(grant(&more), Some(2), "polling resumes");
+    // A failed read decides nothing.
+    h.go(Input::Polled {
+        tasks: vec![],
+        reserved: 2,
+    });
+    h.go(Input::QueueDepth {
+        depth: None,
+        now: t0 + Duration::from_secs(3),
+    });
+    assert!(!h.status().draining);
+    assert_eq!(h.status().capacity.unwrap().queue_depth, 3);
+    h.depth(0, t0, 4.0);
+    assert!(h.status().draining);
+}
+
+#[test]
+fn an_executor_attached_to_a_slot_not_wanted_gets_no_task_and_is_stopped() {
+    let mut h = Harness::with_capacity(adaptive(1, 2), true);
+    h.up(1);
+    // A start that raced a retirement: slot 2 attaches while not wanted.
+    h.started(2, 1).unwrap();
+    h.hello(2, 1).0.unwrap();
+    assert_eq!(h.poll(), Some(1), "only the wanted slot is free");
+    let effects = h.go(Input::Polled {
+        tasks: vec![task("a"), task("b")],
+        reserved: 1,
+    });
+    assert_eq!(
+        assignments(&effects)
+            .iter()
+            .map(|(slot, _, _)| *slot)
+            .collect::<Vec<_>>(),
+        [1]
+    );
+    let t0 = Instant::now();
+    // The backlog (b, held) cannot take slot 2 back while its executor is attached.
+    let stop = h.depth(0, t0, 0.0);
+    assert_eq!(stops(&stop), [2]);
+    assert_eq!(h.wanted(), [1]);
+    assert_eq!(h.counters.scale_downs.get(), 0, "nothing was retired");
+}
+
+#[test]
+fn a_slot_a_drain_stopped_before_its_executor_attached_is_told_on_attach() {
+    let mut h = Harness::new(1, true);
+    h.started(1, 1).unwrap();
+    let drain = h.go(Input::Drain);
+    assert!(stops(&drain).is_empty(), "nothing attached to tell");
+    let (attached, effects) = h.hello(1, 1);
+    attached.unwrap();
+    assert_eq!(stops(&effects), [1]);
+}

@@ -185,7 +185,7 @@ pub(crate) fn to_json(status: &StatusResponse) -> Value {
         "slots": status.slots.iter().map(|s| json!({
             "slot": s.slot, "worker_id": s.worker_id, "generation": s.generation, "pid": s.pid,
             "state": state_name(s.state), "task_id": s.task_id, "execution_id": s.execution_id,
-            "busy_since_unix_ms": s.busy_since_unix_ms, "phase": s.phase,
+            "busy_since_unix_ms": s.busy_since_unix_ms, "phase": s.phase, "recycling": s.recycling,
         })).collect::<Vec<_>>(),
         "counters": status.counters.as_ref().map(counters_json),
         "capacity": status.capacity.as_ref().map(capacity_json),

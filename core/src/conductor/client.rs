@@ -460,6 +460,26 @@ impl ConductorClient {
         Ok(tasks.iter().map(|raw| Polled::decode(raw.get())).collect())
     }
 
+    /// `GET /tasks/queue/sizes?taskType=…`: how many tasks of `task_type` wait in Conductor's
+    /// queue (delayed ones, such as retries waiting out their delay, included).
+    pub async fn queue_size(&self, task_type: &str) -> Result<u64, ConductorError> {
+        let path = "/tasks/queue/sizes";
+        let query = [("taskType", task_type.to_owned())];
+        // Read every second: a slow answer is dropped rather than waited for.
+        let (_, text) = self
+            .send(Method::GET, path, &query, None, Duration::from_secs(5))
+            .await?;
+        let value = Self::decode("GET", path, &self.base, &text)?;
+        value
+            .get(task_type)
+            .and_then(Value::as_u64)
+            .ok_or_else(|| ConductorError::Decode {
+                method: "GET",
+                url: format!("{}{path}", self.base),
+                message: format!("expected {{\"{task_type}\": <count>}}"),
+            })
+    }
+
     /// `POST /tasks` (update v1). A 200 does not prove the update was applied: Conductor
     /// silently ignores updates to terminal tasks.
     pub async fn update_task(&self, result: &Value) -> Result<(), ConductorError> {

@@ -5,7 +5,9 @@
 //! ```text
 //! socket free → broker up (answers with its own pid) → per slot: SlotStarted(gen, token) → spawn executor
 //! executor exits, not draining → SlotExited → restart after 1, 2, 4, 8, 16, 30, 30… s
+//!   (not when the broker retired its slot: `-j MIN..MAX` scaling down)
 //! executor exits EXIT_RECYCLED (a recycling limit) → SlotExited → restart at once, no backoff
+//! Admin.Status every second: start the executors of slots the broker wants (scaling up)
 //! SIGINT/SIGTERM → Admin.Drain; the broker stops executors and exits once all is reported
 //! broker exits unexpectedly → SIGTERM executors, wait, exit 1
 //! ```
@@ -37,7 +39,8 @@ const BROKER_KILL_DELAY: Duration = Duration::from_secs(2);
 /// completed assignment).
 const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
 
-/// How often the supervisor reads the broker's status (drain state) while running.
+/// How often the supervisor reads the broker's status (drain state, wanted slots) while
+/// running.
 const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Every call to the broker is bounded: a wedged broker must not wedge the dispatcher.
@@ -324,10 +327,12 @@ impl Supervisor {
                 self.control = None;
                 self.admin = None;
                 // A broker exits 0 only after a completed drain, also one an operator started
-                // with Admin.Drain.
+                // with Admin.Drain or one it started itself (run once: no task left).
                 let clean = exit.ended.success();
                 if clean && !self.draining {
-                    tracing::info!("the broker finished a drain requested over Admin.Drain");
+                    tracing::info!(
+                        "the broker finished a drain (Admin.Drain, or run once with no task left)"
+                    );
                     self.set_draining();
                 }
                 if clean {
@@ -396,16 +401,42 @@ impl Supervisor {
                 )
                 .await;
                 super::gc::report_leftovers(&self.spec.workspace_root, &self.spec.socket);
-                if !self.draining && self.broker_draining().await {
+                // One read of the broker's view of the slot decides what comes next.
+                let seen = if self.draining {
+                    None
+                } else {
+                    self.broker_status().await
+                };
+                let slot_seen = seen
+                    .as_ref()
+                    .and_then(|s| s.slots.iter().find(|s| s.slot == slot).cloned());
+                if seen.as_ref().is_some_and(|s| s.draining) && !self.draining {
                     tracing::info!("the broker is draining (Admin.Drain): no restarts");
                     self.set_draining();
+                }
+                if !self.draining
+                    && self.spec.capacity.adaptive()
+                    && slot_seen
+                        .as_ref()
+                        .is_some_and(|s| s.state() == admin::SlotState::Retired)
+                {
+                    tracing::info!(worker_id = %worker_id, pid = exit.pid, generation, status = %status, "executor retired (scale down): its slot stays empty until the broker wants it again");
+                    self.slots.get_mut(&slot).expect("checked above").restarts = 0;
+                    return;
                 }
                 let proc = self.slots.get_mut(&slot).expect("checked above");
                 if self.draining {
                     tracing::info!(worker_id = %worker_id, pid = exit.pid, generation, status = %status, "executor exited");
                     return;
                 }
-                if exit.ended.recycled() {
+                // Recycled: it said so with its last completion (the broker's word, for this
+                // generation) and exited with the recycling code. The exit code alone is not
+                // enough: a `body.executor` binary exiting 75 on its own must not restart in a
+                // tight loop.
+                let broker_says_recycled = slot_seen
+                    .as_ref()
+                    .is_some_and(|s| s.generation == generation && s.recycling);
+                if exit.ended.recycled() && broker_says_recycled {
                     // It left on purpose between assignments: no failure, no backoff.
                     proc.restart_at = Some(Instant::now());
                     tracing::info!(
@@ -508,15 +539,82 @@ impl Supervisor {
         }
     }
 
-    /// Whether the broker says it is draining (an operator may have called Admin.Drain).
-    async fn broker_draining(&mut self) -> bool {
-        let Some(admin) = &mut self.admin else {
-            return false;
-        };
-        matches!(
-            tokio::time::timeout(Duration::from_secs(1), admin.status(admin::StatusRequest {})).await,
-            Ok(Ok(status)) if status.get_ref().draining
+    /// The broker's status (draining, and each slot as it sees it), if it answers within 1 s.
+    async fn broker_status(&mut self) -> Option<admin::StatusResponse> {
+        let admin = self.admin.as_mut()?;
+        match tokio::time::timeout(
+            Duration::from_secs(1),
+            admin.status(admin::StatusRequest {}),
         )
+        .await
+        {
+            Ok(Ok(status)) => Some(status.into_inner()),
+            _ => None,
+        }
+    }
+
+    /// The slots the broker wants run (`-j MIN..MAX`) that have no executor here, none
+    /// starting and no restart pending, as of `status` (a slot whose generation moved since is
+    /// not one).
+    fn slots_to_start(&self, status: &admin::StatusResponse) -> Vec<u32> {
+        if !self.spec.capacity.adaptive() || self.draining || status.draining {
+            return Vec::new();
+        }
+        status
+            .slots
+            .iter()
+            .filter(|s| {
+                matches!(
+                    s.state(),
+                    admin::SlotState::Waiting | admin::SlotState::Exited
+                )
+            })
+            .filter(|s| {
+                self.slots.get(&s.slot).is_some_and(|p| {
+                    p.child.is_none() && p.restart_at.is_none() && p.generation == s.generation
+                })
+            })
+            .map(|s| s.slot)
+            .collect()
+    }
+
+    /// Scaling up: starts the executors of the slots the broker wants and no executor serves
+    /// (at once: a new slot, not a restart). `seen` is the last status read; the broker is
+    /// asked again before anything starts, so a slot retired since is left alone.
+    async fn scale_up(&mut self, seen: &admin::StatusResponse) {
+        if self.slots_to_start(seen).is_empty() {
+            return;
+        }
+        let Some(admin) = &mut self.admin else {
+            return;
+        };
+        let fresh = match tokio::time::timeout(
+            Duration::from_secs(1),
+            admin.status(admin::StatusRequest {}),
+        )
+        .await
+        {
+            Ok(Ok(status)) => status.into_inner(),
+            _ => return,
+        };
+        for slot in self.slots_to_start(&fresh) {
+            tracing::info!(slot, "scaling up: the broker wants this slot's executor");
+            match self.start_executor(slot).await {
+                Ok(()) => {}
+                Err(e @ RuntimeError::GenerationRefused { .. }) => {
+                    tracing::error!(error = %e, "the broker refused an executor generation; stopping the runtime");
+                    self.start_drain("a refused generation").await;
+                    self.refused.get_or_insert(e);
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start an executor; retrying with backoff");
+                    let proc = self.slots.get_mut(&slot).expect("known slot");
+                    proc.restart_at = Some(Instant::now() + restart_delay(proc.restarts));
+                    proc.restarts += 1;
+                }
+            }
+        }
     }
 
     fn alive_executors(&self) -> usize {
@@ -532,9 +630,11 @@ impl Supervisor {
 }
 
 /// Reads the broker's status every [`STATUS_INTERVAL`] on its own task (a wedged broker must
-/// not stall the dispatcher) and reports once when it is draining.
-fn watch_for_drain(admin: Option<AdminClient<Channel>>) -> mpsc::Receiver<()> {
-    let (tx, rx) = mpsc::channel(1);
+/// not stall the dispatcher) and publishes the latest, until it says the broker is draining.
+fn watch_status(
+    admin: Option<AdminClient<Channel>>,
+) -> tokio::sync::watch::Receiver<Option<admin::StatusResponse>> {
+    let (tx, rx) = tokio::sync::watch::channel(None);
     if let Some(mut admin) = admin {
         tokio::spawn(async move {
             while !tx.is_closed() {
@@ -542,11 +642,12 @@ fn watch_for_drain(admin: Option<AdminClient<Channel>>) -> mpsc::Receiver<()> {
                 let status =
                     tokio::time::timeout(STATUS_INTERVAL, admin.status(admin::StatusRequest {}))
                         .await;
-                if let Ok(Ok(status)) = status
-                    && status.get_ref().draining
-                {
-                    let _ = tx.send(()).await;
-                    return;
+                if let Ok(Ok(status)) = status {
+                    let status = status.into_inner();
+                    let draining = status.draining;
+                    if tx.send(Some(status)).is_err() || draining {
+                        return;
+                    }
                 }
             }
         });
@@ -745,8 +846,9 @@ pub(crate) async fn supervise(
         }
     }
 
-    // How the supervisor learns of a drain started over Admin.Drain while executors are busy.
-    let mut drain_seen = watch_for_drain(sup.admin.clone());
+    // How the supervisor learns of a drain started over Admin.Drain while executors are busy,
+    // and of the slots an adaptive runtime wants.
+    let mut status_seen = watch_status(sup.admin.clone());
     let mut gc_timer = tokio::time::interval_at(
         tokio::time::Instant::now() + sup.spec.gc_interval,
         sup.spec.gc_interval,
@@ -765,10 +867,17 @@ pub(crate) async fn supervise(
             Some(kind) = completions.recv() => sup.on_completion(kind),
             _ = term.recv() => sup.start_drain("SIGTERM").await,
             _ = int.recv() => sup.start_drain("SIGINT").await,
-            Some(()) = drain_seen.recv() => {
-                if !sup.draining {
-                    tracing::info!("the broker is draining (Admin.Drain): no restarts");
-                    sup.set_draining();
+            Ok(()) = status_seen.changed() => {
+                let seen = status_seen.borrow_and_update().clone();
+                if let Some(seen) = seen {
+                    if seen.draining {
+                        if !sup.draining {
+                            tracing::info!("the broker is draining (Admin.Drain or run once): no restarts");
+                            sup.set_draining();
+                        }
+                    } else {
+                        sup.scale_up(&seen).await;
+                    }
                 }
             }
             _ = gc_timer.tick() => {

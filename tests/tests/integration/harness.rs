@@ -271,6 +271,20 @@ impl SupervisorProc {
         uid: Option<u32>,
         nofile: Option<u64>,
     ) -> Self {
+        Self::start_args(task, conductor, &jobs.to_string(), &[], env, uid, nofile)
+    }
+
+    /// [`start_with`](Self::start_with) with `-j` as text (`1..4`) and more `start` arguments
+    /// (`--once`).
+    pub(crate) fn start_args(
+        task: &TaskFixture,
+        conductor: &Conductor,
+        jobs: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        uid: Option<u32>,
+        nofile: Option<u64>,
+    ) -> Self {
         let root = tempfile::tempdir().unwrap();
         let log = root.path().join("supervisor.log");
         let mut cmd = match nofile {
@@ -297,23 +311,19 @@ impl SupervisorProc {
             std::os::unix::fs::chown(&log, Some(uid), Some(uid)).unwrap();
             cmd.uid(uid).gid(uid);
         }
-        cmd.args([
-            "start",
-            task.manifest().to_str().unwrap(),
-            "-j",
-            &jobs.to_string(),
-        ])
-        .env("CONDUCTOR_SERVER_URL", conductor.server.base_url())
-        .env("PERAGO_WORKSPACE_ROOT", root.path().join("ws"))
-        .env("PERAGO_LOG_ROOT", root.path().join("logs"))
-        .env("PERAGO_BROKER_BIN", BROKER)
-        .env("PERAGO_EXECUTOR_BIN", EXECUTOR)
-        // Short long-polls keep drains quick in tests.
-        .env("PERAGO_POLL_WAIT_MS", "200")
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(fs::File::create(&log).unwrap());
+        cmd.args(["start", task.manifest().to_str().unwrap(), "-j", jobs])
+            .args(args)
+            .env("CONDUCTOR_SERVER_URL", conductor.server.base_url())
+            .env("PERAGO_WORKSPACE_ROOT", root.path().join("ws"))
+            .env("PERAGO_LOG_ROOT", root.path().join("logs"))
+            .env("PERAGO_BROKER_BIN", BROKER)
+            .env("PERAGO_EXECUTOR_BIN", EXECUTOR)
+            // Short long-polls keep drains quick in tests.
+            .env("PERAGO_POLL_WAIT_MS", "200")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap());
         for (k, v) in env {
             cmd.env(k, v);
         }

@@ -1,5 +1,6 @@
 //! End-to-end tests that run the real perago binaries as separate processes.
 
+mod adaptive;
 mod admission;
 mod auth;
 mod bad_input;
@@ -11,6 +12,7 @@ mod deploy;
 mod descendants;
 mod harness;
 mod hostile_tasks;
+mod once;
 mod ops;
 mod poison;
 mod recycle;

@@ -186,3 +186,39 @@ async fn recycle_by_memory(mode: &str) {
         .await;
     assert_eq!(wf["output"]["result"], json!({"grew": false}), "{wf}");
 }
+
+/// The recycling exit code alone does not make a recycle: an executor that exits 75 without
+/// having told the broker (a `body.executor` binary's own exit, say) is restarted with the
+/// usual backoff, not at once in a tight loop.
+#[tokio::test]
+async fn an_executor_exiting_75_on_its_own_is_restarted_with_backoff() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let conductor = Conductor::start().await;
+    let task =
+        TaskFixture::new("e2e.exit75", "cat\n", "").with_file("exit75.sh", "#!/bin/sh\nexit 75\n");
+    let fake = task.dir.path().join("exit75.sh");
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(
+        &task,
+        &conductor,
+        1,
+        &[
+            ("PERAGO_EXECUTOR_MAX_TASKS", "1"),
+            ("PERAGO_EXECUTOR_BIN", fake.to_str().unwrap()),
+        ],
+    );
+    // The second exit comes a second after the first, and its restart waits two.
+    eventually(
+        "a second restart with a longer backoff",
+        Duration::from_secs(20),
+        || async {
+            let log = sup.log_text();
+            (log.contains("slot restart scheduled") && log.contains("restart_in_s=2")).then_some(())
+        },
+    )
+    .await;
+    let log = sup.log_text();
+    assert!(!log.contains("executor recycled"), "{log}");
+    assert!(log.contains("75"), "{log}");
+}

@@ -1,0 +1,92 @@
+//! Run once (`start --once`): the runtime works until Conductor has no task of its type left
+//! and every slot is idle, then drains and exits 0.
+
+use crate::harness::{Conductor, SupervisorProc, TaskFixture, patience};
+use serde_json::json;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const ECHO: &str = "read params\nsleep 0.2\necho '{}'\n";
+
+fn now_ms() -> i64 {
+    i64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_works_through_the_queue_then_exits_0() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("once.echo", ECHO, "");
+    conductor.register(&task).await;
+    let mut ids = Vec::new();
+    for n in 0..20 {
+        ids.push(conductor.start_workflow(&task, json!({"n": n})).await);
+    }
+    let mut sup = SupervisorProc::start_args(&task, &conductor, "2", &["--once"], &[], None, None);
+    let status = sup.wait_exit(Duration::from_secs(30)).await;
+    let exited_ms = now_ms();
+    let log = sup.log_text();
+    assert_eq!(status.code(), Some(0), "{log}");
+    let mut last_end = 0;
+    for id in &ids {
+        let wf = conductor.workflow(id).await;
+        assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
+        last_end = last_end.max(wf["endTime"].as_i64().unwrap());
+    }
+    // Within a few seconds of the last completion (a short poll, a queue read a second
+    // later, the drain).
+    let after = exited_ms - last_end;
+    let bound = i64::try_from(patience(Duration::from_secs(4)).as_millis()).unwrap();
+    assert!(
+        (0..bound).contains(&after),
+        "exited {after} ms after the last completion\n{log}"
+    );
+    assert!(
+        log.contains("run once: no task of once.echo left and every slot idle; draining"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_with_an_empty_queue_exits_0_promptly_in_both_modes() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("once.empty", ECHO, "");
+    conductor.register(&task).await;
+    let started = std::time::Instant::now();
+    let mut sup = SupervisorProc::start_args(
+        &task,
+        &conductor,
+        "2",
+        &[],
+        &[("PERAGO_ONCE", "1")],
+        None,
+        None,
+    );
+    let status = sup.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(status.code(), Some(0), "{}", sup.log_text());
+    assert!(started.elapsed() < patience(Duration::from_secs(8)));
+
+    // Thread mode: the broker runs in the supervisor's process; its clean end is the drain's.
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        ids.push(conductor.start_workflow(&task, json!({"n": n})).await);
+    }
+    let mut sup = SupervisorProc::start_args(
+        &task,
+        &conductor,
+        "2",
+        &["--once", "--execution-mode", "thread"],
+        &[],
+        None,
+        None,
+    );
+    let status = sup.wait_exit(Duration::from_secs(20)).await;
+    assert_eq!(status.code(), Some(0), "{}", sup.log_text());
+    for id in &ids {
+        assert_eq!(conductor.workflow(id).await["status"], "COMPLETED");
+    }
+}
