@@ -108,8 +108,10 @@ pub fn main() -> i32 {
         eprintln!("error: {message}");
         return 1;
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread: the broker's work per task is a few small messages and two HTTP calls, and
+    // a second worker thread costs more in wake-ups and hand-offs between the threads (futex,
+    // park/unpark) than it saves; thread mode has always run the broker this way.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

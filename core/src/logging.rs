@@ -150,71 +150,129 @@ impl RotatingFile {
     }
 }
 
-/// Collects an event's fields as JSON.
+/// Appends `text` to `out` as a JSON string (quoted and escaped).
+fn push_json_str(out: &mut Vec<u8>, text: &str) {
+    // Writing into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, text);
+}
+
+/// The names a line sets itself: an event field of the same name is left out.
+const RESERVED: [&str; 4] = ["ts_ms", "level", "worker_id", "message"];
+
+/// Writes an event's fields as JSON members (`,"name":value`) straight into the line, and
+/// keeps its message apart: no map is built per event.
 #[derive(Default)]
 struct JsonFields {
     message: String,
-    fields: serde_json::Map<String, serde_json::Value>,
+    members: Vec<u8>,
+}
+
+impl JsonFields {
+    fn member(&mut self, field: &Field) -> bool {
+        let name = field.name();
+        if RESERVED.contains(&name) {
+            return false;
+        }
+        self.members.push(b',');
+        push_json_str(&mut self.members, name);
+        self.members.push(b':');
+        true
+    }
 }
 
 impl Visit for JsonFields {
     fn record_str(&mut self, field: &Field, value: &str) {
         if field.name() == "message" {
-            self.message = value.to_owned();
-        } else {
-            self.fields.insert(field.name().to_owned(), value.into());
+            value.clone_into(&mut self.message);
+        } else if self.member(field) {
+            push_json_str(&mut self.members, value);
         }
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.fields.insert(field.name().to_owned(), value.into());
+        if self.member(field) {
+            let _ = write!(VecWriter(&mut self.members), "{value}");
+        }
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.fields.insert(field.name().to_owned(), value.into());
+        if self.member(field) {
+            let _ = write!(VecWriter(&mut self.members), "{value}");
+        }
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.fields.insert(field.name().to_owned(), value.into());
+        if self.member(field) {
+            self.members
+                .extend_from_slice(if value { b"true" } else { b"false" });
+        }
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        let mut text = String::new();
-        let _ = write!(text, "{value:?}");
         if field.name() == "message" {
-            self.message = text;
-        } else {
-            self.fields.insert(field.name().to_owned(), text.into());
+            self.message.clear();
+            let _ = write!(self.message, "{value:?}");
+        } else if self.member(field) {
+            let mut text = String::new();
+            let _ = write!(text, "{value:?}");
+            push_json_str(&mut self.members, &text);
         }
+    }
+}
+
+/// `fmt::Write` into a byte buffer (for numbers).
+struct VecWriter<'a>(&'a mut Vec<u8>);
+
+impl std::fmt::Write for VecWriter<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
     }
 }
 
 /// The tracing layer that writes JSONL.
 struct JsonlLayer {
-    worker_id: String,
+    /// `"worker_id":"<id>"`, escaped once.
+    worker_member: Vec<u8>,
     out: Arc<Mutex<RotatingFile>>,
+}
+
+impl JsonlLayer {
+    fn new(worker_id: &str, out: RotatingFile) -> Self {
+        let mut worker_member = b"\"worker_id\":".to_vec();
+        push_json_str(&mut worker_member, worker_id);
+        Self {
+            worker_member,
+            out: Arc::new(Mutex::new(out)),
+        }
+    }
+
+    /// One event's line: `ts_ms`, `level`, `worker_id`, `message`, then its fields in order.
+    fn line(&self, level: &str, ts_ms: u64, fields: &JsonFields) -> Vec<u8> {
+        let mut line = Vec::with_capacity(96 + fields.message.len() + fields.members.len());
+        let _ = write!(VecWriter(&mut line), "{{\"ts_ms\":{ts_ms},\"level\":");
+        push_json_str(&mut line, level);
+        line.push(b',');
+        line.extend_from_slice(&self.worker_member);
+        line.extend_from_slice(b",\"message\":");
+        push_json_str(&mut line, &fields.message);
+        line.extend_from_slice(&fields.members);
+        line.extend_from_slice(b"}\n");
+        line
+    }
 }
 
 impl<S: Subscriber> Layer<S> for JsonlLayer {
     fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
-        let mut visitor = JsonFields::default();
-        event.record(&mut visitor);
+        let mut fields = JsonFields::default();
+        event.record(&mut fields);
         let ts = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        let mut line = serde_json::Map::new();
-        line.insert("ts_ms".into(), ts.into());
-        line.insert("level".into(), event.metadata().level().as_str().into());
-        line.insert("worker_id".into(), self.worker_id.clone().into());
-        line.insert("message".into(), visitor.message.into());
-        for (k, v) in visitor.fields {
-            line.entry(k).or_insert(v);
-        }
-        let mut text = serde_json::Value::Object(line).to_string();
-        text.push('\n');
+        let line = self.line(event.metadata().level().as_str(), ts, &fields);
         if let Ok(mut out) = self.out.lock() {
             // A full disk must not take the worker down; the terminal still has the line.
-            let _ = out.write_line(text.as_bytes());
+            let _ = out.write_line(&line);
         }
     }
 }
@@ -274,10 +332,7 @@ pub fn init_worker_from_env(process: &str, task: &str, worker_id: &str) -> Resul
 pub fn init_worker(config: &JsonlConfig) -> io::Result<PathBuf> {
     let dir = config.dir();
     let file = RotatingFile::open(&dir, config.max_bytes, config.max_files)?;
-    let jsonl = JsonlLayer {
-        worker_id: config.worker_id.clone(),
-        out: Arc::new(Mutex::new(file)),
-    };
+    let jsonl = JsonlLayer::new(&config.worker_id, file);
     let _ = tracing_subscriber::registry()
         .with(env_filter())
         .with(stderr_layer())
@@ -327,6 +382,54 @@ mod tests {
         }
         let text = fs::read_to_string(tmp.path().join("perago.jsonl")).unwrap();
         assert_eq!(text.lines().count(), 1);
+    }
+
+    /// Each line is one JSON object: the layer's own members first (an event field of the
+    /// same name is left out), then the event's fields in order, every string escaped.
+    #[test]
+    fn a_line_is_json_with_the_layers_members_first() {
+        use tracing_subscriber::prelude::*;
+        let tmp = tempfile::tempdir().unwrap();
+        let file = RotatingFile::open(tmp.path(), DEFAULT_MAX_BYTES, 1).unwrap();
+        let layer = JsonlLayer::new("w\"0001", file);
+        let subscriber = tracing_subscriber::registry().with(layer);
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(
+                task_id = "t-1", n = 7u64, neg = -3i64, ok = true, worker_id = "other",
+                debug = ?vec![1, 2], "said \"hi\"\n{}", "twice"
+            );
+        });
+        let text = fs::read_to_string(tmp.path().join("perago.jsonl")).unwrap();
+        assert!(text.ends_with('\n'));
+        let line: serde_json::Value = serde_json::from_str(text.trim_end()).unwrap();
+        let keys: Vec<&str> = line
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "ts_ms",
+                "level",
+                "worker_id",
+                "message",
+                "task_id",
+                "n",
+                "neg",
+                "ok",
+                "debug"
+            ]
+        );
+        assert_eq!(line["level"], "INFO");
+        assert_eq!(line["worker_id"], "w\"0001");
+        assert_eq!(line["message"], "said \"hi\"\ntwice");
+        assert_eq!(line["n"], 7);
+        assert_eq!(line["neg"], -3);
+        assert_eq!(line["ok"], true);
+        assert_eq!(line["debug"], "[1, 2]");
+        assert!(line["ts_ms"].as_u64().unwrap() > 1_700_000_000_000);
     }
 
     #[test]

@@ -84,7 +84,8 @@ pub struct SlotIdentity {
     pub token: String,
     /// The broker socket.
     pub socket: PathBuf,
-    /// Where to tell the supervisor of each completed assignment (`PERAGO_COMPLETION_FD`).
+    /// Where to tell the supervisor of this generation's first completed assignment
+    /// (`PERAGO_COMPLETION_FD`).
     pub completions: Option<Arc<std::fs::File>>,
     /// When this generation leaves to be replaced by a fresh one.
     pub recycle: RecycleLimits,
@@ -376,7 +377,12 @@ pub async fn serve(
                 tx.send(message(ToBroker::Completion(completion)))
                     .await
                     .map_err(|_| SlotError::BrokerGone)?;
-                if let Some(pipe) = &identity.completions {
+                // The supervisor only needs to know that this generation works (its restart
+                // backoff starts over): the first completion says it, and waking the
+                // supervisor for every later one would cost it CPU per task.
+                if done == 1
+                    && let Some(pipe) = &identity.completions
+                {
                     use std::io::Write as _;
                     // Non-blocking: a full pipe only loses a hint.
                     let _ = (&**pipe).write(b".");
