@@ -463,12 +463,53 @@ pub fn tree(pid: u32) -> Vec<u32> {
 /// How long [`kill_adopted`] keeps killing and reaping before it gives up.
 const ADOPTED_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// The id of the calling thread.
+pub fn current_tid() -> u32 {
+    // SAFETY: gettid(2) has no preconditions.
+    unsafe { libc::gettid() as u32 }
+}
+
+/// The children of this process's threads `threads` (task ids; the main thread's is the pid).
+fn children_of_threads(threads: &[u32]) -> Vec<u32> {
+    let me = std::process::id();
+    let mut found = Vec::new();
+    for tid in threads {
+        match std::fs::read_to_string(format!("/proc/{me}/task/{tid}/children")) {
+            Ok(list) => found.extend(
+                list.split_ascii_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            ),
+            // No `children` file (a kernel without CONFIG_PROC_CHILDREN): the full scan.
+            Err(e) if e.kind() == io::ErrorKind::NotFound && *tid == me => return children(me),
+            Err(_) => {}
+        }
+    }
+    found.sort_unstable();
+    found.dedup();
+    found
+}
+
 /// SIGKILLs every child of this process that is not [`Managed`] (orphans re-parented to this
 /// subreaper: what a body left behind) with everything below it, and reaps them. Loops until
 /// none is left (a dying process hands its own children to us), for at most 2 s. Returns how
 /// many live processes it killed.
 pub fn kill_adopted() -> usize {
-    let me = std::process::id();
+    kill_adopted_where(|| children(std::process::id()))
+}
+
+/// [`kill_adopted`] for the children of the main thread and of `threads` only: cheaper (no
+/// scan of every thread) and enough after an assignment. The kernel hands orphans to a child
+/// subreaper's first live thread, its main thread while the process runs; processes a body
+/// started directly are children of the thread that spawned the body (the main thread, whose
+/// runtime spawns commands, or the blocking thread a Rust body ran on: pass its id).
+pub fn kill_adopted_below(threads: &[u32]) -> usize {
+    let mut all = Vec::with_capacity(threads.len() + 1);
+    all.push(std::process::id());
+    all.extend_from_slice(threads);
+    kill_adopted_where(|| children_of_threads(&all))
+}
+
+fn kill_adopted_where(children_now: impl Fn() -> Vec<u32>) -> usize {
     let deadline = std::time::Instant::now() + ADOPTED_PATIENCE;
     let mut killed = 0;
     loop {
@@ -476,7 +517,7 @@ pub fn kill_adopted() -> usize {
             let managed = MANAGED
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            children(me)
+            children_now()
                 .into_iter()
                 .filter(|p| !managed.contains(p))
                 .collect()
@@ -841,5 +882,42 @@ mod tests {
             1,
             "a managed child is not touched"
         );
+    }
+
+    /// After an assignment only the main thread and the body's threads are looked at: the
+    /// kernel hands an orphan to a subreaper's main thread, even when the process that left it
+    /// was started from another thread; a process started directly by a thread is that
+    /// thread's child, found only when that thread is named.
+    #[tokio::test]
+    async fn kill_adopted_below_finds_orphans_on_the_main_thread_and_children_of_named_threads() {
+        become_subreaper().unwrap();
+        // This test runs on a thread of the test harness, not the main thread.
+        let me = current_tid();
+        assert_ne!(me, std::process::id());
+        let daemon = format!("1001.{}1", std::process::id());
+        let direct = format!("1001.{}2", std::process::id());
+        let mut body = tokio::process::Command::new("sh");
+        body.args(["-c", &format!("(setsid sleep {daemon} &); exit 0")]);
+        let (mut body, guard) = spawn(&mut body).unwrap();
+        assert!(body.wait().await.unwrap().success());
+        drop(guard);
+        wait_for("the daemon to start", || !alive_with(&daemon).is_empty());
+        // Started directly from this thread and not managed: what a Rust body might leave.
+        let child = std::process::Command::new("sleep")
+            .arg(&direct)
+            .spawn()
+            .unwrap();
+        let direct_pid = child.id();
+        std::mem::forget(child);
+
+        assert!(
+            kill_adopted_below(&[]) >= 1,
+            "the orphan, on the main thread"
+        );
+        assert_eq!(alive_with(&daemon), Vec::<u32>::new(), "the daemon is gone");
+        assert_eq!(alive_with(&direct).len(), 1, "not this thread's child");
+        assert_eq!(kill_adopted_below(&[me]), 1);
+        assert_eq!(alive_with(&direct), Vec::<u32>::new());
+        assert_eq!(stat(direct_pid), None, "reaped");
     }
 }

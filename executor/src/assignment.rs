@@ -80,6 +80,9 @@ pub struct AssignmentRunner {
     post: Option<Program>,
     kill_grace: Duration,
     poisoned: Arc<std::sync::atomic::AtomicBool>,
+    /// The threads Rust bodies ran on since [`AssignmentRunner::take_body_threads`]: what
+    /// they started directly is a child of that thread.
+    body_threads: Arc<std::sync::Mutex<Vec<u32>>>,
     /// `body.user`, resolved: the workspace is handed to this uid and gid before the body.
     body_user: Option<(u32, u32)>,
     workspace: Option<WorkspaceRuntime>,
@@ -228,6 +231,7 @@ impl AssignmentRunner {
             post,
             kill_grace: Duration::from_secs(10),
             poisoned: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            body_threads: Arc::default(),
             workspace: None,
             body_user: user,
         })
@@ -563,7 +567,16 @@ impl AssignmentRunner {
         let Value::Object(params) = params else {
             unreachable!("params were checked to be an object");
         };
-        let work = tokio::task::spawn_blocking(move || body.run(&ctx, &params));
+        let threads = Arc::clone(&self.body_threads);
+        let work = tokio::task::spawn_blocking(move || {
+            if let Ok(mut threads) = threads.lock() {
+                let tid = perago_core::process::current_tid();
+                if !threads.contains(&tid) {
+                    threads.push(tid);
+                }
+            }
+            body.run(&ctx, &params)
+        });
         let outcome = match budget.left() {
             None => work.await,
             Some(limit) => match tokio::time::timeout(limit, work).await {
@@ -605,6 +618,15 @@ impl AssignmentRunner {
             Body::Jsonl(body) => body.pid(),
             _ => None,
         }
+    }
+
+    /// The threads Rust bodies ran on since the last call (see
+    /// [`perago_core::process::kill_adopted_below`]).
+    pub fn take_body_threads(&self) -> Vec<u32> {
+        self.body_threads
+            .lock()
+            .map(|mut threads| std::mem::take(&mut *threads))
+            .unwrap_or_default()
     }
 
     /// True once a Rust body overran its time limit: the executor should exit after sending

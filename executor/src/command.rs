@@ -264,7 +264,9 @@ pub async fn run_with_soft_limit(
     // `setsid`) re-parented to this subreaper: end it all, so its pipes close and nothing
     // outlives the assignment.
     unix::signal_group(pgid, unix::SIGKILL)?;
-    let killed = unix::kill_adopted();
+    // Commands are spawned by the runtime's (main) thread: its children and the orphans
+    // handed to it are all there is to look at.
+    let killed = unix::kill_adopted_below(&[]);
     if killed > 0 {
         tracing::info!(
             pgid,

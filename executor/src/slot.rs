@@ -357,7 +357,7 @@ pub async fn serve(
                 };
                 // Whatever the body left running (orphans re-parented to this subreaper) ends
                 // with the assignment.
-                let killed = perago_core::process::kill_adopted();
+                let killed = perago_core::process::kill_adopted_below(&runner.take_body_threads());
                 if killed > 0 {
                     tracing::info!(killed, "killed the processes the assignment left running");
                 }
