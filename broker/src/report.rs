@@ -112,13 +112,13 @@ impl Reporter {
     }
 
     async fn deliver(&self, update: Update) -> Option<Polled> {
-        let body = update.result.to_conductor(
+        let status = update.result.status();
+        let body = update.result.into_conductor(
             &update.workflow_instance_id,
             &update.task_id,
             &update.execution_id,
             now_ms(),
         );
-        let status = update.result.status();
         let outcome = self
             .send_with_retries(&body, update.use_v2, &update.task_id, &update.execution_id)
             .await;

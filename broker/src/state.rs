@@ -847,7 +847,8 @@ impl Machine {
                 return;
             }
         };
-        let attempt = match AttemptSnapshot::from_conductor(&task) {
+        let ids = task_ref(&task).ok();
+        let attempt = match AttemptSnapshot::from_conductor_owned(task) {
             Ok(a) => a,
             Err(AttemptError::Unidentifiable { field }) => {
                 tracing::error!(
@@ -857,7 +858,7 @@ impl Machine {
                 return;
             }
             Err(e) => {
-                let ids = task_ref(&task).expect("identifiable: checked by from_conductor");
+                let ids = ids.expect("identifiable: checked by from_conductor");
                 self.fail_unmappable(ids, &e.to_string());
                 return;
             }

@@ -281,6 +281,23 @@ impl AttemptSnapshot {
         })
     }
 
+    /// [`AttemptSnapshot::from_conductor`] for a task the caller owns: its input (which can be
+    /// megabytes) is moved into the snapshot instead of copied. The same checks, in the same
+    /// order, with the same errors.
+    pub fn from_conductor_owned(mut task: Value) -> Result<Self, AttemptError> {
+        let Some(map) = task.as_object_mut() else {
+            return Self::from_conductor(&task);
+        };
+        let input = match map.get_mut("inputData") {
+            Some(Value::Object(input)) => std::mem::take(input),
+            // Missing or not an object: the borrowed path finds and names the problem.
+            _ => return Self::from_conductor(&task),
+        };
+        let mut attempt = Self::from_conductor(&task)?;
+        attempt.input_data = input;
+        Ok(attempt)
+    }
+
     /// The attempt fence: a `fresh` read of this attempt's task passes only if it is still
     /// IN_PROGRESS and the same workflow, task and retry.
     pub fn fence(&self, fresh: &AttemptSnapshot) -> Result<(), FenceError> {
@@ -361,6 +378,30 @@ mod tests {
         let mut v = polled();
         v[field] = value;
         v
+    }
+
+    /// The owned conversion moves the input and otherwise answers exactly as the borrowed one,
+    /// errors included (also when the input and another field are both wrong).
+    #[test]
+    fn the_owned_conversion_answers_as_the_borrowed_one() {
+        let mut broken = with("status", json!("NOPE"));
+        broken.as_object_mut().unwrap().remove("inputData");
+        for task in [
+            polled(),
+            without("inputData"),
+            with("inputData", json!([1])),
+            with("inputData", Value::Null),
+            with("retryCount", json!(-1)),
+            with("retriedTaskId", json!(5)),
+            broken,
+            json!("not an object"),
+        ] {
+            assert_eq!(
+                AttemptSnapshot::from_conductor_owned(task.clone()),
+                AttemptSnapshot::from_conductor(&task),
+                "{task}"
+            );
+        }
     }
 
     #[test]

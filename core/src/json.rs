@@ -30,13 +30,25 @@ pub fn nesting_depth(text: &str, limit: usize) -> usize {
     let (mut depth, mut deepest) = (0usize, 0usize);
     let mut in_string = false;
     let mut escaped = false;
-    for b in text.bytes() {
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        i += 1;
         if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
+            if escaped {
+                escaped = false;
+                continue;
+            }
+            match b {
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                // Inside a string only a quote or a backslash matters: jump to the next one
+                // (a long string is crossed at memchr's speed, not a byte at a time).
+                _ => match memchr::memchr2(b'"', b'\\', &bytes[i..]) {
+                    Some(at) => i += at,
+                    None => return deepest,
+                },
             }
             continue;
         }
@@ -111,6 +123,55 @@ mod tests {
     fn encoded_len_is_the_length_of_the_text() {
         let v = serde_json::json!({"a": [1, "é", null], "b": {"c": 1.5}});
         assert_eq!(encoded_len(&v), serde_json::to_string(&v).unwrap().len());
+    }
+
+    /// The byte-at-a-time count the string skipping must agree with.
+    fn reference_depth(text: &str) -> usize {
+        let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0, false, false);
+        for b in text.bytes() {
+            if in_string {
+                match (escaped, b) {
+                    (true, _) => escaped = false,
+                    (false, b'\\') => escaped = true,
+                    (false, b'"') => in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match b {
+                b'"' => in_string = true,
+                b'[' | b'{' => {
+                    depth += 1;
+                    deepest = deepest.max(depth);
+                }
+                b']' | b'}' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        deepest
+    }
+
+    #[test]
+    fn skipping_strings_counts_as_the_byte_at_a_time_scan() {
+        let long = "x".repeat(100_000);
+        for text in [
+            r#"{"a": "\\", "b": [[1]]}"#.to_owned(),
+            r#"{"a": "\\\"[[[", "b": [2]}"#.to_owned(),
+            r#"["\"", ["\\"], [["]]]"]]]"#.to_owned(),
+            format!(r#"{{"pad": "{long}[[[", "n": [[[[1]]]]}}"#),
+            format!(r#"{{"pad": "{long}\"{long}", "n": [[1]]}}"#),
+            r#"{"open": "never closed [[[["#.to_owned(),
+            r#"{"trailing": "\"#.to_owned(),
+            "[[[[[[".to_owned(),
+            String::new(),
+        ] {
+            assert_eq!(
+                nesting_depth(&text, MAX_DEPTH),
+                reference_depth(&text),
+                "{}",
+                &text[..text.len().min(80)]
+            );
+        }
     }
 
     #[test]

@@ -185,6 +185,19 @@ impl RuntimeResult {
         execution_id: &str,
         now_ms: i64,
     ) -> Value {
+        self.clone()
+            .into_conductor(workflow_instance_id, task_id, execution_id, now_ms)
+    }
+
+    /// [`RuntimeResult::to_conductor`], moving the output into the body instead of copying it
+    /// (an output can be megabytes).
+    pub fn into_conductor(
+        self,
+        workflow_instance_id: &str,
+        task_id: &str,
+        execution_id: &str,
+        now_ms: i64,
+    ) -> Value {
         let mut body = json!({
             "workflowInstanceId": workflow_instance_id,
             "taskId": task_id,
@@ -196,12 +209,12 @@ impl RuntimeResult {
                 "createdTime": now_ms,
             }],
         });
-        match &self.outcome {
+        match self.outcome {
             Outcome::Completed(output) => {
-                body["outputData"] = Value::Object(output.clone());
+                body["outputData"] = Value::Object(output);
             }
             Outcome::Failed(reason) | Outcome::FailedTerminal(reason) => {
-                body["reasonForIncompletion"] = Value::String(reason.0.clone());
+                body["reasonForIncompletion"] = Value::String(reason.0);
             }
         }
         body

@@ -378,7 +378,13 @@ impl ConductorClient {
         };
         let resp = req.send().await.map_err(transport)?;
         let status = resp.status();
-        let text = resp.text().await.map_err(transport)?;
+        // UTF-8 checked in one fast pass; `text()` would decode through a lossy converter
+        // (charset sniffing, chunk by chunk), which costs milliseconds on a megabyte.
+        let bytes = resp.bytes().await.map_err(transport)?;
+        let text = match String::from_utf8(bytes.into()) {
+            Ok(text) => text,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        };
         if status.is_client_error() || status.is_server_error() {
             let mut body = text;
             if body.len() > MAX_ERROR_BODY {
