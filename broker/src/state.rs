@@ -1365,7 +1365,9 @@ impl Machine {
 /// `body`, `staging`, … for status and logs.
 pub(crate) fn phase_name(phase: proto::Phase) -> &'static str {
     match phase {
-        proto::Phase::Unspecified => "assigned",
+        // Dispatched, nothing reported yet: the executor is checking the input and running
+        // the pre guardrail (it sends no message for that, see the executor).
+        proto::Phase::Unspecified => "preparing",
         proto::Phase::Idle => "idle",
         proto::Phase::Preparing => "preparing",
         proto::Phase::Downloading => "downloading",
