@@ -126,15 +126,19 @@ fn spawn_server(mode: &str, socket: &Path) -> Result<Child, String> {
         .map_err(|e| e.to_string())
 }
 
-fn wait_for_socket(socket: &Path) -> Result<(), String> {
+/// Connects to the server's socket once it listens. The file appears at `bind`, a moment
+/// before `listen`: a connection in between is refused, so refusals are retried too.
+fn connect_when_listening(socket: &Path) -> Result<UnixStream, String> {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !socket.exists() {
-        if Instant::now() > deadline {
-            return Err(format!("{} did not appear", socket.display()));
+    loop {
+        match UnixStream::connect(socket) {
+            Ok(stream) => return Ok(stream),
+            Err(e) if Instant::now() > deadline => {
+                return Err(format!("{} does not accept: {e}", socket.display()));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(2)),
         }
-        std::thread::sleep(Duration::from_millis(2));
     }
-    Ok(())
 }
 
 /// Round-trip times of the slot protocol, in microseconds.
@@ -142,7 +146,8 @@ pub(crate) fn slot_round_trips(rounds: usize) -> Result<Vec<f64>, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let socket = dir.path().join("slot.sock");
     let mut server = spawn_server("__slot-server", &socket)?;
-    wait_for_socket(&socket)?;
+    // The tonic server takes any number of connections: this one only proves it listens.
+    drop(connect_when_listening(&socket)?);
     // The executor side runs on a current-thread runtime of its own thread, as in perago.
     let result = std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -213,8 +218,8 @@ pub(crate) fn uds_round_trips(rounds: usize) -> Result<Vec<f64>, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let socket = dir.path().join("pingpong.sock");
     let mut server = spawn_server("__uds-server", &socket)?;
-    wait_for_socket(&socket)?;
-    let mut stream = UnixStream::connect(&socket).map_err(|e| e.to_string())?;
+    // The echo server accepts exactly one connection: this is it.
+    let mut stream = connect_when_listening(&socket)?;
     let mut buf = [7u8; MESSAGE_BYTES];
     let warmup = rounds / 10 + 10;
     let mut samples = Vec::with_capacity(rounds);
