@@ -830,8 +830,15 @@ mod tests {
             else {
                 continue;
             };
+            // Only `sleep` itself: the shells and `setsid` that start it carry the marker in
+            // their command lines too, for a moment, and are gone the next instant.
             let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            if String::from_utf8_lossy(&cmdline).contains(marker)
+            let mut args = cmdline.split(|b| *b == 0);
+            let is_sleep = args
+                .next()
+                .is_some_and(|argv0| argv0 == b"sleep" || argv0.ends_with(b"/sleep"));
+            if is_sleep
+                && args.any(|a| a == marker.as_bytes())
                 && stat(pid).is_some_and(|s| s.state != 'Z')
             {
                 found.push(pid);
