@@ -869,13 +869,13 @@ mod tests {
         let (mut body, guard) = spawn(&mut body).unwrap();
         assert!(body.wait().await.unwrap().success());
         drop(guard);
-        wait_for("the daemon to start", || !alive_with(&daemon).is_empty());
+        // Started, and adopted once the subshell that started it has exited.
+        wait_for("the daemon to be adopted", || {
+            alive_with(&daemon)
+                .first()
+                .is_some_and(|pid| stat(*pid).is_some_and(|s| s.ppid == std::process::id()))
+        });
         let pid = alive_with(&daemon)[0];
-        assert_eq!(
-            stat(pid).unwrap().ppid,
-            std::process::id(),
-            "a subreaper adopts the daemon"
-        );
 
         assert!(kill_adopted() >= 1);
         assert_eq!(alive_with(&daemon), Vec::<u32>::new(), "the daemon is gone");
@@ -908,7 +908,11 @@ mod tests {
         let (mut body, guard) = spawn(&mut body).unwrap();
         assert!(body.wait().await.unwrap().success());
         drop(guard);
-        wait_for("the daemon to start", || !alive_with(&daemon).is_empty());
+        wait_for("the daemon to be adopted", || {
+            alive_with(&daemon)
+                .first()
+                .is_some_and(|pid| stat(*pid).is_some_and(|s| s.ppid == std::process::id()))
+        });
         // Started directly from this thread and not managed: what a Rust body might leave.
         let child = std::process::Command::new("sleep")
             .arg(&direct)
