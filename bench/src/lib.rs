@@ -464,25 +464,40 @@ impl Bench {
     fn spawn(&mut self) -> Result<(), String> {
         let rounds = if self.o.smoke { 20 } else { 2000 };
         let input = br#"{"params":{"n":1}}"#;
+        // Setting the uid (to our own) keeps std from posix_spawn (vfork-like): it forks, as
+        // any spawn with pre-exec steps must, which is how the executor starts a body.
+        let me_uid = std::fs::metadata("/proc/self")
+            .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+            .map_err(|e| e.to_string())?;
         for _ in 0..self.o.runs {
-            let me = std::process::id();
-            let (own_before, reaped_before) = procs::cpu_seconds(me).unwrap_or_default();
-            for _ in 0..rounds {
-                spawn_cat(input)?;
-            }
-            let (own_after, reaped_after) = procs::cpu_seconds(me).unwrap_or_default();
-            self.figure("cpu/task bare spawn loop (cat), spawner", "µs")
+            for (how, uid) in [("", None), (" forking", Some(me_uid))] {
+                let me = std::process::id();
+                let (own_before, reaped_before) = procs::cpu_seconds(me).unwrap_or_default();
+                for _ in 0..rounds {
+                    spawn_cat(input, uid)?;
+                }
+                let (own_after, reaped_after) = procs::cpu_seconds(me).unwrap_or_default();
+                self.figure(
+                    &format!("cpu/task bare spawn loop{how} (cat), spawner"),
+                    "µs",
+                )
                 .runs
                 .push((own_after - own_before) * 1e6 / rounds as f64);
-            self.figure("cpu/task bare spawn loop (cat), cat", "µs")
-                .runs
-                .push((reaped_after - reaped_before) * 1e6 / rounds as f64);
+                self.figure(&format!("cpu/task bare spawn loop{how} (cat), cat"), "µs")
+                    .runs
+                    .push((reaped_after - reaped_before) * 1e6 / rounds as f64);
+            }
         }
         for jobs in [2, 4] {
             self.ratio(
                 &format!("ratio exec executors cpu/task / bare spawn loop j={jobs}"),
                 &format!("cpu/task executors, perago exec body j={jobs}"),
                 "cpu/task bare spawn loop (cat), spawner",
+            );
+            self.ratio(
+                &format!("ratio exec executors cpu/task / bare forking spawn loop j={jobs}"),
+                &format!("cpu/task executors, perago exec body j={jobs}"),
+                "cpu/task bare spawn loop forking (cat), spawner",
             );
         }
         Ok(())
@@ -695,10 +710,16 @@ impl Bench {
     }
 }
 
-/// One `cat` with piped stdin and stdout: write `input`, close, read to the end, wait.
-fn spawn_cat(input: &[u8]) -> Result<(), String> {
+/// One `cat` with piped stdin and stdout: write `input`, close, read to the end, wait. With
+/// `uid`, the child sets it before exec (which makes std fork instead of posix_spawn).
+fn spawn_cat(input: &[u8], uid: Option<u32>) -> Result<(), String> {
     use std::io::{Read as _, Write as _};
-    let mut child = std::process::Command::new("cat")
+    use std::os::unix::process::CommandExt as _;
+    let mut cmd = std::process::Command::new("cat");
+    if let Some(uid) = uid {
+        cmd.uid(uid);
+    }
+    let mut child = cmd
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())

@@ -42,6 +42,7 @@ fn the_benchmark_smoke_run_measures_every_scenario() {
         "perago jsonl python body j=2 64KiB",
         "perago rust body j=2 RUST_LOG=warn",
         "cpu/task bare spawn loop (cat), spawner",
+        "cpu/task bare spawn loop forking (cat), spawner",
     ] {
         assert!(out.stdout.contains(figure), "{figure} missing\n{out}");
     }
