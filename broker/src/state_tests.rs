@@ -195,7 +195,8 @@ fn assignments(effects: &[Effect]) -> Vec<(u32, String, String)> {
         .collect()
 }
 
-fn stops(effects: &[Effect]) -> Vec<u32> {
+/// Each `Stop` sent: the slot and the reason.
+fn stop_reasons(effects: &[Effect]) -> Vec<(u32, String)> {
     effects
         .iter()
         .filter_map(|e| match e {
@@ -203,12 +204,19 @@ fn stops(effects: &[Effect]) -> Vec<u32> {
                 slot,
                 message:
                     proto::BrokerMessage {
-                        message: Some(proto::broker_message::Message::Stop(_)),
+                        message: Some(proto::broker_message::Message::Stop(stop)),
                     },
                 ..
-            } => Some(*slot),
+            } => Some((*slot, stop.reason.clone())),
             _ => None,
         })
+        .collect()
+}
+
+fn stops(effects: &[Effect]) -> Vec<u32> {
+    stop_reasons(effects)
+        .into_iter()
+        .map(|(slot, _)| slot)
         .collect()
 }
 
@@ -1135,23 +1143,6 @@ fn without_a_minimum_memory_is_only_reported() {
     assert!(capacity.admission_open);
     assert_eq!(capacity.available_memory_bytes, 1);
     assert_eq!(h.counters.polls_withheld.get(), 0);
-}
-
-fn stop_reasons(effects: &[Effect]) -> Vec<(u32, String)> {
-    effects
-        .iter()
-        .filter_map(|e| match e {
-            Effect::Send {
-                slot,
-                message:
-                    proto::BrokerMessage {
-                        message: Some(proto::broker_message::Message::Stop(stop)),
-                    },
-                ..
-            } => Some((*slot, stop.reason.clone())),
-            _ => None,
-        })
-        .collect()
 }
 
 #[test]

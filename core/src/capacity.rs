@@ -106,15 +106,31 @@ pub fn parse_jobs(value: &str) -> Result<(u32, u32), String> {
     }
 }
 
-fn flag_or_var<'a>(flag: Option<&'a str>, var: Option<&'a str>) -> Option<&'a str> {
-    flag.or(var.filter(|v| !v.trim().is_empty()))
+/// A flag and its value, if it was given.
+fn flag<'a>(name: &'a str, value: &'a Option<String>) -> Option<(&'a str, &'a str)> {
+    value.as_deref().map(|v| (name, v))
 }
 
-fn parse_bool(name: &str, value: &str) -> Result<bool, String> {
+/// A setting as given: the flag's value if there is one, else the variable's (unset or blank:
+/// none), with its name for an error message (`--flag "value"` or `VARIABLE="value"`).
+fn given(
+    flag: Option<(&str, &str)>,
+    variable: &str,
+    lookup: &impl Fn(&str) -> Option<String>,
+) -> Option<(String, String)> {
+    if let Some((name, value)) = flag {
+        return Some((value.to_owned(), format!("{name} {value:?}")));
+    }
+    let value = lookup(variable).filter(|v| !v.trim().is_empty())?;
+    let label = format!("{variable}={value:?}");
+    Some((value, label))
+}
+
+fn parse_bool(value: &str) -> Option<bool> {
     match value.trim().to_ascii_lowercase().as_str() {
-        "" | "0" | "false" | "no" | "off" => Ok(false),
-        "1" | "true" | "yes" | "on" => Ok(true),
-        _ => Err(format!("{name}={value:?}: expected 1 or 0 (true or false)")),
+        "0" | "false" | "no" | "off" => Some(false),
+        "1" | "true" | "yes" | "on" => Some(true),
+        _ => None,
     }
 }
 
@@ -151,72 +167,50 @@ impl Capacity {
         let mut capacity = Self::fixed(1);
         capacity.min_executors = min_executors;
         capacity.max_executors = max_executors;
-        capacity.once = flags.once
-            || lookup(PERAGO_ONCE)
-                .map(|v| parse_bool(PERAGO_ONCE, &v))
-                .transpose()
-                .map_err(|e| problems.push(e))
-                .ok()
-                .flatten()
-                .unwrap_or(false);
-        let var = lookup(PERAGO_EXECUTOR_MAX_TASKS);
-        match (flags.max_tasks_per_executor.as_deref(), var.as_deref()) {
-            (Some(flag), _) => match flag.trim().parse::<u64>() {
-                Ok(n) if n >= 1 => capacity.max_tasks_per_executor = Some(n),
-                _ => problems.push(format!(
-                    "--max-tasks-per-executor {flag:?}: expected a count of at least 1"
-                )),
-            },
-            (None, Some(v)) if !v.trim().is_empty() => match v.trim().parse::<u64>() {
-                Ok(n) if n >= 1 => capacity.max_tasks_per_executor = Some(n),
-                _ => problems.push(format!(
-                    "{PERAGO_EXECUTOR_MAX_TASKS}={v:?}: expected a count of at least 1"
-                )),
-            },
-            _ => {}
-        }
-        let size = |flag: Option<&str>,
-                    flag_name: &str,
-                    var_name: &str,
-                    problems: &mut Vec<String>|
-         -> Option<u64> {
-            let var = lookup(var_name);
-            let (text, name) = match (flag, var.as_deref()) {
-                (Some(f), _) => (f.to_owned(), flag_name.to_owned()),
-                (None, Some(v)) if !v.trim().is_empty() => (v.to_owned(), var_name.to_owned()),
-                _ => return None,
-            };
-            match parse_byte_size(&text) {
-                Ok(0) => {
-                    problems.push(format!("{name} {text:?}: must be above 0"));
-                    None
-                }
-                Ok(n) => Some(n),
-                Err(e) => {
-                    problems.push(format!("{name}: {e}"));
-                    None
-                }
+        if let Some((value, label)) = given(None, PERAGO_ONCE, &lookup) {
+            match parse_bool(&value) {
+                Some(on) => capacity.once = on,
+                None => problems.push(format!("{label}: expected 1 or 0 (true or false)")),
             }
+        }
+        capacity.once |= flags.once;
+        if let Some((value, label)) = given(
+            flag("--max-tasks-per-executor", &flags.max_tasks_per_executor),
+            PERAGO_EXECUTOR_MAX_TASKS,
+            &lookup,
+        ) {
+            match value.trim().parse::<u64>() {
+                Ok(n) if n >= 1 => capacity.max_tasks_per_executor = Some(n),
+                _ => problems.push(format!("{label}: expected a count of at least 1")),
+            }
+        }
+        let mut size = |given: Option<(String, String)>| -> Option<u64> {
+            let (value, label) = given?;
+            match parse_byte_size(&value) {
+                Ok(0) => problems.push(format!("{label}: must be above 0")),
+                Ok(n) => return Some(n),
+                Err(e) => problems.push(format!("{label}: {e}")),
+            }
+            None
         };
-        capacity.max_executor_memory = size(
-            flags.max_executor_memory.as_deref(),
-            "--max-executor-memory",
+        capacity.max_executor_memory = size(given(
+            flag("--max-executor-memory", &flags.max_executor_memory),
             PERAGO_EXECUTOR_MAX_MEMORY,
-            &mut problems,
-        );
-        capacity.min_free_memory = size(None, "", PERAGO_MIN_FREE_MEMORY, &mut problems);
-        if let Some(v) = flag_or_var(None, lookup(PERAGO_SCALE_DOWN_AFTER).as_deref()) {
-            match parse_duration(v) {
+            &lookup,
+        ));
+        capacity.min_free_memory = size(given(None, PERAGO_MIN_FREE_MEMORY, &lookup));
+        if let Some((value, label)) = given(None, PERAGO_SCALE_DOWN_AFTER, &lookup) {
+            match parse_duration(&value) {
                 Ok(d) if !d.is_zero() => capacity.scale_down_after = d,
-                Ok(_) => problems.push(format!("{PERAGO_SCALE_DOWN_AFTER}={v:?}: must be above 0")),
-                Err(e) => problems.push(format!("{PERAGO_SCALE_DOWN_AFTER}: {e}")),
+                Ok(_) => problems.push(format!("{label}: must be above 0")),
+                Err(e) => problems.push(format!("{label}: {e}")),
             }
         }
-        if let Some(v) = flag_or_var(None, lookup(PERAGO_POISON_AFTER).as_deref()) {
-            match v.trim().parse::<u32>() {
+        if let Some((value, label)) = given(None, PERAGO_POISON_AFTER, &lookup) {
+            match value.trim().parse::<u32>() {
                 Ok(n) => capacity.poison_after = n,
                 Err(_) => problems.push(format!(
-                    "{PERAGO_POISON_AFTER}={v:?}: expected a count (0 turns poison detection off)"
+                    "{label}: expected a count (0 turns poison detection off)"
                 )),
             }
         }

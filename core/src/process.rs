@@ -855,6 +855,23 @@ mod tests {
         }
     }
 
+    /// A body that double-forks a `setsid` daemon (`sleep marker`) and exits; returns the
+    /// daemon's pid once this process (a subreaper) has adopted it.
+    async fn leave_adopted_daemon(marker: &str) -> u32 {
+        let mut body = tokio::process::Command::new("sh");
+        body.args(["-c", &format!("(setsid sleep {marker} &); exit 0")]);
+        let (mut body, guard) = spawn(&mut body).unwrap();
+        assert!(body.wait().await.unwrap().success());
+        drop(guard);
+        // Started, and adopted once the subshell that started it has exited.
+        wait_for("the daemon to be adopted", || {
+            alive_with(marker)
+                .first()
+                .is_some_and(|pid| stat(*pid).is_some_and(|s| s.ppid == std::process::id()))
+        });
+        alive_with(marker)[0]
+    }
+
     #[tokio::test]
     async fn kill_adopted_ends_a_double_forked_setsid_daemon_and_spares_managed_children() {
         become_subreaper().unwrap();
@@ -864,18 +881,7 @@ mod tests {
         let mut keep = tokio::process::Command::new("sleep");
         keep.arg(&managed).kill_on_drop(true);
         let (_kept, _kept_guard) = spawn(&mut keep).unwrap();
-        let mut body = tokio::process::Command::new("sh");
-        body.args(["-c", &format!("(setsid sleep {daemon} &); exit 0")]);
-        let (mut body, guard) = spawn(&mut body).unwrap();
-        assert!(body.wait().await.unwrap().success());
-        drop(guard);
-        // Started, and adopted once the subshell that started it has exited.
-        wait_for("the daemon to be adopted", || {
-            alive_with(&daemon)
-                .first()
-                .is_some_and(|pid| stat(*pid).is_some_and(|s| s.ppid == std::process::id()))
-        });
-        let pid = alive_with(&daemon)[0];
+        let pid = leave_adopted_daemon(&daemon).await;
 
         assert!(kill_adopted() >= 1);
         assert_eq!(alive_with(&daemon), Vec::<u32>::new(), "the daemon is gone");
@@ -903,16 +909,7 @@ mod tests {
         assert_ne!(me, std::process::id());
         let daemon = format!("1001.{}1", std::process::id());
         let direct = format!("1001.{}2", std::process::id());
-        let mut body = tokio::process::Command::new("sh");
-        body.args(["-c", &format!("(setsid sleep {daemon} &); exit 0")]);
-        let (mut body, guard) = spawn(&mut body).unwrap();
-        assert!(body.wait().await.unwrap().success());
-        drop(guard);
-        wait_for("the daemon to be adopted", || {
-            alive_with(&daemon)
-                .first()
-                .is_some_and(|pid| stat(*pid).is_some_and(|s| s.ppid == std::process::id()))
-        });
+        leave_adopted_daemon(&daemon).await;
         // Started directly from this thread and not managed: what a Rust body might leave.
         let child = std::process::Command::new("sleep")
             .arg(&direct)
