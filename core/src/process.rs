@@ -474,7 +474,7 @@ fn children_of_threads(threads: &[u32]) -> Vec<u32> {
     let me = std::process::id();
     let mut found = Vec::new();
     for tid in threads {
-        match std::fs::read_to_string(format!("/proc/{me}/task/{tid}/children")) {
+        match std::fs::read_to_string(format!("/proc/self/task/{tid}/children")) {
             Ok(list) => found.extend(
                 list.split_ascii_whitespace()
                     .filter_map(|p| p.parse::<u32>().ok()),
@@ -503,13 +503,38 @@ pub fn kill_adopted() -> usize {
 /// started directly are children of the thread that spawned the body (the main thread, whose
 /// runtime spawns commands, or the blocking thread a Rust body ran on: pass its id).
 pub fn kill_adopted_below(threads: &[u32]) -> usize {
+    if !has_children() {
+        return 0;
+    }
     let mut all = Vec::with_capacity(threads.len() + 1);
     all.push(std::process::id());
     all.extend_from_slice(threads);
     kill_adopted_where(|| children_of_threads(&all))
 }
 
+/// Whether this process has any child at all, live or zombie, of any of its threads: one
+/// `waitid(2)` that reaps nothing (`ECHILD` means none). After most assignments there is none,
+/// and this spares reading `/proc`.
+pub fn has_children() -> bool {
+    // SAFETY: waitid(2) with WNOHANG | WNOWAIT writes only into `info`, which lives on this
+    // stack, and neither blocks nor reaps.
+    let (rc, errno) = unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        let rc = libc::waitid(
+            libc::P_ALL,
+            0,
+            &mut info,
+            libc::WEXITED | libc::WSTOPPED | libc::WCONTINUED | libc::WNOHANG | libc::WNOWAIT,
+        );
+        (rc, io::Error::last_os_error().raw_os_error())
+    };
+    !(rc == -1 && errno == Some(libc::ECHILD))
+}
+
 fn kill_adopted_where(children_now: impl Fn() -> Vec<u32>) -> usize {
+    if !has_children() {
+        return 0;
+    }
     let deadline = std::time::Instant::now() + ADOPTED_PATIENCE;
     let mut killed = 0;
     loop {
@@ -895,6 +920,23 @@ mod tests {
             1,
             "a managed child is not touched"
         );
+    }
+
+    /// The shortcut that skips `/proc` must see every kind of child: a live one, and one that
+    /// exited and is not reaped yet (a zombie still to be waited for).
+    #[test]
+    fn has_children_sees_live_and_exited_unreaped_children() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("1000")
+            .spawn()
+            .unwrap();
+        assert!(has_children(), "a live child");
+        child.kill().unwrap();
+        wait_for("the child to become a zombie", || {
+            stat(child.id()).is_some_and(|s| s.state == 'Z')
+        });
+        assert!(has_children(), "an exited child not yet reaped");
+        child.wait().unwrap();
     }
 
     /// After an assignment only the main thread and the body's threads are looked at: the
