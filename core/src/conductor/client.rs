@@ -96,6 +96,9 @@ pub struct ConductorClient {
     http: reqwest::Client,
     /// The API base including `/api`, without a trailing `/`.
     base: String,
+    /// `base` parsed once: each request's URL is this with its path extended, so the host
+    /// is not parsed again (IDNA processing and all) for every request.
+    base_parsed: Option<reqwest::Url>,
     /// Set when the client has credentials.
     auth: Option<Arc<Auth>>,
 }
@@ -176,6 +179,7 @@ impl ConductorClient {
         Ok(Self {
             http,
             base: base.to_owned(),
+            base_parsed: reqwest::Url::parse(base).ok(),
             auth,
         })
     }
@@ -361,7 +365,11 @@ impl ConductorClient {
             Method::DELETE => "DELETE",
             _ => "HTTP",
         };
-        let mut req = self.http.request(method, &url).timeout(timeout);
+        let mut req = match &self.base_parsed {
+            Some(base) => self.http.request(method, request_url(base, path)),
+            None => self.http.request(method, &url),
+        }
+        .timeout(timeout);
         if !query.is_empty() {
             req = req.query(query);
         }
@@ -583,9 +591,41 @@ impl ConductorClient {
     }
 }
 
+/// `base` (parsed) with `path` (its segments already percent-encoded) appended to its path:
+/// the URL `{base}{path}` would parse to, without parsing the host again.
+fn request_url(base: &reqwest::Url, path: &str) -> reqwest::Url {
+    let mut url = base.clone();
+    url.set_path(&format!("{}{path}", base.path().trim_end_matches('/')));
+    url
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn request_urls_are_what_parsing_the_whole_text_gives() {
+        for base in [
+            "http://127.0.0.1:8080/api",
+            "https://conductor.example.com/api",
+            "http://host:1",
+            "http://bücher.example/prefix/api",
+        ] {
+            let parsed = reqwest::Url::parse(base).unwrap();
+            for path in [
+                "/tasks/update-v2",
+                "/tasks/poll/batch/a%20b%2Fc",
+                &format!("/tasks/{}", segment("id with spaces/and?query#frag")),
+                "/tasks/queue/sizes",
+            ] {
+                assert_eq!(
+                    request_url(&parsed, path),
+                    reqwest::Url::parse(&format!("{base}{path}")).unwrap(),
+                    "{base} + {path}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn base_urls() {
