@@ -196,6 +196,8 @@ struct Slot {
     token: String,
     pid: u32,
     attached: bool,
+    /// The attached executor starts bodies at dispatch (see `Hello.body_at_dispatch`).
+    body_at_dispatch: bool,
     work: Work,
     stopping: bool,
     /// The generation asked to be recycled and was told to stop: its exit is no failure.
@@ -316,6 +318,7 @@ impl Machine {
                 token: String::new(),
                 pid: 0,
                 attached: false,
+                body_at_dispatch: false,
                 work: Work::Idle,
                 stopping: false,
                 recycled: false,
@@ -538,6 +541,7 @@ impl Machine {
             })),
         };
         slot.pid = hello.pid;
+        slot.body_at_dispatch = hello.body_at_dispatch;
         slot.attached = true;
         slot.work = Work::Idle;
         slot.exited = false;
@@ -940,7 +944,13 @@ impl Machine {
             execution_id,
             attempt,
             dispatched_at: SystemTime::now(),
-            phase: proto::Phase::Unspecified,
+            // Shown as "preparing" until the executor reports a phase, unless it starts the
+            // body at once and reports nothing.
+            phase: if slot.body_at_dispatch {
+                proto::Phase::Body
+            } else {
+                proto::Phase::Unspecified
+            },
         }));
         let (number, generation) = (slot.number, slot.generation);
         self.counters.dispatched.inc();

@@ -64,6 +64,16 @@ impl Harness {
     }
 
     fn hello(&mut self, slot: u32, generation: u64) -> (Result<(u32, u64), Status>, Vec<Effect>) {
+        self.hello_with(slot, generation, false)
+    }
+
+    /// [`Harness::hello`] from an executor that may start bodies at dispatch.
+    fn hello_with(
+        &mut self,
+        slot: u32,
+        generation: u64,
+        body_at_dispatch: bool,
+    ) -> (Result<(u32, u64), Status>, Vec<Effect>) {
         let out = self.m.handle(Input::Hello(proto::Hello {
             protocol_version: proto::ProtocolVersion::ProtocolVersion1 as i32,
             credentials: Some(proto::SlotCredentials {
@@ -73,6 +83,7 @@ impl Harness {
             }),
             pid: 1000 + slot,
             worker_id: String::new(),
+            body_at_dispatch,
         }));
         match out.reply {
             Reply::Hello(r) => (r, out.effects),
@@ -292,6 +303,7 @@ fn attach_needs_the_current_generation_and_its_token() {
         }),
         pid: 1,
         worker_id: String::new(),
+        body_at_dispatch: false,
     }));
     assert!(matches!(bad.reply, Reply::Hello(Err(s)) if s.message() == "wrong slot token"));
 }
@@ -903,6 +915,36 @@ fn status_shows_each_slot() {
     assert_eq!(status.slots[0].state, admin::SlotState::Busy as i32);
     assert_eq!(status.slots[0].task_id, "a");
     assert_eq!(status.slots[1].state, admin::SlotState::Waiting as i32);
+}
+
+/// An executor that starts bodies at dispatch sends no `Body` progress: the broker shows the
+/// body phase from the assignment on. One that prepares first shows "preparing" until it
+/// reports a phase, and a new generation says afresh which kind it is.
+#[test]
+fn the_phase_at_dispatch_is_what_the_executor_said_at_attach() {
+    let mut h = Harness::new(2, true);
+    h.started(1, 1).unwrap();
+    h.hello_with(1, 1, true).0.unwrap();
+    h.started(2, 1).unwrap();
+    h.hello_with(2, 1, false).0.unwrap();
+    h.deliver(&["a", "b"]);
+    let status = h.status();
+    assert!(
+        status.slots.iter().all(|s| !s.task_id.is_empty()),
+        "both busy"
+    );
+    assert_eq!(status.slots[0].phase, "body");
+    assert_eq!(status.slots[1].phase, "preparing");
+    let execution_id = h.status().slots[1].execution_id.clone();
+    h.go(Input::Progress {
+        slot: 2,
+        generation: 1,
+        progress: proto::Progress {
+            execution_id,
+            phase: proto::Phase::Body as i32,
+        },
+    });
+    assert_eq!(h.status().slots[1].phase, "body");
 }
 
 /// Attempt `id` of workflow task `t_ref` in `workflow`.

@@ -14,7 +14,7 @@ use crate::{
 use perago_core::{
     attempt::AttemptSnapshot,
     command::{CommandError, resolve_program},
-    manifest::{BodyKind, BodyProtocol, Manifest, TimeoutPolicy},
+    manifest::{BodyKind, BodyProtocol, Manifest, TaskKind, TimeoutPolicy},
     result::{Reason, RuntimeResult},
     shape::{parse_input, workspace_free_output, workspace_output},
 };
@@ -424,7 +424,9 @@ impl AssignmentRunner {
         io: &AssignmentIo<'_>,
         budget: &Budget,
     ) -> Result<Value, Failure> {
-        io.phase(Phase::Body);
+        if !self.body_at_dispatch() {
+            io.phase(Phase::Body);
+        }
         let params_json = serde_json::to_vec(&params).expect("a Value always serializes");
         let limits = RunLimits {
             timeout: budget.left(),
@@ -611,6 +613,13 @@ impl AssignmentRunner {
                 ))))
             }
         }
+    }
+
+    /// Whether the body starts as soon as an assignment arrives: no pre guardrail, no workspace
+    /// to download. The broker then shows the body phase from dispatch, and `Body` progress
+    /// is not sent (see `Hello.body_at_dispatch`).
+    pub fn body_at_dispatch(&self) -> bool {
+        self.pre.is_none() && self.manifest.task.kind == TaskKind::WorkspaceFree
     }
 
     /// The pid of the persistent (`jsonl`) body process, while one runs between assignments.

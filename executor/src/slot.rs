@@ -249,6 +249,7 @@ pub async fn serve(
         credentials: Some(credentials.clone()),
         pid: std::process::id(),
         worker_id: identity.worker_id.clone(),
+        body_at_dispatch: runner.body_at_dispatch(),
     })))
     .await
     .map_err(|_| SlotError::BrokerGone)?;

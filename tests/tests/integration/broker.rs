@@ -93,6 +93,7 @@ fn hello(credentials: proto::SlotCredentials, worker_id: &str) -> proto::Executo
             credentials: Some(credentials),
             pid: std::process::id(),
             worker_id: worker_id.to_owned(),
+            body_at_dispatch: false,
         })),
     }
 }
