@@ -164,6 +164,10 @@ impl Launcher {
         }
         cmd.arg0(argv0).envs(env.iter().map(|(k, v)| (k, v)));
         cmd.env_remove(process::ROOT_LOCK_FD);
+        // Only the supervisor speaks for a systemd service.
+        for name in super::notify::VARIABLES {
+            cmd.env_remove(name);
+        }
         if let Some(fd) = lock_fd {
             process::inherit_fd(&mut cmd, fd);
             cmd.env(process::ROOT_LOCK_FD, fd.to_string());

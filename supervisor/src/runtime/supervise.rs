@@ -8,11 +8,16 @@
 //!   (not when the broker retired its slot: `-j MIN..MAX` scaling down)
 //! executor exits EXIT_RECYCLED (a recycling limit) → SlotExited → restart at once, no backoff
 //! Admin.Status every second: start the executors of slots the broker wants (scaling up)
+//! under systemd (`NOTIFY_SOCKET`): READY=1 once the starting executors are attached, STATUS=
+//!   busy/idle as Admin.Status changes, STOPPING=1 at a drain, WATCHDOG=1 while the broker answers
 //! SIGINT/SIGTERM → Admin.Drain; the broker stops executors and exits once all is reported
 //! broker exits unexpectedly → SIGTERM executors, wait, exit 1
 //! ```
 
-use super::children::{Child, ChildExit, ChildKind, Launcher};
+use super::{
+    children::{Child, ChildExit, ChildKind, Launcher},
+    notify::{self, Notifier},
+};
 use perago_core::{identity::Slot as SlotNumber, identity::WorkerPrefix, process};
 use perago_proto::{
     CONTROL_TOKEN_METADATA,
@@ -42,6 +47,9 @@ const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
 /// How often the supervisor reads the broker's status (drain state, wanted slots) while
 /// running.
 const STATUS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How often readiness for systemd is checked until the starting executors are attached.
+const READY_CHECK_INTERVAL: Duration = Duration::from_millis(25);
 
 /// Every call to the broker is bounded: a wedged broker must not wedge the dispatcher.
 const CONTROL_CALL_DEADLINE: Duration = Duration::from_secs(5);
@@ -231,6 +239,8 @@ struct Supervisor {
     force_kill_at: Option<tokio::time::Instant>,
     /// The deadline passed and executors still running were killed.
     force_killed: bool,
+    /// systemd's notify socket, under a `Type=notify` unit.
+    notifier: Option<Notifier>,
 }
 
 impl Supervisor {
@@ -485,6 +495,9 @@ impl Supervisor {
             return;
         }
         tracing::info!("{why}: draining (no new tasks; running ones finish and are reported)");
+        if let Some(notifier) = &mut self.notifier {
+            notifier.stopping(why);
+        }
         self.set_draining();
         if let Some(admin) = &mut self.admin
             && let Err(e) = bounded(admin.drain(admin::DrainRequest {})).await
@@ -794,6 +807,7 @@ pub(crate) async fn supervise(
         refused: None,
         force_kill_at: None,
         force_killed: false,
+        notifier: Notifier::from_lookup(|name| std::env::var(name).ok()),
     };
     broker_env.extend(sup.base_env());
     if let Some(foreign) = foreign_broker(&sup.spec.socket).await {
@@ -854,6 +868,16 @@ pub(crate) async fn supervise(
         sup.spec.gc_interval,
     );
     let mut broker_kill_at: Option<tokio::time::Instant> = None;
+    // systemd: readiness is checked often until the starting executors are attached; the
+    // watchdog is pinged while the broker's status keeps coming (a wedged broker stops it).
+    let mut ready_check = tokio::time::interval(READY_CHECK_INTERVAL);
+    let watchdog_every = sup
+        .notifier
+        .as_ref()
+        .and_then(Notifier::watchdog_interval)
+        .unwrap_or(Duration::from_secs(3600));
+    let mut watchdog = tokio::time::interval(watchdog_every);
+    let mut status_at = Instant::now();
     loop {
         if sup.broker.is_none() && sup.alive_executors() == 0 {
             break;
@@ -869,7 +893,13 @@ pub(crate) async fn supervise(
             _ = int.recv() => sup.start_drain("SIGINT").await,
             Ok(()) = status_seen.changed() => {
                 let seen = status_seen.borrow_and_update().clone();
+                status_at = Instant::now();
                 if let Some(seen) = seen {
+                    if let Some(notifier) = &mut sup.notifier
+                        && notifier.is_ready()
+                    {
+                        notifier.status(notify::status_text(&seen));
+                    }
                     if seen.draining {
                         if !sup.draining {
                             tracing::info!("the broker is draining (Admin.Drain or run once): no restarts");
@@ -878,6 +908,24 @@ pub(crate) async fn supervise(
                     } else {
                         sup.scale_up(&seen).await;
                     }
+                }
+            }
+            _ = ready_check.tick(), if sup.notifier.as_ref().is_some_and(|n| !n.is_ready()) && !sup.draining => {
+                let wanted = sup.spec.capacity.min_executors;
+                if let Some(status) = sup.broker_status().await
+                    && notify::all_attached(&status, wanted)
+                    && let Some(notifier) = &mut sup.notifier
+                {
+                    tracing::info!("every executor attached: telling systemd the service is ready");
+                    notifier.ready(notify::status_text(&status));
+                }
+            }
+            _ = watchdog.tick(), if sup.notifier.as_ref().is_some_and(|n| n.watchdog_interval().is_some()) => {
+                // Fresh status, or a drain (the status watch ends there): the runtime is alive.
+                if (sup.draining || status_at.elapsed() < watchdog_every.max(STATUS_INTERVAL * 3))
+                    && let Some(notifier) = &sup.notifier
+                {
+                    notifier.ping();
                 }
             }
             _ = gc_timer.tick() => {

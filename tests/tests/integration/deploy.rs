@@ -27,6 +27,9 @@ fn the_systemd_unit_lets_a_drain_finish() {
         stop > force + Duration::from_secs(2),
         "{stop:?} vs {force:?}"
     );
+    assert_eq!(value_after(&unit, "Type="), Some("notify"));
+    assert_eq!(value_after(&unit, "NotifyAccess="), Some("main"));
+    assert!(parse_duration(value_after(&unit, "WatchdogSec=").unwrap()).is_ok());
     let exec = value_after(&unit, "ExecStart=").unwrap();
     assert!(exec.contains("perago-supervisor start "), "{exec}");
 }

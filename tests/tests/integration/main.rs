@@ -18,5 +18,6 @@ mod poison;
 mod recycle;
 mod runtime;
 mod soft_limit;
+mod systemd;
 mod wire;
 mod workspace;

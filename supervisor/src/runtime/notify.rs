@@ -1,0 +1,262 @@
+//! systemd's readiness protocol (`sd_notify(3)`), for `Type=notify` units: `READY=1` once every
+//! executor the runtime starts with is attached, `STATUS=` lines as slots go busy and idle,
+//! `STOPPING=1` when a drain starts, and `WATCHDOG=1` pings while the broker answers.
+//!
+//! The protocol is one datagram per message on the Unix socket named by `NOTIFY_SOCKET` (a
+//! path, or `@name` in the abstract namespace). Outside systemd the variable is unset and every
+//! call does nothing. Children never see the variables: the broker, executors and bodies must
+//! not speak for the service (see `children.rs`, which removes [`VARIABLES`]).
+
+use perago_proto::admin::v1 as admin;
+use std::{
+    io,
+    os::unix::net::{SocketAddr, UnixDatagram},
+    time::Duration,
+};
+
+/// The variables systemd sets for the notify protocol; none reaches a child.
+pub(crate) const VARIABLES: [&str; 3] = ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"];
+
+/// Where systemd listens, and how often it wants a watchdog ping.
+#[derive(Debug)]
+pub(crate) struct Notifier {
+    socket: UnixDatagram,
+    addr: SocketAddr,
+    watchdog: Option<Duration>,
+    ready: bool,
+    last_status: String,
+}
+
+/// The socket address `NOTIFY_SOCKET` names: a path, or `@name` for the abstract namespace.
+fn address(value: &str) -> io::Result<SocketAddr> {
+    match value.strip_prefix('@') {
+        Some(name) => {
+            use std::os::linux::net::SocketAddrExt as _;
+            SocketAddr::from_abstract_name(name.as_bytes())
+        }
+        None if value.starts_with('/') => SocketAddr::from_pathname(value),
+        None => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "NOTIFY_SOCKET must be an absolute path or start with @",
+        )),
+    }
+}
+
+/// Half of `WATCHDOG_USEC` (systemd's advice: ping at least twice per period), when the
+/// watchdog is on and meant for this process (`WATCHDOG_PID`, when set, is our pid).
+fn watchdog_interval(usec: Option<&str>, pid: Option<&str>, me: u32) -> Option<Duration> {
+    if let Some(pid) = pid
+        && pid.trim().parse::<u32>().ok() != Some(me)
+    {
+        return None;
+    }
+    let usec: u64 = usec?.trim().parse().ok().filter(|u| *u > 0)?;
+    Some(Duration::from_micros(usec / 2))
+}
+
+/// The `STATUS=` text for a broker status: how many executors are busy and idle.
+pub(crate) fn status_text(status: &admin::StatusResponse) -> String {
+    let count = |state: admin::SlotState| {
+        status
+            .slots
+            .iter()
+            .filter(|s| s.state == state as i32)
+            .count()
+    };
+    let (busy, idle) = (count(admin::SlotState::Busy), count(admin::SlotState::Idle));
+    let task = &status.task_name;
+    if status.draining {
+        format!("{task}: draining, {busy} busy")
+    } else {
+        format!("{task}: {busy} busy, {idle} idle")
+    }
+}
+
+/// Whether every one of the first `wanted` slots has an executor attached.
+pub(crate) fn all_attached(status: &admin::StatusResponse, wanted: u32) -> bool {
+    let attached = status
+        .slots
+        .iter()
+        .filter(|s| {
+            s.slot <= wanted
+                && [admin::SlotState::Idle, admin::SlotState::Busy]
+                    .iter()
+                    .any(|state| s.state == *state as i32)
+        })
+        .count();
+    attached >= wanted as usize
+}
+
+impl Notifier {
+    /// The notifier `lookup` (the process environment) describes; `None` outside systemd or
+    /// when the socket cannot be used (logged).
+    pub(crate) fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Option<Self> {
+        let path = lookup("NOTIFY_SOCKET").filter(|p| !p.is_empty())?;
+        let opened = address(&path).and_then(|addr| Ok((UnixDatagram::unbound()?, addr)));
+        match opened {
+            Ok((socket, addr)) => Some(Self {
+                socket,
+                addr,
+                watchdog: watchdog_interval(
+                    lookup("WATCHDOG_USEC").as_deref(),
+                    lookup("WATCHDOG_PID").as_deref(),
+                    std::process::id(),
+                ),
+                ready: false,
+                last_status: String::new(),
+            }),
+            Err(e) => {
+                tracing::warn!(notify_socket = %path, error = %e, "cannot use NOTIFY_SOCKET; systemd will not hear of readiness");
+                None
+            }
+        }
+    }
+
+    /// How often to send `WATCHDOG=1`, when systemd asked for it.
+    pub(crate) fn watchdog_interval(&self) -> Option<Duration> {
+        self.watchdog
+    }
+
+    /// Whether `READY=1` was sent.
+    pub(crate) fn is_ready(&self) -> bool {
+        self.ready
+    }
+
+    fn send(&self, message: &str) {
+        if let Err(e) = self.socket.send_to_addr(message.as_bytes(), &self.addr) {
+            tracing::debug!(error = %e, "cannot notify systemd");
+        }
+    }
+
+    /// `READY=1` with the status: every executor of the start is attached.
+    pub(crate) fn ready(&mut self, status: String) {
+        if self.ready {
+            return;
+        }
+        self.ready = true;
+        self.send(&format!("READY=1\nSTATUS={status}"));
+        self.last_status = status;
+    }
+
+    /// A `STATUS=` line, when it says something new.
+    pub(crate) fn status(&mut self, status: String) {
+        if status != self.last_status {
+            self.send(&format!("STATUS={status}"));
+            self.last_status = status;
+        }
+    }
+
+    /// `STOPPING=1`: a drain started.
+    pub(crate) fn stopping(&mut self, why: &str) {
+        let status = format!("draining ({why})");
+        self.send(&format!("STOPPING=1\nSTATUS={status}"));
+        self.last_status = status;
+    }
+
+    /// `WATCHDOG=1`.
+    pub(crate) fn ping(&self) {
+        self.send("WATCHDOG=1");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(n: u32, state: admin::SlotState) -> admin::SlotStatus {
+        admin::SlotStatus {
+            slot: n,
+            state: state as i32,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_watchdog_is_half_the_period_and_only_for_this_process() {
+        assert_eq!(
+            watchdog_interval(Some("30000000"), None, 7),
+            Some(Duration::from_secs(15))
+        );
+        assert_eq!(
+            watchdog_interval(Some("30000000"), Some("7"), 7),
+            Some(Duration::from_secs(15))
+        );
+        assert_eq!(watchdog_interval(Some("30000000"), Some("8"), 7), None);
+        assert_eq!(watchdog_interval(None, None, 7), None);
+        assert_eq!(watchdog_interval(Some("0"), None, 7), None);
+        assert_eq!(watchdog_interval(Some("soon"), None, 7), None);
+    }
+
+    #[test]
+    fn addresses_are_paths_or_abstract_names() {
+        assert!(address("/run/systemd/notify").is_ok());
+        assert!(address("@perago-test").is_ok());
+        assert!(address("relative/notify").is_err());
+    }
+
+    #[test]
+    fn ready_means_every_starting_slot_attached() {
+        use admin::SlotState::{Busy, Idle, Retired, Waiting};
+        let status = |slots| admin::StatusResponse {
+            slots,
+            ..Default::default()
+        };
+        assert!(all_attached(&status(vec![slot(1, Idle), slot(2, Busy)]), 2));
+        assert!(!all_attached(
+            &status(vec![slot(1, Idle), slot(2, Waiting)]),
+            2
+        ));
+        // `-j 1..3`: only the minimum starts; the others are not waited for.
+        assert!(all_attached(
+            &status(vec![slot(1, Busy), slot(2, Retired), slot(3, Retired)]),
+            1
+        ));
+    }
+
+    #[test]
+    fn status_counts_busy_and_idle_slots() {
+        use admin::SlotState::{Busy, Idle};
+        let mut status = admin::StatusResponse {
+            task_name: "t".into(),
+            slots: vec![slot(1, Busy), slot(2, Idle), slot(3, Idle)],
+            ..Default::default()
+        };
+        assert_eq!(status_text(&status), "t: 1 busy, 2 idle");
+        status.draining = true;
+        assert_eq!(status_text(&status), "t: draining, 1 busy");
+    }
+
+    #[test]
+    fn messages_reach_the_socket_once_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify");
+        let listener = UnixDatagram::bind(&path).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let path_text = path.display().to_string();
+        let mut notifier = Notifier::from_lookup(|name| match name {
+            "NOTIFY_SOCKET" => Some(path_text.clone()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(notifier.watchdog_interval(), None);
+        notifier.ready("t: 0 busy, 1 idle".into());
+        notifier.ready("again".into());
+        notifier.status("t: 0 busy, 1 idle".into());
+        notifier.status("t: 1 busy, 0 idle".into());
+        notifier.stopping("SIGTERM");
+        let mut got = Vec::new();
+        let mut buf = [0u8; 256];
+        while let Ok(n) = listener.recv(&mut buf) {
+            got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+        assert_eq!(
+            got,
+            [
+                "READY=1\nSTATUS=t: 0 busy, 1 idle",
+                "STATUS=t: 1 busy, 0 idle",
+                "STOPPING=1\nSTATUS=draining (SIGTERM)",
+            ]
+        );
+        assert!(Notifier::from_lookup(|_| None).is_none());
+    }
+}

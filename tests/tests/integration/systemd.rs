@@ -1,0 +1,116 @@
+//! Under a systemd `Type=notify` unit: `READY=1` only once every executor is attached,
+//! `STATUS=` lines, `WATCHDOG=1` pings when asked for, `STOPPING=1` at the drain; and no child
+//! sees the notify variables (only the supervisor speaks for the service).
+
+use crate::harness::{Conductor, SupervisorProc, TaskFixture, child_named};
+use serde_json::Value;
+use std::{
+    os::unix::net::UnixDatagram,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+const BODY: &str = "read params\ncase \"$params\" in *slow*) sleep 2;; esac\necho '{}'\n";
+
+/// Datagrams received until `done` holds for one of them, within `timeout`.
+fn receive_until(
+    socket: &UnixDatagram,
+    timeout: Duration,
+    done: impl Fn(&str) -> bool,
+) -> Vec<String> {
+    let deadline = Instant::now() + crate::harness::patience(timeout);
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        if let Ok(n) = socket.recv(&mut buf) {
+            let message = String::from_utf8_lossy(&buf[..n]).into_owned();
+            let finished = done(&message);
+            got.push(message);
+            if finished {
+                return got;
+            }
+        }
+    }
+    panic!("timed out; received {got:?}");
+}
+
+fn status_json(root: &Path) -> Value {
+    let run = perago_tests::Run::of(perago_tests::command(crate::harness::SUPERVISOR).args([
+        "status",
+        "--json",
+        "--socket",
+        root.join("run/broker.sock").to_str().unwrap(),
+    ]));
+    serde_json::from_str(&run.stdout).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notify_unit_hears_ready_status_watchdog_and_stopping() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("e2e.notify", BODY, "");
+    conductor.register(&task).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notify");
+    let listener = UnixDatagram::bind(&path).unwrap();
+    listener
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut sup = SupervisorProc::start(
+        &task,
+        &conductor,
+        2,
+        &[
+            ("NOTIFY_SOCKET", path.to_str().unwrap()),
+            ("WATCHDOG_USEC", "400000"),
+        ],
+    );
+    let got = receive_until(&listener, Duration::from_secs(20), |m| {
+        m.starts_with("READY=1")
+    });
+    let ready = got.last().unwrap();
+    assert_eq!(
+        ready, "READY=1\nSTATUS=e2e.notify: 0 busy, 2 idle",
+        "{got:?}"
+    );
+    // Sent only once both executors were attached.
+    let status = status_json(&sup.workspace_root());
+    let states: Vec<&str> = status["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["idle", "idle"], "{status}");
+    // The watchdog: pinged at least twice in a row (every 200 ms).
+    receive_until(&listener, Duration::from_secs(5), |m| m == "WATCHDOG=1");
+    receive_until(&listener, Duration::from_secs(5), |m| m == "WATCHDOG=1");
+    // Only the supervisor has the variables.
+    let broker = child_named(sup.pid(), "perago-conductor-broker").expect("broker");
+    let executor = child_named(sup.pid(), "perago-executor-0001").expect("executor");
+    for pid in [broker.pid, executor.pid] {
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+        let text = String::from_utf8_lossy(&environ);
+        for name in ["NOTIFY_SOCKET=", "WATCHDOG_USEC="] {
+            assert!(!text.contains(name), "pid {pid} has {name}");
+        }
+    }
+    // A running task shows in the status line.
+    let id = conductor
+        .start_workflow(&task, serde_json::json!({"slow": true}))
+        .await;
+    receive_until(&listener, Duration::from_secs(10), |m| {
+        m == "STATUS=e2e.notify: 1 busy, 1 idle"
+    });
+    conductor.wait_terminal(&id, Duration::from_secs(20)).await;
+    sup.signal("TERM");
+    let got = receive_until(&listener, Duration::from_secs(10), |m| {
+        m.starts_with("STOPPING=1")
+    });
+    assert_eq!(
+        got.last().unwrap(),
+        "STOPPING=1\nSTATUS=draining (SIGTERM)",
+        "{got:?}"
+    );
+    let exit = sup.wait_exit(Duration::from_secs(20)).await;
+    assert!(exit.success(), "{}", sup.log_text());
+}
