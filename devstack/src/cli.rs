@@ -32,8 +32,10 @@ pub const ENV_TIME_SCALE: &str = "PERAGO_DEVSTACK_TIME_SCALE";
 /// In-memory development servers for perago's tests and first runs.
 ///
 /// Once every server is bound, prints one JSON line on stdout, e.g.
-/// {"conductor":"http://127.0.0.1:8080/api","lakefs":"http://127.0.0.1:8000"}, then serves until
-/// SIGINT or SIGTERM. The lakeFS API is under /api/v1 of the printed endpoint.
+/// {"conductor":"http://127.0.0.1:8080/api","lakefs":"http://127.0.0.1:8000",
+/// "lakefs_access_key_id":"AKIA…","lakefs_secret_access_key":"…"}, then serves until SIGINT or
+/// SIGTERM. The lakeFS API is under /api/v1 of the printed endpoint; the key pair is the one it
+/// accepts, so a client can be configured from the line alone.
 #[derive(Debug, Parser)]
 #[command(name = "perago-devstack", version)]
 #[deny(missing_docs)]
@@ -156,10 +158,22 @@ pub async fn run(args: Args) -> Result<(), DevstackError> {
     let lakefs = match args.lakefs {
         Some(addr) => {
             let server = LakefsServer::builder()
-                .credentials(args.lakefs_access_key_id, args.lakefs_secret_access_key)
+                .credentials(
+                    args.lakefs_access_key_id.clone(),
+                    args.lakefs_secret_access_key.clone(),
+                )
                 .bind(addr)
                 .await?;
             line.insert("lakefs".into(), server.endpoint().into());
+            // A development server's key pair: printed so a client needs nothing else.
+            line.insert(
+                "lakefs_access_key_id".into(),
+                args.lakefs_access_key_id.into(),
+            );
+            line.insert(
+                "lakefs_secret_access_key".into(),
+                args.lakefs_secret_access_key.into(),
+            );
             Some(server)
         }
         None => None,

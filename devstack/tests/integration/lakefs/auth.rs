@@ -140,11 +140,17 @@ async fn binary_serves_lakefs_next_to_conductor_with_credentials_from_flags() {
         "the endpoint is printed without /api/v1: {line}"
     );
 
+    // The line carries the key pair the server accepts: a client needs nothing else.
+    let (key, secret) = (
+        parsed["lakefs_access_key_id"].as_str().unwrap(),
+        parsed["lakefs_secret_access_key"].as_str().unwrap(),
+    );
+    assert_eq!((key, secret), ("AKIAFLAG", "flag-secret"), "{line}");
     let client = crate::support::http_client();
     let url = format!("{endpoint}/api/v1/repositories");
     let ok = client
         .get(&url)
-        .basic_auth("AKIAFLAG", Some("flag-secret"))
+        .basic_auth(key, Some(secret))
         .send()
         .await
         .unwrap();
