@@ -1,20 +1,27 @@
 //! `dev`: a first run with nothing to install. Starts devstack's Conductor in this process,
 //! registers the manifest's TaskDef and a one-task workflow, starts one workflow per
-//! `--input`, runs the runtime (thread mode by default, so `cargo run` is enough) and prints
-//! each result as it completes. Exits 0 when every workflow completed, 1 if any failed.
+//! `--input`, runs the runtime and prints each result as it completes. Exits 0 when every
+//! workflow completed, 1 if any failed.
+//!
+//! The runtime is the real process split by default (`ps` shows `perago-conductor-broker` and
+//! `perago-executor-000N`), yet `cargo run -p perago-supervisor` is enough: the broker and the
+//! stock executor are this same program in a role (`__perago-broker`, `__perago-executor`), so
+//! no other binary has to be built, and none from an older build is picked up.
+//! `PERAGO_BROKER_BIN` / `PERAGO_EXECUTOR_BIN` and a manifest's `body.executor` still name
+//! binaries of their own; `--execution-mode thread` runs everything in this process.
 
 use crate::{
     cli::DevArgs,
     errors::ExpectedError,
     runtime::{
-        children::Launcher,
+        children::{BROKER_ROLE_ARG, EXECUTOR_ROLE_ARG, Launcher, Program},
         supervise::{RuntimeSpec, supervise},
     },
 };
 use perago_core::{
     conductor::ConductorClient,
     identity::WorkerPrefix,
-    manifest::{Manifest, TaskKind},
+    manifest::{BodyKind, Manifest, TaskKind},
     mode::{ExecutionMode, WorkerCount},
     taskdef::task_def,
 };
@@ -53,7 +60,7 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
     let workers = WorkerCount::new(args.jobs)?;
     let mode: ExecutionMode = args
         .execution_mode
-        .map_or(ExecutionMode::Thread, Into::into);
+        .map_or(ExecutionMode::Process, Into::into);
     let manifest = Manifest::load(&args.manifest)?;
     let inputs = parse_inputs(&args.input)?;
     perago_core::logging::init_stderr_at("warn");
@@ -145,19 +152,25 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
             ExecutionMode::Thread => {
                 Launcher::thread(Arc::new(manifest.clone())).map_err(ExpectedError::Runtime)?
             }
-            ExecutionMode::Process => Launcher::Process {
-                lock_fd: Some(locked.lock_fd()),
-                broker_bin: crate::start::sibling_binary(
-                    vars,
-                    "PERAGO_BROKER_BIN",
-                    "perago-broker",
-                ),
-                executor_bin: crate::start::sibling_binary(
-                    vars,
-                    "PERAGO_EXECUTOR_BIN",
-                    "perago-executor",
-                ),
-            },
+            ExecutionMode::Process => {
+                let this = |role, variable: &str| match vars.get(variable).filter(|v| !v.is_empty())
+                {
+                    Some(path) => Ok(Program::binary(path.into())),
+                    None => Program::this_program(role).map_err(|e| {
+                        ExpectedError::Runtime(format!(
+                            "cannot find this program to run the {role} role: {e}"
+                        ))
+                    }),
+                };
+                Launcher::Process {
+                    lock_fd: Some(locked.lock_fd()),
+                    broker_bin: this(BROKER_ROLE_ARG, "PERAGO_BROKER_BIN")?,
+                    executor_bin: match &manifest.body.kind {
+                        BodyKind::Executor(path) => Program::binary(path.clone()),
+                        BodyKind::Command { .. } => this(EXECUTOR_ROLE_ARG, "PERAGO_EXECUTOR_BIN")?,
+                    },
+                }
+            }
         };
         let prefix =
             WorkerPrefix::derive(&name).map_err(|e| ExpectedError::Config(vec![e.to_string()]))?;

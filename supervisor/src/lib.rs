@@ -27,6 +27,13 @@ pub fn run(bin_name: &'static str) -> i32 {
         // This process is the guard of one thread-mode body (see children.rs).
         return perago_core::process::body_guard_main(&args[2..]);
     }
+    // `dev` runs the broker and the stock executor as this program (see dev.rs); both take
+    // their configuration from the environment, as their own binaries do.
+    match args.get(1).and_then(|a| a.to_str()) {
+        Some(runtime::children::BROKER_ROLE_ARG) => return perago_broker::cli::main(),
+        Some(runtime::children::EXECUTOR_ROLE_ARG) => return perago_executor::cli::main(),
+        _ => {}
+    }
     // Its environment may hold Conductor and lakeFS secrets, and it keeps the control and
     // slot tokens: no other process of this user (a body) may read them from /proc.
     if let Err(e) = perago_core::process::set_non_dumpable() {

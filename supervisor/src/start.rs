@@ -2,7 +2,7 @@
 //! the process runtime.
 
 use crate::runtime::{
-    children::Launcher,
+    children::{Launcher, Program},
     gc, root,
     supervise::{self, RuntimeError, RuntimeSpec, supervise},
 };
@@ -192,13 +192,17 @@ pub(crate) fn start(
         let launcher = match plan.mode {
             ExecutionMode::Process => Launcher::Process {
                 lock_fd: Some(locked.lock_fd()),
-                broker_bin: sibling_binary(vars, "PERAGO_BROKER_BIN", "perago-broker"),
-                executor_bin: match &manifest.body.kind {
+                broker_bin: Program::binary(sibling_binary(
+                    vars,
+                    "PERAGO_BROKER_BIN",
+                    "perago-broker",
+                )),
+                executor_bin: Program::binary(match &manifest.body.kind {
                     BodyKind::Executor(path) => path.clone(),
                     BodyKind::Command { .. } => {
                         sibling_binary(vars, "PERAGO_EXECUTOR_BIN", "perago-executor")
                     }
-                },
+                }),
             },
             ExecutionMode::Thread => {
                 Launcher::thread(Arc::new(manifest.clone())).map_err(ExpectedError::Runtime)?

@@ -111,12 +111,43 @@ impl Child {
     }
 }
 
+/// The first argument that makes this program a broker (see [`Program::this_program`]).
+pub(crate) const BROKER_ROLE_ARG: &str = "__perago-broker";
+/// The first argument that makes this program an executor.
+pub(crate) const EXECUTOR_ROLE_ARG: &str = "__perago-executor";
+
+/// A runtime child's program: a binary of its own, or this program in a role.
+#[derive(Debug, Clone)]
+pub(crate) struct Program {
+    path: PathBuf,
+    role_arg: Option<&'static str>,
+}
+
+impl Program {
+    /// `path` (`perago-broker`, `perago-executor`, a Rust task binary).
+    pub(crate) fn binary(path: PathBuf) -> Self {
+        Self {
+            path,
+            role_arg: None,
+        }
+    }
+
+    /// This very program, started with `role_arg` ([`BROKER_ROLE_ARG`], [`EXECUTOR_ROLE_ARG`]):
+    /// `cargo run -p perago-supervisor` builds no other binary, and it is the same build.
+    pub(crate) fn this_program(role_arg: &'static str) -> std::io::Result<Self> {
+        Ok(Self {
+            path: std::env::current_exe()?,
+            role_arg: Some(role_arg),
+        })
+    }
+}
+
 /// How children are started.
 #[derive(Debug)]
 pub(crate) enum Launcher {
     Process {
-        broker_bin: PathBuf,
-        executor_bin: PathBuf,
+        broker_bin: Program,
+        executor_bin: Program,
         /// The workspace root lock's descriptor, inherited by every child.
         lock_fd: Option<RawFd>,
     },
@@ -150,7 +181,7 @@ impl Launcher {
     }
 
     fn spawn_process(
-        program: &PathBuf,
+        program: &Program,
         argv0: &str,
         env: &[(String, String)],
         kind: ChildKind,
@@ -158,7 +189,8 @@ impl Launcher {
         exits: &mpsc::UnboundedSender<ChildExit>,
         inherit: Option<std::os::fd::RawFd>,
     ) -> std::io::Result<Child> {
-        let mut cmd = Command::new(program);
+        let mut cmd = Command::new(&program.path);
+        cmd.args(program.role_arg);
         if let Some(fd) = inherit {
             process::inherit_fd(&mut cmd, fd);
         }

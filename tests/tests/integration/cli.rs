@@ -442,7 +442,57 @@ fn shell_words(line: &str) -> Vec<String> {
     words
 }
 
-/// The README's first command runs a real task end to end: run exactly its arguments.
+/// Runs the supervisor with `args` to completion, and meanwhile notes the `argv[0]` and the
+/// program of each of its children (as `ps` would show them).
+fn run_watching_children(args: &[&str]) -> (Run, Vec<(String, std::path::PathBuf)>) {
+    use std::io::Read as _;
+    let mut child = supervisor(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text);
+            text
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let deadline =
+        std::time::Instant::now() + crate::harness::patience(std::time::Duration::from_secs(120));
+    let mut seen = Vec::new();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command did not end"
+        );
+        for proc in crate::harness::children_of(child.id()) {
+            let Some(name) = proc.argv.first() else {
+                continue;
+            };
+            let exe = fs::read_link(format!("/proc/{}/exe", proc.pid)).unwrap_or_default();
+            if !seen.iter().any(|(n, _)| n == name) {
+                seen.push((name.clone(), exe));
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    let run = Run {
+        command: format!("{args:?}"),
+        code: status.code(),
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    };
+    (run, seen)
+}
+
+/// The README's first command runs a real task end to end, as the real process split: run
+/// exactly its arguments, and watch its children while it runs.
 #[test]
 fn readme_first_command_runs_the_example_end_to_end() {
     let readme = fs::read_to_string(workspace_root().join("README.md")).unwrap();
@@ -460,8 +510,25 @@ fn readme_first_command_runs_the_example_end_to_end() {
     let args = shell_words(&command[prefix.len()..]);
     assert_eq!(args[0], "dev");
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = run(&args);
+    let (out, children) = run_watching_children(&args);
     out.expect_code(0);
+    // `ps` shows the broker and both executors, each this same program in a role (nothing
+    // but `cargo run -p perago-supervisor` has to be built).
+    let names: Vec<&str> = children.iter().map(|(n, _)| n.as_str()).collect();
+    for name in [
+        "perago-conductor-broker",
+        "perago-executor-0001",
+        "perago-executor-0002",
+    ] {
+        assert!(names.contains(&name), "no {name} among {children:?}\n{out}");
+    }
+    let me = fs::canonicalize(SUPERVISOR).unwrap();
+    for (name, exe) in &children {
+        if name.starts_with("perago-") {
+            assert_eq!(exe, &me, "{name} runs {}", exe.display());
+        }
+    }
+    assert!(out.stderr.contains("in process mode"), "{out}");
     let mut lines: Vec<serde_json::Value> = out
         .stdout
         .lines()
