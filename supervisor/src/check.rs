@@ -52,8 +52,9 @@ pub(crate) fn check(
                 binary.display()
             )),
             Err(_) => problems.push(format!(
-                "{prefix}: body.executor: {} not found (build it first, e.g. cargo build --release)",
-                binary.display()
+                "{prefix}: body.executor: {} not found ({})",
+                binary.display(),
+                build_hint(binary)
             )),
         },
     }
@@ -111,4 +112,53 @@ pub(crate) fn check(
         );
     }
     Ok(report)
+}
+
+/// What to run to get the missing executor binary `path`: for a Cargo build output
+/// (`…/target/debug/NAME`, `…/target/release/NAME`) the exact command, else a general hint.
+fn build_hint(path: &std::path::Path) -> String {
+    let name = path.file_name().and_then(|n| n.to_str());
+    let profile = path
+        .parent()
+        .filter(|dir| dir.parent().and_then(|t| t.file_name()) == Some("target".as_ref()))
+        .and_then(|dir| dir.file_name())
+        .and_then(|p| p.to_str());
+    match (profile, name) {
+        (Some("debug"), Some(name)) => {
+            format!("build it first: cargo build --bin {name}, in the workspace that defines it")
+        }
+        (Some("release"), Some(name)) => format!(
+            "build it first: cargo build --release --bin {name}, in the workspace that defines it"
+        ),
+        _ => "build it first, or point body.executor at the built binary".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::build_hint;
+    use std::path::Path;
+
+    #[test]
+    fn a_missing_cargo_output_gets_its_exact_build_command() {
+        assert_eq!(
+            build_hint(Path::new(
+                "/w/examples/rust-sum/../../target/debug/perago-example-sum"
+            )),
+            "build it first: cargo build --bin perago-example-sum, in the workspace that defines it"
+        );
+        assert_eq!(
+            build_hint(Path::new("/w/target/release/sum")),
+            "build it first: cargo build --release --bin sum, in the workspace that defines it"
+        );
+        assert_eq!(
+            build_hint(Path::new("/usr/local/bin/sum")),
+            "build it first, or point body.executor at the built binary"
+        );
+        assert_eq!(
+            build_hint(Path::new("/w/debug/sum")),
+            "build it first, or point body.executor at the built binary",
+            "only a Cargo target folder says how it is built"
+        );
+    }
 }

@@ -442,6 +442,38 @@ fn shell_words(line: &str) -> Vec<String> {
     words
 }
 
+/// Every example passes `check` (the Rust example's binary is built with the tests, as the
+/// tests crate defines it); where its binary is missing, the error says exactly what to build.
+#[test]
+fn every_example_checks_and_a_missing_binary_names_its_build_command() {
+    let mut checked = 0;
+    for entry in fs::read_dir(workspace_root().join("examples")).unwrap() {
+        let manifest = entry.unwrap().path().join("task.toml");
+        if manifest.exists() {
+            run(&["check", manifest.to_str().unwrap()]).expect_code(0);
+            checked += 1;
+        }
+    }
+    assert!(checked >= 4, "{checked} examples");
+    // The Rust example as a fresh clone has it: the same manifest, nothing built.
+    let fresh = tempfile::tempdir().unwrap();
+    let dir = fresh.path().join("examples/rust-sum");
+    fs::create_dir_all(&dir).unwrap();
+    fs::copy(
+        workspace_root().join("examples/rust-sum/task.toml"),
+        dir.join("task.toml"),
+    )
+    .unwrap();
+    let out = run(&["check", dir.join("task.toml").to_str().unwrap()]);
+    out.expect_code(1);
+    assert!(
+        out.stderr.contains(
+            "not found (build it first: cargo build --bin perago-example-sum, in the workspace that defines it)"
+        ),
+        "{out}"
+    );
+}
+
 /// Runs the supervisor with `args` to completion, and meanwhile notes the `argv[0]` and the
 /// program of each of its children (as `ps` would show them).
 fn run_watching_children(args: &[&str]) -> (Run, Vec<(String, std::path::PathBuf)>) {
