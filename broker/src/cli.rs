@@ -4,21 +4,13 @@ use crate::{BrokerConfig, run};
 use perago_core::{conductor::ConductorClient, env, identity::WorkerPrefix};
 use std::{path::PathBuf, time::Duration};
 
-/// The socket path.
-pub const PERAGO_SOCKET: &str = "PERAGO_SOCKET";
-/// The number of slots (the executor range's maximum).
-pub use perago_core::capacity::PERAGO_SLOTS;
-/// The supervisor's control secret.
-pub const PERAGO_CONTROL_TOKEN: &str = "PERAGO_CONTROL_TOKEN";
-/// The task name.
-pub const PERAGO_TASK_NAME: &str = "PERAGO_TASK_NAME";
-/// Address for Prometheus metrics, e.g. `127.0.0.1:9464`; unset = off.
-pub const PERAGO_METRICS_ADDR: &str = "PERAGO_METRICS_ADDR";
-/// The only process whose `Control` calls are taken (the supervisor sets its own pid; by
-/// default the broker's parent).
-pub const PERAGO_CONTROL_PID: &str = "PERAGO_CONTROL_PID";
-/// Long-poll wait in milliseconds (default 5000).
-pub const PERAGO_POLL_WAIT_MS: &str = "PERAGO_POLL_WAIT_MS";
+use perago_core::{
+    capacity::PERAGO_SLOTS,
+    env::{
+        PERAGO_CONTROL_PID, PERAGO_CONTROL_TOKEN, PERAGO_METRICS_ADDR, PERAGO_POLL_WAIT_MS,
+        PERAGO_SOCKET, PERAGO_TASK_NAME,
+    },
+};
 
 /// The broker's configuration from `lookup` (the process environment for the binary; the
 /// supervisor's child environment in thread mode).

@@ -35,11 +35,57 @@ pub const PERAGO_SHUTDOWN_FORCE_KILL_AFTER: &str = "PERAGO_SHUTDOWN_FORCE_KILL_A
 /// values), so that they are never in its environment.
 pub const PERAGO_SECRETS_FD: &str = "PERAGO_SECRETS_FD";
 
+/// Address for Prometheus metrics, e.g. `127.0.0.1:9464`; unset = off. Read by the broker.
+pub const PERAGO_METRICS_ADDR: &str = "PERAGO_METRICS_ADDR";
+/// Long-poll wait in milliseconds (default 5000). Read by the broker.
+pub const PERAGO_POLL_WAIT_MS: &str = "PERAGO_POLL_WAIT_MS";
+/// The broker program `start` runs (default: `perago-broker` beside the supervisor).
+pub const PERAGO_BROKER_BIN: &str = "PERAGO_BROKER_BIN";
+/// The stock executor program `start` runs (default: `perago-executor` beside the supervisor).
+pub const PERAGO_EXECUTOR_BIN: &str = "PERAGO_EXECUTOR_BIN";
+
+// What the supervisor hands its children. The supervisor sets these (and the operator's
+// variables above that a child reads: `CONDUCTOR_SERVER_URL`, `PERAGO_WORKER_ID_PREFIX`,
+// `PERAGO_LOG_ROOT`, `PERAGO_WORKSPACE_ROOT`, the capacity settings of `crate::capacity`); the
+// broker and executors read them with these same constants.
+
+/// The broker socket (broker and executors).
+pub const PERAGO_SOCKET: &str = "PERAGO_SOCKET";
+/// The task name (broker).
+pub const PERAGO_TASK_NAME: &str = "PERAGO_TASK_NAME";
+/// The manifest's path (broker and executors).
+pub const PERAGO_MANIFEST: &str = "PERAGO_MANIFEST";
+/// The supervisor's control secret (broker; a secret, passed over [`PERAGO_SECRETS_FD`]).
+pub const PERAGO_CONTROL_TOKEN: &str = "PERAGO_CONTROL_TOKEN";
+/// The only process whose `Control` calls the broker takes (the supervisor's pid; by default
+/// the broker's parent).
+pub const PERAGO_CONTROL_PID: &str = "PERAGO_CONTROL_PID";
+/// The executor's slot number.
+pub const PERAGO_SLOT: &str = "PERAGO_SLOT";
+/// The executor's generation.
+pub const PERAGO_GENERATION: &str = "PERAGO_GENERATION";
+/// The generation's token (a secret, passed over [`PERAGO_SECRETS_FD`]).
+pub const PERAGO_SLOT_TOKEN: &str = "PERAGO_SLOT_TOKEN";
+/// A pipe to the supervisor on which an executor writes one byte for the first assignment its
+/// generation completes (the supervisor then resets the slot's restart backoff). Optional.
+pub const PERAGO_COMPLETION_FD: &str = "PERAGO_COMPLETION_FD";
+
+// What an executor hands each body (SPEC §2), besides `PERAGO_WORKER_ID`.
+
+/// The Conductor task id of the assignment.
+pub const PERAGO_TASK_ID: &str = "PERAGO_TASK_ID";
+/// The execution id of the assignment.
+pub const PERAGO_EXECUTION_ID: &str = "PERAGO_EXECUTION_ID";
+/// The workflow instance id of the assignment.
+pub const PERAGO_WORKFLOW_ID: &str = "PERAGO_WORKFLOW_ID";
+/// The attempt's working directory (workspace tasks).
+pub const PERAGO_WORKSPACE_DIR: &str = "PERAGO_WORKSPACE_DIR";
+
 /// The variables that are secrets: a runtime child gets the ones it needs over
 /// [`PERAGO_SECRETS_FD`], never in its environment, and bodies never get any.
 pub const SECRET_VARS: [&str; 6] = [
-    "PERAGO_CONTROL_TOKEN",
-    "PERAGO_SLOT_TOKEN",
+    PERAGO_CONTROL_TOKEN,
+    PERAGO_SLOT_TOKEN,
     "CONDUCTOR_AUTH_KEY",
     "CONDUCTOR_AUTH_SECRET",
     LAKEFS_ACCESS_KEY_ID,

@@ -19,8 +19,7 @@ use tracing::{
 };
 use tracing_subscriber::{EnvFilter, Layer, fmt, layer::Context, prelude::*};
 
-/// Root of the JSONL logs.
-pub const PERAGO_LOG_ROOT: &str = "PERAGO_LOG_ROOT";
+pub use crate::env::PERAGO_LOG_ROOT;
 /// Rotate a log file past this size (a byte count or a size such as `64MiB`).
 pub const PERAGO_LOG_MAX_BYTES: &str = "PERAGO_LOG_MAX_BYTES";
 /// Files kept per worker, the current one included.

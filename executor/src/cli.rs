@@ -15,19 +15,10 @@ use std::{
     },
 };
 
-/// The slot number.
-pub const PERAGO_SLOT: &str = "PERAGO_SLOT";
-/// The slot's generation.
-pub const PERAGO_GENERATION: &str = "PERAGO_GENERATION";
-/// The generation's secret token.
-pub const PERAGO_SLOT_TOKEN: &str = "PERAGO_SLOT_TOKEN";
-/// The broker socket.
-pub const PERAGO_SOCKET: &str = "PERAGO_SOCKET";
-/// The task manifest.
-pub const PERAGO_MANIFEST: &str = "PERAGO_MANIFEST";
-/// A pipe to the supervisor: one byte per assignment this generation completed (the
-/// supervisor then resets the slot's restart backoff). Optional.
-pub const PERAGO_COMPLETION_FD: &str = "PERAGO_COMPLETION_FD";
+use perago_core::env::{
+    PERAGO_COMPLETION_FD, PERAGO_GENERATION, PERAGO_MANIFEST, PERAGO_SLOT, PERAGO_SLOT_TOKEN,
+    PERAGO_SOCKET,
+};
 
 /// The slot identity and manifest path from `lookup` (the process environment for the
 /// binary; the supervisor's child environment in thread mode).

@@ -79,7 +79,10 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
         let client =
             ConductorClient::new(&url).map_err(|e| ExpectedError::Runtime(e.to_string()))?;
         let mut inputs = inputs;
-        let mut child_env = vec![("PERAGO_POLL_WAIT_MS".to_owned(), "500".to_owned())];
+        let mut child_env = vec![(
+            perago_core::env::PERAGO_POLL_WAIT_MS.to_owned(),
+            "500".to_owned(),
+        )];
         let lakefs = if manifest.task.kind == TaskKind::Workspace {
             let (server, client) = start_lakefs(&manifest).await?;
             let dev = &manifest.dev;
@@ -164,10 +167,12 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
                 };
                 Launcher::Process {
                     lock_fd: Some(locked.lock_fd()),
-                    broker_bin: this(BROKER_ROLE_ARG, "PERAGO_BROKER_BIN")?,
+                    broker_bin: this(BROKER_ROLE_ARG, perago_core::env::PERAGO_BROKER_BIN)?,
                     executor_bin: match &manifest.body.kind {
                         BodyKind::Executor(path) => Program::binary(path.clone()),
-                        BodyKind::Command { .. } => this(EXECUTOR_ROLE_ARG, "PERAGO_EXECUTOR_BIN")?,
+                        BodyKind::Command { .. } => {
+                            this(EXECUTOR_ROLE_ARG, perago_core::env::PERAGO_EXECUTOR_BIN)?
+                        }
                     },
                 }
             }

@@ -194,13 +194,13 @@ pub(crate) fn start(
                 lock_fd: Some(locked.lock_fd()),
                 broker_bin: Program::binary(sibling_binary(
                     vars,
-                    "PERAGO_BROKER_BIN",
+                    env::PERAGO_BROKER_BIN,
                     "perago-broker",
                 )),
                 executor_bin: Program::binary(match &manifest.body.kind {
                     BodyKind::Executor(path) => path.clone(),
                     BodyKind::Command { .. } => {
-                        sibling_binary(vars, "PERAGO_EXECUTOR_BIN", "perago-executor")
+                        sibling_binary(vars, env::PERAGO_EXECUTOR_BIN, "perago-executor")
                     }
                 }),
             },
@@ -219,7 +219,7 @@ pub(crate) fn start(
             socket: locked.socket.clone(),
             force_kill_after,
             log_root: vars
-                .get(perago_core::logging::PERAGO_LOG_ROOT)
+                .get(env::PERAGO_LOG_ROOT)
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from)
                 .unwrap_or_else(|| root::default_log_root(vars)),

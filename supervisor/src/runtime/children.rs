@@ -209,12 +209,12 @@ impl Launcher {
         // the broker talks to Conductor; only executors talk to lakeFS.
         let wanted: &[&str] = match kind {
             ChildKind::Broker => &[
-                "PERAGO_CONTROL_TOKEN",
+                perago_core::env::PERAGO_CONTROL_TOKEN,
                 "CONDUCTOR_AUTH_KEY",
                 "CONDUCTOR_AUTH_SECRET",
             ],
             ChildKind::Executor { .. } => &[
-                "PERAGO_SLOT_TOKEN",
+                perago_core::env::PERAGO_SLOT_TOKEN,
                 perago_core::env::LAKEFS_ACCESS_KEY_ID,
                 perago_core::env::LAKEFS_SECRET_ACCESS_KEY,
             ],
@@ -338,7 +338,7 @@ impl Launcher {
                 ..
             } => {
                 env.push((
-                    perago_executor::cli::PERAGO_COMPLETION_FD.to_owned(),
+                    perago_core::env::PERAGO_COMPLETION_FD.to_owned(),
                     pipe.as_raw_fd().to_string(),
                 ));
                 // The child has its copy; ours closes when `pipe` drops.
@@ -355,7 +355,7 @@ impl Launcher {
             Self::Thread { manifest, .. } => {
                 // The executor task owns the write end from here (`adopt_fd`).
                 env.push((
-                    perago_executor::cli::PERAGO_COMPLETION_FD.to_owned(),
+                    perago_core::env::PERAGO_COMPLETION_FD.to_owned(),
                     pipe.into_raw_fd().to_string(),
                 ));
                 let env = env.as_slice();

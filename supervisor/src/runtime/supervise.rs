@@ -18,7 +18,7 @@ use super::{
     children::{Child, ChildExit, ChildKind, Launcher},
     notify::{self, Notifier},
 };
-use perago_core::{identity::Slot as SlotNumber, identity::WorkerPrefix, process};
+use perago_core::{env, identity::Slot as SlotNumber, identity::WorkerPrefix, process};
 use perago_proto::{
     CONTROL_TOKEN_METADATA,
     admin::v1::{self as admin, admin_client::AdminClient},
@@ -95,6 +95,63 @@ pub(crate) struct RuntimeSpec {
     pub(crate) child_env: Vec<(String, String)>,
     /// For the GC to delete staging branches left by killed executors (workspace tasks).
     pub(crate) lakefs: Option<perago_executor::workspace::lakefs::LakefsClient>,
+}
+
+/// What every child gets: the runtime's description (each name is a constant of
+/// `perago_core::env` or `perago_core::capacity`, read with the same constant on the other
+/// side).
+fn base_env(spec: &RuntimeSpec) -> Vec<(String, String)> {
+    let path = |p: &std::path::Path| p.display().to_string();
+    let mut vars = vec![
+        (env::CONDUCTOR_SERVER_URL, spec.conductor_url.clone()),
+        (env::PERAGO_TASK_NAME, spec.task_name.clone()),
+        (env::PERAGO_MANIFEST, path(&spec.manifest_path)),
+        (env::PERAGO_SOCKET, path(&spec.socket)),
+        (
+            env::PERAGO_WORKER_ID_PREFIX,
+            spec.prefix.as_str().to_owned(),
+        ),
+        (env::PERAGO_LOG_ROOT, path(&spec.log_root)),
+        (env::PERAGO_WORKSPACE_ROOT, path(&spec.workspace_root)),
+    ]
+    .into_iter()
+    .map(|(name, value)| (name.to_owned(), value))
+    .collect::<Vec<_>>();
+    vars.extend(spec.capacity.child_env());
+    vars.extend(spec.child_env.iter().cloned());
+    vars
+}
+
+/// The broker's environment: the base, the control token and the one process whose `Control`
+/// calls it takes (`control_pid`: this supervisor).
+fn broker_env(spec: &RuntimeSpec, control_token: &str, control_pid: u32) -> Vec<(String, String)> {
+    let mut vars = vec![
+        (
+            env::PERAGO_CONTROL_TOKEN.to_owned(),
+            control_token.to_owned(),
+        ),
+        (env::PERAGO_CONTROL_PID.to_owned(), control_pid.to_string()),
+    ];
+    vars.extend(base_env(spec));
+    vars
+}
+
+/// An executor's environment: the base and its identity.
+fn executor_env(
+    spec: &RuntimeSpec,
+    worker_id: &str,
+    slot: u32,
+    generation: u64,
+    token: String,
+) -> Vec<(String, String)> {
+    let mut vars = base_env(spec);
+    vars.extend([
+        (env::PERAGO_WORKER_ID.to_owned(), worker_id.to_owned()),
+        (env::PERAGO_SLOT.to_owned(), slot.to_string()),
+        (env::PERAGO_GENERATION.to_owned(), generation.to_string()),
+        (env::PERAGO_SLOT_TOKEN.to_owned(), token),
+    ]);
+    vars
 }
 
 /// Why the runtime ended with a failure.
@@ -259,51 +316,12 @@ impl Supervisor {
         }
     }
 
-    fn base_env(&self) -> Vec<(String, String)> {
-        let mut env = vec![
-            (
-                "CONDUCTOR_SERVER_URL".to_owned(),
-                self.spec.conductor_url.clone(),
-            ),
-            ("PERAGO_TASK_NAME".to_owned(), self.spec.task_name.clone()),
-            (
-                "PERAGO_MANIFEST".to_owned(),
-                self.spec.manifest_path.display().to_string(),
-            ),
-            (
-                "PERAGO_SOCKET".to_owned(),
-                self.spec.socket.display().to_string(),
-            ),
-            (
-                "PERAGO_WORKER_ID_PREFIX".to_owned(),
-                self.spec.prefix.as_str().to_owned(),
-            ),
-            (
-                "PERAGO_LOG_ROOT".to_owned(),
-                self.spec.log_root.display().to_string(),
-            ),
-            (
-                "PERAGO_WORKSPACE_ROOT".to_owned(),
-                self.spec.workspace_root.display().to_string(),
-            ),
-        ];
-        env.extend(self.spec.capacity.child_env());
-        env.extend(self.spec.child_env.iter().cloned());
-        env
-    }
-
     async fn start_executor(&mut self, slot: u32) -> Result<(), RuntimeError> {
         let proc = self.slots.get_mut(&slot).expect("known slot");
         proc.restart_at = None;
         let worker_id = proc.worker_id.clone();
         let (generation, token) = announce(self.control.as_mut(), slot, proc).await?;
-        let mut env = self.base_env();
-        env.extend([
-            ("PERAGO_WORKER_ID".to_owned(), worker_id.clone()),
-            ("PERAGO_SLOT".to_owned(), slot.to_string()),
-            ("PERAGO_GENERATION".to_owned(), generation.to_string()),
-            ("PERAGO_SLOT_TOKEN".to_owned(), token),
-        ]);
+        let env = executor_env(&self.spec, &worker_id, slot, generation, token);
         let argv0 = format!(
             "perago-executor-{}",
             SlotNumber::new(u64::from(slot)).expect("slot in range")
@@ -765,14 +783,7 @@ pub(crate) async fn supervise(
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
 
     let control_token = secret();
-    let mut broker_env = vec![
-        ("PERAGO_CONTROL_TOKEN".to_owned(), control_token.clone()),
-        // Control calls are taken on this process's connections only.
-        (
-            "PERAGO_CONTROL_PID".to_owned(),
-            std::process::id().to_string(),
-        ),
-    ];
+    let broker_env = broker_env(&spec, &control_token, std::process::id());
     let slots = (1..=spec.capacity.max_executors)
         .map(|n| {
             let worker_id = spec
@@ -809,7 +820,6 @@ pub(crate) async fn supervise(
         force_killed: false,
         notifier: Notifier::from_lookup(|name| std::env::var(name).ok()),
     };
-    broker_env.extend(sup.base_env());
     if let Some(foreign) = foreign_broker(&sup.spec.socket).await {
         return Err(foreign);
     }
@@ -991,6 +1001,60 @@ pub(crate) async fn supervise(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The environment the supervisor writes is what each child reads back: the names are
+    /// shared constants, and every value arrives as set.
+    #[test]
+    fn each_child_reads_back_the_environment_the_supervisor_writes() {
+        let mut capacity = perago_core::capacity::Capacity::fixed(3);
+        capacity.min_executors = 2;
+        let spec = RuntimeSpec {
+            task_name: "orders.ship".into(),
+            manifest_path: "/etc/perago/task.toml".into(),
+            capacity: capacity.clone(),
+            prefix: WorkerPrefix::explicit("host7").unwrap(),
+            conductor_url: "http://conductor:8080/api".into(),
+            socket: "/run/perago/broker.sock".into(),
+            force_kill_after: None,
+            log_root: "/var/log/perago".into(),
+            workspace_root: "/var/lib/perago".into(),
+            gc_interval: Duration::from_secs(300),
+            gc_ttl: Duration::from_secs(3600),
+            child_env: vec![(env::PERAGO_POLL_WAIT_MS.to_owned(), "250".to_owned())],
+            lakefs: None,
+        };
+        let lookup = |vars: Vec<(String, String)>| {
+            move |name: &str| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+        };
+        let broker = perago_broker::cli::config_from(lookup(broker_env(&spec, "c0ffee", 4242)))
+            .expect("the broker takes its environment");
+        assert_eq!(broker.task_name, "orders.ship");
+        assert_eq!(broker.prefix.as_str(), "host7");
+        assert_eq!(broker.conductor.base_url(), "http://conductor:8080/api");
+        assert_eq!(broker.socket, spec.socket);
+        assert_eq!(broker.control_token, "c0ffee");
+        assert_eq!(broker.control_pid, 4242);
+        assert_eq!(broker.poll_wait, Duration::from_millis(250));
+        assert_eq!(broker.capacity, capacity);
+
+        let vars = executor_env(&spec, "host70002", 2, 9, "t0k3n".into());
+        let (identity, manifest) = perago_executor::cli::identity_from(lookup(vars.clone()))
+            .expect("the executor takes its environment");
+        assert_eq!(identity.worker_id, "host70002");
+        assert_eq!((identity.slot, identity.generation), (2, 9));
+        assert_eq!(identity.token, "t0k3n");
+        assert_eq!(identity.socket, spec.socket);
+        assert_eq!(manifest, spec.manifest_path);
+        let value = |name: &str| lookup(vars.clone())(name);
+        assert_eq!(
+            value(env::PERAGO_LOG_ROOT).as_deref(),
+            Some("/var/log/perago")
+        );
+        assert_eq!(
+            value(env::PERAGO_WORKSPACE_ROOT).as_deref(),
+            Some("/var/lib/perago")
+        );
+    }
 
     #[tokio::test]
     async fn a_socket_anyone_listens_on_is_foreign() {
