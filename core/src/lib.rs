@@ -20,6 +20,7 @@ pub mod logging;
 pub mod manifest;
 pub mod memory;
 pub mod mode;
+pub mod owner;
 pub mod process;
 pub mod result;
 pub mod rss;

@@ -55,8 +55,8 @@ pub struct Owner {
     pub generation: u64,
 }
 
-/// The name of the owner file in an attempt directory.
-pub const OWNER_FILE: &str = ".perago-owner";
+use perago_core::owner::AttemptOwner;
+pub use perago_core::owner::OWNER_FILE;
 
 /// What a failed workspace step means for the result.
 #[derive(Debug)]
@@ -98,6 +98,7 @@ fn now_secs() -> u64 {
 pub(crate) struct AttemptDir {
     path: PathBuf,
     work: PathBuf,
+    owner: AttemptOwner,
     owner_text: String,
     handles: [(PathBuf, fs::File); 2],
 }
@@ -123,11 +124,15 @@ impl AttemptDir {
             ))
         };
         fs::create_dir_all(&work).map_err(|e| cannot("create", e))?;
-        let owner_text = json!({
-            "slot": owner.slot, "generation": owner.generation, "pid": std::process::id(),
-            "execution_id": execution_id, "created": now_secs(),
-        })
-        .to_string();
+        let owner = AttemptOwner {
+            slot: Some(owner.slot),
+            generation: Some(owner.generation),
+            pid: Some(std::process::id()),
+            execution_id: Some(execution_id.to_owned()),
+            created: Some(now_secs()),
+            ..AttemptOwner::default()
+        };
+        let owner_text = owner.to_text();
         fs::write(path.join(OWNER_FILE), &owner_text)
             .map_err(|e| cannot("write the owner file in", e))?;
         let open = |p: &Path| fs::File::open(p).map(|f| (p.to_owned(), f));
@@ -138,21 +143,19 @@ impl AttemptDir {
         Ok(Self {
             path,
             work,
+            owner,
             owner_text,
             handles,
         })
     }
 
-    /// Rewrites the owner file (atomically) with `fields` added: the supervisor's GC reads
+    /// Rewrites the owner file (atomically) as `change` leaves it: the supervisor's GC reads
     /// `repository` and `staging_branch` to delete a staging branch an executor killed
     /// mid-publish left behind, and `done` to know the executor has finished with the directory.
-    fn record(&mut self, fields: &[(&str, Value)]) -> Result<(), WorkspaceFailure> {
-        let mut owner: Map<String, Value> =
-            serde_json::from_str(&self.owner_text).expect("written by create");
-        for (name, value) in fields {
-            owner.insert((*name).to_owned(), value.clone());
-        }
-        let text = Value::Object(owner).to_string();
+    fn record(&mut self, change: impl FnOnce(&mut AttemptOwner)) -> Result<(), WorkspaceFailure> {
+        let mut owner = self.owner.clone();
+        change(&mut owner);
+        let text = owner.to_text();
         let temporary = self.path.join(format!("{OWNER_FILE}.new"));
         fs::write(&temporary, &text)
             .and_then(|()| fs::rename(&temporary, self.path.join(OWNER_FILE)))
@@ -162,6 +165,7 @@ impl AttemptDir {
                     self.path.join(OWNER_FILE).display()
                 ))
             })?;
+        self.owner = owner;
         self.owner_text = text;
         Ok(())
     }
@@ -337,10 +341,10 @@ impl Attempt {
         // Recorded before the branch exists: an executor killed from here on leaves a branch
         // the supervisor can find.
         self.dir.verify()?;
-        self.dir.record(&[
-            ("repository", json!(repo)),
-            ("staging_branch", json!(staging)),
-        ])?;
+        self.dir.record(|owner| {
+            owner.repository = Some(repo.clone());
+            owner.staging_branch = Some(staging.clone());
+        })?;
         self.client
             .create_branch(&repo, &staging, &self.source_commit)
             .await
@@ -454,7 +458,7 @@ impl Attempt {
             let kept = self
                 .dir
                 .verify()
-                .and_then(|()| self.dir.record(&[("done", json!(true))]));
+                .and_then(|()| self.dir.record(|owner| owner.done = true));
             if kept.is_ok() {
                 if let Err(e) = fs::remove_dir_all(&self.work) {
                     tracing::warn!(error = %e, dir = %self.work.display(), "cannot remove the attempt's files");
@@ -765,10 +769,10 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let mut ws = attempt(tmp.path(), &[("a.txt", "a")]);
         ws.dir
-            .record(&[
-                ("repository", json!("repo")),
-                ("staging_branch", json!("perago-staging-exec-1")),
-            ])
+            .record(|owner| {
+                owner.repository = Some("repo".into());
+                owner.staging_branch = Some("perago-staging-exec-1".into());
+            })
             .unwrap();
         ws.dir
             .verify()

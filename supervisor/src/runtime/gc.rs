@@ -25,8 +25,7 @@ use std::{
 
 use perago_executor::workspace::lakefs::LakefsClient;
 
-/// The owner file an executor writes (see `perago_executor::workspace::flow`).
-const OWNER_FILE: &str = ".perago-owner";
+use perago_core::owner::{AttemptOwner, OWNER_FILE};
 /// Beside the broker socket: the staging branches the GC could not delete yet.
 pub(crate) const LEFTOVERS_FILE: &str = "staging-branches.json";
 /// How long one branch deletion may take before the sweep moves on.
@@ -47,14 +46,6 @@ pub(crate) struct AttemptDir {
     pub(crate) done: bool,
 }
 
-/// The staging branch an owner file names, if it is the one the executor of `dir_name` makes.
-fn staging_of(dir_name: &str, owner: &serde_json::Value) -> Option<(String, String)> {
-    let repository = owner["repository"].as_str().filter(|r| !r.is_empty())?;
-    let branch = owner["staging_branch"].as_str()?;
-    (branch == format!("perago-staging-{dir_name}"))
-        .then(|| (repository.to_owned(), branch.to_owned()))
-}
-
 fn attempts(root: &Path) -> Vec<AttemptDir> {
     let Ok(entries) = fs::read_dir(root.join("attempts")) else {
         return Vec::new();
@@ -64,9 +55,8 @@ fn attempts(root: &Path) -> Vec<AttemptDir> {
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
         .map(|e| {
             let path = e.path();
-            let owner: serde_json::Value = fs::read_to_string(path.join(OWNER_FILE))
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok())
+            let owner = fs::read_to_string(path.join(OWNER_FILE))
+                .map(|text| AttemptOwner::parse(&text))
                 .unwrap_or_default();
             let mtime = e
                 .metadata()
@@ -76,12 +66,12 @@ fn attempts(root: &Path) -> Vec<AttemptDir> {
                 .map_or(0, |d| d.as_secs());
             let name = e.file_name().to_string_lossy().into_owned();
             AttemptDir {
-                staging: staging_of(&name, &owner),
-                done: owner["done"].as_bool().unwrap_or(false),
-                slot: owner["slot"].as_u64().and_then(|v| u32::try_from(v).ok()),
-                generation: owner["generation"].as_u64(),
-                pid: owner["pid"].as_u64().and_then(|v| u32::try_from(v).ok()),
-                created: owner["created"].as_u64().unwrap_or(mtime),
+                staging: owner.staging(&name),
+                done: owner.done,
+                slot: owner.slot,
+                generation: owner.generation,
+                pid: owner.pid,
+                created: owner.created.unwrap_or(mtime),
                 path,
             }
         })
