@@ -76,6 +76,8 @@ pub(crate) struct Actor {
     /// Where queue depths are read (run once, adaptive executor count): the client and the
     /// task type.
     queue: Option<(ConductorClient, String)>,
+    /// The gRPC health service, told NOT_SERVING once a drain starts (`None` when not served).
+    health: Option<tonic_health::server::HealthReporter>,
 }
 
 impl Actor {
@@ -95,7 +97,14 @@ impl Actor {
             events,
             drained: Some(drained),
             queue: None,
+            health: None,
         }
+    }
+
+    /// Reports NOT_SERVING on `reporter` once a drain starts.
+    pub(crate) fn with_health(mut self, reporter: tonic_health::server::HealthReporter) -> Self {
+        self.health = Some(reporter);
+        self
     }
 
     /// Reads queue depths of `task_type` through `client` when the machine asks.
@@ -115,6 +124,20 @@ impl Actor {
     }
 
     fn on_event(&mut self, event: Event) {
+        self.handle_event(event);
+        // Whoever started it (Admin.Drain, a signal, run once), a drain takes no more work.
+        if self.machine.draining()
+            && let Some(health) = self.health.take()
+        {
+            tokio::spawn(async move {
+                health
+                    .set_service_status("", tonic_health::ServingStatus::NotServing)
+                    .await;
+            });
+        }
+    }
+
+    fn handle_event(&mut self, event: Event) {
         match event {
             Event::Hello { hello, tx, reply } => {
                 let out = self.machine.handle(Input::Hello(hello));

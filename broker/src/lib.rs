@@ -126,6 +126,12 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         gauges,
         SystemTime::now(),
     );
+    // The gRPC health service: SERVING while the broker takes work, NOT_SERVING from the
+    // start of a drain (the actor switches it), for readiness probes and load balancers.
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
     let actor = actor::Actor::new(
         machine,
         config.capacity.max_executors,
@@ -133,7 +139,8 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         events.clone(),
         drained_tx,
     )
-    .with_queue_depth(config.conductor.clone(), config.task_name.clone());
+    .with_queue_depth(config.conductor.clone(), config.task_name.clone())
+    .with_health(health_reporter.clone());
     let actor = tokio::spawn(actor.run(rx));
     if config.capacity.min_free_memory.is_some() {
         // Measured once before the poller asks for its first grant, so a runtime started
@@ -199,7 +206,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
         .expect("the descriptor sets are valid");
-    let (health_reporter, health) = tonic_health::server::health_reporter();
+    let health = health_service;
     health_reporter
         .set_serving::<perago_proto::admin::v1::admin_server::AdminServer<service::AdminService>>()
         .await;

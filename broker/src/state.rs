@@ -1297,6 +1297,11 @@ impl Machine {
         }
     }
 
+    /// Whether a drain has started.
+    pub(crate) fn draining(&self) -> bool {
+        self.draining
+    }
+
     fn status(&self) -> admin::StatusResponse {
         let slots = self
             .slots

@@ -130,6 +130,20 @@ pub struct StatusArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Ask only the broker's gRPC health service, as a probe would, and exit 0 or 1: `live`
+    /// passes while the broker answers at all (a liveness probe: a drain is alive), `ready`
+    /// only while it is SERVING (not draining).
+    #[arg(long, value_enum, conflicts_with = "json")]
+    pub probe: Option<Probe>,
+}
+
+/// The `status --probe` kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Probe {
+    /// The broker answers its health service.
+    Live,
+    /// The broker answers SERVING.
+    Ready,
 }
 
 /// `dev`.

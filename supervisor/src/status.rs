@@ -2,7 +2,7 @@
 //! (a table) or a program (`--json`).
 
 use crate::{
-    cli::StatusArgs,
+    cli::{Probe, StatusArgs},
     errors::ExpectedError,
     runtime::root::{default_root, runtime_dir},
 };
@@ -305,6 +305,53 @@ pub(crate) fn staging_table(left: &[Value]) -> String {
     out
 }
 
+/// `status --probe`: one `grpc.health.v1.Health/Check` of the whole server (service `""`).
+fn probe(
+    kind: Probe,
+    socket: &std::path::Path,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<(), ExpectedError> {
+    use tonic_health::pb::{
+        HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+    };
+    let answer = runtime.block_on(async {
+        let channel = tokio::time::timeout(
+            Duration::from_secs(5),
+            perago_executor::slot::connect(socket),
+        )
+        .await
+        .map_err(|_| "no answer within 5 s".to_owned())?
+        .map_err(|e| {
+            std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string())
+        })?;
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            HealthClient::new(channel).check(HealthCheckRequest {
+                service: String::new(),
+            }),
+        )
+        .await
+        .map_err(|_| "no answer within 5 s".to_owned())?
+        .map(|r| r.into_inner().status())
+        .map_err(|s| s.message().to_owned())
+    });
+    let status = answer.map_err(|cause| {
+        ExpectedError::Runtime(format!(
+            "no perago runtime answers at {}: {cause}",
+            socket.display()
+        ))
+    })?;
+    crate::out::print(&format!("{}\n", status.as_str_name()))?;
+    match (kind, status) {
+        (Probe::Live, _) | (Probe::Ready, ServingStatus::Serving) => Ok(()),
+        (Probe::Ready, other) => Err(ExpectedError::Runtime(format!(
+            "the broker at {} is {} (draining)",
+            socket.display(),
+            other.as_str_name()
+        ))),
+    }
+}
+
 pub(crate) fn status(
     args: &StatusArgs,
     vars: &BTreeMap<String, String>,
@@ -314,6 +361,9 @@ pub(crate) fn status(
         .enable_all()
         .build()
         .map_err(|e| ExpectedError::Runtime(format!("cannot start the async runtime: {e}")))?;
+    if let Some(kind) = args.probe {
+        return probe(kind, &socket, &runtime);
+    }
     let answer = runtime.block_on(async {
         let channel = tokio::time::timeout(
             Duration::from_secs(5),

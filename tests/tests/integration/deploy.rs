@@ -60,6 +60,25 @@ fn the_kubernetes_sidecar_shares_the_workspace_and_outlives_the_drain() {
         mounts, 2,
         "the app and perago both mount the workspace at {root}"
     );
+    // The probes ask the health service through `status --probe`, for this task's manifest.
+    for (probe, kind) in [
+        ("startupProbe:", "live"),
+        ("livenessProbe:", "live"),
+        ("readinessProbe:", "ready"),
+    ] {
+        let at = lines
+            .iter()
+            .position(|l| *l == probe)
+            .unwrap_or_else(|| panic!("no {probe}"));
+        let command = lines[at + 2];
+        assert_eq!(
+            command,
+            format!(
+                "command: [\"perago-supervisor\", \"status\", \"--probe\", \"{kind}\", \"/etc/perago/task.toml\"]"
+            ),
+            "{probe}"
+        );
+    }
 }
 
 #[test]

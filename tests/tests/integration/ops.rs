@@ -285,3 +285,63 @@ async fn a_drain_over_grpc_stops_the_runtime_cleanly() {
         "{log}"
     );
 }
+
+/// The probes of the Kubernetes example: `status --probe live` passes while the broker answers
+/// its health service, `--probe ready` only while it is SERVING; a drain turns it NOT_SERVING
+/// (ready fails, live still passes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_ask_the_health_service_and_a_drain_is_alive_but_not_ready() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new(
+        "ops.slow",
+        "read p\ntouch \"$PERAGO_TASK_ID.started\"\nsleep 3\necho '{}'\n",
+        "",
+    );
+    conductor.register(&task).await;
+    let mut sup = SupervisorProc::start(&task, &conductor, 1, &[]);
+    let socket = sup.workspace_root().join("run/broker.sock");
+    let probe = |kind: &str| {
+        Run::of(command(crate::harness::SUPERVISOR).args([
+            "status",
+            "--probe",
+            kind,
+            "--socket",
+            socket.to_str().unwrap(),
+        ]))
+    };
+    let ready = eventually("the broker to answer", Duration::from_secs(20), || async {
+        let run = probe("ready");
+        (run.code == Some(0)).then_some(run)
+    })
+    .await;
+    assert_eq!(ready.stdout, "SERVING\n", "{ready}");
+    probe("live").expect_code(0);
+    // A running task keeps the drain going for a while.
+    let id = conductor.start_workflow(&task, serde_json::json!({})).await;
+    eventually("the task to start", Duration::from_secs(20), || async {
+        std::fs::read_dir(task.dir.path())
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with(".started"))
+            .then_some(())
+    })
+    .await;
+    sup.signal("TERM");
+    let not_ready = eventually("the drain to show", Duration::from_secs(10), || async {
+        let run = probe("ready");
+        (run.code == Some(1)).then_some(run)
+    })
+    .await;
+    assert_eq!(not_ready.stdout, "NOT_SERVING\n", "{not_ready}");
+    assert!(not_ready.stderr.contains("(draining)"), "{not_ready}");
+    let live = probe("live");
+    live.expect_code(0);
+    assert_eq!(live.stdout, "NOT_SERVING\n");
+    assert_eq!(
+        conductor.wait_terminal(&id, Duration::from_secs(20)).await["status"],
+        "COMPLETED"
+    );
+    assert!(sup.wait_exit(Duration::from_secs(20)).await.success());
+    // Nothing answers any more: both probes fail.
+    probe("live").expect_code(1);
+}
