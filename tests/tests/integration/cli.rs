@@ -179,7 +179,7 @@ fn check_finds_a_missing_executor_binary() {
     assert_eq!(
         out.stderr,
         format!(
-            "error: manifest task.toml: body.executor: {}/target/release/my-task not found (build it first, e.g. cargo build --release)\n",
+            "error: manifest task.toml: body.executor: {}/target/release/my-task not found (build it first: cargo build --release --bin my-task, in the workspace that defines it)\n",
             root.display()
         )
     );
