@@ -299,9 +299,6 @@ impl LakefsClient {
             return Ok(resp);
         }
         let bytes = resp.bytes().await.map_err(transport)?.to_vec();
-        if status == StatusCode::CONFLICT && op.starts_with("merge") {
-            return Err(LakefsError::Conflict { op: op.to_owned() });
-        }
         let message = serde_json::from_slice::<Value>(&bytes)
             .ok()
             .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_owned))
@@ -629,7 +626,12 @@ impl LakefsClient {
         let body = Body::Json(json!({"message": message, "metadata": metadata}));
         let (_, bytes) = self
             .send(&op, Method::POST, &path, &[], Some(body), timeout)
-            .await?;
+            .await
+            .map_err(|e| match e {
+                // For a merge, 409 means the branches changed the same paths.
+                LakefsError::Status { op, status: 409, .. } => LakefsError::Conflict { op },
+                other => other,
+            })?;
         let answer: Value = Self::decode(&op, &bytes)?;
         answer["reference"]
             .as_str()
