@@ -11,6 +11,9 @@
 //! [`spawn`] and still waited for). In thread mode bodies run under [`body_guard_main`], which
 //! does the same when the supervisor dies.
 //!
+//! Bodies are started by [`Spawn`] (`clone(CLONE_VM | CLONE_VFORK)`, the same steps before
+//! `exec`, a pidfd to wait on) rather than a forking `Command`: see `process/spawn.rs`.
+//!
 //! Pitfall: `PR_SET_PDEATHSIG` fires when the *thread* that spawned the child exits, not the
 //! process. Children must therefore be spawned from a long-lived thread (a current-thread
 //! runtime's main thread, or a runtime worker), never from `spawn_blocking`, whose idle threads
@@ -22,6 +25,9 @@
 )]
 
 use std::{io, os::fd::RawFd};
+
+mod spawn;
+pub use spawn::{Child, Spawn};
 
 /// Makes the child the leader of its own process group and has the kernel send it
 /// `death_signal` if its parent dies first (SIGKILL for bodies; SIGTERM for the broker and
@@ -894,6 +900,36 @@ mod tests {
             alive_with(&managed).len(),
             1,
             "a managed child is not touched"
+        );
+    }
+
+    #[tokio::test]
+    async fn kill_adopted_ends_what_a_spawned_body_left_and_spares_a_spawned_body_that_runs() {
+        become_subreaper().unwrap();
+        let daemon = format!("1002.{}1", std::process::id());
+        let running = format!("1002.{}2", std::process::id());
+        let (_running, _running_guard) = Spawn::new("sleep").arg(&running).spawn().unwrap();
+        let (mut body, guard) = Spawn::new("/bin/sh")
+            .args(["-c", &format!("(setsid sleep {daemon} &); exit 0")])
+            .env("PATH", "/usr/bin:/bin")
+            .spawn()
+            .unwrap();
+        assert!(body.wait().await.unwrap().success());
+        drop(guard);
+        wait_for("the daemon to be adopted", || {
+            alive_with(&daemon)
+                .first()
+                .is_some_and(|pid| stat(*pid).is_some_and(|s| s.ppid == std::process::id()))
+        });
+        let pid = alive_with(&daemon)[0];
+
+        assert!(kill_adopted() >= 1);
+        assert_eq!(alive_with(&daemon), Vec::<u32>::new(), "the daemon is gone");
+        assert_eq!(stat(pid), None, "and reaped");
+        assert_eq!(
+            alive_with(&running).len(),
+            1,
+            "a body being run is not touched"
         );
     }
 
