@@ -4,14 +4,17 @@
 
 use perago_core::process as unix;
 use std::{
+    ffi::{OsStr, OsString},
     io,
+    os::fd::OwnedFd,
     path::PathBuf,
-    process::{ExitStatus, Stdio},
-    sync::{Arc, Mutex},
+    process::ExitStatus,
+    sync::{Arc, Mutex, OnceLock},
     time::{Duration, Instant},
 };
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWriteExt},
+    net::unix::pipe,
     task::JoinHandle,
 };
 
@@ -181,38 +184,46 @@ pub async fn run_with_soft_limit(
     soft: Option<&SoftLimit>,
 ) -> io::Result<Finished> {
     let started = Instant::now();
-    let mut cmd = unix::body_command(&spec.program);
-    strip_runtime_secrets(&mut cmd);
-    if let Some((uid, gid)) = spec.user {
-        cmd.uid(uid).gid(gid);
-    }
-    cmd.args(&spec.args)
+    let mut body = unix::Spawn::body(&spec.program);
+    body.args(&spec.args)
         .current_dir(&spec.dir)
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    unix::isolate(&mut cmd, unix::SIGKILL);
-    let (mut child, managed) = unix::spawn(&mut cmd)?;
+        .death_signal(unix::SIGKILL);
+    for (name, value) in body_environment(&spec.env) {
+        body.env(name, value);
+    }
+    if let Some((uid, gid)) = spec.user {
+        body.user(uid, gid);
+    }
+    let (mut child, managed) = body.spawn()?;
     let pgid = managed.pid();
 
-    let writer = child.stdin.take().map(|mut pipe| {
-        tokio::spawn(async move {
-            // A body that does not read its input closes the pipe early: not an error.
-            let _ = pipe.write_all(&stdin).await;
-            let _ = pipe.shutdown().await;
-        })
-    });
+    let writer = match child.stdin.take() {
+        Some(pipe) => feed(pipe, stdin)?,
+        None => None,
+    };
     let kept = Arc::new(Mutex::new((Vec::new(), false)));
-    let stdout = child
-        .stdout
-        .take()
-        .map(|pipe| tokio::spawn(read_capped(pipe, limits.max_stdout, Arc::clone(&kept))));
-    let stderr = child
-        .stderr
-        .take()
-        .map(|pipe| tokio::spawn(read_tail(pipe, limits.stderr_tail, spec.label.clone())));
+    let stdout = match child.stdout.take() {
+        Some(fd) => {
+            let pipe = pipe::Receiver::from_owned_fd_unchecked(fd)?;
+            Some(tokio::spawn(read_capped(
+                pipe,
+                limits.max_stdout,
+                Arc::clone(&kept),
+            )))
+        }
+        None => None,
+    };
+    let stderr = match child.stderr.take() {
+        Some(fd) => {
+            let pipe = pipe::Receiver::from_owned_fd_unchecked(fd)?;
+            Some(tokio::spawn(read_tail(
+                pipe,
+                limits.stderr_tail,
+                spec.label.clone(),
+            )))
+        }
+        None => None,
+    };
 
     let hard = limits
         .timeout
@@ -290,6 +301,61 @@ pub async fn run_with_soft_limit(
         stderr_tail,
         elapsed: started.elapsed(),
     })
+}
+
+/// Writes `input` to a body's stdin (`pipe`, non-blocking) and closes it: what the pipe takes
+/// at once (all of an input up to the pipe's buffer, 64 KiB) without a task; the rest, if any,
+/// from a task as the body reads. A body that does not read its input closes the pipe early:
+/// not an error.
+fn feed(pipe: OwnedFd, input: Vec<u8>) -> io::Result<Option<JoinHandle<()>>> {
+    use std::io::Write as _;
+    let mut file = std::fs::File::from(pipe);
+    let mut written = 0;
+    while written < input.len() {
+        match file.write(&input[written..]) {
+            Ok(0) => return Ok(None),
+            Ok(n) => written += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let mut pipe = pipe::Sender::from_owned_fd_unchecked(file.into())?;
+                return Ok(Some(tokio::spawn(async move {
+                    let _ = pipe.write_all(&input[written..]).await;
+                })));
+            }
+            Err(_) => return Ok(None),
+        }
+    }
+    Ok(None)
+}
+
+/// A body's environment: the executor's own without the runtime's variables (see
+/// [`strip_runtime_secrets`]; read once, the executor never changes its environment), then
+/// `extra` (the manifest's `body.env` and the per-task variables; the last of a name wins).
+fn body_environment(extra: &[(String, String)]) -> Vec<(&OsStr, &OsStr)> {
+    static INHERITED: OnceLock<Vec<(OsString, OsString)>> = OnceLock::new();
+    let inherited = INHERITED.get_or_init(|| {
+        std::env::vars_os()
+            .filter(|(name, _)| {
+                let text = name.to_string_lossy();
+                !RUNTIME_SECRETS.contains(&&*text)
+                    && !RUNTIME_PREFIXES.iter().any(|p| text.starts_with(p))
+            })
+            .collect()
+    });
+    let named =
+        |name: &OsStr, among: &[(String, String)]| among.iter().any(|(n, _)| OsStr::new(n) == name);
+    let mut env = Vec::with_capacity(inherited.len() + extra.len());
+    for (name, value) in inherited {
+        if !named(name, extra) {
+            env.push((name.as_os_str(), value.as_os_str()));
+        }
+    }
+    for (at, (name, value)) in extra.iter().enumerate() {
+        if !named(OsStr::new(name), &extra[at + 1..]) {
+            env.push((OsStr::new(name), OsStr::new(value)));
+        }
+    }
+    env
 }
 
 async fn join_pipe<T: Default>(task: Option<JoinHandle<T>>) -> Option<T> {
