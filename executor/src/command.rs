@@ -196,35 +196,82 @@ pub async fn run_with_soft_limit(
     }
     let (mut child, managed) = body.spawn()?;
     let pgid = managed.pid();
-
-    let writer = match child.stdin.take() {
-        Some(pipe) => feed(pipe, stdin)?,
-        None => None,
-    };
     let kept = Arc::new(Mutex::new((Vec::new(), false)));
-    let stdout = match child.stdout.take() {
-        Some(fd) => {
-            let pipe = pipe::Receiver::from_owned_fd_unchecked(fd)?;
-            Some(tokio::spawn(read_capped(
-                pipe,
-                limits.max_stdout,
-                Arc::clone(&kept),
-            )))
+    let mut writer = None;
+    let mut stdout = None;
+    let mut stderr = None;
+    let ended = async {
+        if let Some(pipe) = child.stdin.take() {
+            writer = feed(pipe, stdin)?;
         }
-        None => None,
-    };
-    let stderr = match child.stderr.take() {
-        Some(fd) => {
+        if let Some(fd) = child.stdout.take() {
             let pipe = pipe::Receiver::from_owned_fd_unchecked(fd)?;
-            Some(tokio::spawn(read_tail(
-                pipe,
-                limits.stderr_tail,
-                spec.label.clone(),
-            )))
+            let kept = Arc::clone(&kept);
+            stdout = Some(tokio::spawn(read_capped(pipe, limits.max_stdout, kept)));
         }
-        None => None,
+        if let Some(fd) = child.stderr.take() {
+            let pipe = pipe::Receiver::from_owned_fd_unchecked(fd)?;
+            let label = spec.label.clone();
+            stderr = Some(tokio::spawn(read_tail(pipe, limits.stderr_tail, label)));
+        }
+        wait_within_limits(&mut child, pgid, &limits, soft).await
+    }
+    .await;
+    // Not waited for only after an error above: then it is killed here.
+    drop(child);
+    drop(managed);
+    // Whatever the body left running is an orphan now, in its group or (a double fork, a
+    // `setsid`) re-parented to this subreaper: end it all, so its pipes close and nothing
+    // outlives the assignment. On every path: the slot does not look again after a command
+    // body (see `AssignmentRunner::collects_leftovers`).
+    let group_killed = unix::signal_group(pgid, unix::SIGKILL);
+    // Commands are spawned by the runtime's (main) thread: its children and the orphans
+    // handed to it are all there is to look at.
+    let killed = unix::kill_adopted_below(&[]);
+    if killed > 0 {
+        tracing::info!(
+            pgid,
+            killed,
+            "killed the processes the command left running"
+        );
+    }
+    if let Some(writer) = writer {
+        writer.abort();
+    }
+    let ended = match ended.and_then(|ended| group_killed.map(|()| ended)) {
+        Ok(ended) => ended,
+        Err(e) => {
+            if let Some(task) = &stdout {
+                task.abort();
+            }
+            if let Some(task) = &stderr {
+                task.abort();
+            }
+            return Err(e);
+        }
     };
+    // The output is what was read by now and within the drain limit: a process that escaped
+    // every kill and still holds the pipe cannot withhold the body's result.
+    let _ = join_pipe(stdout).await;
+    let (stdout, stdout_overflow) = std::mem::take(&mut *kept.lock().expect("not poisoned"));
+    let stderr_tail = join_pipe(stderr).await.unwrap_or_default();
+    Ok(Finished {
+        ended,
+        stdout,
+        stdout_overflow,
+        stderr_tail,
+        elapsed: started.elapsed(),
+    })
+}
 
+/// Waits for `child` within the soft and hard time limits: SIGUSR1 to the child at the soft
+/// limit, SIGTERM to its group at the hard one, SIGKILL after the grace period.
+async fn wait_within_limits(
+    child: &mut unix::Child,
+    pgid: u32,
+    limits: &RunLimits,
+    soft: Option<&SoftLimit>,
+) -> io::Result<Ended> {
     let hard = limits
         .timeout
         .map(|limit| tokio::time::Instant::now() + limit);
@@ -251,7 +298,7 @@ pub async fn run_with_soft_limit(
         }
     }
     let left = hard.map(|hard| hard.saturating_duration_since(tokio::time::Instant::now()));
-    let ended = match left {
+    Ok(match left {
         None => Ended::from_status(child.wait().await?),
         Some(limit) => match tokio::time::timeout(limit, child.wait()).await {
             Ok(status) => Ended::from_status(status?),
@@ -269,37 +316,6 @@ pub async fn run_with_soft_limit(
                 Ended::TimedOut
             }
         },
-    };
-    drop(managed);
-    // Whatever the body left running is an orphan now, in its group or (a double fork, a
-    // `setsid`) re-parented to this subreaper: end it all, so its pipes close and nothing
-    // outlives the assignment.
-    unix::signal_group(pgid, unix::SIGKILL)?;
-    // Commands are spawned by the runtime's (main) thread: its children and the orphans
-    // handed to it are all there is to look at.
-    let killed = unix::kill_adopted_below(&[]);
-    if killed > 0 {
-        tracing::info!(
-            pgid,
-            killed,
-            "killed the processes the command left running"
-        );
-    }
-
-    if let Some(writer) = writer {
-        writer.abort();
-    }
-    // The output is what was read by now and within the drain limit: a process that escaped
-    // every kill and still holds the pipe cannot withhold the body's result.
-    let _ = join_pipe(stdout).await;
-    let (stdout, stdout_overflow) = std::mem::take(&mut *kept.lock().expect("not poisoned"));
-    let stderr_tail = join_pipe(stderr).await.unwrap_or_default();
-    Ok(Finished {
-        ended,
-        stdout,
-        stdout_overflow,
-        stderr_tail,
-        elapsed: started.elapsed(),
     })
 }
 

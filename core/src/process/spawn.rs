@@ -154,11 +154,6 @@ impl Spawn {
         let (stdin_read, stdin_write) = pipe()?;
         let (stdout_read, stdout_write) = pipe()?;
         let (stderr_read, stderr_write) = pipe()?;
-        // Our ends only: each end of a pipe is its own open file description, so the child's
-        // ends stay blocking.
-        for fd in [&stdin_write, &stdout_read, &stderr_read] {
-            set_nonblocking(fd.as_raw_fd())?;
-        }
         let argv = pointers(&self.argv);
         let envp = pointers(&self.env);
         let ctx = ChildContext {
@@ -256,10 +251,10 @@ impl Child {
     /// the child is reaped, within one poll.
     pub async fn wait(&mut self) -> io::Result<ExitStatus> {
         let mut pause = Duration::from_millis(1);
+        if let Some(status) = self.status {
+            return Ok(status);
+        }
         loop {
-            if let Some(status) = self.try_wait()? {
-                return Ok(status);
-            }
             match &self.pidfd {
                 // Readable once the child has exited.
                 Some(pidfd) => {
@@ -274,6 +269,9 @@ impl Child {
                     }
                 }
                 None => {
+                    if let Some(status) = self.try_wait()? {
+                        return Ok(status);
+                    }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(50));
                 }
@@ -497,8 +495,10 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
     // until the exec.
     unsafe {
         for (target, fd) in (0..).zip(ctx.stdio) {
-            // The parent made every `fd` > 2, so no dup2 overwrites another's source.
-            if libc::dup2(fd, target) < 0 {
+            // The parent made every `fd` > 2, so no dup2 overwrites another's source. The
+            // pipes were made non-blocking, for the parent's ends: each end is its own open
+            // file description, so clearing the flag here leaves the parent's ends as they are.
+            if libc::dup2(fd, target) < 0 || libc::fcntl(target, libc::F_SETFL, 0) < 0 {
                 child_failed(ctx, STEP_STDIO);
             }
         }
@@ -575,12 +575,12 @@ fn child_failed(ctx: &ChildContext, step: i32) -> ! {
     unsafe { libc::_exit(127) }
 }
 
-/// A close-on-exec pipe, both ends above stderr (so the child's dup2 onto 0, 1 and 2 never
-/// overwrites one of them).
+/// A close-on-exec, non-blocking pipe, both ends above stderr (so the child's dup2 onto 0, 1
+/// and 2 never overwrites one of them). The child makes its ends blocking again.
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as c_int; 2];
     // SAFETY: pipe2(2) fills the two-element array it is given.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: both descriptors were just created and are owned here alone.
@@ -601,17 +601,6 @@ fn above_stderr(fd: OwnedFd) -> io::Result<OwnedFd> {
     }
     // SAFETY: just created, owned here alone.
     Ok(unsafe { OwnedFd::from_raw_fd(dup) })
-}
-
-fn set_nonblocking(fd: RawFd) -> io::Result<()> {
-    // SAFETY: fcntl(F_GETFL/F_SETFL) changes file status flags only.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
