@@ -4,7 +4,6 @@
 
 use perago_core::process as unix;
 use std::{
-    ffi::{OsStr, OsString},
     io,
     os::fd::OwnedFd,
     path::PathBuf,
@@ -187,8 +186,9 @@ pub async fn run_with_soft_limit(
     let mut body = unix::Spawn::body(&spec.program);
     body.args(&spec.args)
         .current_dir(&spec.dir)
-        .death_signal(unix::SIGKILL);
-    for (name, value) in body_environment(&spec.env) {
+        .death_signal(unix::SIGKILL)
+        .base_env(inherited_environment());
+    for (name, value) in &spec.env {
         body.env(name, value);
     }
     if let Some((uid, gid)) = spec.user {
@@ -344,34 +344,17 @@ fn feed(pipe: OwnedFd, input: Vec<u8>) -> io::Result<Option<JoinHandle<()>>> {
     Ok(None)
 }
 
-/// A body's environment: the executor's own without the runtime's variables (see
-/// [`strip_runtime_secrets`]; read once, the executor never changes its environment), then
-/// `extra` (the manifest's `body.env` and the per-task variables; the last of a name wins).
-fn body_environment(extra: &[(String, String)]) -> Vec<(&OsStr, &OsStr)> {
-    static INHERITED: OnceLock<Vec<(OsString, OsString)>> = OnceLock::new();
-    let inherited = INHERITED.get_or_init(|| {
-        std::env::vars_os()
-            .filter(|(name, _)| {
-                let text = name.to_string_lossy();
-                !RUNTIME_SECRETS.contains(&&*text)
-                    && !RUNTIME_PREFIXES.iter().any(|p| text.starts_with(p))
-            })
-            .collect()
-    });
-    let named =
-        |name: &OsStr, among: &[(String, String)]| among.iter().any(|(n, _)| OsStr::new(n) == name);
-    let mut env = Vec::with_capacity(inherited.len() + extra.len());
-    for (name, value) in inherited {
-        if !named(name, extra) {
-            env.push((name.as_os_str(), value.as_os_str()));
-        }
-    }
-    for (at, (name, value)) in extra.iter().enumerate() {
-        if !named(OsStr::new(name), &extra[at + 1..]) {
-            env.push((OsStr::new(name), OsStr::new(value)));
-        }
-    }
-    env
+/// What a body inherits of the executor's environment: all but the runtime's variables (see
+/// [`strip_runtime_secrets`]). Read once: the executor never changes its environment.
+fn inherited_environment() -> &'static unix::Environment {
+    static INHERITED: OnceLock<unix::Environment> = OnceLock::new();
+    INHERITED.get_or_init(|| {
+        unix::Environment::new(std::env::vars_os().filter(|(name, _)| {
+            let text = name.to_string_lossy();
+            !RUNTIME_SECRETS.contains(&&*text)
+                && !RUNTIME_PREFIXES.iter().any(|p| text.starts_with(p))
+        }))
+    })
 }
 
 async fn join_pipe<T: Default>(task: Option<JoinHandle<T>>) -> Option<T> {

@@ -49,6 +49,8 @@ use tokio::io::unix::AsyncFd;
 pub struct Spawn {
     program: CString,
     argv: Vec<CString>,
+    /// See [`Spawn::base_env`].
+    base_env: Option<Environment>,
     env: Vec<CString>,
     dir: Option<CString>,
     user: Option<(u32, u32)>,
@@ -65,6 +67,7 @@ impl Spawn {
         let mut spawn = Self {
             program: CString::default(),
             argv: Vec::new(),
+            base_env: None,
             env: Vec::new(),
             dir: None,
             user: None,
@@ -111,16 +114,21 @@ impl Spawn {
         self
     }
 
-    /// Adds a variable to the child's environment (which starts empty: pass every variable
-    /// it should see, each name once).
+    /// Starts the child's environment (empty otherwise) from `base`, prepared once for many
+    /// spawns; a variable set with [`Spawn::env`] replaces the one of the same name.
+    pub fn base_env(&mut self, base: &Environment) -> &mut Self {
+        self.saw_nul |= base.saw_nul;
+        self.base_env = Some(base.clone());
+        self
+    }
+
+    /// Sets a variable in the child's environment (which starts empty, or as
+    /// [`Spawn::base_env`]); of two with the same name the last one counts.
     pub fn env(&mut self, name: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> &mut Self {
-        let (name, value) = (name.as_ref().as_bytes(), value.as_ref().as_bytes());
-        let mut entry = Vec::with_capacity(name.len() + value.len() + 1);
-        entry.extend_from_slice(name);
-        entry.push(b'=');
-        entry.extend_from_slice(value);
-        let entry = self.c_string(OsStr::from_bytes(&entry));
-        self.env.push(entry);
+        match env_entry(name.as_ref(), value.as_ref()) {
+            Some(entry) => self.env.push(entry),
+            None => self.saw_nul = true,
+        }
         self
     }
 
@@ -155,7 +163,7 @@ impl Spawn {
         let (stdout_read, stdout_write) = pipe()?;
         let (stderr_read, stderr_write) = pipe()?;
         let argv = pointers(&self.argv);
-        let envp = pointers(&self.env);
+        let envp = self.envp();
         let ctx = ChildContext {
             program: self.program.as_ptr(),
             argv: argv.as_ptr(),
@@ -222,6 +230,72 @@ impl Spawn {
         }
         Ok((child, managed))
     }
+}
+
+impl Spawn {
+    /// The environment as `execvpe` takes it: the base variables no [`Spawn::env`] replaces,
+    /// then those set, each name once (the last one set).
+    fn envp(&self) -> Vec<*const c_char> {
+        let base = self.base_env.as_ref().map_or(&[][..], |b| &b.entries[..]);
+        let mut envp = Vec::with_capacity(base.len() + self.env.len() + 1);
+        let set_after = |entry: &CString, later: &[CString]| {
+            let name = env_name(entry);
+            later.iter().any(|e| env_name(e) == name)
+        };
+        for entry in base {
+            if !set_after(entry, &self.env) {
+                envp.push(entry.as_ptr());
+            }
+        }
+        for (at, entry) in self.env.iter().enumerate() {
+            if !set_after(entry, &self.env[at + 1..]) {
+                envp.push(entry.as_ptr());
+            }
+        }
+        envp.push(ptr::null());
+        envp
+    }
+}
+
+/// The name of a `NAME=value` entry.
+fn env_name(entry: &CString) -> &[u8] {
+    let bytes = entry.as_bytes();
+    bytes.split(|b| *b == b'=').next().unwrap_or(bytes)
+}
+
+/// Variables prepared once for many spawns (as `NAME=value` C strings): see
+/// [`Spawn::base_env`].
+#[derive(Debug, Clone, Default)]
+pub struct Environment {
+    entries: std::sync::Arc<[CString]>,
+    /// A name or value held a NUL byte: every spawn with it fails, as with std.
+    saw_nul: bool,
+}
+
+impl Environment {
+    /// The variables `vars`, in order (give each name once).
+    pub fn new<K: AsRef<OsStr>, V: AsRef<OsStr>>(vars: impl IntoIterator<Item = (K, V)>) -> Self {
+        let mut saw_nul = false;
+        let entries = vars
+            .into_iter()
+            .filter_map(|(name, value)| {
+                let entry = env_entry(name.as_ref(), value.as_ref());
+                saw_nul |= entry.is_none();
+                entry
+            })
+            .collect();
+        Self { entries, saw_nul }
+    }
+}
+
+/// `NAME=value`, `None` if either holds a NUL byte.
+fn env_entry(name: &OsStr, value: &OsStr) -> Option<CString> {
+    let (name, value) = (name.as_bytes(), value.as_bytes());
+    let mut entry = Vec::with_capacity(name.len() + value.len() + 1);
+    entry.extend_from_slice(name);
+    entry.push(b'=');
+    entry.extend_from_slice(value);
+    CString::new(entry).ok()
 }
 
 /// A child started by [`Spawn::spawn`]. Dropping it before it was waited for SIGKILLs it (it
@@ -643,6 +717,41 @@ mod tests {
 
         let (mut killed, _managed) = sh("kill -9 $$").spawn().unwrap();
         assert_eq!(killed.wait().await.unwrap().signal(), Some(libc::SIGKILL));
+    }
+
+    #[tokio::test]
+    async fn the_environment_is_the_base_with_the_variables_set_replacing_theirs() {
+        let base = Environment::new([("KEPT", "base"), ("REPLACED", "base"), ("PATH", "/bin")]);
+        let (mut child, _managed) = Spawn::new("/bin/sh")
+            .args(["-c", "env | sort"])
+            .env("REPLACED", "first")
+            .base_env(&base)
+            .env("ADDED", "x=y")
+            .env("REPLACED", "last")
+            .spawn()
+            .unwrap();
+        let out = read_all(child.stdout.take()).await;
+        assert!(child.wait().await.unwrap().success());
+        let vars: Vec<&str> = out
+            .lines()
+            .filter(|l| !l.starts_with("PWD=") && !l.starts_with("SHLVL=") && !l.starts_with("_="))
+            .collect();
+        assert_eq!(
+            vars,
+            ["ADDED=x=y", "KEPT=base", "PATH=/bin", "REPLACED=last"]
+        );
+
+        let nul = Spawn::new("/bin/true")
+            .env("A", "a\0b")
+            .spawn()
+            .unwrap_err();
+        assert_eq!(nul.kind(), io::ErrorKind::InvalidInput);
+        let nul_base = Environment::new([("A", "a\0b")]);
+        let nul = Spawn::new("/bin/true")
+            .base_env(&nul_base)
+            .spawn()
+            .unwrap_err();
+        assert_eq!(nul.kind(), io::ErrorKind::InvalidInput);
     }
 
     /// The bits of a `SigBlk:`/`SigIgn:` line of `/proc/<pid>/status`.
