@@ -196,7 +196,9 @@ pub async fn run_with_soft_limit(
     }
     let (mut child, managed) = body.spawn()?;
     let pgid = managed.pid();
-    let kept = Arc::new(Mutex::new((Vec::new(), false)));
+    let start = tokio::time::Instant::now();
+    let kept = Arc::new(Mutex::new(Kept::new(limits.max_stdout)));
+    let mut stderr_log = Some(TailLog::new(limits.stderr_tail, spec.label.clone()));
     let mut writer = None;
     let mut stdout = None;
     let mut stderr = None;
@@ -204,19 +206,22 @@ pub async fn run_with_soft_limit(
         if let Some(pipe) = child.stdin.take() {
             writer = feed(pipe, stdin)?;
         }
+        if quiet_window_fits(&limits, soft)
+            && let Ok(status) = tokio::time::timeout(QUIET_WINDOW, child.wait()).await
+        {
+            return Ok(Ended::from_status(status?));
+        }
+        // Still running: its output is read as it comes.
         if let Some(fd) = child.stdout.take() {
-            let pipe = pipe::Receiver::from_owned_fd_unchecked(fd)?;
-            let kept = Arc::clone(&kept);
-            stdout = Some(tokio::spawn(read_capped(pipe, limits.max_stdout, kept)));
+            stdout = Some(read_stdout_from(fd, &kept)?);
         }
-        if let Some(fd) = child.stderr.take() {
-            let pipe = pipe::Receiver::from_owned_fd_unchecked(fd)?;
-            let label = spec.label.clone();
-            stderr = Some(tokio::spawn(read_tail(pipe, limits.stderr_tail, label)));
+        if let (Some(fd), Some(log)) = (child.stderr.take(), stderr_log.take()) {
+            stderr = Some(read_stderr_from(fd, log)?);
         }
-        wait_within_limits(&mut child, pgid, &limits, soft).await
+        wait_within_limits(&mut child, pgid, start, &limits, soft).await
     }
     .await;
+    let (stdout_pipe, stderr_pipe) = (child.stdout.take(), child.stderr.take());
     // Not waited for only after an error above: then it is killed here.
     drop(child);
     drop(managed);
@@ -250,11 +255,32 @@ pub async fn run_with_soft_limit(
             return Err(e);
         }
     };
+    // Exited within the quiet window: what the pipes hold is read now, and only a pipe still
+    // open (held by a process that escaped every kill) gets a reader.
+    if let Some(fd) = stdout_pipe
+        && let Some(fd) = drain_now(fd, |chunk| kept.lock().expect("not poisoned").feed(chunk))
+    {
+        stdout = Some(read_stdout_from(fd, &kept)?);
+    }
+    let mut stderr_tail = None;
+    if let (Some(fd), Some(mut log)) = (stderr_pipe, stderr_log) {
+        match drain_now(fd, |chunk| log.feed(chunk)) {
+            Some(fd) => stderr = Some(read_stderr_from(fd, log)?),
+            None => stderr_tail = Some(log.finish()),
+        }
+    }
     // The output is what was read by now and within the drain limit: a process that escaped
     // every kill and still holds the pipe cannot withhold the body's result.
     let _ = join_pipe(stdout).await;
-    let (stdout, stdout_overflow) = std::mem::take(&mut *kept.lock().expect("not poisoned"));
-    let stderr_tail = join_pipe(stderr).await.unwrap_or_default();
+    let Kept {
+        bytes: stdout,
+        overflow: stdout_overflow,
+        ..
+    } = std::mem::take(&mut *kept.lock().expect("not poisoned"));
+    let stderr_tail = match stderr_tail {
+        Some(tail) => tail,
+        None => join_pipe(stderr).await.unwrap_or_default(),
+    };
     Ok(Finished {
         ended,
         stdout,
@@ -264,17 +290,59 @@ pub async fn run_with_soft_limit(
     })
 }
 
-/// Waits for `child` within the soft and hard time limits: SIGUSR1 to the child at the soft
-/// limit, SIGTERM to its group at the hard one, SIGKILL after the grace period.
+/// How long a run first waits for the body to exit before it reads the body's output as it
+/// comes. A body that exits within it (a short command) has its output read in one go after
+/// its exit: the pipes are not registered with the runtime, and the executor is not woken
+/// for each write. A body that fills a pipe (64 KiB) within it waits at most this long for
+/// its reader.
+const QUIET_WINDOW: Duration = Duration::from_millis(2);
+
+/// Whether the quiet window ends before any time limit (it signals nothing).
+fn quiet_window_fits(limits: &RunLimits, soft: Option<&SoftLimit>) -> bool {
+    limits.timeout.is_none_or(|t| t > QUIET_WINDOW)
+        && soft.is_none_or(|s| s.after.is_zero() || s.after > QUIET_WINDOW)
+}
+
+/// A reader task for the body's stdout (`fd`, non-blocking), into `kept`.
+fn read_stdout_from(fd: OwnedFd, kept: &Arc<Mutex<Kept>>) -> io::Result<JoinHandle<()>> {
+    let pipe = pipe::Receiver::from_owned_fd_unchecked(fd)?;
+    Ok(tokio::spawn(read_capped(pipe, Arc::clone(kept))))
+}
+
+/// A reader task for the body's stderr (`fd`, non-blocking), through `log`.
+fn read_stderr_from(fd: OwnedFd, log: TailLog) -> io::Result<JoinHandle<String>> {
+    let pipe = pipe::Receiver::from_owned_fd_unchecked(fd)?;
+    Ok(tokio::spawn(read_tail(pipe, log)))
+}
+
+/// Reads what the non-blocking `pipe` holds now into `sink`. `None` at its end (or on an
+/// error, which ends a reader too); the pipe back while it is still open.
+fn drain_now(pipe: OwnedFd, mut sink: impl FnMut(&[u8])) -> Option<OwnedFd> {
+    use std::io::Read as _;
+    let mut file = std::fs::File::from(pipe);
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => return None,
+            Ok(n) => sink(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Some(file.into()),
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Waits for `child` within the soft and hard time limits, counted from `start`: SIGUSR1 to
+/// the child at the soft limit, SIGTERM to its group at the hard one, SIGKILL after the grace
+/// period.
 async fn wait_within_limits(
     child: &mut unix::Child,
     pgid: u32,
+    start: tokio::time::Instant,
     limits: &RunLimits,
     soft: Option<&SoftLimit>,
 ) -> io::Result<Ended> {
-    let hard = limits
-        .timeout
-        .map(|limit| tokio::time::Instant::now() + limit);
+    let hard = limits.timeout.map(|limit| start + limit);
     if let Some(soft) = soft
         && soft.after.is_zero()
     {
@@ -286,7 +354,7 @@ async fn wait_within_limits(
             "soft time limit already past at dispatch (body.soft_time_limit): the body is not sent SIGUSR1, which would kill it before it can install a handler; the hard limit applies"
         );
     } else if let Some(soft) = soft {
-        let soft_at = tokio::time::Instant::now() + soft.after;
+        let soft_at = start + soft.after;
         if hard.is_none_or(|hard| soft_at < hard) {
             tokio::select! {
                 _ = tokio::time::sleep_until(soft_at) => {
@@ -371,25 +439,40 @@ async fn join_pipe<T: Default>(task: Option<JoinHandle<T>>) -> Option<T> {
     }
 }
 
-/// Reads `pipe` to its end into `kept` (at most `cap` bytes; the flag says there was more).
-/// The bytes live outside the task, so output read before a stuck pipe is given up on stays.
-async fn read_capped(
-    mut pipe: impl AsyncRead + Unpin,
+/// A body's stdout as kept: at most `cap` bytes, and whether there was more.
+#[derive(Debug, Default)]
+struct Kept {
+    bytes: Vec<u8>,
+    overflow: bool,
     cap: usize,
-    kept: Arc<Mutex<(Vec<u8>, bool)>>,
-) {
+}
+
+impl Kept {
+    fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            ..Self::default()
+        }
+    }
+
+    fn feed(&mut self, chunk: &[u8]) {
+        let room = self.cap.saturating_sub(self.bytes.len());
+        if chunk.len() > room {
+            self.overflow = true;
+        }
+        self.bytes
+            .extend_from_slice(&chunk[..chunk.len().min(room)]);
+    }
+}
+
+/// Reads `pipe` to its end into `kept`. The bytes live outside the task, so output read
+/// before a stuck pipe is given up on stays.
+async fn read_capped(mut pipe: impl AsyncRead + Unpin, kept: Arc<Mutex<Kept>>) {
     let mut buf = [0u8; 16 * 1024];
     loop {
         match pipe.read(&mut buf).await {
             Ok(0) | Err(_) => break,
-            Ok(n) => {
-                let mut kept = kept.lock().expect("not poisoned");
-                let room = cap.saturating_sub(kept.0.len());
-                if n > room {
-                    kept.1 = true;
-                }
-                kept.0.extend_from_slice(&buf[..n.min(room)]);
-            }
+            Ok(n) => kept.lock().expect("not poisoned").feed(&buf[..n]),
         }
     }
 }
@@ -466,28 +549,51 @@ impl StderrLog {
     }
 }
 
-async fn read_tail(mut pipe: impl AsyncRead + Unpin, keep: usize, label: String) -> String {
-    let mut tail: Vec<u8> = Vec::new();
-    let mut log = StderrLog::new(label);
+/// A body's stderr on its way: lines to the worker log, the last `keep` bytes kept for the
+/// failure reason.
+#[derive(Debug)]
+struct TailLog {
+    tail: Vec<u8>,
+    keep: usize,
+    log: StderrLog,
+}
+
+impl TailLog {
+    fn new(keep: usize, label: String) -> Self {
+        Self {
+            tail: Vec::new(),
+            keep,
+            log: StderrLog::new(label),
+        }
+    }
+
+    fn feed(&mut self, chunk: &[u8]) {
+        self.log.feed(chunk);
+        self.tail.extend_from_slice(chunk);
+        if self.tail.len() > self.keep * 2 {
+            self.tail.drain(..self.tail.len() - self.keep);
+        }
+    }
+
+    /// The end of the stream: the rest logged, the tail as text.
+    fn finish(mut self) -> String {
+        self.log.finish();
+        if self.tail.len() > self.keep {
+            self.tail.drain(..self.tail.len() - self.keep);
+        }
+        String::from_utf8_lossy(&self.tail).into_owned()
+    }
+}
+
+async fn read_tail(mut pipe: impl AsyncRead + Unpin, mut log: TailLog) -> String {
     let mut buf = [0u8; 8 * 1024];
     loop {
         match pipe.read(&mut buf).await {
             Ok(0) | Err(_) => break,
-            Ok(n) => {
-                // Lines go to the worker log; the tail is kept for the failure reason.
-                log.feed(&buf[..n]);
-                tail.extend_from_slice(&buf[..n]);
-                if tail.len() > keep * 2 {
-                    tail.drain(..tail.len() - keep);
-                }
-            }
+            Ok(n) => log.feed(&buf[..n]),
         }
     }
-    log.finish();
-    if tail.len() > keep {
-        tail.drain(..tail.len() - keep);
-    }
-    String::from_utf8_lossy(&tail).into_owned()
+    log.finish()
 }
 
 #[cfg(test)]
@@ -519,6 +625,50 @@ mod tests {
             label: "body".to_owned(),
             user: None,
         }
+    }
+
+    #[tokio::test]
+    async fn drain_now_reads_what_a_pipe_holds_and_gives_it_back_while_it_is_open() {
+        use std::io::Write as _;
+        let (write, read) = pipe::pipe().unwrap();
+        let read = read.into_nonblocking_fd().unwrap();
+        let mut write = std::fs::File::from(write.into_blocking_fd().unwrap());
+        write.write_all(b"first").unwrap();
+        let mut got = Vec::new();
+        let read = drain_now(read, |c| got.extend_from_slice(c)).expect("still open");
+        assert_eq!(got, b"first");
+        write.write_all(b" second").unwrap();
+        drop(write);
+        assert!(
+            drain_now(read, |c| got.extend_from_slice(c)).is_none(),
+            "at its end"
+        );
+        assert_eq!(got, b"first second");
+    }
+
+    #[tokio::test]
+    async fn a_body_that_exits_at_once_has_its_stdout_and_stderr_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = "printf '{\"ok\": true}'; printf 'one\\ntwo' >&2; exit 3";
+        let whole = run(&sh(script, dir.path()), Vec::new(), RunLimits::default())
+            .await
+            .unwrap();
+        assert_eq!(whole.ended, Ended::Exited(3));
+        assert_eq!(whole.stdout, br#"{"ok": true}"#);
+        assert_eq!(whole.stderr_tail, "one\ntwo");
+        let capped = RunLimits {
+            max_stdout: 4,
+            stderr_tail: 3,
+            ..RunLimits::default()
+        };
+        let cut = run(&sh(script, dir.path()), Vec::new(), capped)
+            .await
+            .unwrap();
+        assert_eq!(
+            (cut.stdout.as_slice(), cut.stdout_overflow),
+            (&b"{\"ok"[..], true)
+        );
+        assert_eq!(cut.stderr_tail, "two");
     }
 
     #[tokio::test]
