@@ -4,7 +4,8 @@
 //! plot. See `docs/performance.md`.
 //!
 //! `cargo run --release -p perago-bench -- [--runs N] [--tasks N] [--smoke] [scenario…]`
-//! with scenarios `throughput payload logging spawn latency slot memory startup scaling workspace`
+//! with scenarios `throughput exec payload logging spawn latency slot memory startup scaling
+//! workspace`
 //! (default: all).
 
 mod perago;
@@ -25,8 +26,9 @@ use std::{
 };
 use workload::{Conductor, ceiling, throughput};
 
-const SCENARIOS: [&str; 10] = [
+const SCENARIOS: [&str; 11] = [
     "throughput",
+    "exec",
     "payload",
     "logging",
     "spawn",
@@ -397,6 +399,22 @@ impl Bench {
         Ok(())
     }
 
+    /// The `exec` body alone (j = 2 and 4): the figures the `spawn` floor is compared with,
+    /// without the rest of the throughput scenario. Not in the default set (throughput
+    /// measures the same).
+    async fn exec(&mut self) -> Result<(), String> {
+        let tasks = self.o.tasks;
+        for _ in 0..self.o.runs {
+            for jobs in [2, 4] {
+                let exec = self.perago_run(Body::Exec, jobs, tasks).await?;
+                self.figure(&format!("perago exec body j={jobs}"), "tasks/s")
+                    .runs
+                    .push(exec);
+            }
+        }
+        Ok(())
+    }
+
     /// How CPU and throughput grow with the input size: the Python function behind `jsonl`
     /// and conductor-python, j = 2, 1 KiB, 64 KiB and 1 MiB of input per task.
     async fn payload(&mut self) -> Result<(), String> {
@@ -746,7 +764,11 @@ fn spawn_cat(input: &[u8], uid: Option<u32>) -> Result<(), String> {
 pub async fn run(options: Options) -> Result<(), String> {
     ensure_binaries(&options.binaries)?;
     let scenarios: Vec<String> = if options.scenarios.is_empty() {
-        SCENARIOS.iter().map(|s| (*s).to_owned()).collect()
+        SCENARIOS
+            .iter()
+            .filter(|s| **s != "exec")
+            .map(|s| (*s).to_owned())
+            .collect()
     } else {
         options.scenarios.clone()
     };
@@ -759,6 +781,7 @@ pub async fn run(options: Options) -> Result<(), String> {
         eprintln!("running {scenario}…");
         match scenario.as_str() {
             "throughput" => bench.throughput().await?,
+            "exec" => bench.exec().await?,
             "payload" => bench.payload().await?,
             "logging" => bench.logging().await?,
             "spawn" => bench.spawn()?,

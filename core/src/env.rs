@@ -81,6 +81,10 @@ pub const PERAGO_WORKFLOW_ID: &str = "PERAGO_WORKFLOW_ID";
 /// The attempt's working directory (workspace tasks).
 pub const PERAGO_WORKSPACE_DIR: &str = "PERAGO_WORKSPACE_DIR";
 
+/// The variables systemd sets for its notify protocol (`sd_notify(3)`). Only the supervisor
+/// speaks for the service: no broker, executor or body gets them.
+pub const SYSTEMD_NOTIFY_VARS: [&str; 3] = ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"];
+
 /// The variables that are secrets: a runtime child gets the ones it needs over
 /// [`PERAGO_SECRETS_FD`], never in its environment, and bodies never get any.
 pub const SECRET_VARS: [&str; 6] = [

@@ -11,6 +11,9 @@
 //! [`spawn`] and still waited for). In thread mode bodies run under [`body_guard_main`], which
 //! does the same when the supervisor dies.
 //!
+//! Bodies are started by [`Spawn`] (`clone(CLONE_VM | CLONE_VFORK)`, the same steps before
+//! `exec`, a pidfd to wait on) rather than a forking `Command`: see `process/spawn.rs`.
+//!
 //! Pitfall: `PR_SET_PDEATHSIG` fires when the *thread* that spawned the child exits, not the
 //! process. Children must therefore be spawned from a long-lived thread (a current-thread
 //! runtime's main thread, or a runtime worker), never from `spawn_blocking`, whose idle threads
@@ -22,6 +25,9 @@
 )]
 
 use std::{io, os::fd::RawFd};
+
+mod spawn;
+pub use spawn::{Child, Environment, Spawn};
 
 /// Makes the child the leader of its own process group and has the kernel send it
 /// `death_signal` if its parent dies first (SIGKILL for bodies; SIGTERM for the broker and
@@ -474,7 +480,12 @@ fn children_of_threads(threads: &[u32]) -> Vec<u32> {
     let me = std::process::id();
     let mut found = Vec::new();
     for tid in threads {
-        match std::fs::read_to_string(format!("/proc/self/task/{tid}/children")) {
+        let list = if *tid == me {
+            main_thread_children(me)
+        } else {
+            std::fs::read_to_string(format!("/proc/{me}/task/{tid}/children"))
+        };
+        match list {
             Ok(list) => found.extend(
                 list.split_ascii_whitespace()
                     .filter_map(|p| p.parse::<u32>().ok()),
@@ -487,6 +498,34 @@ fn children_of_threads(threads: &[u32]) -> Vec<u32> {
     found.sort_unstable();
     found.dedup();
     found
+}
+
+/// The main thread's `children` file, kept open: read again from its start it lists the
+/// children as they are now, and opening it (a walk of /proc) costs more than reading it. With
+/// the pid it belongs to (a process forked from this one must not read its parent's).
+static MAIN_CHILDREN: std::sync::OnceLock<(u32, io::Result<std::fs::File>)> =
+    std::sync::OnceLock::new();
+
+/// `/proc/<me>/task/<me>/children`, read through [`MAIN_CHILDREN`].
+fn main_thread_children(me: u32) -> io::Result<String> {
+    use std::os::unix::fs::FileExt as _;
+    let path = || format!("/proc/{me}/task/{me}/children");
+    let (pid, file) = MAIN_CHILDREN.get_or_init(|| (me, std::fs::File::open(path())));
+    let file = match file {
+        Ok(file) if *pid == me => file,
+        Err(e) if *pid == me => return Err(io::Error::new(e.kind(), e.to_string())),
+        _ => return std::fs::read_to_string(path()),
+    };
+    let mut text = Vec::new();
+    let mut chunk = [0u8; 1024];
+    loop {
+        let n = file.read_at(&mut chunk, text.len() as u64)?;
+        if n == 0 {
+            break;
+        }
+        text.extend_from_slice(&chunk[..n]);
+    }
+    String::from_utf8(text).map_err(io::Error::other)
 }
 
 /// SIGKILLs every child of this process that is not [`Managed`] (orphans re-parented to this
@@ -937,6 +976,57 @@ mod tests {
         });
         assert!(has_children(), "an exited child not yet reaped");
         child.wait().unwrap();
+    }
+
+    #[tokio::test]
+    async fn kill_adopted_ends_what_a_spawned_body_left_and_spares_a_spawned_body_that_runs() {
+        become_subreaper().unwrap();
+        let daemon = format!("1002.{}1", std::process::id());
+        let running = format!("1002.{}2", std::process::id());
+        let (_running, _running_guard) = Spawn::new("sleep").arg(&running).spawn().unwrap();
+        let (mut body, guard) = Spawn::new("/bin/sh")
+            .args(["-c", &format!("(setsid sleep {daemon} &); exit 0")])
+            .env("PATH", "/usr/bin:/bin")
+            .spawn()
+            .unwrap();
+        assert!(body.wait().await.unwrap().success());
+        drop(guard);
+        wait_for("the daemon to be adopted", || {
+            alive_with(&daemon)
+                .first()
+                .is_some_and(|pid| stat(*pid).is_some_and(|s| s.ppid == std::process::id()))
+        });
+        let pid = alive_with(&daemon)[0];
+
+        assert!(kill_adopted() >= 1);
+        assert_eq!(alive_with(&daemon), Vec::<u32>::new(), "the daemon is gone");
+        assert_eq!(stat(pid), None, "and reaped");
+        assert_eq!(
+            alive_with(&running).len(),
+            1,
+            "a body being run is not touched"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_main_threads_children_are_read_afresh_from_the_file_kept_open() {
+        become_subreaper().unwrap();
+        let me = std::process::id();
+        let end = |pid: u32| {
+            signal_process(pid, SIGKILL).unwrap();
+            // SAFETY: waitpid(2) on our own child, killed above.
+            unsafe { libc::waitpid(pid as i32, std::ptr::null_mut(), 0) };
+        };
+        // Opened (and kept) before the daemons exist.
+        main_thread_children(me).unwrap();
+        let first = leave_adopted_daemon(&format!("1003.{}1", std::process::id())).await;
+        assert!(children_of_threads(&[me]).contains(&first));
+        end(first);
+        // Read from its start: a read going on from where the last one ended would skip it.
+        let second = leave_adopted_daemon(&format!("1003.{}2", std::process::id())).await;
+        let now = children_of_threads(&[me]);
+        assert!(now.contains(&second) && !now.contains(&first), "{now:?}");
+        end(second);
     }
 
     /// After an assignment only the main thread and the body's threads are looked at: the

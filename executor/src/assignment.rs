@@ -630,6 +630,13 @@ impl AssignmentRunner {
         }
     }
 
+    /// Whether an assignment ends with what its body left running already killed and reaped:
+    /// a command body's run does it itself (see `command::run`), so the slot need not look
+    /// again; a Rust body's threads and a persistent `jsonl` body leave it to the slot.
+    pub fn collects_leftovers(&self) -> bool {
+        matches!(self.body, Body::Command(_))
+    }
+
     /// The threads Rust bodies ran on since the last call (see
     /// [`perago_core::process::kill_adopted_below`]).
     pub fn take_body_threads(&self) -> Vec<u32> {

@@ -5,13 +5,15 @@
 use perago_core::process as unix;
 use std::{
     io,
+    os::fd::OwnedFd,
     path::PathBuf,
-    process::{ExitStatus, Stdio},
-    sync::{Arc, Mutex},
+    process::ExitStatus,
+    sync::{Arc, Mutex, OnceLock},
     time::{Duration, Instant},
 };
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWriteExt},
+    net::unix::pipe,
     task::JoinHandle,
 };
 
@@ -153,7 +155,10 @@ const RUNTIME_PREFIXES: [&str; 3] = ["PERAGO_", "CONDUCTOR_", "LAKEFS_"];
 /// never hold the workspace root's lock (a daemon it leaves behind would keep the root locked
 /// forever), the completion pipe or a socket of the runtime.
 pub(crate) fn strip_runtime_secrets(cmd: &mut tokio::process::Command) {
-    for name in RUNTIME_SECRETS {
+    for name in RUNTIME_SECRETS
+        .iter()
+        .chain(&perago_core::env::SYSTEMD_NOTIFY_VARS)
+    {
         cmd.env_remove(name);
     }
     for (name, _) in std::env::vars_os() {
@@ -181,42 +186,166 @@ pub async fn run_with_soft_limit(
     soft: Option<&SoftLimit>,
 ) -> io::Result<Finished> {
     let started = Instant::now();
-    let mut cmd = unix::body_command(&spec.program);
-    strip_runtime_secrets(&mut cmd);
-    if let Some((uid, gid)) = spec.user {
-        cmd.uid(uid).gid(gid);
-    }
-    cmd.args(&spec.args)
+    let mut body = unix::Spawn::body(&spec.program);
+    body.args(&spec.args)
         .current_dir(&spec.dir)
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    unix::isolate(&mut cmd, unix::SIGKILL);
-    let (mut child, managed) = unix::spawn(&mut cmd)?;
+        .death_signal(unix::SIGKILL)
+        .base_env(inherited_environment());
+    for (name, value) in &spec.env {
+        body.env(name, value);
+    }
+    if let Some((uid, gid)) = spec.user {
+        body.user(uid, gid);
+    }
+    let (mut child, managed) = body.spawn()?;
     let pgid = managed.pid();
+    let start = tokio::time::Instant::now();
+    let kept = Arc::new(Mutex::new(Kept::new(limits.max_stdout)));
+    let mut stderr_log = Some(TailLog::new(limits.stderr_tail, spec.label.clone()));
+    let mut writer = None;
+    let mut stdout = None;
+    let mut stderr = None;
+    let ended = async {
+        if let Some(pipe) = child.stdin.take() {
+            writer = feed(pipe, stdin)?;
+        }
+        if quiet_window_fits(&limits, soft)
+            && let Ok(status) = tokio::time::timeout(QUIET_WINDOW, child.wait()).await
+        {
+            return Ok(Ended::from_status(status?));
+        }
+        // Still running: its output is read as it comes.
+        if let Some(fd) = child.stdout.take() {
+            stdout = Some(read_stdout_from(fd, &kept)?);
+        }
+        if let (Some(fd), Some(log)) = (child.stderr.take(), stderr_log.take()) {
+            stderr = Some(read_stderr_from(fd, log)?);
+        }
+        wait_within_limits(&mut child, pgid, start, &limits, soft).await
+    }
+    .await;
+    let (stdout_pipe, stderr_pipe) = (child.stdout.take(), child.stderr.take());
+    // Not waited for only after an error above: then it is killed here.
+    drop(child);
+    drop(managed);
+    // Whatever the body left running is an orphan now, in its group or (a double fork, a
+    // `setsid`) re-parented to this subreaper: end it all, so its pipes close and nothing
+    // outlives the assignment. On every path: the slot does not look again after a command
+    // body (see `AssignmentRunner::collects_leftovers`).
+    let group_killed = unix::signal_group(pgid, unix::SIGKILL);
+    // Commands are spawned by the runtime's (main) thread: its children and the orphans
+    // handed to it are all there is to look at.
+    let killed = unix::kill_adopted_below(&[]);
+    if killed > 0 {
+        tracing::info!(
+            pgid,
+            killed,
+            "killed the processes the command left running"
+        );
+    }
+    if let Some(writer) = writer {
+        writer.abort();
+    }
+    let ended = match ended.and_then(|ended| group_killed.map(|()| ended)) {
+        Ok(ended) => ended,
+        Err(e) => {
+            if let Some(task) = &stdout {
+                task.abort();
+            }
+            if let Some(task) = &stderr {
+                task.abort();
+            }
+            return Err(e);
+        }
+    };
+    // Exited within the quiet window: what the pipes hold is read now, and only a pipe still
+    // open (held by a process that escaped every kill) gets a reader.
+    if let Some(fd) = stdout_pipe
+        && let Some(fd) = drain_now(fd, |chunk| kept.lock().expect("not poisoned").feed(chunk))
+    {
+        stdout = Some(read_stdout_from(fd, &kept)?);
+    }
+    let mut stderr_tail = None;
+    if let (Some(fd), Some(mut log)) = (stderr_pipe, stderr_log) {
+        match drain_now(fd, |chunk| log.feed(chunk)) {
+            Some(fd) => stderr = Some(read_stderr_from(fd, log)?),
+            None => stderr_tail = Some(log.finish()),
+        }
+    }
+    // The output is what was read by now and within the drain limit: a process that escaped
+    // every kill and still holds the pipe cannot withhold the body's result.
+    let _ = join_pipe(stdout).await;
+    let Kept {
+        bytes: stdout,
+        overflow: stdout_overflow,
+        ..
+    } = std::mem::take(&mut *kept.lock().expect("not poisoned"));
+    let stderr_tail = match stderr_tail {
+        Some(tail) => tail,
+        None => join_pipe(stderr).await.unwrap_or_default(),
+    };
+    Ok(Finished {
+        ended,
+        stdout,
+        stdout_overflow,
+        stderr_tail,
+        elapsed: started.elapsed(),
+    })
+}
 
-    let writer = child.stdin.take().map(|mut pipe| {
-        tokio::spawn(async move {
-            // A body that does not read its input closes the pipe early: not an error.
-            let _ = pipe.write_all(&stdin).await;
-            let _ = pipe.shutdown().await;
-        })
-    });
-    let kept = Arc::new(Mutex::new((Vec::new(), false)));
-    let stdout = child
-        .stdout
-        .take()
-        .map(|pipe| tokio::spawn(read_capped(pipe, limits.max_stdout, Arc::clone(&kept))));
-    let stderr = child
-        .stderr
-        .take()
-        .map(|pipe| tokio::spawn(read_tail(pipe, limits.stderr_tail, spec.label.clone())));
+/// How long a run first waits for the body to exit before it reads the body's output as it
+/// comes. A body that exits within it (a short command) has its output read in one go after
+/// its exit: the pipes are not registered with the runtime, and the executor is not woken
+/// for each write. A body that fills a pipe (64 KiB) within it waits at most this long for
+/// its reader.
+const QUIET_WINDOW: Duration = Duration::from_millis(2);
 
-    let hard = limits
-        .timeout
-        .map(|limit| tokio::time::Instant::now() + limit);
+/// Whether the quiet window ends before any time limit (it signals nothing).
+fn quiet_window_fits(limits: &RunLimits, soft: Option<&SoftLimit>) -> bool {
+    limits.timeout.is_none_or(|t| t > QUIET_WINDOW)
+        && soft.is_none_or(|s| s.after.is_zero() || s.after > QUIET_WINDOW)
+}
+
+/// A reader task for the body's stdout (`fd`, non-blocking), into `kept`.
+fn read_stdout_from(fd: OwnedFd, kept: &Arc<Mutex<Kept>>) -> io::Result<JoinHandle<()>> {
+    let pipe = pipe::Receiver::from_owned_fd_unchecked(fd)?;
+    Ok(tokio::spawn(read_capped(pipe, Arc::clone(kept))))
+}
+
+/// A reader task for the body's stderr (`fd`, non-blocking), through `log`.
+fn read_stderr_from(fd: OwnedFd, log: TailLog) -> io::Result<JoinHandle<String>> {
+    let pipe = pipe::Receiver::from_owned_fd_unchecked(fd)?;
+    Ok(tokio::spawn(read_tail(pipe, log)))
+}
+
+/// Reads what the non-blocking `pipe` holds now into `sink`. `None` at its end (or on an
+/// error, which ends a reader too); the pipe back while it is still open.
+fn drain_now(pipe: OwnedFd, mut sink: impl FnMut(&[u8])) -> Option<OwnedFd> {
+    use std::io::Read as _;
+    let mut file = std::fs::File::from(pipe);
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => return None,
+            Ok(n) => sink(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Some(file.into()),
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Waits for `child` within the soft and hard time limits, counted from `start`: SIGUSR1 to
+/// the child at the soft limit, SIGTERM to its group at the hard one, SIGKILL after the grace
+/// period.
+async fn wait_within_limits(
+    child: &mut unix::Child,
+    pgid: u32,
+    start: tokio::time::Instant,
+    limits: &RunLimits,
+    soft: Option<&SoftLimit>,
+) -> io::Result<Ended> {
+    let hard = limits.timeout.map(|limit| start + limit);
     if let Some(soft) = soft
         && soft.after.is_zero()
     {
@@ -228,7 +357,7 @@ pub async fn run_with_soft_limit(
             "soft time limit already past at dispatch (body.soft_time_limit): the body is not sent SIGUSR1, which would kill it before it can install a handler; the hard limit applies"
         );
     } else if let Some(soft) = soft {
-        let soft_at = tokio::time::Instant::now() + soft.after;
+        let soft_at = start + soft.after;
         if hard.is_none_or(|hard| soft_at < hard) {
             tokio::select! {
                 _ = tokio::time::sleep_until(soft_at) => {
@@ -240,7 +369,7 @@ pub async fn run_with_soft_limit(
         }
     }
     let left = hard.map(|hard| hard.saturating_duration_since(tokio::time::Instant::now()));
-    let ended = match left {
+    Ok(match left {
         None => Ended::from_status(child.wait().await?),
         Some(limit) => match tokio::time::timeout(limit, child.wait()).await {
             Ok(status) => Ended::from_status(status?),
@@ -258,37 +387,45 @@ pub async fn run_with_soft_limit(
                 Ended::TimedOut
             }
         },
-    };
-    drop(managed);
-    // Whatever the body left running is an orphan now, in its group or (a double fork, a
-    // `setsid`) re-parented to this subreaper: end it all, so its pipes close and nothing
-    // outlives the assignment.
-    unix::signal_group(pgid, unix::SIGKILL)?;
-    // Commands are spawned by the runtime's (main) thread: its children and the orphans
-    // handed to it are all there is to look at.
-    let killed = unix::kill_adopted_below(&[]);
-    if killed > 0 {
-        tracing::info!(
-            pgid,
-            killed,
-            "killed the processes the command left running"
-        );
-    }
+    })
+}
 
-    if let Some(writer) = writer {
-        writer.abort();
+/// Writes `input` to a body's stdin (`pipe`, non-blocking) and closes it: what the pipe takes
+/// at once (all of an input up to the pipe's buffer, 64 KiB) without a task; the rest, if any,
+/// from a task as the body reads. A body that does not read its input closes the pipe early:
+/// not an error.
+fn feed(pipe: OwnedFd, input: Vec<u8>) -> io::Result<Option<JoinHandle<()>>> {
+    use std::io::Write as _;
+    let mut file = std::fs::File::from(pipe);
+    let mut written = 0;
+    while written < input.len() {
+        match file.write(&input[written..]) {
+            Ok(0) => return Ok(None),
+            Ok(n) => written += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let mut pipe = pipe::Sender::from_owned_fd_unchecked(file.into())?;
+                return Ok(Some(tokio::spawn(async move {
+                    let _ = pipe.write_all(&input[written..]).await;
+                })));
+            }
+            Err(_) => return Ok(None),
+        }
     }
-    // The output is what was read by now and within the drain limit: a process that escaped
-    // every kill and still holds the pipe cannot withhold the body's result.
-    let _ = join_pipe(stdout).await;
-    let (stdout, stdout_overflow) = std::mem::take(&mut *kept.lock().expect("not poisoned"));
-    let stderr_tail = join_pipe(stderr).await.unwrap_or_default();
-    Ok(Finished {
-        ended,
-        stdout,
-        stdout_overflow,
-        stderr_tail,
-        elapsed: started.elapsed(),
+    Ok(None)
+}
+
+/// What a body inherits of the executor's environment: all but the runtime's variables (see
+/// [`strip_runtime_secrets`]). Read once: the executor never changes its environment.
+fn inherited_environment() -> &'static unix::Environment {
+    static INHERITED: OnceLock<unix::Environment> = OnceLock::new();
+    INHERITED.get_or_init(|| {
+        unix::Environment::new(std::env::vars_os().filter(|(name, _)| {
+            let text = name.to_string_lossy();
+            !RUNTIME_SECRETS.contains(&&*text)
+                && !perago_core::env::SYSTEMD_NOTIFY_VARS.contains(&&*text)
+                && !RUNTIME_PREFIXES.iter().any(|p| text.starts_with(p))
+        }))
     })
 }
 
@@ -306,25 +443,40 @@ async fn join_pipe<T: Default>(task: Option<JoinHandle<T>>) -> Option<T> {
     }
 }
 
-/// Reads `pipe` to its end into `kept` (at most `cap` bytes; the flag says there was more).
-/// The bytes live outside the task, so output read before a stuck pipe is given up on stays.
-async fn read_capped(
-    mut pipe: impl AsyncRead + Unpin,
+/// A body's stdout as kept: at most `cap` bytes, and whether there was more.
+#[derive(Debug, Default)]
+struct Kept {
+    bytes: Vec<u8>,
+    overflow: bool,
     cap: usize,
-    kept: Arc<Mutex<(Vec<u8>, bool)>>,
-) {
+}
+
+impl Kept {
+    fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            ..Self::default()
+        }
+    }
+
+    fn feed(&mut self, chunk: &[u8]) {
+        let room = self.cap.saturating_sub(self.bytes.len());
+        if chunk.len() > room {
+            self.overflow = true;
+        }
+        self.bytes
+            .extend_from_slice(&chunk[..chunk.len().min(room)]);
+    }
+}
+
+/// Reads `pipe` to its end into `kept`. The bytes live outside the task, so output read
+/// before a stuck pipe is given up on stays.
+async fn read_capped(mut pipe: impl AsyncRead + Unpin, kept: Arc<Mutex<Kept>>) {
     let mut buf = [0u8; 16 * 1024];
     loop {
         match pipe.read(&mut buf).await {
             Ok(0) | Err(_) => break,
-            Ok(n) => {
-                let mut kept = kept.lock().expect("not poisoned");
-                let room = cap.saturating_sub(kept.0.len());
-                if n > room {
-                    kept.1 = true;
-                }
-                kept.0.extend_from_slice(&buf[..n.min(room)]);
-            }
+            Ok(n) => kept.lock().expect("not poisoned").feed(&buf[..n]),
         }
     }
 }
@@ -401,28 +553,51 @@ impl StderrLog {
     }
 }
 
-async fn read_tail(mut pipe: impl AsyncRead + Unpin, keep: usize, label: String) -> String {
-    let mut tail: Vec<u8> = Vec::new();
-    let mut log = StderrLog::new(label);
+/// A body's stderr on its way: lines to the worker log, the last `keep` bytes kept for the
+/// failure reason.
+#[derive(Debug)]
+struct TailLog {
+    tail: Vec<u8>,
+    keep: usize,
+    log: StderrLog,
+}
+
+impl TailLog {
+    fn new(keep: usize, label: String) -> Self {
+        Self {
+            tail: Vec::new(),
+            keep,
+            log: StderrLog::new(label),
+        }
+    }
+
+    fn feed(&mut self, chunk: &[u8]) {
+        self.log.feed(chunk);
+        self.tail.extend_from_slice(chunk);
+        if self.tail.len() > self.keep * 2 {
+            self.tail.drain(..self.tail.len() - self.keep);
+        }
+    }
+
+    /// The end of the stream: the rest logged, the tail as text.
+    fn finish(mut self) -> String {
+        self.log.finish();
+        if self.tail.len() > self.keep {
+            self.tail.drain(..self.tail.len() - self.keep);
+        }
+        String::from_utf8_lossy(&self.tail).into_owned()
+    }
+}
+
+async fn read_tail(mut pipe: impl AsyncRead + Unpin, mut log: TailLog) -> String {
     let mut buf = [0u8; 8 * 1024];
     loop {
         match pipe.read(&mut buf).await {
             Ok(0) | Err(_) => break,
-            Ok(n) => {
-                // Lines go to the worker log; the tail is kept for the failure reason.
-                log.feed(&buf[..n]);
-                tail.extend_from_slice(&buf[..n]);
-                if tail.len() > keep * 2 {
-                    tail.drain(..tail.len() - keep);
-                }
-            }
+            Ok(n) => log.feed(&buf[..n]),
         }
     }
-    log.finish();
-    if tail.len() > keep {
-        tail.drain(..tail.len() - keep);
-    }
-    String::from_utf8_lossy(&tail).into_owned()
+    log.finish()
 }
 
 #[cfg(test)]
@@ -454,6 +629,50 @@ mod tests {
             label: "body".to_owned(),
             user: None,
         }
+    }
+
+    #[tokio::test]
+    async fn drain_now_reads_what_a_pipe_holds_and_gives_it_back_while_it_is_open() {
+        use std::io::Write as _;
+        let (write, read) = pipe::pipe().unwrap();
+        let read = read.into_nonblocking_fd().unwrap();
+        let mut write = std::fs::File::from(write.into_blocking_fd().unwrap());
+        write.write_all(b"first").unwrap();
+        let mut got = Vec::new();
+        let read = drain_now(read, |c| got.extend_from_slice(c)).expect("still open");
+        assert_eq!(got, b"first");
+        write.write_all(b" second").unwrap();
+        drop(write);
+        assert!(
+            drain_now(read, |c| got.extend_from_slice(c)).is_none(),
+            "at its end"
+        );
+        assert_eq!(got, b"first second");
+    }
+
+    #[tokio::test]
+    async fn a_body_that_exits_at_once_has_its_stdout_and_stderr_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = "printf '{\"ok\": true}'; printf 'one\\ntwo' >&2; exit 3";
+        let whole = run(&sh(script, dir.path()), Vec::new(), RunLimits::default())
+            .await
+            .unwrap();
+        assert_eq!(whole.ended, Ended::Exited(3));
+        assert_eq!(whole.stdout, br#"{"ok": true}"#);
+        assert_eq!(whole.stderr_tail, "one\ntwo");
+        let capped = RunLimits {
+            max_stdout: 4,
+            stderr_tail: 3,
+            ..RunLimits::default()
+        };
+        let cut = run(&sh(script, dir.path()), Vec::new(), capped)
+            .await
+            .unwrap();
+        assert_eq!(
+            (cut.stdout.as_slice(), cut.stdout_overflow),
+            (&b"{\"ok"[..], true)
+        );
+        assert_eq!(cut.stderr_tail, "two");
     }
 
     #[tokio::test]

@@ -357,10 +357,13 @@ pub async fn serve(
                     ),
                 };
                 // Whatever the body left running (orphans re-parented to this subreaper) ends
-                // with the assignment.
-                let killed = perago_core::process::kill_adopted_below(&runner.take_body_threads());
-                if killed > 0 {
-                    tracing::info!(killed, "killed the processes the assignment left running");
+                // with the assignment (a command body's run has seen to it already).
+                if !runner.collects_leftovers() {
+                    let threads = runner.take_body_threads();
+                    let killed = perago_core::process::kill_adopted_below(&threads);
+                    if killed > 0 {
+                        tracing::info!(killed, "killed the processes the assignment left running");
+                    }
                 }
                 done += 1;
                 if recycling.is_none()

@@ -629,7 +629,9 @@ impl LakefsClient {
             .await
             .map_err(|e| match e {
                 // For a merge, 409 means the branches changed the same paths.
-                LakefsError::Status { op, status: 409, .. } => LakefsError::Conflict { op },
+                LakefsError::Status {
+                    op, status: 409, ..
+                } => LakefsError::Conflict { op },
                 other => other,
             })?;
         let answer: Value = Self::decode(&op, &bytes)?;

@@ -15,7 +15,7 @@ use std::{
 };
 
 /// The variables systemd sets for the notify protocol; none reaches a child.
-pub(crate) const VARIABLES: [&str; 3] = ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"];
+pub(crate) const VARIABLES: [&str; 3] = perago_core::env::SYSTEMD_NOTIFY_VARS;
 
 /// Where systemd listens, and how often it wants a watchdog ping.
 #[derive(Debug)]

@@ -114,3 +114,43 @@ async fn a_notify_unit_hears_ready_status_watchdog_and_stopping() {
     let exit = sup.wait_exit(Duration::from_secs(20)).await;
     assert!(exit.success(), "{}", sup.log_text());
 }
+
+/// In thread mode bodies are started from the supervisor's own process, whose environment
+/// holds the notify socket: they must not get it either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_body_sees_the_notify_socket_in_either_mode() {
+    for mode in ["thread", "process"] {
+        let conductor = Conductor::start().await;
+        let task = TaskFixture::new(
+            "e2e.notifyenv",
+            "read params\nenv > \"env-$PERAGO_TASK_ID\"\necho '{}'\n",
+            "",
+        );
+        conductor.register(&task).await;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify");
+        let _listener = UnixDatagram::bind(&path).unwrap();
+        let mut sup = SupervisorProc::start_args(
+            &task,
+            &conductor,
+            "1",
+            &["--execution-mode", mode],
+            &[
+                ("NOTIFY_SOCKET", path.to_str().unwrap()),
+                ("WATCHDOG_USEC", "60000000"),
+            ],
+            None,
+            None,
+        );
+        let id = conductor.start_workflow(&task, serde_json::json!({})).await;
+        let wf = conductor.wait_terminal(&id, Duration::from_secs(20)).await;
+        assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
+        let task_id = wf["tasks"][0]["taskId"].as_str().unwrap();
+        let env = std::fs::read_to_string(task.dir.path().join(format!("env-{task_id}"))).unwrap();
+        for name in ["NOTIFY_SOCKET=", "WATCHDOG_USEC="] {
+            assert!(!env.contains(name), "{mode} mode: the body has {name}");
+        }
+        sup.signal("TERM");
+        assert!(sup.wait_exit(Duration::from_secs(20)).await.success());
+    }
+}
