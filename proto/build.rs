@@ -23,6 +23,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     fs::write(out_dir.join("perago_descriptor.bin"), fds.encode_to_vec())?;
 
     tonic_prost_build::configure()
+        // The counters are listed once, in the .proto: `status` prints them by serialising.
+        .type_attribute(
+            "perago.admin.v1.BrokerCounters",
+            "#[derive(serde::Serialize)]",
+        )
         .build_client(true)
         .build_server(true)
         .compile_fds(fds)?;

@@ -1,7 +1,19 @@
 //! The broker's monotonic counters, shared by the actor, the poller and the reporters.
 
 use perago_proto::admin::v1::BrokerCounters;
-use std::sync::atomic::{AtomicU64, Ordering};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric as _},
+    metrics::{
+        MetricType, counter::ConstCounter, counter::Counter as PromCounter, family::Family,
+        gauge::ConstGauge, histogram::Histogram,
+    },
+    registry::Registry,
+};
+use std::sync::{
+    Arc,
+    atomic::{AtomicU64, Ordering},
+};
 
 /// One counter.
 #[derive(Debug, Default)]
@@ -17,82 +29,82 @@ impl Counter {
     }
 }
 
-/// Everything `Status` reports.
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub(crate) polls: Counter,
-    pub(crate) empty_polls: Counter,
-    pub(crate) poll_errors: Counter,
-    pub(crate) dispatched: Counter,
-    pub(crate) completed: Counter,
-    pub(crate) failed: Counter,
-    pub(crate) failed_terminal: Counter,
-    pub(crate) update_retries: Counter,
-    pub(crate) lease_extensions: Counter,
-    pub(crate) leases_lost: Counter,
-    pub(crate) executor_exits: Counter,
-    pub(crate) results_lost: Counter,
-    pub(crate) rejected_completions: Counter,
-    pub(crate) executors_recycled: Counter,
-    pub(crate) tasks_poisoned: Counter,
-    pub(crate) scale_ups: Counter,
-    pub(crate) scale_downs: Counter,
-    pub(crate) polls_withheld: Counter,
-}
-
-impl Counters {
-    pub(crate) fn snapshot(&self) -> BrokerCounters {
-        BrokerCounters {
-            polls: self.polls.get(),
-            empty_polls: self.empty_polls.get(),
-            poll_errors: self.poll_errors.get(),
-            dispatched: self.dispatched.get(),
-            completed: self.completed.get(),
-            failed: self.failed.get(),
-            failed_terminal: self.failed_terminal.get(),
-            update_retries: self.update_retries.get(),
-            lease_extensions: self.lease_extensions.get(),
-            leases_lost: self.leases_lost.get(),
-            executor_exits: self.executor_exits.get(),
-            results_lost: self.results_lost.get(),
-            rejected_completions: self.rejected_completions.get(),
-            executors_recycled: self.executors_recycled.get(),
-            tasks_poisoned: self.tasks_poisoned.get(),
-            scale_ups: self.scale_ups.get(),
-            scale_downs: self.scale_downs.get(),
-            polls_withheld: self.polls_withheld.get(),
+/// Declares every broker counter once: the field, its Prometheus family (without `_total`) and
+/// label if any, and its help. From this one list come the `Counters` struct, the
+/// `Admin.Status` snapshot (whose `BrokerCounters` must then have exactly these fields: the
+/// compiler checks it) and the `perago_*` families of `/metrics`.
+macro_rules! counters {
+    ($( $field:ident => $metric:literal $([$key:literal = $value:literal])?, $help:literal; )*) => {
+        /// Every counter `Status` and `/metrics` report.
+        #[derive(Debug, Default)]
+        pub(crate) struct Counters {
+            $( #[doc = $help] pub(crate) $field: Counter, )*
         }
-    }
+
+        impl Counters {
+            pub(crate) fn snapshot(&self) -> BrokerCounters {
+                BrokerCounters { $( $field: self.$field.get(), )* }
+            }
+
+            /// Each counter as `/metrics` shows it, in the list's order.
+            fn exported(&self) -> Vec<Exported> {
+                vec![ $( Exported {
+                    metric: $metric,
+                    help: $help,
+                    label: counters!(@label $($key = $value)?),
+                    value: self.$field.get(),
+                }, )* ]
+            }
+        }
+    };
+    (@label) => { None };
+    (@label $key:literal = $value:literal) => { Some(($key, $value)) };
 }
 
-/// Upper bounds (seconds) of the task duration histogram buckets.
+counters! {
+    polls => "perago_polls", "Poll requests sent to Conductor";
+    empty_polls => "perago_empty_polls", "Polls that returned no task";
+    poll_errors => "perago_poll_errors", "Polls that failed";
+    dispatched => "perago_tasks_dispatched", "Assignments sent to executor slots";
+    completed => "perago_task_results" ["status" = "COMPLETED"], "Results reported to Conductor, by status";
+    failed => "perago_task_results" ["status" = "FAILED"], "Results reported to Conductor, by status";
+    failed_terminal => "perago_task_results" ["status" = "FAILED_WITH_TERMINAL_ERROR"], "Results reported to Conductor, by status";
+    update_retries => "perago_update_retries", "Result updates retried after an error";
+    lease_extensions => "perago_lease_extensions", "Lease extensions sent";
+    leases_lost => "perago_leases_lost", "Leases found lost when reading a task back";
+    executor_exits => "perago_executor_exits", "Executor generations that exited while not draining (each is restarted)";
+    results_lost => "perago_results_lost", "Results given up on after retries";
+    rejected_completions => "perago_completions_rejected", "Completions refused because they were not the slot's current assignment";
+    executors_recycled => "perago_executors_recycled", "Executors replaced after --max-tasks-per-executor or --max-executor-memory";
+    tasks_poisoned => "perago_tasks_poisoned", "Tasks failed for good after PERAGO_POISON_AFTER executor crashes";
+    scale_ups => "perago_scale_ups", "Slots started above the minimum of the executor range";
+    scale_downs => "perago_scale_downs", "Idle slots retired down towards the minimum of the executor range";
+    polls_withheld => "perago_polls_withheld", "Poll grants withheld while available memory was below PERAGO_MIN_FREE_MEMORY";
+}
+
+/// One counter as `/metrics` shows it.
+struct Exported {
+    metric: &'static str,
+    help: &'static str,
+    label: Option<(&'static str, &'static str)>,
+    value: u64,
+}
+
+/// Upper bounds (seconds) of the `perago_task_duration_seconds` buckets.
 pub(crate) const DURATION_BUCKETS: [f64; 12] = [
     0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0, 1800.0,
 ];
 
-/// Dispatch-to-completion durations, as a Prometheus histogram.
-#[derive(Debug, Default)]
-pub(crate) struct Histogram {
-    buckets: [Counter; DURATION_BUCKETS.len()],
-    count: Counter,
-    sum_micros: AtomicU64,
-}
+/// The buckets (seconds) of the Conductor SDKs' canonical time histograms.
+pub(crate) const SDK_TIME_BUCKETS: [f64; 12] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
 
-impl Histogram {
-    pub(crate) fn observe(&self, seconds: f64) {
-        for (bound, bucket) in DURATION_BUCKETS.iter().zip(&self.buckets) {
-            if seconds <= *bound {
-                bucket.inc();
-            }
-        }
-        self.count.inc();
-        self.sum_micros
-            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
-    }
-}
+/// The buckets (bytes) of the Conductor SDKs' canonical size histograms.
+pub(crate) const SDK_SIZE_BUCKETS: [f64; 6] = [100.0, 1e3, 1e4, 1e5, 1e6, 1e7];
 
 /// Gauges and the histogram, beside the counters.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Gauges {
     pub(crate) busy_slots: AtomicU64,
     pub(crate) slots: AtomicU64,
@@ -104,173 +116,259 @@ pub(crate) struct Gauges {
     pub(crate) available_memory: AtomicU64,
     /// 1 while the broker may poll (memory admission), else 0.
     pub(crate) admission_open: AtomicU64,
+    /// Dispatch-to-completion durations.
     pub(crate) task_duration: Histogram,
+    /// What only the Conductor SDKs' metric surface has.
+    pub(crate) sdk: SdkMetrics,
 }
 
-/// The Prometheus text exposition of everything the broker counts.
-pub(crate) fn prometheus(task: &str, c: &Counters, g: &Gauges) -> String {
-    use std::fmt::Write as _;
-    let label = format!(
-        "task=\"{}\"",
-        task.replace('\\', "\\\\").replace('"', "\\\"")
+impl Default for Gauges {
+    fn default() -> Self {
+        Self {
+            busy_slots: AtomicU64::default(),
+            slots: AtomicU64::default(),
+            wanted_executors: AtomicU64::default(),
+            queue_depth: AtomicU64::default(),
+            available_memory: AtomicU64::default(),
+            admission_open: AtomicU64::default(),
+            task_duration: Histogram::new(DURATION_BUCKETS),
+            sdk: SdkMetrics::default(),
+        }
+    }
+}
+
+/// A label set of one label.
+type Label = [(&'static str, String); 1];
+
+fn time_histogram() -> Histogram {
+    Histogram::new(SDK_TIME_BUCKETS)
+}
+
+/// What the Conductor SDK runners export (their canonical names, `taskType` label, seconds and
+/// bytes), so dashboards built for them work unchanged. Counts the runtime keeps anyway
+/// (polls, dispatches, failures, restarts, busy slots) are read from [`Counters`] and
+/// [`Gauges`]; these are what only the SDK surface has.
+#[derive(Debug)]
+pub(crate) struct SdkMetrics {
+    /// `task_poll_error_total{exception}`.
+    pub(crate) poll_errors: Family<Label, PromCounter>,
+    /// `task_poll_time_seconds{status}`: `SUCCESS` or `FAILURE`.
+    pub(crate) poll_time: Family<Label, Histogram, fn() -> Histogram>,
+    /// `task_execute_time_seconds{status}`: dispatch to completion.
+    pub(crate) execute_time: Family<Label, Histogram, fn() -> Histogram>,
+    /// `task_update_error_total{exception}`: every failed update attempt.
+    pub(crate) update_errors: Family<Label, PromCounter>,
+    /// `task_update_time_seconds{status}`.
+    pub(crate) update_time: Family<Label, Histogram, fn() -> Histogram>,
+    /// `task_result_size_bytes`: the output's JSON size.
+    pub(crate) result_size: Histogram,
+}
+
+impl Default for SdkMetrics {
+    fn default() -> Self {
+        Self {
+            poll_errors: Family::default(),
+            poll_time: Family::new_with_constructor(time_histogram),
+            execute_time: Family::new_with_constructor(time_histogram),
+            update_errors: Family::default(),
+            update_time: Family::new_with_constructor(time_histogram),
+            result_size: Histogram::new(SDK_SIZE_BUCKETS),
+        }
+    }
+}
+
+/// The `status` label of the SDK time histograms.
+pub(crate) fn outcome(success: bool) -> Label {
+    [(
+        "status",
+        if success { "SUCCESS" } else { "FAILURE" }.to_owned(),
+    )]
+}
+
+/// The `exception` label of the SDK error counters.
+pub(crate) fn exception(kind: &str) -> Label {
+    [("exception", kind.to_owned())]
+}
+
+/// The `perago_*` counters and gauges, read at each scrape.
+#[derive(Debug)]
+struct PeragoCollector(Arc<Counters>, Arc<Gauges>);
+
+impl Collector for PeragoCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let exported = self.0.exported();
+        let mut rest = exported.as_slice();
+        // Consecutive entries of one family (results by status) share their descriptor.
+        while let Some(first) = rest.first() {
+            let n = rest.iter().take_while(|e| e.metric == first.metric).count();
+            let (family, others) = rest.split_at(n);
+            let mut descriptor =
+                encoder.encode_descriptor(first.metric, first.help, None, MetricType::Counter)?;
+            for entry in family {
+                let value = ConstCounter::new(entry.value);
+                match entry.label {
+                    Some((key, label)) => {
+                        value.encode(descriptor.encode_family(&[(key, label)])?)?
+                    }
+                    None => value.encode(descriptor.encode_family(&NO_LABELS)?)?,
+                }
+            }
+            rest = others;
+        }
+        let g = &self.1;
+        let mut gauge = |name: &str, help: &str, value: u64| -> Result<(), std::fmt::Error> {
+            let descriptor = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX)).encode(descriptor)
+        };
+        gauge(
+            "perago_busy_slots",
+            "Slots running an assignment",
+            g.busy_slots.load(Ordering::Relaxed),
+        )?;
+        gauge(
+            "perago_slots",
+            "Executor slots",
+            g.slots.load(Ordering::Relaxed),
+        )?;
+        gauge(
+            "perago_wanted_executors",
+            "Executors the runtime wants running (between the -j range's bounds)",
+            g.wanted_executors.load(Ordering::Relaxed),
+        )?;
+        let depth = g.queue_depth.load(Ordering::Relaxed);
+        if depth != u64::MAX {
+            gauge(
+                "perago_queue_depth",
+                "The task type's queue depth as Conductor last reported it",
+                depth,
+            )?;
+        }
+        let available = g.available_memory.load(Ordering::Relaxed);
+        if available > 0 {
+            gauge(
+                "perago_available_memory_bytes",
+                "Available memory when last measured (cgroup v2 aware)",
+                available,
+            )?;
+        }
+        gauge(
+            "perago_admission_open",
+            "1 while the broker may poll for new tasks, 0 while memory admission is closed",
+            g.admission_open.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// No labels beyond the registry's own.
+const NO_LABELS: [(&str, &str); 0] = [];
+
+/// The SDK names for counts the runtime keeps anyway, read at each scrape.
+#[derive(Debug)]
+struct SdkCollector(Arc<Counters>, Arc<Gauges>);
+
+impl Collector for SdkCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let c = &self.0;
+        let mut counter = |name: &str, help: &str, value: u64| -> Result<(), std::fmt::Error> {
+            let descriptor = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            ConstCounter::new(value).encode(descriptor)
+        };
+        counter(
+            "task_poll",
+            "Poll requests issued to the server",
+            c.polls.get(),
+        )?;
+        counter(
+            "task_execution_started",
+            "Polled tasks dispatched to an executor",
+            c.dispatched.get(),
+        )?;
+        counter(
+            "worker_restart",
+            "Executors that exited while not draining (each is restarted)",
+            c.executor_exits.get(),
+        )?;
+        let mut errors = encoder.encode_descriptor(
+            "task_execute_error",
+            "Executions that ended FAILED or FAILED_WITH_TERMINAL_ERROR (the exception label)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (status, value) in [
+            ("FAILED", c.failed.get()),
+            ("FAILED_WITH_TERMINAL_ERROR", c.failed_terminal.get()),
+        ] {
+            ConstCounter::new(value).encode(errors.encode_family(&[("exception", status)])?)?;
+        }
+        let busy = self.1.busy_slots.load(Ordering::Relaxed);
+        let descriptor = encoder.encode_descriptor(
+            "active_workers",
+            "Executors running a task now",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(i64::try_from(busy).unwrap_or(i64::MAX)).encode(descriptor)
+    }
+}
+
+/// The registry `/metrics` serves: the `perago_*` families labelled `task`, and the Conductor
+/// SDKs' canonical families labelled `taskType`.
+pub(crate) fn registry(task: &str, counters: &Arc<Counters>, gauges: &Arc<Gauges>) -> Registry {
+    let mut root = Registry::default();
+    let perago = root.sub_registry_with_label(("task".into(), task.to_owned().into()));
+    perago.register_collector(Box::new(PeragoCollector(
+        Arc::clone(counters),
+        Arc::clone(gauges),
+    )));
+    perago.register(
+        "perago_task_duration_seconds",
+        "Time from dispatch to completion",
+        gauges.task_duration.clone(),
     );
+    let sdk = root.sub_registry_with_label(("taskType".into(), task.to_owned().into()));
+    sdk.register_collector(Box::new(SdkCollector(
+        Arc::clone(counters),
+        Arc::clone(gauges),
+    )));
+    let s = &gauges.sdk;
+    sdk.register(
+        "task_poll_error",
+        "Poll requests that failed client-side, by error kind",
+        s.poll_errors.clone(),
+    );
+    sdk.register(
+        "task_poll_time_seconds",
+        "Poll request latency (a long poll waits up to PERAGO_POLL_WAIT_MS)",
+        s.poll_time.clone(),
+    );
+    sdk.register(
+        "task_execute_time_seconds",
+        "Time from dispatch to completion, by outcome",
+        s.execute_time.clone(),
+    );
+    sdk.register(
+        "task_update_error",
+        "Result update attempts that failed, by error kind",
+        s.update_errors.clone(),
+    );
+    sdk.register(
+        "task_update_time_seconds",
+        "Result update latency, by outcome",
+        s.update_time.clone(),
+    );
+    sdk.register(
+        "task_result_size_bytes",
+        "Size of the task output's JSON",
+        s.result_size.clone(),
+    );
+    root
+}
+
+/// The Prometheus text exposition (version 0.0.4) of `registry`.
+pub(crate) fn prometheus(registry: &Registry) -> String {
     let mut out = String::new();
-    let mut counter = |name: &str, help: &str, value: u64| {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{label}}} {value}"
-        );
-    };
-    counter(
-        "perago_polls_total",
-        "Poll requests sent to Conductor.",
-        c.polls.get(),
-    );
-    counter(
-        "perago_empty_polls_total",
-        "Polls that returned no task.",
-        c.empty_polls.get(),
-    );
-    counter(
-        "perago_poll_errors_total",
-        "Polls that failed.",
-        c.poll_errors.get(),
-    );
-    counter(
-        "perago_tasks_dispatched_total",
-        "Assignments sent to executor slots.",
-        c.dispatched.get(),
-    );
-    counter(
-        "perago_update_retries_total",
-        "Result updates retried after an error.",
-        c.update_retries.get(),
-    );
-    counter(
-        "perago_lease_extensions_total",
-        "Lease extensions sent.",
-        c.lease_extensions.get(),
-    );
-    counter(
-        "perago_leases_lost_total",
-        "Leases found lost when reading a task back.",
-        c.leases_lost.get(),
-    );
-    counter(
-        "perago_executor_exits_total",
-        "Executor generations that exited while not draining (each is restarted).",
-        c.executor_exits.get(),
-    );
-    counter(
-        "perago_results_lost_total",
-        "Results given up on after retries.",
-        c.results_lost.get(),
-    );
-    counter(
-        "perago_completions_rejected_total",
-        "Completions refused because they were not the slot's current assignment.",
-        c.rejected_completions.get(),
-    );
-    counter(
-        "perago_executors_recycled_total",
-        "Executors replaced after --max-tasks-per-executor or --max-executor-memory.",
-        c.executors_recycled.get(),
-    );
-    counter(
-        "perago_tasks_poisoned_total",
-        "Tasks failed for good after PERAGO_POISON_AFTER executor crashes.",
-        c.tasks_poisoned.get(),
-    );
-    counter(
-        "perago_scale_ups_total",
-        "Slots started above the minimum of the executor range.",
-        c.scale_ups.get(),
-    );
-    counter(
-        "perago_scale_downs_total",
-        "Idle slots retired down towards the minimum of the executor range.",
-        c.scale_downs.get(),
-    );
-    counter(
-        "perago_polls_withheld_total",
-        "Poll grants withheld while available memory was below PERAGO_MIN_FREE_MEMORY.",
-        c.polls_withheld.get(),
-    );
-    let _ = writeln!(
-        out,
-        "# HELP perago_task_results_total Results reported to Conductor, by status.\n# TYPE perago_task_results_total counter"
-    );
-    for (status, value) in [
-        ("COMPLETED", c.completed.get()),
-        ("FAILED", c.failed.get()),
-        ("FAILED_WITH_TERMINAL_ERROR", c.failed_terminal.get()),
-    ] {
-        let _ = writeln!(
-            out,
-            "perago_task_results_total{{{label},status=\"{status}\"}} {value}"
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# HELP perago_busy_slots Slots running an assignment.\n# TYPE perago_busy_slots gauge\nperago_busy_slots{{{label}}} {}",
-        g.busy_slots.load(Ordering::Relaxed)
-    );
-    let _ = writeln!(
-        out,
-        "# HELP perago_slots Executor slots.\n# TYPE perago_slots gauge\nperago_slots{{{label}}} {}",
-        g.slots.load(Ordering::Relaxed)
-    );
-    let mut gauge = |name: &str, help: &str, value: u64| {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{label}}} {value}"
-        );
-    };
-    gauge(
-        "perago_wanted_executors",
-        "Executors the runtime wants running (between the -j range's bounds).",
-        g.wanted_executors.load(Ordering::Relaxed),
-    );
-    let depth = g.queue_depth.load(Ordering::Relaxed);
-    if depth != u64::MAX {
-        gauge(
-            "perago_queue_depth",
-            "The task type's queue depth as Conductor last reported it.",
-            depth,
-        );
-    }
-    let available = g.available_memory.load(Ordering::Relaxed);
-    if available > 0 {
-        gauge(
-            "perago_available_memory_bytes",
-            "Available memory when last measured (cgroup v2 aware).",
-            available,
-        );
-    }
-    gauge(
-        "perago_admission_open",
-        "1 while the broker may poll for new tasks, 0 while memory admission is closed.",
-        g.admission_open.load(Ordering::Relaxed),
-    );
-    let h = &g.task_duration;
-    let _ = writeln!(
-        out,
-        "# HELP perago_task_duration_seconds Time from dispatch to completion.\n# TYPE perago_task_duration_seconds histogram"
-    );
-    for (bound, bucket) in DURATION_BUCKETS.iter().zip(&h.buckets) {
-        let _ = writeln!(
-            out,
-            "perago_task_duration_seconds_bucket{{{label},le=\"{bound}\"}} {}",
-            bucket.get()
-        );
-    }
-    let _ = writeln!(
-        out,
-        "perago_task_duration_seconds_bucket{{{label},le=\"+Inf\"}} {}\nperago_task_duration_seconds_sum{{{label}}} {}\nperago_task_duration_seconds_count{{{label}}} {}",
-        h.count.get(),
-        h.sum_micros.load(Ordering::Relaxed) as f64 / 1e6,
-        h.count.get()
-    );
+    prometheus_client::encoding::prometheus_text::encode(&mut out, registry)
+        .expect("writing into a String cannot fail");
     out
 }
 
@@ -278,38 +376,112 @@ pub(crate) fn prometheus(task: &str, c: &Counters, g: &Gauges) -> String {
 mod tests {
     use super::*;
 
+    fn scrape(c: Counters, g: Gauges) -> String {
+        prometheus(&registry("features.build", &Arc::new(c), &Arc::new(g)))
+    }
+
     #[test]
     fn exposition_has_every_family_and_a_consistent_histogram() {
         let c = Counters::default();
         c.polls.inc();
         c.completed.inc();
+        c.failed.inc();
+        c.failed.inc();
         let g = Gauges::default();
         g.task_duration.observe(0.003);
         g.task_duration.observe(2.0);
-        let text = prometheus("features.build", &c, &g);
-        assert!(text.contains("perago_polls_total{task=\"features.build\"} 1"));
-        assert!(
-            text.contains(
-                "perago_task_results_total{task=\"features.build\",status=\"COMPLETED\"} 1"
-            )
-        );
-        assert!(text.contains(
-            "perago_task_duration_seconds_bucket{task=\"features.build\",le=\"0.005\"} 1"
-        ));
-        assert!(
-            text.contains(
-                "perago_task_duration_seconds_bucket{task=\"features.build\",le=\"5\"} 2"
-            )
-        );
-        assert!(text.contains("perago_task_duration_seconds_count{task=\"features.build\"} 2"));
-        // Every sample line belongs to a family announced by a TYPE line.
-        for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let text = scrape(c, g);
+        for line in [
+            "perago_polls_total{task=\"features.build\"} 1",
+            "perago_task_results_total{task=\"features.build\",status=\"COMPLETED\"} 1",
+            "perago_task_results_total{task=\"features.build\",status=\"FAILED\"} 2",
+            "perago_task_duration_seconds_bucket{task=\"features.build\",le=\"0.005\"} 1",
+            "perago_task_duration_seconds_bucket{task=\"features.build\",le=\"5\"} 2",
+            "perago_task_duration_seconds_count{task=\"features.build\"} 2",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
+        // One family per name: a TYPE line each, and every sample under its own family.
+        let mut types: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| l.split(' ').next().unwrap())
+            .collect();
+        let all = types.len();
+        types.sort_unstable();
+        types.dedup();
+        assert_eq!(types.len(), all, "a family announced twice:\n{text}");
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
             let family = line.split(['{', ' ']).next().unwrap();
             let base = family
                 .trim_end_matches("_bucket")
                 .trim_end_matches("_sum")
                 .trim_end_matches("_count");
-            assert!(text.contains(&format!("# TYPE {base} ")), "{line}");
+            assert!(types.contains(&base), "{line}");
+        }
+    }
+
+    /// Every counter of Admin.Status is on /metrics too: both come from the one list (and
+    /// `snapshot` names every field of `BrokerCounters`, or it does not compile).
+    #[test]
+    fn every_status_counter_is_exported() {
+        let c = Counters::default();
+        let exported = c.exported();
+        let text = scrape(c, Gauges::default());
+        for entry in exported {
+            assert!(
+                text.contains(&format!("# TYPE {}_total counter", entry.metric)),
+                "{}",
+                entry.metric
+            );
+        }
+    }
+
+    /// The Conductor SDKs' canonical names, with `taskType`, so their dashboards work.
+    #[test]
+    fn the_sdk_families_carry_the_task_type() {
+        let c = Counters::default();
+        c.polls.inc();
+        c.dispatched.inc();
+        c.failed_terminal.inc();
+        let g = Gauges::default();
+        g.busy_slots.store(2, Ordering::Relaxed);
+        g.sdk.poll_time.get_or_create(&outcome(true)).observe(0.02);
+        g.sdk
+            .poll_errors
+            .get_or_create(&exception("Transport"))
+            .inc();
+        g.sdk
+            .execute_time
+            .get_or_create(&outcome(false))
+            .observe(1.5);
+        g.sdk
+            .update_errors
+            .get_or_create(&exception("Status"))
+            .inc();
+        g.sdk
+            .update_time
+            .get_or_create(&outcome(true))
+            .observe(0.004);
+        g.sdk.result_size.observe(1200.0);
+        let text = scrape(c, g);
+        for line in [
+            "task_poll_total{taskType=\"features.build\"} 1",
+            "task_execution_started_total{taskType=\"features.build\"} 1",
+            "task_execute_error_total{taskType=\"features.build\",exception=\"FAILED_WITH_TERMINAL_ERROR\"} 1",
+            "active_workers{taskType=\"features.build\"} 2",
+            "task_poll_error_total{taskType=\"features.build\",exception=\"Transport\"} 1",
+            "task_poll_time_seconds_bucket{taskType=\"features.build\",status=\"SUCCESS\",le=\"0.025\"} 1",
+            "task_execute_time_seconds_count{taskType=\"features.build\",status=\"FAILURE\"} 1",
+            "task_update_error_total{taskType=\"features.build\",exception=\"Status\"} 1",
+            "task_update_time_seconds_count{taskType=\"features.build\",status=\"SUCCESS\"} 1",
+            "task_result_size_bytes_bucket{taskType=\"features.build\",le=\"10000\"} 1",
+            "worker_restart_total{taskType=\"features.build\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
         }
     }
 }

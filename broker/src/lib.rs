@@ -100,12 +100,8 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
             .local_addr()
             .map_err(|source| BrokerError::Metrics { addr, source })?;
         tracing::info!(addr = %bound, "metrics served at http://{bound}/metrics");
-        let (task, c, g) = (
-            config.task_name.clone(),
-            Arc::clone(&counters),
-            Arc::clone(&gauges),
-        );
-        tokio::spawn(metrics::serve(listener, task, c, g));
+        let registry = counters::registry(&config.task_name, &counters, &gauges);
+        tokio::spawn(metrics::serve(listener, registry));
     }
     let backoff = Backoff::default_remote();
     let (events, rx) = mpsc::channel(1024);
@@ -114,6 +110,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     let reporter = report::Reporter::new(
         config.conductor.clone(),
         Arc::clone(&counters),
+        Arc::clone(&gauges),
         backoff,
         health.clone(),
     );
@@ -123,7 +120,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         config.capacity.clone(),
         reporter.v2_flag(),
         Arc::clone(&counters),
-        gauges,
+        Arc::clone(&gauges),
         SystemTime::now(),
     );
     // The gRPC health service: SERVING while the broker takes work, NOT_SERVING from the
@@ -156,6 +153,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         wait: config.poll_wait,
         backoff,
         counters: Arc::clone(&counters),
+        gauges: Arc::clone(&gauges),
         health,
     };
     tokio::spawn(poller.run(events.clone()));

@@ -1,53 +1,86 @@
-//! Prometheus metrics over plain HTTP (`GET /metrics`), opt-in with `PERAGO_METRICS_ADDR`.
+//! Prometheus metrics over HTTP (`GET /metrics`, hyper's HTTP/1.1 server), opt-in with
+//! `PERAGO_METRICS_ADDR`. The exposition is `prometheus-client`'s, built from the registry of
+//! `counters.rs` at each scrape.
 
-use crate::counters::{Counters, Gauges, prometheus};
-use std::sync::Arc;
-use tokio::{
-    io::{AsyncReadExt as _, AsyncWriteExt as _},
-    net::TcpListener,
+use http_body_util::Full;
+use hyper::{
+    Method, Request, Response, StatusCode,
+    body::{Bytes, Incoming},
+    service::service_fn,
 };
+use hyper_util::rt::TokioIo;
+use prometheus_client::registry::Registry;
+use std::{sync::Arc, time::Duration};
+use tokio::net::TcpListener;
 
-/// Answers every connection with the current exposition (for `/metrics`) or 404.
-pub(crate) async fn serve(
-    listener: TcpListener,
-    task: String,
-    counters: Arc<Counters>,
-    gauges: Arc<Gauges>,
-) {
+/// How long a connection may take to send its request head.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// The pause after a failed `accept` (out of descriptors, say) before the next one: a failing
+/// listener must not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(200);
+
+fn answer(request: &Request<Incoming>, registry: &Registry) -> Response<Full<Bytes>> {
+    let (status, kind, body) = match (request.method(), request.uri().path()) {
+        (&Method::GET | &Method::HEAD, "/metrics") => (
+            StatusCode::OK,
+            prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+            crate::counters::prometheus(registry),
+        ),
+        (_, "/metrics") => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "use GET\n".to_owned(),
+        ),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found; try /metrics\n".to_owned(),
+        ),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(kind),
+    );
+    response
+}
+
+/// Serves `registry` on `listener` until the broker exits.
+pub(crate) async fn serve(listener: TcpListener, registry: Registry) {
+    let registry = Arc::new(registry);
+    let mut failing = false;
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
-            continue;
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => {
+                failing = false;
+                stream
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %e, "the metrics listener cannot accept connections; retrying");
+                    failing = true;
+                }
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
         };
-        let (task, counters, gauges) = (task.clone(), Arc::clone(&counters), Arc::clone(&gauges));
+        let registry = Arc::clone(&registry);
         tokio::spawn(async move {
-            // One small request per connection is all a scraper sends; read its head only.
-            let mut head = vec![0u8; 4096];
-            let Ok(Ok(n)) =
-                tokio::time::timeout(std::time::Duration::from_secs(5), stream.read(&mut head))
-                    .await
-            else {
-                return;
-            };
-            let request = String::from_utf8_lossy(&head[..n]);
-            let path = request.split_whitespace().nth(1).unwrap_or("");
-            let (status, body, kind) = if request.starts_with("GET ") && path == "/metrics" {
-                (
-                    "200 OK",
-                    prometheus(&task, &counters, &gauges),
-                    "text/plain; version=0.0.4; charset=utf-8",
-                )
-            } else {
-                (
-                    "404 Not Found",
-                    "not found; try /metrics\n".to_owned(),
-                    "text/plain",
-                )
-            };
-            let response = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: {kind}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = stream.write_all(response.as_bytes()).await;
+            let service = service_fn(move |request| {
+                let response = answer(&request, &registry);
+                async move { Ok::<_, std::convert::Infallible>(response) }
+            });
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT);
+            if let Err(e) = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(error = %e, "a metrics connection ended with an error");
+            }
         });
     }
 }

@@ -4,7 +4,7 @@
 
 use crate::{
     actor::Event,
-    counters::Counters,
+    counters::{Counters, Gauges, exception, outcome},
     health::{Health, Waker},
     state::Input,
 };
@@ -20,6 +20,7 @@ pub(crate) struct Poller {
     pub(crate) wait: Duration,
     pub(crate) backoff: Backoff,
     pub(crate) counters: Arc<Counters>,
+    pub(crate) gauges: Arc<Gauges>,
     pub(crate) health: Health,
 }
 
@@ -41,11 +42,19 @@ impl Poller {
                 Ok(n) => n,
             };
             self.counters.polls.inc();
+            let started = std::time::Instant::now();
             let polled = self.health.observe(
                 self.client
                     .batch_poll(&self.task_name, &self.broker_id, count, self.wait)
                     .await,
             );
+            let sdk = &self.gauges.sdk;
+            sdk.poll_time
+                .get_or_create(&outcome(polled.is_ok()))
+                .observe(started.elapsed().as_secs_f64());
+            if let Err(e) = &polled {
+                sdk.poll_errors.get_or_create(&exception(&e.kind())).inc();
+            }
             match polled {
                 Ok(tasks) => {
                     if failures > 0 {

@@ -4,7 +4,7 @@
 
 use crate::{
     actor::Event,
-    counters::Counters,
+    counters::{Counters, Gauges, exception, outcome},
     health::{Health, Waker},
     state::Input,
 };
@@ -48,6 +48,7 @@ pub(crate) struct Reporter {
     client: ConductorClient,
     v2: Arc<AtomicBool>,
     counters: Arc<Counters>,
+    gauges: Arc<Gauges>,
     backoff: Backoff,
     health: Health,
 }
@@ -73,6 +74,7 @@ impl Reporter {
     pub(crate) fn new(
         client: ConductorClient,
         counters: Arc<Counters>,
+        gauges: Arc<Gauges>,
         backoff: Backoff,
         health: Health,
     ) -> Self {
@@ -80,6 +82,7 @@ impl Reporter {
             client,
             v2: Arc::new(AtomicBool::new(true)),
             counters,
+            gauges,
             backoff,
             health,
         }
@@ -152,11 +155,19 @@ impl Reporter {
         let mut waker = Waker::default();
         loop {
             let v2 = use_v2 && self.v2_enabled();
+            let sending = Instant::now();
             let sent = self.health.observe(if v2 {
                 self.client.update_task_v2(body).await
             } else {
                 self.client.update_task(body).await.map(|()| None)
             });
+            let sdk = &self.gauges.sdk;
+            sdk.update_time
+                .get_or_create(&outcome(sent.is_ok()))
+                .observe(sending.elapsed().as_secs_f64());
+            if let Err(e) = &sent {
+                sdk.update_errors.get_or_create(&exception(&e.kind())).inc();
+            }
             match sent {
                 Ok(next) => {
                     if attempt > 0 {

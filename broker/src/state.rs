@@ -760,6 +760,12 @@ impl Machine {
         tracing::debug!(slot = number, task_id = %run.attempt.task_id, execution_id = %run.execution_id, status = result.status().as_str(), "execution finished");
         if let Ok(took) = run.dispatched_at.elapsed() {
             self.gauges.task_duration.observe(took.as_secs_f64());
+            let completed = result.status() == perago_core::result::ResultStatus::Completed;
+            self.gauges
+                .sdk
+                .execute_time
+                .get_or_create(&crate::counters::outcome(completed))
+                .observe(took.as_secs_f64());
         }
         self.report(v2.then_some(number), *run, result, v2);
         if !recycle.is_empty() {

@@ -64,18 +64,9 @@ fn human(d: Duration) -> String {
     }
 }
 
+/// Every counter of the broker, by its name in the .proto (the one list), in its order.
 fn counters_json(c: &BrokerCounters) -> Value {
-    json!({
-        "polls": c.polls, "empty_polls": c.empty_polls, "poll_errors": c.poll_errors,
-        "dispatched": c.dispatched, "completed": c.completed, "failed": c.failed,
-        "failed_terminal": c.failed_terminal, "update_retries": c.update_retries,
-        "lease_extensions": c.lease_extensions, "leases_lost": c.leases_lost,
-        "executor_exits": c.executor_exits, "results_lost": c.results_lost,
-        "rejected_completions": c.rejected_completions,
-        "executors_recycled": c.executors_recycled, "tasks_poisoned": c.tasks_poisoned,
-        "scale_ups": c.scale_ups, "scale_downs": c.scale_downs,
-        "polls_withheld": c.polls_withheld,
-    })
+    serde_json::to_value(c).expect("counters always serialize")
 }
 
 fn capacity_json(c: &Capacity) -> Value {
@@ -243,28 +234,13 @@ pub(crate) fn to_table(status: &StatusResponse) -> String {
         );
     }
     if let Some(c) = &status.counters {
-        let _ = writeln!(
-            out,
-            "counters: polls {}, empty polls {}, poll errors {}, dispatched {}, completed {}, failed {}, failed terminal {}, update retries {}, lease extensions {}, leases lost {}, executor exits {}, results lost {}, rejected completions {}, executors recycled {}, tasks poisoned {}, scale ups {}, scale downs {}, polls withheld {}",
-            c.polls,
-            c.empty_polls,
-            c.poll_errors,
-            c.dispatched,
-            c.completed,
-            c.failed,
-            c.failed_terminal,
-            c.update_retries,
-            c.lease_extensions,
-            c.leases_lost,
-            c.executor_exits,
-            c.results_lost,
-            c.rejected_completions,
-            c.executors_recycled,
-            c.tasks_poisoned,
-            c.scale_ups,
-            c.scale_downs,
-            c.polls_withheld
-        );
+        let listed: Vec<String> = counters_json(c)
+            .as_object()
+            .expect("a message serializes to an object")
+            .iter()
+            .map(|(name, value)| format!("{} {value}", name.replace('_', " ")))
+            .collect();
+        let _ = writeln!(out, "counters: {}", listed.join(", "));
     }
     if let Some(c) = &status.capacity {
         out.push_str(&capacity_table(c));

@@ -104,6 +104,17 @@ impl ConductorError {
         self.status() == Some(404)
     }
 
+    /// A short name for the kind of error, for metrics labels (the Conductor SDKs' `exception`
+    /// label): `Transport`, `HTTP 503`, `Credentials`, `Decode`.
+    pub fn kind(&self) -> String {
+        match self {
+            Self::Transport { .. } => "Transport".to_owned(),
+            Self::Status { status, .. } => format!("HTTP {status}"),
+            Self::Credentials { .. } => "Credentials".to_owned(),
+            Self::Decode { .. } => "Decode".to_owned(),
+        }
+    }
+
     /// Whether the credentials were refused at `POST /token`.
     pub fn is_bad_credentials(&self) -> bool {
         matches!(self, Self::Credentials { .. })

@@ -257,6 +257,71 @@ async fn metrics_move_while_tasks_run() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&missing.stdout), "404");
+
+    // The Conductor SDKs' names, with `taskType`: dashboards built for them work unchanged.
+    let sdk = format!("{{taskType=\"{}\"", task.name);
+    assert_eq!(
+        metric(&after, &format!("task_execution_started_total{sdk}")),
+        Some(5.0),
+        "{after}"
+    );
+    assert!(metric(&after, &format!("task_poll_total{sdk}")).unwrap() >= 1.0);
+    assert_eq!(
+        metric(
+            &after,
+            &format!("task_execute_time_seconds_count{sdk},status=\"SUCCESS\"}}")
+        ),
+        Some(5.0),
+        "{after}"
+    );
+    assert!(
+        metric(
+            &after,
+            &format!("task_update_time_seconds_count{sdk},status=\"SUCCESS\"}}")
+        )
+        .unwrap()
+            >= 5.0
+    );
+    assert!(
+        after.contains("# TYPE task_poll_time_seconds histogram"),
+        "{after}"
+    );
+    assert_eq!(metric(&after, &format!("active_workers{sdk}")), Some(0.0));
+    // Prometheus's own Python client parses the exposition (a real third-party reader).
+    let python = std::env::var_os("PERAGO_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".venv/bin/python"));
+    let parsed = Command::new(python)
+        .args([
+            "-c",
+            "import sys\nfrom prometheus_client.parser import text_string_to_metric_families as p\nfor f in p(sys.stdin.read()): print(f.name, f.type, len(f.samples))",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write as _;
+            child.stdin.take().unwrap().write_all(after.as_bytes())?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    let families = String::from_utf8_lossy(&parsed.stdout);
+    assert!(
+        parsed.status.success(),
+        "{}\n{after}",
+        String::from_utf8_lossy(&parsed.stderr)
+    );
+    for family in [
+        "perago_polls counter",
+        "perago_task_results counter",
+        "perago_task_duration_seconds histogram",
+        "task_poll counter",
+        "task_execute_time_seconds histogram",
+        "active_workers gauge",
+    ] {
+        assert!(families.contains(family), "{family} not parsed: {families}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
