@@ -25,7 +25,7 @@ use crate::{
     wire,
 };
 use perago_core::{
-    attempt::{AttemptError, AttemptSnapshot, TaskRef, task_ref},
+    attempt::{AttemptError, AttemptSnapshot, TaskRef},
     capacity::{Capacity, PERAGO_MIN_FREE_MEMORY},
     conductor::Polled,
     identity::{Slot as SlotNumber, WorkerPrefix},
@@ -847,8 +847,8 @@ impl Machine {
                 return;
             }
         };
-        let ids = task_ref(&task).ok();
-        let attempt = match AttemptSnapshot::from_conductor_owned(task) {
+        let ids = task.task_ref().ok();
+        let attempt = match AttemptSnapshot::from_polled(task) {
             Ok(a) => a,
             Err(AttemptError::Unidentifiable { field }) => {
                 tracing::error!(

@@ -12,7 +12,10 @@
 //! assignment; it is stopped (its whole process group) and started again for the next one.
 
 use crate::command::{CommandSpec, SoftLimit};
-use perago_core::process;
+use perago_core::{
+    json::{Kind, RawJson},
+    process,
+};
 use serde_json::{Value, json};
 use std::{collections::VecDeque, process::Stdio, sync::Arc, time::Duration};
 use tokio::{
@@ -29,6 +32,10 @@ const EXIT_PATIENCE: Duration = Duration::from_millis(500);
 
 /// Bytes of stderr kept for failure reasons.
 const STDERR_TAIL: usize = 2048;
+
+/// The read buffer on the body's stdout: a pipe's capacity, so a long answer line is read in
+/// as few calls as the pipe allows.
+const STDOUT_BUFFER: usize = 64 * 1024;
 
 /// How one call ended, when it did not produce a result.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,7 +105,8 @@ impl JsonlBody {
         let (mut child, managed) = process::spawn(&mut cmd)?;
         let pgid = managed.pid();
         let stdin = child.stdin.take().expect("piped");
-        let stdout = BufReader::new(child.stdout.take().expect("piped")).lines();
+        let stdout =
+            BufReader::with_capacity(STDOUT_BUFFER, child.stdout.take().expect("piped")).lines();
         let mut stderr = child.stderr.take().expect("piped");
         let tail = Arc::clone(&self.stderr_tail);
         let log = Arc::clone(&self.stderr_log);
@@ -149,15 +157,17 @@ impl JsonlBody {
             .and_then(|r| r.as_ref().map(|r| r.managed.pid()))
     }
 
-    /// Runs one assignment through the persistent process.
+    /// Runs one assignment through the persistent process: `request` is the request line,
+    /// newline included (see [`request_line`]); the answer's `result` comes back as the text
+    /// the body wrote.
     pub(crate) async fn call(
         &self,
         execution_id: &str,
-        request: Value,
+        request: &str,
         env: &[(String, String)],
         limit: Option<Duration>,
         soft: Option<&SoftLimit>,
-    ) -> Result<Value, JsonlFailure> {
+    ) -> Result<RawJson, JsonlFailure> {
         let mut guard = self.running.lock().await;
         if guard.is_none() {
             self.stderr_tail.lock().expect("not poisoned").clear();
@@ -168,7 +178,7 @@ impl JsonlBody {
         }
         let outcome = {
             let running = guard.as_mut().expect("started above");
-            let exchange = exchange(running, execution_id, &request, soft);
+            let exchange = exchange(running, execution_id, request, soft);
             match limit {
                 None => exchange.await,
                 Some(limit) => match tokio::time::timeout(limit, exchange).await {
@@ -184,19 +194,14 @@ impl JsonlBody {
         // Each assignment gets its own allowance of logged stderr.
         self.stderr_log.lock().expect("not poisoned").finish();
         match outcome {
-            Ok(response) => {
-                if let Some(result) = response.get("result") {
-                    return Ok(result.clone());
-                }
-                let error = &response["error"];
-                Err(JsonlFailure::Error {
-                    message: error["message"]
-                        .as_str()
-                        .unwrap_or("the body reported an error without a message")
-                        .to_owned(),
-                    terminal: error["terminal"].as_bool().unwrap_or(false),
-                })
-            }
+            Ok(Answer::Result(result)) => Ok(result),
+            Ok(Answer::Error(error)) => Err(JsonlFailure::Error {
+                message: error["message"]
+                    .as_str()
+                    .unwrap_or("the body reported an error without a message")
+                    .to_owned(),
+                terminal: error["terminal"].as_bool().unwrap_or(false),
+            }),
             Err(reason) => {
                 let mut reason = reason;
                 // Stdout closes a moment before the exit status is there to read.
@@ -224,16 +229,56 @@ impl JsonlBody {
     }
 }
 
+/// The request line of one assignment, newline included:
+/// `{"execution_id": …, "task_id": …, "workflow_id": …, "worker_id": …, "params": …,
+/// "workspace_dir": …}` (members in this order), with `params` (a JSON object) written in as
+/// the text it is.
+pub(crate) fn request_line(
+    execution_id: &str,
+    task_id: &str,
+    workflow_id: &str,
+    worker_id: &str,
+    params: &str,
+    workspace_dir: Option<&str>,
+) -> String {
+    use perago_core::json::push_string;
+    let mut line = String::with_capacity(params.len() + 256);
+    line.push_str("{\"execution_id\":");
+    push_string(&mut line, execution_id);
+    line.push_str(",\"task_id\":");
+    push_string(&mut line, task_id);
+    line.push_str(",\"workflow_id\":");
+    push_string(&mut line, workflow_id);
+    line.push_str(",\"worker_id\":");
+    push_string(&mut line, worker_id);
+    line.push_str(",\"params\":");
+    line.push_str(params);
+    line.push_str(",\"workspace_dir\":");
+    match workspace_dir {
+        Some(dir) => push_string(&mut line, dir),
+        None => line.push_str("null"),
+    }
+    line.push_str("}\n");
+    line
+}
+
+/// A well-formed answer.
+#[derive(Debug)]
+enum Answer {
+    /// `result`, as the text the body wrote.
+    Result(RawJson),
+    /// `error`, an object.
+    Error(Value),
+}
+
 /// Writes the request line and reads the response line; any protocol break is an error. At
 /// the soft limit a `{"cancel": "<execution id>"}` line is written meanwhile.
 async fn exchange(
     running: &mut Running,
     execution_id: &str,
-    request: &Value,
+    line: &str,
     soft: Option<&SoftLimit>,
-) -> Result<Value, String> {
-    let mut line = serde_json::to_string(request).expect("a Value always serializes");
-    line.push('\n');
+) -> Result<Answer, String> {
     if let Err(e) = running.stdin.write_all(line.as_bytes()).await {
         return Err(format!("cannot write to the body process: {e}"));
     }
@@ -256,27 +301,158 @@ async fn exchange(
     answer(next.await, execution_id)
 }
 
-/// Checks the response line read for `execution_id`.
-fn answer(read: std::io::Result<Option<String>>, execution_id: &str) -> Result<Value, String> {
+/// Checks the response line read for `execution_id`: whole, as it would be parsed (depth,
+/// syntax, numbers: the same errors), then only its top level is read; `result` is kept as
+/// the text it is.
+fn answer(read: std::io::Result<Option<String>>, execution_id: &str) -> Result<Answer, String> {
     let answer = match read {
         Ok(Some(answer)) => answer,
         Ok(None) => return Err(STDOUT_CLOSED.to_owned()),
         Err(e) => return Err(format!("cannot read from the body process: {e}")),
     };
-    let response: Value = perago_core::json::from_str(&answer).map_err(|e| {
+    let not_json = |e: perago_core::json::JsonError| {
         format!(
             "the body process wrote a line that is not JSON ({e}): {}",
             answer.chars().take(120).collect::<String>()
         )
-    })?;
-    if response["execution_id"] != json!(execution_id) {
+    };
+    perago_core::json::check(&answer).map_err(not_json)?;
+    // Anything but an object has no members (its `execution_id` reads as null).
+    let members = match perago_core::json::kind(&answer) {
+        Kind::Object => perago_core::json::members(&answer).map_err(not_json)?,
+        _ => Vec::new(),
+    };
+    let member = |key: &str| members.iter().find(|(k, _)| k == key).map(|(_, v)| *v);
+    let parsed = |text: &str| perago_core::json::from_str(text).map_err(not_json);
+    let answered_for = member("execution_id").map_or(Ok(Value::Null), parsed)?;
+    if answered_for != json!(execution_id) {
         return Err(format!(
-            "the body process answered for execution {}, not {execution_id}",
-            response["execution_id"]
+            "the body process answered for execution {answered_for}, not {execution_id}"
         ));
     }
-    if response.get("result").is_none() && !response["error"].is_object() {
-        return Err("the body process answered with neither result nor error".to_owned());
+    if let Some(result) = member("result") {
+        return Ok(Answer::Result(RawJson::trusted(result.to_owned())));
     }
-    Ok(response)
+    match member("error") {
+        Some(error) if perago_core::json::kind(error) == Kind::Object => {
+            Ok(Answer::Error(parsed(error)?))
+        }
+        _ => Err("the body process answered with neither result nor error".to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The request line is the object the `json!` builder made before, member for member,
+    /// with the params in it as the text they came as.
+    #[test]
+    fn the_request_line_carries_the_params_as_they_came() {
+        let params = r#"{"x": 1.0e2, "s": "\u00e9", "big": 123456789012345678901234567890}"#;
+        for dir in [None, Some("/w/\"dir\"")] {
+            let line = request_line("e-1", "t-1", "wf-1", "w\n1", params, dir);
+            assert!(line.ends_with('\n'));
+            assert!(line.contains(&format!(r#","params":{params},"#)), "{line}");
+            let expected = json!({
+                "execution_id": "e-1",
+                "task_id": "t-1",
+                "workflow_id": "wf-1",
+                "worker_id": "w\n1",
+                "params": perago_core::json::from_str(params).unwrap(),
+                "workspace_dir": dir,
+            });
+            let parsed = perago_core::json::from_str(line.trim_end()).unwrap();
+            assert_eq!(parsed, expected);
+            assert_eq!(
+                serde_json::to_string(&parsed).unwrap(),
+                serde_json::to_string(&expected).unwrap(),
+                "the members in the same order"
+            );
+        }
+        // Compact params give the very line `json!` gave.
+        let line = request_line("e", "t", "wf", "w", r#"{"n":[1,"a"]}"#, None);
+        let before = json!({
+            "execution_id": "e", "task_id": "t", "workflow_id": "wf", "worker_id": "w",
+            "params": {"n": [1, "a"]}, "workspace_dir": Value::Null,
+        });
+        assert_eq!(line, format!("{before}\n"));
+    }
+
+    fn read(line: &str) -> Result<Answer, String> {
+        answer(Ok(Some(line.to_owned())), "e-1")
+    }
+
+    /// The result is kept as the body wrote it, byte for byte.
+    #[test]
+    fn a_result_is_kept_as_the_body_wrote_it() {
+        let result = r#"{"x": 1.0e2, "s": "\u00e9", "big": 123456789012345678901234567890}"#;
+        let line = format!(r#"{{"execution_id": "e-1", "result": {result}, "extra": 1}}"#);
+        match read(&line) {
+            Ok(Answer::Result(raw)) => assert_eq!(raw.as_str(), result),
+            other => panic!("{other:?}"),
+        }
+        // A null result is a result.
+        assert!(matches!(
+            read(r#"{"execution_id": "e-1", "result": null}"#),
+            Ok(Answer::Result(raw)) if raw.as_str() == "null"
+        ));
+        match read(r#"{"execution_id": "e-1", "error": {"message": "no", "terminal": true}}"#) {
+            Ok(Answer::Error(error)) => {
+                assert_eq!(error, json!({"message": "no", "terminal": true}));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Lines that are not JSON, too deep, or not an answer for this execution fail with the
+    /// messages they failed with before.
+    #[test]
+    fn a_bad_answer_fails_as_before() {
+        let deep = format!(
+            r#"{{"execution_id": "e-1", "result": {}1{}}}"#,
+            "[".repeat(1000),
+            "]".repeat(1000)
+        );
+        for line in [
+            deep.as_str(),
+            "this is not json",
+            r#"{"result": 1e400}"#,
+            "[1,",
+        ] {
+            let e = perago_core::json::from_str(line).unwrap_err();
+            assert_eq!(
+                read(line).unwrap_err(),
+                format!(
+                    "the body process wrote a line that is not JSON ({e}): {}",
+                    line.chars().take(120).collect::<String>()
+                )
+            );
+        }
+        assert_eq!(
+            read(r#"{"execution_id": "e-2", "result": 1}"#).unwrap_err(),
+            "the body process answered for execution \"e-2\", not e-1"
+        );
+        assert_eq!(
+            read(r#"{"execution_id": {"a": [1, 2]}, "result": 1}"#).unwrap_err(),
+            r#"the body process answered for execution {"a":[1,2]}, not e-1"#
+        );
+        assert_eq!(
+            read("[1]").unwrap_err(),
+            "the body process answered for execution null, not e-1"
+        );
+        assert_eq!(
+            read(r#"{"result": 1}"#).unwrap_err(),
+            "the body process answered for execution null, not e-1"
+        );
+        for line in [
+            r#"{"execution_id": "e-1"}"#,
+            r#"{"execution_id": "e-1", "error": "no"}"#,
+        ] {
+            assert_eq!(
+                read(line).unwrap_err(),
+                "the body process answered with neither result nor error"
+            );
+        }
+    }
 }

@@ -66,7 +66,7 @@ async fn run(runner: &AssignmentRunner, id: &str, params: Value) -> RuntimeResul
 
 fn result(r: &RuntimeResult) -> Value {
     match r.outcome() {
-        Outcome::Completed(out) => out["result"].clone(),
+        Outcome::Completed(out) => out.to_value().unwrap()["result"].clone(),
         other => panic!("expected COMPLETED, got {other:?}"),
     }
 }
