@@ -37,6 +37,18 @@ pub fn input_json_len(attempt: &AttemptSnapshot) -> usize {
 
 /// The wire form of an attempt.
 pub fn attempt_to_wire(attempt: &AttemptSnapshot) -> wire::AttemptSnapshot {
+    wire_attempt(attempt, attempt.input_data.as_str().to_owned())
+}
+
+/// The wire form of an attempt being dispatched: its input (which can be megabytes) moves into
+/// the message instead of being copied, and `{}` stands in for it in `attempt`: the broker has
+/// no further use for it.
+pub fn attempt_into_wire(attempt: &mut AttemptSnapshot) -> wire::AttemptSnapshot {
+    let input = std::mem::replace(&mut attempt.input_data, RawJson::trusted("{}".to_owned()));
+    wire_attempt(attempt, input.into_string())
+}
+
+fn wire_attempt(attempt: &AttemptSnapshot, input_data_json: String) -> wire::AttemptSnapshot {
     wire::AttemptSnapshot {
         workflow_instance_id: attempt.workflow_instance_id.clone(),
         task_id: attempt.task_id.clone(),
@@ -46,7 +58,7 @@ pub fn attempt_to_wire(attempt: &AttemptSnapshot) -> wire::AttemptSnapshot {
         seq: attempt.seq,
         iteration: attempt.iteration,
         status: status_to_wire(attempt.status) as i32,
-        input_data_json: attempt.input_data.as_str().to_owned(),
+        input_data_json,
         retried_task_id: attempt.retried_task_id.clone(),
         response_timeout_seconds: attempt.response_timeout_seconds,
         timeout_clock_started_unix_ms: attempt.timeout_clock_started_ms,
@@ -107,6 +119,29 @@ mod tests {
             panic!("completed");
         };
         assert_eq!(output.as_str(), text);
+    }
+
+    /// A dispatched attempt's input moves into the message, unchanged; the rest is the same
+    /// as a copy would be.
+    #[test]
+    fn a_dispatched_input_moves_into_the_message() {
+        let text = r#"{"params": {"x": 1.0e2, "s": "\u00e9"}}"#;
+        let task = format!(
+            r#"{{"taskId": "t", "workflowInstanceId": "wf", "retryCount": 1, "taskDefName": "d",
+                "referenceTaskName": "r", "seq": 2, "status": "IN_PROGRESS", "inputData": {text},
+                "responseTimeoutSeconds": 30}}"#
+        );
+        let mut attempt =
+            AttemptSnapshot::from_polled(perago_core::attempt::PolledTask::split(&task).unwrap())
+                .unwrap();
+        let copied = attempt_to_wire(&attempt);
+        let lease = attempt.without_input();
+        let moved = attempt_into_wire(&mut attempt);
+        assert_eq!(moved, copied);
+        assert_eq!(moved.input_data_json, text);
+        assert_eq!(attempt.input_data.as_str(), "{}");
+        assert_eq!(attempt, lease, "all but the input is kept");
+        assert_eq!(lease.response_timeout_seconds, Some(30));
     }
 
     /// Too deep, malformed or not an object: refused with the errors parsing gives.

@@ -316,6 +316,25 @@ impl AttemptSnapshot {
         })
     }
 
+    /// A copy without the input (which can be megabytes; `{}` stands in for it), for what
+    /// needs only the attempt's identity and timing.
+    pub fn without_input(&self) -> Self {
+        Self {
+            workflow_instance_id: self.workflow_instance_id.clone(),
+            task_id: self.task_id.clone(),
+            retry_count: self.retry_count,
+            task_def_name: self.task_def_name.clone(),
+            reference_task_name: self.reference_task_name.clone(),
+            seq: self.seq,
+            iteration: self.iteration,
+            status: self.status,
+            input_data: RawJson::trusted("{}".to_owned()),
+            retried_task_id: self.retried_task_id.clone(),
+            response_timeout_seconds: self.response_timeout_seconds,
+            timeout_clock_started_ms: self.timeout_clock_started_ms,
+        }
+    }
+
     /// The attempt fence: a `fresh` read of this attempt's task passes only if it is still
     /// IN_PROGRESS and the same workflow, task and retry.
     pub fn fence(&self, fresh: &AttemptSnapshot) -> Result<(), FenceError> {
@@ -373,18 +392,45 @@ impl PolledTask {
     /// Splits the JSON object `text`, checked before with [`crate::json::check`]: only the
     /// top level is read, and only the small fields are parsed.
     pub fn split(text: &str) -> Result<Self, crate::json::JsonError> {
-        let mut task = Self {
-            fields: Map::new(),
-            input_data: None,
-        };
+        let (fields, input) = Self::split_at(text)?;
+        Ok(Self {
+            fields,
+            input_data: input.map(|at| RawJson::trusted(text[at].to_owned())),
+        })
+    }
+
+    /// [`PolledTask::split`] for the task at `range` of `text`, which the task takes over: its
+    /// input becomes the snapshot's text in place (moved within the buffer, not copied into a
+    /// new one; an input can be megabytes).
+    pub fn split_owned(
+        mut text: String,
+        range: std::ops::Range<usize>,
+    ) -> Result<Self, crate::json::JsonError> {
+        let (fields, input) = Self::split_at(&text[range.clone()])?;
+        let input_data = input.map(|at| {
+            text.truncate(range.start + at.end);
+            text.drain(..range.start + at.start);
+            RawJson::trusted(text)
+        });
+        Ok(Self { fields, input_data })
+    }
+
+    /// The fields but `inputData`, parsed, and where `inputData` is in `text`.
+    fn split_at(
+        text: &str,
+    ) -> Result<(Map<String, Value>, Option<std::ops::Range<usize>>), crate::json::JsonError> {
+        let mut fields = Map::new();
+        let mut input = None;
         for (key, value) in crate::json::members(text)? {
             if key == "inputData" {
-                task.input_data = Some(RawJson::trusted(value.to_owned()));
+                // `value` is a slice of `text`.
+                let start = value.as_ptr() as usize - text.as_ptr() as usize;
+                input = Some(start..start + value.len());
             } else {
-                task.fields.insert(key, crate::json::from_str(value)?);
+                fields.insert(key, crate::json::from_str(value)?);
             }
         }
-        Ok(task)
+        Ok((fields, input))
     }
 
     /// A task given as a `Value` (a JSON object; anything else has no fields).

@@ -38,31 +38,64 @@ impl Polled {
     /// undecodable one are read by skipping every other field, which serde_json does without
     /// recursion.
     pub fn decode(text: &str) -> Self {
+        Self::decode_with(text, PolledTask::split)
+    }
+
+    /// [`Polled::decode`] for the task at `range` of `text`, which it takes over: the input
+    /// is moved within the buffer rather than copied into a new one.
+    pub fn decode_owned(text: String, range: std::ops::Range<usize>) -> Self {
+        let task = &text[range.clone()];
+        match Self::check(task) {
+            Ok(true) => match PolledTask::split_owned(text, range) {
+                Ok(task) => Self::Task(task),
+                // Not reached: the text was checked whole.
+                Err(e) => Self::Undecodable {
+                    ids: None,
+                    problem: e.to_string(),
+                },
+            },
+            Ok(false) => Self::not_an_object(),
+            Err(e) => Self::undecodable(task, &e),
+        }
+    }
+
+    fn decode_with(
+        text: &str,
+        split: impl FnOnce(&str) -> Result<PolledTask, crate::json::JsonError>,
+    ) -> Self {
+        match Self::check(text).and_then(|object| object.then(|| split(text)).transpose()) {
+            Ok(Some(task)) => Self::Task(task),
+            Ok(None) => Self::not_an_object(),
+            Err(e) => Self::undecodable(text, &e),
+        }
+    }
+
+    /// Checks `text` whole as parsing would; whether it is an object.
+    fn check(text: &str) -> Result<bool, crate::json::JsonError> {
+        crate::json::check(text)?;
+        Ok(crate::json::kind(text) == crate::json::Kind::Object)
+    }
+
+    fn not_an_object() -> Self {
+        Self::Undecodable {
+            ids: None,
+            problem: "a polled task is not a JSON object".to_owned(),
+        }
+    }
+
+    fn undecodable(text: &str, e: &crate::json::JsonError) -> Self {
         #[derive(serde::Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct Ids {
             task_id: String,
             workflow_instance_id: String,
         }
-        let checked = crate::json::check(text).and_then(|()| {
-            if crate::json::kind(text) != crate::json::Kind::Object {
-                return Ok(None);
-            }
-            PolledTask::split(text).map(Some)
-        });
-        match checked {
-            Ok(Some(task)) => Self::Task(task),
-            Ok(None) => Self::Undecodable {
-                ids: None,
-                problem: "a polled task is not a JSON object".to_owned(),
-            },
-            Err(e) => Self::Undecodable {
-                ids: serde_json::from_str::<Ids>(text).ok().map(|ids| TaskRef {
-                    task_id: ids.task_id,
-                    workflow_instance_id: ids.workflow_instance_id,
-                }),
-                problem: e.to_string(),
-            },
+        Self::Undecodable {
+            ids: serde_json::from_str::<Ids>(text).ok().map(|ids| TaskRef {
+                task_id: ids.task_id,
+                workflow_instance_id: ids.workflow_instance_id,
+            }),
+            problem: e.to_string(),
         }
     }
 }
@@ -510,6 +543,12 @@ impl ConductorClient {
                 url: format!("{}{path}", self.base),
                 message: format!("expected a JSON array of tasks: {e}"),
             })?;
+        if let [task] = tasks[..] {
+            // One task: it takes the answer's buffer over.
+            let start = task.get().as_ptr() as usize - text.as_ptr() as usize;
+            let range = start..start + task.get().len();
+            return Ok(vec![Polled::decode_owned(text, range)]);
+        }
         Ok(tasks.iter().map(|raw| Polled::decode(raw.get())).collect())
     }
 
@@ -571,7 +610,8 @@ impl ConductorClient {
         if status == StatusCode::NO_CONTENT || text.trim().is_empty() {
             return Ok(None);
         }
-        Ok(Some(Polled::decode(&text)))
+        let range = 0..text.len();
+        Ok(Some(Polled::decode_owned(text, range)))
     }
 
     /// `GET /tasks/{taskId}`. A 204 (servers before 3.21.20) counts as not found.
@@ -764,6 +804,24 @@ mod tests {
                 ids: None,
                 problem: "a polled task is not a JSON object".to_owned(),
             }
+        );
+        // Taking the buffer over answers the same, for a task anywhere in it.
+        for input in ["{\"n\": 1.50}", "1e400", "[1,", "{}"] {
+            let text = task(input);
+            let framed = format!("[ {text} ]");
+            assert_eq!(
+                Polled::decode_owned(framed.clone(), 2..2 + text.len()),
+                Polled::decode(&text),
+                "{text}"
+            );
+            assert_eq!(
+                Polled::decode_owned(text.clone(), 0..text.len()),
+                Polled::decode(&text)
+            );
+        }
+        assert_eq!(
+            Polled::decode_owned("[[1]]".to_owned(), 1..4),
+            Polled::decode("[1]")
         );
         let Polled::Task(ok) = Polled::decode(&task("{\"n\": 1.50}")) else {
             panic!("a good task is decoded");
