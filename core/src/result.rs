@@ -163,6 +163,11 @@ impl RuntimeResult {
         &self.outcome
     }
 
+    /// The worker id and the outcome, taken apart.
+    pub fn into_parts(self) -> (String, Outcome) {
+        (self.worker_id, self.outcome)
+    }
+
     /// The worker id that produced it.
     pub fn worker_id(&self) -> &str {
         &self.worker_id
@@ -273,7 +278,7 @@ mod tests {
 
     #[test]
     fn completed_carries_output_and_no_reason() {
-        let out = crate::shape::workspace_free_output(&RawJson::from_value(&json!({"n": 2})));
+        let out = crate::shape::workspace_free_output(RawJson::from_value(&json!({"n": 2})));
         let r = RuntimeResult::completed("w0001", out);
         let body = r.to_conductor("wf", "t", "e-1", 7);
         assert_eq!(body["status"], "COMPLETED");

@@ -208,23 +208,23 @@ pub fn prefix_within(prefix: &str, allowed: &str) -> bool {
 }
 
 /// The output of a completed workspace-free task: `{"result": …}`, the result written in as
-/// the text it is.
-pub fn workspace_free_output(result: &RawJson) -> RawJson {
-    let mut out = String::with_capacity(result.len() + 11);
-    out.push_str("{\"result\":");
-    out.push_str(result.as_str());
+/// the text it is (within its own buffer when it has room: a result can be megabytes).
+pub fn workspace_free_output(result: RawJson) -> RawJson {
+    let mut out = result.into_string();
+    out.reserve(11);
+    out.insert_str(0, "{\"result\":");
     out.push('}');
     RawJson::trusted(out)
 }
 
 /// The output of a completed workspace task: `{"workspace": …, "result": …}`.
-pub fn workspace_output(workspace: &Value, result: &RawJson) -> RawJson {
+pub fn workspace_output(workspace: &Value, result: RawJson) -> RawJson {
     let workspace = serde_json::to_string(workspace).expect("a Value always serializes");
-    let mut out = String::with_capacity(workspace.len() + result.len() + 25);
-    out.push_str("{\"workspace\":");
-    out.push_str(&workspace);
-    out.push_str(",\"result\":");
-    out.push_str(result.as_str());
+    let mut out = result.into_string();
+    out.reserve(workspace.len() + 25);
+    out.insert_str(0, ",\"result\":");
+    out.insert_str(0, &workspace);
+    out.insert_str(0, "{\"workspace\":");
     out.push('}');
     RawJson::trusted(out)
 }
@@ -391,13 +391,13 @@ mod tests {
     #[test]
     fn outputs_have_the_documented_keys() {
         assert_eq!(
-            workspace_free_output(&RawJson::from_value(&json!(1))).as_str(),
+            workspace_free_output(RawJson::from_value(&json!(1))).as_str(),
             r#"{"result":1}"#
         );
         assert_eq!(
             workspace_output(
                 &json!({"commit_id": "c"}),
-                &RawJson::from_value(&json!(null))
+                RawJson::from_value(&json!(null))
             )
             .as_str(),
             r#"{"workspace":{"commit_id":"c"},"result":null}"#
@@ -405,7 +405,7 @@ mod tests {
         // The result goes in as the text it is: no number or escape is rewritten.
         let result = RawJson::parse(r#"{"x": 1.0e2, "s": "\u00e9"}"#.to_owned()).unwrap();
         assert_eq!(
-            workspace_free_output(&result).as_str(),
+            workspace_free_output(result).as_str(),
             r#"{"result":{"x": 1.0e2, "s": "\u00e9"}}"#
         );
     }

@@ -349,7 +349,7 @@ impl AssignmentRunner {
             let result = self
                 .run_body(execution_id, attempt, &env, params, io, &budget)
                 .await?;
-            return Ok(workspace_free_output(&result));
+            return Ok(workspace_free_output(result));
         };
         let failed = |m: String| Failure::Retriable(Reason::new(m));
         let runtime = self.workspace.as_ref().ok_or_else(|| {
@@ -402,7 +402,7 @@ impl AssignmentRunner {
                 .publish(&changes, spec, fence, attempt, execution_id, metadata)
                 .await
                 .map_err(|WorkspaceFailure::Failed(m)| failed(m))?;
-            Ok::<_, Failure>(workspace_output(&published, &result))
+            Ok::<_, Failure>(workspace_output(&published, result))
         }
         .await;
         io.phase(Phase::Cleanup);
@@ -453,14 +453,14 @@ impl AssignmentRunner {
                     .iter()
                     .find(|(k, _)| k == "PERAGO_WORKSPACE_DIR")
                     .map(|(_, v)| v.as_str());
-                let request = crate::jsonl::request_line(
+                let request = crate::jsonl::Request {
                     execution_id,
-                    &attempt.task_id,
-                    &attempt.workflow_instance_id,
-                    &self.worker_id,
+                    task_id: &attempt.task_id,
+                    workflow_id: &attempt.workflow_instance_id,
+                    worker_id: &self.worker_id,
                     params,
                     workspace_dir,
-                );
+                };
                 // The process outlives assignments: only its stable identity is in its env.
                 let process_env = [("PERAGO_WORKER_ID".to_owned(), self.worker_id.clone())];
                 let soft = soft_limit(budget, &attempt.task_id, execution_id, &self.worker_id);

@@ -19,7 +19,7 @@ use perago_core::{
 use serde_json::{Value, json};
 use std::{collections::VecDeque, process::Stdio, sync::Arc, time::Duration};
 use tokio::{
-    io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader, Lines},
+    io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
     process::{Child, ChildStdin, ChildStdout},
     sync::Mutex,
 };
@@ -37,6 +37,11 @@ const STDERR_TAIL: usize = 2048;
 /// as few calls as the pipe allows.
 const STDOUT_BUFFER: usize = 64 * 1024;
 
+/// The request and answer lines are written and read into buffers kept from one assignment to
+/// the next (a large payload then costs no new allocation, nor the page faults a fresh one
+/// brings); one that grew past this is let go.
+const KEPT_LINE_BYTES: usize = 8 * 1024 * 1024;
+
 /// How one call ended, when it did not produce a result.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum JsonlFailure {
@@ -51,7 +56,11 @@ struct Running {
     /// The process's pid and group, kept out of `kill_adopted` while it runs.
     managed: process::Managed,
     stdin: ChildStdin,
-    stdout: Lines<BufReader<ChildStdout>>,
+    stdout: BufReader<ChildStdout>,
+    /// The request line being written.
+    request: String,
+    /// The answer line being read.
+    line: String,
 }
 
 /// The persistent body of one executor.
@@ -105,8 +114,7 @@ impl JsonlBody {
         let (mut child, managed) = process::spawn(&mut cmd)?;
         let pgid = managed.pid();
         let stdin = child.stdin.take().expect("piped");
-        let stdout =
-            BufReader::with_capacity(STDOUT_BUFFER, child.stdout.take().expect("piped")).lines();
+        let stdout = BufReader::with_capacity(STDOUT_BUFFER, child.stdout.take().expect("piped"));
         let mut stderr = child.stderr.take().expect("piped");
         let tail = Arc::clone(&self.stderr_tail);
         let log = Arc::clone(&self.stderr_log);
@@ -135,6 +143,8 @@ impl JsonlBody {
             managed,
             stdin,
             stdout,
+            request: String::new(),
+            line: String::new(),
         })
     }
 
@@ -157,13 +167,12 @@ impl JsonlBody {
             .and_then(|r| r.as_ref().map(|r| r.managed.pid()))
     }
 
-    /// Runs one assignment through the persistent process: `request` is the request line,
-    /// newline included (see [`request_line`]); the answer's `result` comes back as the text
-    /// the body wrote.
+    /// Runs one assignment through the persistent process; the answer's `result` comes back
+    /// as the text the body wrote.
     pub(crate) async fn call(
         &self,
         execution_id: &str,
-        request: &str,
+        request: &Request<'_>,
         env: &[(String, String)],
         limit: Option<Duration>,
         soft: Option<&SoftLimit>,
@@ -229,37 +238,42 @@ impl JsonlBody {
     }
 }
 
-/// The request line of one assignment, newline included:
-/// `{"execution_id": …, "task_id": …, "workflow_id": …, "worker_id": …, "params": …,
-/// "workspace_dir": …}` (members in this order), with `params` (a JSON object) written in as
-/// the text it is.
-pub(crate) fn request_line(
-    execution_id: &str,
-    task_id: &str,
-    workflow_id: &str,
-    worker_id: &str,
-    params: &str,
-    workspace_dir: Option<&str>,
-) -> String {
-    use perago_core::json::push_string;
-    let mut line = String::with_capacity(params.len() + 256);
-    line.push_str("{\"execution_id\":");
-    push_string(&mut line, execution_id);
-    line.push_str(",\"task_id\":");
-    push_string(&mut line, task_id);
-    line.push_str(",\"workflow_id\":");
-    push_string(&mut line, workflow_id);
-    line.push_str(",\"worker_id\":");
-    push_string(&mut line, worker_id);
-    line.push_str(",\"params\":");
-    line.push_str(params);
-    line.push_str(",\"workspace_dir\":");
-    match workspace_dir {
-        Some(dir) => push_string(&mut line, dir),
-        None => line.push_str("null"),
+/// What the request line of one assignment carries.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Request<'a> {
+    pub(crate) execution_id: &'a str,
+    pub(crate) task_id: &'a str,
+    pub(crate) workflow_id: &'a str,
+    pub(crate) worker_id: &'a str,
+    /// A JSON object's text, written in as it is.
+    pub(crate) params: &'a str,
+    pub(crate) workspace_dir: Option<&'a str>,
+}
+
+impl Request<'_> {
+    /// Writes the request line into `line`, newline included:
+    /// `{"execution_id": …, "task_id": …, "workflow_id": …, "worker_id": …, "params": …,
+    /// "workspace_dir": …}` (members in this order), `params` as the text it is.
+    fn write(&self, line: &mut String) {
+        use perago_core::json::push_string;
+        line.reserve(self.params.len() + 256);
+        line.push_str("{\"execution_id\":");
+        push_string(line, self.execution_id);
+        line.push_str(",\"task_id\":");
+        push_string(line, self.task_id);
+        line.push_str(",\"workflow_id\":");
+        push_string(line, self.workflow_id);
+        line.push_str(",\"worker_id\":");
+        push_string(line, self.worker_id);
+        line.push_str(",\"params\":");
+        line.push_str(self.params);
+        line.push_str(",\"workspace_dir\":");
+        match self.workspace_dir {
+            Some(dir) => push_string(line, dir),
+            None => line.push_str("null"),
+        }
+        line.push_str("}\n");
     }
-    line.push_str("}\n");
-    line
 }
 
 /// A well-formed answer.
@@ -276,50 +290,84 @@ enum Answer {
 async fn exchange(
     running: &mut Running,
     execution_id: &str,
-    line: &str,
+    request: &Request<'_>,
     soft: Option<&SoftLimit>,
 ) -> Result<Answer, String> {
-    if let Err(e) = running.stdin.write_all(line.as_bytes()).await {
+    let Running {
+        stdin,
+        stdout,
+        request: out,
+        line,
+        ..
+    } = running;
+    out.clear();
+    request.write(out);
+    let written = stdin.write_all(out.as_bytes()).await;
+    keep_or_let_go(out);
+    if let Err(e) = written {
         return Err(format!("cannot write to the body process: {e}"));
     }
-    let _ = running.stdin.flush().await;
-    let next = running.stdout.next_line();
+    let _ = stdin.flush().await;
+    line.clear();
+    let next = stdout.read_line(line);
     let mut next = std::pin::pin!(next);
-    if let Some(soft) = soft {
-        let soft_at = tokio::time::Instant::now() + soft.after;
-        tokio::select! {
-            read = &mut next => return answer(read, execution_id),
-            () = tokio::time::sleep_until(soft_at) => {}
+    let read = match soft {
+        None => next.await,
+        Some(soft) => {
+            let soft_at = tokio::time::Instant::now() + soft.after;
+            tokio::select! {
+                read = &mut next => read,
+                () = tokio::time::sleep_until(soft_at) => {
+                    soft.log("a cancel line");
+                    let mut cancel = json!({ "cancel": execution_id }).to_string();
+                    cancel.push('\n');
+                    // A body that stopped reading shows it in its answer (or its time limit).
+                    let _ = stdin.write_all(cancel.as_bytes()).await;
+                    let _ = stdin.flush().await;
+                    next.await
+                }
+            }
         }
-        soft.log("a cancel line");
-        let mut cancel = json!({ "cancel": execution_id }).to_string();
-        cancel.push('\n');
-        // A body that stopped reading shows it in its answer (or its time limit).
-        let _ = running.stdin.write_all(cancel.as_bytes()).await;
-        let _ = running.stdin.flush().await;
+    };
+    let answered = match read {
+        Ok(0) => Err(STDOUT_CLOSED.to_owned()),
+        Ok(_) => {
+            // As `lines()` gives it: without its `\n` or `\r\n`.
+            if line.ends_with('\n') {
+                line.pop();
+                if line.ends_with('\r') {
+                    line.pop();
+                }
+            }
+            answer(line, execution_id)
+        }
+        Err(e) => Err(format!("cannot read from the body process: {e}")),
+    };
+    keep_or_let_go(line);
+    answered
+}
+
+/// Lets a line buffer go when it grew past [`KEPT_LINE_BYTES`].
+fn keep_or_let_go(buffer: &mut String) {
+    if buffer.capacity() > KEPT_LINE_BYTES {
+        *buffer = String::new();
     }
-    answer(next.await, execution_id)
 }
 
 /// Checks the response line read for `execution_id`: whole, as it would be parsed (depth,
 /// syntax, numbers: the same errors), then only its top level is read; `result` is kept as
 /// the text it is.
-fn answer(read: std::io::Result<Option<String>>, execution_id: &str) -> Result<Answer, String> {
-    let answer = match read {
-        Ok(Some(answer)) => answer,
-        Ok(None) => return Err(STDOUT_CLOSED.to_owned()),
-        Err(e) => return Err(format!("cannot read from the body process: {e}")),
-    };
+fn answer(answer: &str, execution_id: &str) -> Result<Answer, String> {
     let not_json = |e: perago_core::json::JsonError| {
         format!(
             "the body process wrote a line that is not JSON ({e}): {}",
             answer.chars().take(120).collect::<String>()
         )
     };
-    perago_core::json::check(&answer).map_err(not_json)?;
+    perago_core::json::check(answer).map_err(not_json)?;
     // Anything but an object has no members (its `execution_id` reads as null).
-    let members = match perago_core::json::kind(&answer) {
-        Kind::Object => perago_core::json::members(&answer).map_err(not_json)?,
+    let members = match perago_core::json::kind(answer) {
+        Kind::Object => perago_core::json::members(answer).map_err(not_json)?,
         _ => Vec::new(),
     };
     let member = |key: &str| members.iter().find(|(k, _)| k == key).map(|(_, v)| *v);
@@ -331,7 +379,10 @@ fn answer(read: std::io::Result<Option<String>>, execution_id: &str) -> Result<A
         ));
     }
     if let Some(result) = member("result") {
-        return Ok(Answer::Result(RawJson::trusted(result.to_owned())));
+        // Room for the output's `{"result":` and `}` around it (see `workspace_free_output`).
+        let mut text = String::with_capacity(result.len() + 16);
+        text.push_str(result);
+        return Ok(Answer::Result(RawJson::trusted(text)));
     }
     match member("error") {
         Some(error) if perago_core::json::kind(error) == Kind::Object => {
@@ -344,6 +395,27 @@ fn answer(read: std::io::Result<Option<String>>, execution_id: &str) -> Result<A
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn request_line(
+        execution_id: &str,
+        task_id: &str,
+        workflow_id: &str,
+        worker_id: &str,
+        params: &str,
+        workspace_dir: Option<&str>,
+    ) -> String {
+        let mut line = String::new();
+        Request {
+            execution_id,
+            task_id,
+            workflow_id,
+            worker_id,
+            params,
+            workspace_dir,
+        }
+        .write(&mut line);
+        line
+    }
 
     /// The request line is the object the `json!` builder made before, member for member,
     /// with the params in it as the text they came as.
@@ -380,7 +452,7 @@ mod tests {
     }
 
     fn read(line: &str) -> Result<Answer, String> {
-        answer(Ok(Some(line.to_owned())), "e-1")
+        answer(line, "e-1")
     }
 
     /// The result is kept as the body wrote it, byte for byte.

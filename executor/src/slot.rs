@@ -371,7 +371,7 @@ pub async fn serve(
                 let completion = proto::Completion {
                     task_id,
                     execution_id,
-                    result: Some(wire::result_to_wire(&result)),
+                    result: Some(wire::result_into_wire(result)),
                     recycle: recycling.clone().unwrap_or_default(),
                 };
                 tx.send(message(ToBroker::Completion(completion)))

@@ -67,10 +67,16 @@ pub fn attempt_from_wire(attempt: wire::AttemptSnapshot) -> Result<AttemptSnapsh
 
 /// The wire form of a result.
 pub fn result_to_wire(result: &RuntimeResult) -> wire::TaskResult {
+    result_into_wire(result.clone())
+}
+
+/// [`result_to_wire`], moving the output (which can be megabytes) into the message.
+pub fn result_into_wire(result: RuntimeResult) -> wire::TaskResult {
     use wire::task_result::Outcome as W;
-    let outcome = match result.outcome() {
+    let (worker_id, outcome) = result.into_parts();
+    let outcome = match outcome {
         Outcome::Completed(output) => W::Completed(wire::Completed {
-            output_json: output.as_str().to_owned(),
+            output_json: output.into_string(),
         }),
         Outcome::Failed(reason) => W::Failed(wire::Failed {
             reason: reason.as_str().to_owned(),
@@ -81,7 +87,7 @@ pub fn result_to_wire(result: &RuntimeResult) -> wire::TaskResult {
     };
     wire::TaskResult {
         outcome: Some(outcome),
-        worker_id: result.worker_id().to_owned(),
+        worker_id,
     }
 }
 

@@ -45,7 +45,7 @@ fn results_round_trip() {
     let results = [
         RuntimeResult::completed(
             "w0001",
-            workspace_free_output(&RawJson::from_value(&json!({"n": 1}))),
+            workspace_free_output(RawJson::from_value(&json!({"n": 1}))),
         ),
         RuntimeResult::failed("w0001", Reason::new("body failed (exit status 1)")),
         RuntimeResult::failed_terminal("w0001", Reason::new("pre guardrail failed")),
