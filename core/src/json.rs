@@ -308,44 +308,91 @@ pub fn kind(text: &str) -> Kind {
 }
 
 /// Splits the JSON object `text` into its members, each value kept as its text (a slice of
-/// `text`): only the top level is read. A key given twice keeps its last value, as a parsed
-/// `Map` does. The values are checked for syntax as serde_json skips them, not for number
-/// ranges: pass text that went through [`check`] when that matters.
+/// `text`): only the top level is read, by a scan that crosses strings at memchr's speed and
+/// parses nothing but the keys. A key given twice keeps its last value, as a parsed `Map`
+/// does. `text` must be JSON checked before ([`check`], [`RawJson::skimmed`]): the scan
+/// relies on it, and finds only what breaks its own way through.
 pub fn members(text: &str) -> Result<Vec<(String, &str)>, JsonError> {
-    struct Members<'a>(Vec<(String, &'a str)>);
-    impl<'de> serde::Deserialize<'de> for Members<'de> {
-        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-            struct V;
-            impl<'de> serde::de::Visitor<'de> for V {
-                type Value = Members<'de>;
-                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                    f.write_str("a JSON object")
-                }
-                fn visit_map<A: serde::de::MapAccess<'de>>(
-                    self,
-                    mut map: A,
-                ) -> Result<Members<'de>, A::Error> {
-                    let mut members: Vec<(String, &'de str)> = Vec::new();
-                    let mut index = std::collections::HashMap::<String, usize>::new();
-                    while let Some(key) = map.next_key::<String>()? {
-                        let value: &'de serde_json::value::RawValue = map.next_value()?;
-                        match index.get(&key) {
-                            Some(&at) => members[at].1 = value.get(),
-                            None => {
-                                index.insert(key.clone(), members.len());
-                                members.push((key, value.get()));
-                            }
-                        }
-                    }
-                    Ok(Members(members))
-                }
+    let broken = |what: &str| JsonError::Syntax(format!("{what} (not a checked JSON object)"));
+    let bytes = text.as_bytes();
+    let skip_space = |mut i: usize| {
+        while bytes
+            .get(i)
+            .is_some_and(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+        {
+            i += 1;
+        }
+        i
+    };
+    // Where the string opening at `i` ends (after its closing quote).
+    let string_end = |mut i: usize| -> Result<usize, JsonError> {
+        i += 1;
+        loop {
+            match memchr::memchr2(b'"', b'\\', &bytes[i.min(bytes.len())..]) {
+                Some(at) if bytes[i + at] == b'"' => return Ok(i + at + 1),
+                Some(at) => i += at + 2,
+                None => return Err(broken("a string does not end")),
             }
-            d.deserialize_map(V)
+        }
+    };
+    let mut i = skip_space(0);
+    if bytes.get(i) != Some(&b'{') {
+        return Err(broken("expected an object"));
+    }
+    i = skip_space(i + 1);
+    let mut members: Vec<(String, &str)> = Vec::new();
+    let mut index = std::collections::HashMap::<String, usize>::new();
+    if bytes.get(i) == Some(&b'}') {
+        return Ok(members);
+    }
+    loop {
+        if bytes.get(i) != Some(&b'"') {
+            return Err(broken("expected a key"));
+        }
+        let key_end = string_end(i)?;
+        let raw_key = &text[i + 1..key_end - 1];
+        let key = if raw_key.contains('\\') {
+            serde_json::from_str::<String>(&text[i..key_end])
+                .map_err(|e| JsonError::Syntax(e.to_string()))?
+        } else {
+            raw_key.to_owned()
+        };
+        i = skip_space(key_end);
+        if bytes.get(i) != Some(&b':') {
+            return Err(broken("expected a colon"));
+        }
+        i = skip_space(i + 1);
+        let start = i;
+        let mut depth = 0usize;
+        loop {
+            match bytes.get(i) {
+                None => return Err(broken("a value does not end")),
+                Some(b'"') => {
+                    i = string_end(i)?;
+                    continue;
+                }
+                Some(b'[' | b'{') => depth += 1,
+                Some(b']' | b'}') if depth == 0 => break,
+                Some(b']' | b'}') => depth -= 1,
+                Some(b',') if depth == 0 => break,
+                Some(_) => {}
+            }
+            i += 1;
+        }
+        let value = text[start..i].trim_end_matches(is_json_whitespace);
+        match index.get(&key) {
+            Some(&at) => members[at].1 = value,
+            None => {
+                index.insert(key.clone(), members.len());
+                members.push((key, value));
+            }
+        }
+        if bytes[i] == b',' {
+            i = skip_space(i + 1);
+        } else {
+            return Ok(members);
         }
     }
-    serde_json::from_str::<Members<'_>>(text)
-        .map(|m| m.0)
-        .map_err(|e| JsonError::Syntax(e.to_string()))
 }
 
 /// Writes `text` into `out` as a JSON string.
@@ -584,6 +631,37 @@ mod tests {
         );
         assert!(members("[1]").is_err());
         assert!(members("{\"a\": ").is_err());
+    }
+
+    /// The scan splits as serde_json does.
+    #[test]
+    fn members_split_as_serde_json_does() {
+        let long = "y".repeat(10_000);
+        for text in [
+            r#"{}"#.to_owned(),
+            r#" { } "#.to_owned(),
+            r#"{"a":1}"#.to_owned(),
+            r#"{ "a" : [ 1 , { "b" : "]}\"," } ] , "c\"d" : "e\\" , "f": -1.5e3 ,"g":null}"#
+                .to_owned(),
+            format!(r#"{{"k\u0041": "{long}\"{long}", "n": {{"x": [[], {{}}, "}}"]}}}}"#),
+            r#"{"params": {"a": true}, "workspace": {"repository": "r"}}"#.to_owned(),
+        ] {
+            check(&text).unwrap();
+            let by_serde: Vec<(String, String)> = serde_json::from_str::<
+                std::collections::BTreeMap<String, &serde_json::value::RawValue>,
+            >(&text)
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| (k, v.get().to_owned()))
+            .collect();
+            let mut scanned: Vec<(String, String)> = members(&text)
+                .unwrap()
+                .into_iter()
+                .map(|(k, v)| (k, v.to_owned()))
+                .collect();
+            scanned.sort();
+            assert_eq!(scanned, by_serde, "{}", &text[..text.len().min(80)]);
+        }
     }
 
     #[test]
