@@ -144,6 +144,16 @@ pub fn adopt_fd(fd: std::os::fd::RawFd) -> Option<std::fs::File> {
     Some(unsafe { std::fs::File::from_raw_fd(fd) })
 }
 
+/// Asks the kernel for a pipe buffer of `bytes` on the pipe `fd` (`F_SETPIPE_SZ`; at most
+/// `/proc/sys/fs/pipe-max-size` unprivileged); the size it got. A payload of that size then
+/// crosses in one write and one read instead of a wake-up per 64 KiB.
+pub fn set_pipe_size(fd: RawFd, bytes: usize) -> io::Result<usize> {
+    let bytes = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    // SAFETY: fcntl(F_SETPIPE_SZ) changes the buffer size of a pipe; no memory is involved.
+    let got = unsafe { libc::fcntl(fd, libc::F_SETPIPE_SZ, bytes) };
+    usize::try_from(got).map_err(|_| io::Error::last_os_error())
+}
+
 /// Makes this process non-dumpable: another process of the same user can then no longer read
 /// its memory, its `/proc/<pid>/environ` or its open descriptors (only root can). Runtime
 /// processes hold the slot tokens, the control token and the Conductor and lakeFS secrets;

@@ -33,6 +33,9 @@ const EXIT_PATIENCE: Duration = Duration::from_millis(500);
 /// Bytes of stderr kept for failure reasons.
 const STDERR_TAIL: usize = 2048;
 
+/// The buffer asked for on the pipes to and from the body.
+const PIPE_BYTES: usize = 1024 * 1024;
+
 /// The read buffer on the body's stdout: a pipe's capacity, so a long answer line is read in
 /// as few calls as the pipe allows.
 const STDOUT_BUFFER: usize = 64 * 1024;
@@ -114,6 +117,17 @@ impl JsonlBody {
         let (mut child, managed) = process::spawn(&mut cmd)?;
         let pgid = managed.pid();
         let stdin = child.stdin.take().expect("piped");
+        // A megabyte payload crosses in one write and one read each way, not a wake-up of
+        // both processes per 64 KiB (best effort: the default size still works).
+        {
+            use std::os::fd::AsRawFd as _;
+            for fd in [
+                stdin.as_raw_fd(),
+                child.stdout.as_ref().expect("piped").as_raw_fd(),
+            ] {
+                let _ = process::set_pipe_size(fd, PIPE_BYTES);
+            }
+        }
         let stdout = BufReader::with_capacity(STDOUT_BUFFER, child.stdout.take().expect("piped"));
         let mut stderr = child.stderr.take().expect("piped");
         let tail = Arc::clone(&self.stderr_tail);
