@@ -378,6 +378,9 @@ enum InputField {
     Object(RawJson),
 }
 
+/// A polled task's fields but `inputData`, and where `inputData` is in its text.
+type Split = (Map<String, Value>, Option<std::ops::Range<usize>>);
+
 /// A task as a poll (or update-v2) returned it, checked as [`crate::json::check`] checks JSON:
 /// every field parsed but `inputData`, which is kept as the text it came as.
 #[derive(Debug, Clone, PartialEq)]
@@ -416,9 +419,7 @@ impl PolledTask {
     }
 
     /// The fields but `inputData`, parsed, and where `inputData` is in `text`.
-    fn split_at(
-        text: &str,
-    ) -> Result<(Map<String, Value>, Option<std::ops::Range<usize>>), crate::json::JsonError> {
+    fn split_at(text: &str) -> Result<Split, crate::json::JsonError> {
         let mut fields = Map::new();
         let mut input = None;
         for (key, value) in crate::json::members(text)? {
