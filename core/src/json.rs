@@ -178,12 +178,6 @@ impl RawJson {
         Ok(Self(trimmed.to_owned()))
     }
 
-    /// [`RawJson::parse`] for borrowed text (kept as a copy).
-    pub fn parse_str(text: &str) -> Result<Self, JsonError> {
-        check(text)?;
-        Ok(Self(text.trim_matches(is_json_whitespace).to_owned()))
-    }
-
     /// `text` checked for depth and syntax the way serde_json skips a value (without
     /// parsing it: numbers are not range-checked), for text that went through [`check`]
     /// before, in another process.
@@ -403,24 +397,6 @@ pub fn push_string(out: &mut String, text: &str) {
     *out = String::from_utf8(bytes).expect("serde_json writes UTF-8");
 }
 
-/// The length of `value`'s compact JSON text, counted without building it.
-pub fn encoded_len(value: &impl serde::Serialize) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    // Writing to a counter cannot fail; a value that cannot serialize counts what it wrote.
-    let _ = serde_json::to_writer(&mut count, value);
-    count.0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -431,12 +407,6 @@ mod tests {
             "[".repeat(depth - 1),
             "]".repeat(depth - 1)
         )
-    }
-
-    #[test]
-    fn encoded_len_is_the_length_of_the_text() {
-        let v = serde_json::json!({"a": [1, "é", null], "b": {"c": 1.5}});
-        assert_eq!(encoded_len(&v), serde_json::to_string(&v).unwrap().len());
     }
 
     /// The byte-at-a-time count the string skipping must agree with.
@@ -584,14 +554,12 @@ mod tests {
         // Surrounding whitespace is not kept; inner whitespace is.
         let raw = RawJson::parse(format!(" \n{text}\r\n ")).unwrap();
         assert_eq!(raw.as_str(), text);
-        assert_eq!(RawJson::parse_str(text).unwrap().as_str(), text);
         assert_eq!(raw.to_value().unwrap()["x"], 100.0);
         assert!(!RawJson::parse("[1]".to_owned()).unwrap().is_object());
         // Refused with the errors parsing gives.
         for text in corpus() {
             if let Err(e) = from_str(&text) {
                 assert_eq!(RawJson::parse(text.clone()).unwrap_err(), e);
-                assert_eq!(RawJson::parse_str(&text).unwrap_err(), e);
             }
         }
     }
