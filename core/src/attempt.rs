@@ -392,8 +392,9 @@ pub struct PolledTask {
 }
 
 impl PolledTask {
-    /// Splits the JSON object `text`, checked before with [`crate::json::check`]: only the
-    /// top level is read, and only the small fields are parsed.
+    /// Splits the JSON object `text`, checking it as parsing would (the same depth limit,
+    /// syntax and number rules, the same errors), in about one pass: only the top level is
+    /// read, the small fields are parsed, and `inputData` is checked without being parsed.
     pub fn split(text: &str) -> Result<Self, crate::json::JsonError> {
         let (fields, input) = Self::split_at(text)?;
         Ok(Self {
@@ -402,14 +403,17 @@ impl PolledTask {
         })
     }
 
-    /// [`PolledTask::split`] for the task at `range` of `text`, which the task takes over: its
+    /// [`PolledTask::split`] of the task at `range` of `text`, which the task takes over: its
     /// input becomes the snapshot's text in place (moved within the buffer, not copied into a
-    /// new one; an input can be megabytes).
+    /// new one; an input can be megabytes). `text` is given back with the error.
     pub fn split_owned(
         mut text: String,
         range: std::ops::Range<usize>,
-    ) -> Result<Self, crate::json::JsonError> {
-        let (fields, input) = Self::split_at(&text[range.clone()])?;
+    ) -> Result<Self, (crate::json::JsonError, String)> {
+        let (fields, input) = match Self::split_at(&text[range.clone()]) {
+            Ok(split) => split,
+            Err(e) => return Err((e, text)),
+        };
         let input_data = input.map(|at| {
             text.truncate(range.start + at.end);
             text.drain(..range.start + at.start);
@@ -418,20 +422,32 @@ impl PolledTask {
         Ok(Self { fields, input_data })
     }
 
-    /// The fields but `inputData`, parsed, and where `inputData` is in `text`.
+    /// The fields but `inputData`, parsed, and where `inputData` is in `text`; `text` is
+    /// checked on the way (a failure is named by [`crate::json::check`], as parsing names it).
     fn split_at(text: &str) -> Result<Split, crate::json::JsonError> {
-        let mut fields = Map::new();
-        let mut input = None;
-        for (key, value) in crate::json::members(text)? {
-            if key == "inputData" {
-                // `value` is a slice of `text`.
-                let start = value.as_ptr() as usize - text.as_ptr() as usize;
-                input = Some(start..start + value.len());
-            } else {
-                fields.insert(key, crate::json::from_str(value)?);
-            }
+        use crate::json::{JsonError, MAX_DEPTH, nesting_depth};
+        let depth = nesting_depth(text, MAX_DEPTH);
+        if depth > MAX_DEPTH {
+            return Err(JsonError::TooDeep { depth });
         }
-        Ok((fields, input))
+        let split = || -> Result<Split, JsonError> {
+            let mut fields = Map::new();
+            let mut input = None;
+            for (key, value) in crate::json::members(text)? {
+                if key == "inputData" {
+                    crate::json::check(value)?;
+                    // `value` is a slice of `text`.
+                    let start = value.as_ptr() as usize - text.as_ptr() as usize;
+                    input = Some(start..start + value.len());
+                } else {
+                    fields.insert(key, crate::json::from_str(value)?);
+                }
+            }
+            Ok((fields, input))
+        };
+        // The scan and the parts' checks find that the text is broken; the whole text's check
+        // says how, with the position parsing it gives.
+        split().map_err(|e| crate::json::check(text).err().unwrap_or(e))
     }
 
     /// A task given as a `Value` (a JSON object; anything else has no fields).

@@ -303,9 +303,10 @@ pub fn kind(text: &str) -> Kind {
 
 /// Splits the JSON object `text` into its members, each value kept as its text (a slice of
 /// `text`): only the top level is read, by a scan that crosses strings at memchr's speed and
-/// parses nothing but the keys. A key given twice keeps its last value, as a parsed `Map`
-/// does. `text` must be JSON checked before ([`check`], [`RawJson::skimmed`]): the scan
-/// relies on it, and finds only what breaks its own way through.
+/// parses nothing but the keys (checked as parsing checks them). A key given twice keeps its
+/// last value, as a parsed `Map` does. The values are not checked: `text` is valid JSON when
+/// it was checked before ([`check`], [`RawJson::skimmed`]), or when this succeeds and every
+/// value checks. An error here says only that the text is broken: [`check`] says how.
 pub fn members(text: &str) -> Result<Vec<(String, &str)>, JsonError> {
     let broken = |what: &str| JsonError::Syntax(format!("{what} (not a checked JSON object)"));
     let bytes = text.as_bytes();
@@ -345,7 +346,7 @@ pub fn members(text: &str) -> Result<Vec<(String, &str)>, JsonError> {
         }
         let key_end = string_end(i)?;
         let raw_key = &text[i + 1..key_end - 1];
-        let key = if raw_key.contains('\\') {
+        let key = if raw_key.bytes().any(|b| b == b'\\' || b < 0x20) {
             serde_json::from_str::<String>(&text[i..key_end])
                 .map_err(|e| JsonError::Syntax(e.to_string()))?
         } else {
@@ -381,10 +382,10 @@ pub fn members(text: &str) -> Result<Vec<(String, &str)>, JsonError> {
                 members.push((key, value));
             }
         }
-        if bytes[i] == b',' {
-            i = skip_space(i + 1);
-        } else {
-            return Ok(members);
+        match bytes[i] {
+            b',' => i = skip_space(i + 1),
+            b'}' if skip_space(i + 1) == bytes.len() => return Ok(members),
+            _ => return Err(broken("the object does not end where it should")),
         }
     }
 }

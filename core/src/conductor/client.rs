@@ -44,18 +44,12 @@ impl Polled {
     /// [`Polled::decode`] for the task at `range` of `text`, which it takes over: the input
     /// is moved within the buffer rather than copied into a new one.
     pub fn decode_owned(text: String, range: std::ops::Range<usize>) -> Self {
-        let task = &text[range.clone()];
-        match Self::check(task) {
-            Ok(true) => match PolledTask::split_owned(text, range) {
-                Ok(task) => Self::Task(task),
-                // Not reached: the text was checked whole.
-                Err(e) => Self::Undecodable {
-                    ids: None,
-                    problem: e.to_string(),
-                },
-            },
-            Ok(false) => Self::not_an_object(),
-            Err(e) => Self::undecodable(task, &e),
+        if let Some(refused) = Self::refuse_non_object(&text[range.clone()]) {
+            return refused;
+        }
+        match PolledTask::split_owned(text, range.clone()) {
+            Ok(task) => Self::Task(task),
+            Err((e, text)) => Self::undecodable(&text[range], &e),
         }
     }
 
@@ -63,17 +57,25 @@ impl Polled {
         text: &str,
         split: impl FnOnce(&str) -> Result<PolledTask, crate::json::JsonError>,
     ) -> Self {
-        match Self::check(text).and_then(|object| object.then(|| split(text)).transpose()) {
-            Ok(Some(task)) => Self::Task(task),
-            Ok(None) => Self::not_an_object(),
+        if let Some(refused) = Self::refuse_non_object(text) {
+            return refused;
+        }
+        match split(text) {
+            Ok(task) => Self::Task(task),
             Err(e) => Self::undecodable(text, &e),
         }
     }
 
-    /// Checks `text` whole as parsing would; whether it is an object.
-    fn check(text: &str) -> Result<bool, crate::json::JsonError> {
-        crate::json::check(text)?;
-        Ok(crate::json::kind(text) == crate::json::Kind::Object)
+    /// What a text that does not start as an object is: undecodable for the reason parsing
+    /// gives, or not an object. `None` for an object (which the split checks).
+    fn refuse_non_object(text: &str) -> Option<Self> {
+        if crate::json::kind(text) == crate::json::Kind::Object {
+            return None;
+        }
+        Some(match crate::json::check(text) {
+            Ok(()) => Self::not_an_object(),
+            Err(e) => Self::undecodable(text, &e),
+        })
     }
 
     fn not_an_object() -> Self {
@@ -798,6 +800,35 @@ mod tests {
             Polled::decode(&task("[1,")),
             Polled::Undecodable { ids: None, .. }
         ));
+        // Broken anywhere, not only in the input: the error parsing gives.
+        for text in [
+            format!("{} x", task("{}")),
+            format!("{}}}", task("{}")),
+            r#"{"taskId": "t", "seq": 1e400, "inputData": {}}"#.to_owned(),
+            r#"{"taskId": "t", "seq": [1,], "inputData": {}}"#.to_owned(),
+            r#"{"taskId": "t", "seq": 1 2, "inputData": {}}"#.to_owned(),
+            r#"{"taskId": "t",, "inputData": {}}"#.to_owned(),
+            r#"{"taskId": "t", "inputData": {},}"#.to_owned(),
+            r#"{"taskId" "t"}"#.to_owned(),
+            r#"{"taskId": "t", "inputData": }"#.to_owned(),
+            r#"{"taskId": "t", "inputData": {"a": "\ud800"}}"#.to_owned(),
+            "{\"task\tId\": \"t\"}".to_owned(),
+            r#"{"task\qId": "t"}"#.to_owned(),
+            r#"{"taskId": "t", "x": "unterminated}"#.to_owned(),
+            r#"{"taskId": "t"]"#.to_owned(),
+            "{".to_owned(),
+            " ".to_owned(),
+        ] {
+            let expected = crate::json::from_str(&text).unwrap_err().to_string();
+            match Polled::decode(&text) {
+                Polled::Undecodable { problem, .. } => assert_eq!(problem, expected, "{text}"),
+                other => panic!("{text}: {other:?}"),
+            }
+            match Polled::decode_owned(text.clone(), 0..text.len()) {
+                Polled::Undecodable { problem, .. } => assert_eq!(problem, expected, "{text}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
         assert_eq!(
             Polled::decode("[1]"),
             Polled::Undecodable {
