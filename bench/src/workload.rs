@@ -192,10 +192,15 @@ pub(crate) async fn ceiling(conductor: &Conductor, task: &str, n: usize) -> Resu
             let perago_core::conductor::Polled::Task(t) = t else {
                 return Err("the ceiling client polled an undecodable task".to_owned());
             };
+            let input = t
+                .input_data
+                .as_ref()
+                .and_then(|input| input.to_value().ok())
+                .unwrap_or_default();
             let body = json!({
-                "workflowInstanceId": t["workflowInstanceId"], "taskId": t["taskId"],
+                "workflowInstanceId": t.fields["workflowInstanceId"], "taskId": t.fields["taskId"],
                 "status": "COMPLETED", "workerId": "ceiling",
-                "outputData": {"result": t["inputData"]["params"]},
+                "outputData": {"result": input["params"]},
             });
             conductor
                 .client

@@ -74,6 +74,8 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
 
 /// Runs the broker process; returns the exit code.
 pub fn main() -> i32 {
+    // Payloads up to megabytes reuse warm memory instead of fresh pages for every task.
+    perago_core::process::retain_freed_memory();
     // Hold the workspace root's lock for as long as this process lives, but never pass it on.
     perago_core::process::adopt_root_lock(
         std::env::var(perago_core::process::ROOT_LOCK_FD)

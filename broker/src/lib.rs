@@ -218,6 +218,10 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         "socket bounds"
     );
     tonic::transport::Server::builder()
+        // A whole slot message fits the receive windows: a completion carrying megabytes is
+        // not held up waiting for window updates on the way.
+        .initial_stream_window_size(SLOT_WINDOW)
+        .initial_connection_window_size(SLOT_WINDOW)
         // Called for every request: marks its connection as no longer waiting for one.
         .trace_fn(incoming::mark_request)
         .add_service(health)
@@ -232,3 +236,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     tracing::info!("broker stopped");
     Ok(())
 }
+
+/// The HTTP/2 receive windows of the slot socket: a whole slot message.
+const SLOT_WINDOW: u32 = perago_proto::MAX_SLOT_MESSAGE_BYTES as u32;
+const _: () = assert!(perago_proto::MAX_SLOT_MESSAGE_BYTES <= u32::MAX as usize);

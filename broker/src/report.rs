@@ -11,7 +11,7 @@ use crate::{
 use perago_core::{
     attempt::{AttemptSnapshot, TaskRef, TaskStatus},
     backoff::Backoff,
-    conductor::{ConductorClient, ConductorError, Polled},
+    conductor::{ConductorClient, ConductorError, JsonBody, Polled},
     result::{ResultStatus, RuntimeResult},
 };
 use serde_json::{Value, json};
@@ -123,7 +123,12 @@ impl Reporter {
             now_ms(),
         );
         let outcome = self
-            .send_with_retries(&body, update.use_v2, &update.task_id, &update.execution_id)
+            .send_with_retries(
+                (&body).into(),
+                update.use_v2,
+                &update.task_id,
+                &update.execution_id,
+            )
             .await;
         if let Some(lease) = &update.lease {
             lease.abort();
@@ -145,7 +150,7 @@ impl Reporter {
     /// Sends one update; `Some(next task)` once acknowledged, `None` when given up.
     async fn send_with_retries(
         &self,
-        body: &Value,
+        body: JsonBody<'_>,
         use_v2: bool,
         task_id: &str,
         execution_id: &str,
@@ -220,7 +225,7 @@ impl Reporter {
                 "status": "IN_PROGRESS",
                 "callbackAfterSeconds": 0,
             });
-            this.send_with_retries(&body, false, &ids.task_id, "-")
+            this.send_with_retries((&body).into(), false, &ids.task_id, "-")
                 .await;
             let _ = events
                 .send(Event::Slot(Input::UpdateDone {

@@ -25,7 +25,7 @@ use crate::{
     wire,
 };
 use perago_core::{
-    attempt::{AttemptError, AttemptSnapshot, TaskRef, task_ref},
+    attempt::{AttemptError, AttemptSnapshot, TaskRef},
     capacity::{Capacity, PERAGO_MIN_FREE_MEMORY},
     conductor::Polled,
     identity::{Slot as SlotNumber, WorkerPrefix},
@@ -857,8 +857,8 @@ impl Machine {
                 return;
             }
         };
-        let ids = task_ref(&task).ok();
-        let attempt = match AttemptSnapshot::from_conductor_owned(task) {
+        let ids = task.task_ref().ok();
+        let attempt = match AttemptSnapshot::from_polled(task) {
             Ok(a) => a,
             Err(AttemptError::Unidentifiable { field }) => {
                 tracing::error!(
@@ -898,7 +898,7 @@ impl Machine {
         if let Some(index) = index {
             self.effects.push(Effect::StartLease {
                 execution_id: execution_id.clone(),
-                attempt: Box::new(attempt.clone()),
+                attempt: Box::new(attempt.without_input()),
             });
             self.assign(index, execution_id, attempt);
             return;
@@ -908,7 +908,7 @@ impl Machine {
             tracing::info!(task_id = %attempt.task_id, execution_id = %execution_id, "holding a task until a slot is free; its lease is extended meanwhile");
             self.effects.push(Effect::StartLease {
                 execution_id: execution_id.clone(),
-                attempt: Box::new(attempt.clone()),
+                attempt: Box::new(attempt.without_input()),
             });
             self.held.push_back(Held {
                 execution_id,
@@ -929,13 +929,13 @@ impl Machine {
     }
 
     /// Sends an assignment to slot `index` (free, checked by the caller).
-    fn assign(&mut self, index: usize, execution_id: String, attempt: AttemptSnapshot) {
+    fn assign(&mut self, index: usize, execution_id: String, mut attempt: AttemptSnapshot) {
         let slot = &mut self.slots[index];
         let message = proto::BrokerMessage {
             message: Some(proto::broker_message::Message::Assignment(
                 proto::Assignment {
                     execution_id: execution_id.clone(),
-                    attempt: Some(wire::attempt_to_wire(&attempt)),
+                    attempt: Some(wire::attempt_into_wire(&mut attempt)),
                 },
             )),
         };

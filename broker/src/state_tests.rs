@@ -2,6 +2,7 @@
 //! effects and answers, with no process, socket or server.
 
 use super::*;
+use perago_core::attempt::PolledTask;
 use perago_core::result::{Outcome, ResultStatus};
 use serde_json::{Value, json};
 use std::sync::atomic::AtomicBool;
@@ -14,7 +15,7 @@ struct Harness {
 }
 
 fn task(id: &str) -> Polled {
-    Polled::Task(raw_task(id))
+    Polled::Task(PolledTask::from_value(raw_task(id)))
 }
 
 fn raw_task(id: &str) -> Value {
@@ -839,7 +840,7 @@ fn a_malformed_task_is_failed_by_the_broker_and_frees_nothing() {
     bad.as_object_mut().unwrap().remove("seq");
     let granted = h.poll().unwrap();
     let effects = h.go(Input::Polled {
-        tasks: vec![Polled::Task(bad)],
+        tasks: vec![Polled::Task(PolledTask::from_value(bad))],
         reserved: granted,
     });
     let failed = reports(&effects);
@@ -951,7 +952,7 @@ fn the_phase_at_dispatch_is_what_the_executor_said_at_attach() {
 fn task_in(id: &str, workflow: &str) -> Polled {
     let mut t = raw_task(id);
     t["workflowInstanceId"] = json!(workflow);
-    Polled::Task(t)
+    Polled::Task(PolledTask::from_value(t))
 }
 
 fn capacity_with(change: impl FnOnce(&mut perago_core::capacity::Capacity)) -> Harness {
@@ -1021,12 +1022,12 @@ fn loop_iterations_are_counted_apart() {
     let iteration = |id: &str, n: u32| {
         let mut t = raw_task(id);
         t["iteration"] = json!(n);
-        Polled::Task(t)
+        Polled::Task(PolledTask::from_value(t))
     };
     // raw_task puts each id in its own workflow: keep one workflow for every attempt.
     let in_one = |p: Polled| match p {
         Polled::Task(mut t) => {
-            t["workflowInstanceId"] = json!("wf-loop");
+            t.fields["workflowInstanceId"] = json!("wf-loop");
             Polled::Task(t)
         }
         other => other,

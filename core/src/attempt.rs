@@ -1,6 +1,7 @@
 //! The attempt snapshot: the fields of a polled Conductor task that perago relies on, checked
 //! once at the boundary (SPEC §5), and the attempt fence that compares a fresh read against it.
 
+use crate::json::{Kind, RawJson};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::fmt;
@@ -89,8 +90,9 @@ pub struct AttemptSnapshot {
     pub iteration: u32,
     /// `status`.
     pub status: TaskStatus,
-    /// `inputData`, a JSON object.
-    pub input_data: Map<String, Value>,
+    /// `inputData`, a JSON object, kept as its text (it can be megabytes, and perago only
+    /// forwards it).
+    pub input_data: RawJson,
     /// `retriedTaskId`.
     pub retried_task_id: Option<String>,
     /// `responseTimeoutSeconds`.
@@ -153,6 +155,10 @@ pub fn task_ref(task: &Value) -> Result<TaskRef, AttemptError> {
     let map = task
         .as_object()
         .ok_or(AttemptError::Unidentifiable { field: "taskId" })?;
+    task_ref_of(map)
+}
+
+fn task_ref_of(map: &Map<String, Value>) -> Result<TaskRef, AttemptError> {
     let task_id =
         nonempty_str(map, "taskId").ok_or(AttemptError::Unidentifiable { field: "taskId" })?;
     let workflow = nonempty_str(map, "workflowInstanceId").ok_or(AttemptError::Unidentifiable {
@@ -168,8 +174,37 @@ impl AttemptSnapshot {
     /// Maps a Conductor `Task` JSON object. An error other than
     /// [`AttemptError::Unidentifiable`] is reported to Conductor as FAILED with its message.
     pub fn from_conductor(task: &Value) -> Result<Self, AttemptError> {
-        let ids = task_ref(task)?;
-        let map = task.as_object().expect("task_ref checked it is an object");
+        let map = task
+            .as_object()
+            .ok_or(AttemptError::Unidentifiable { field: "taskId" })?;
+        Self::from_fields(map, || match map.get("inputData") {
+            None | Some(Value::Null) => InputField::Missing,
+            Some(Value::Object(o)) => InputField::Object(RawJson::from_value(o)),
+            Some(_) => InputField::NotObject,
+        })
+    }
+
+    /// [`AttemptSnapshot::from_conductor`] for a polled task: its input (which can be
+    /// megabytes) is moved into the snapshot as the text it came as. The same checks, in the
+    /// same order, with the same errors.
+    pub fn from_polled(task: PolledTask) -> Result<Self, AttemptError> {
+        let PolledTask { fields, input_data } = task;
+        Self::from_fields(&fields, || match input_data {
+            None => InputField::Missing,
+            Some(input) => match crate::json::kind(input.as_str()) {
+                Kind::Null => InputField::Missing,
+                Kind::Object => InputField::Object(input),
+                _ => InputField::NotObject,
+            },
+        })
+    }
+
+    /// The mapping of a task's fields; `input` reads `inputData`, at its turn among the checks.
+    fn from_fields(
+        map: &Map<String, Value>,
+        input: impl FnOnce() -> InputField,
+    ) -> Result<Self, AttemptError> {
+        let ids = task_ref_of(map)?;
 
         let string = |field: &'static str| -> Result<String, AttemptError> {
             match map.get(field) {
@@ -234,10 +269,10 @@ impl AttemptSnapshot {
             field: "status",
             problem: format!("has unknown value {status_text:?}"),
         })?;
-        let input_data = match map.get("inputData") {
-            None | Some(Value::Null) => return Err(AttemptError::Missing { field: "inputData" }),
-            Some(Value::Object(o)) => o.clone(),
-            Some(_) => {
+        let input_data = match input() {
+            InputField::Missing => return Err(AttemptError::Missing { field: "inputData" }),
+            InputField::Object(input) => input,
+            InputField::NotObject => {
                 return Err(AttemptError::Invalid {
                     field: "inputData",
                     problem: "must be a JSON object".to_owned(),
@@ -281,21 +316,23 @@ impl AttemptSnapshot {
         })
     }
 
-    /// [`AttemptSnapshot::from_conductor`] for a task the caller owns: its input (which can be
-    /// megabytes) is moved into the snapshot instead of copied. The same checks, in the same
-    /// order, with the same errors.
-    pub fn from_conductor_owned(mut task: Value) -> Result<Self, AttemptError> {
-        let Some(map) = task.as_object_mut() else {
-            return Self::from_conductor(&task);
-        };
-        let input = match map.get_mut("inputData") {
-            Some(Value::Object(input)) => std::mem::take(input),
-            // Missing or not an object: the borrowed path finds and names the problem.
-            _ => return Self::from_conductor(&task),
-        };
-        let mut attempt = Self::from_conductor(&task)?;
-        attempt.input_data = input;
-        Ok(attempt)
+    /// A copy without the input (which can be megabytes; `{}` stands in for it), for what
+    /// needs only the attempt's identity and timing.
+    pub fn without_input(&self) -> Self {
+        Self {
+            workflow_instance_id: self.workflow_instance_id.clone(),
+            task_id: self.task_id.clone(),
+            retry_count: self.retry_count,
+            task_def_name: self.task_def_name.clone(),
+            reference_task_name: self.reference_task_name.clone(),
+            seq: self.seq,
+            iteration: self.iteration,
+            status: self.status,
+            input_data: RawJson::trusted("{}".to_owned()),
+            retried_task_id: self.retried_task_id.clone(),
+            response_timeout_seconds: self.response_timeout_seconds,
+            timeout_clock_started_ms: self.timeout_clock_started_ms,
+        }
     }
 
     /// The attempt fence: a `fresh` read of this attempt's task passes only if it is still
@@ -328,6 +365,106 @@ impl AttemptSnapshot {
             });
         }
         Ok(())
+    }
+}
+
+/// `inputData` as the mapping finds it.
+enum InputField {
+    /// Absent or null.
+    Missing,
+    /// Not an object.
+    NotObject,
+    /// An object.
+    Object(RawJson),
+}
+
+/// A polled task's fields but `inputData`, and where `inputData` is in its text.
+type Split = (Map<String, Value>, Option<std::ops::Range<usize>>);
+
+/// A task as a poll (or update-v2) returned it, checked as [`crate::json::check`] checks JSON:
+/// every field parsed but `inputData`, which is kept as the text it came as.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolledTask {
+    /// The fields, `inputData` excepted.
+    pub fields: Map<String, Value>,
+    /// `inputData` (any JSON value), when present.
+    pub input_data: Option<RawJson>,
+}
+
+impl PolledTask {
+    /// Splits the JSON object `text`, checking it as parsing would (the same depth limit,
+    /// syntax and number rules, the same errors), in about one pass: only the top level is
+    /// read, the small fields are parsed, and `inputData` is checked without being parsed.
+    pub fn split(text: &str) -> Result<Self, crate::json::JsonError> {
+        let (fields, input) = Self::split_at(text)?;
+        Ok(Self {
+            fields,
+            input_data: input.map(|at| RawJson::trusted(text[at].to_owned())),
+        })
+    }
+
+    /// [`PolledTask::split`] of the task at `range` of `text`, which the task takes over: its
+    /// input becomes the snapshot's text in place (moved within the buffer, not copied into a
+    /// new one; an input can be megabytes). `text` is given back with the error.
+    pub fn split_owned(
+        mut text: String,
+        range: std::ops::Range<usize>,
+    ) -> Result<Self, (crate::json::JsonError, String)> {
+        let (fields, input) = match Self::split_at(&text[range.clone()]) {
+            Ok(split) => split,
+            Err(e) => return Err((e, text)),
+        };
+        let input_data = input.map(|at| {
+            text.truncate(range.start + at.end);
+            text.drain(..range.start + at.start);
+            RawJson::trusted(text)
+        });
+        Ok(Self { fields, input_data })
+    }
+
+    /// The fields but `inputData`, parsed, and where `inputData` is in `text`; `text` is
+    /// checked on the way (a failure is named by [`crate::json::check`], as parsing names it).
+    fn split_at(text: &str) -> Result<Split, crate::json::JsonError> {
+        use crate::json::{JsonError, MAX_DEPTH, nesting_depth};
+        let depth = nesting_depth(text, MAX_DEPTH);
+        if depth > MAX_DEPTH {
+            return Err(JsonError::TooDeep { depth });
+        }
+        let split = || -> Result<Split, JsonError> {
+            let mut fields = Map::new();
+            let mut input = None;
+            for (key, value) in crate::json::members(text)? {
+                if key == "inputData" {
+                    crate::json::check(value)?;
+                    // `value` is a slice of `text`.
+                    let start = value.as_ptr() as usize - text.as_ptr() as usize;
+                    input = Some(start..start + value.len());
+                } else {
+                    fields.insert(key, crate::json::from_str(value)?);
+                }
+            }
+            Ok((fields, input))
+        };
+        // The scan and the parts' checks find that the text is broken; the whole text's check
+        // says how, with the position parsing it gives.
+        split().map_err(|e| crate::json::check(text).err().unwrap_or(e))
+    }
+
+    /// A task given as a `Value` (a JSON object; anything else has no fields).
+    pub fn from_value(task: Value) -> Self {
+        let Value::Object(mut fields) = task else {
+            return Self {
+                fields: Map::new(),
+                input_data: None,
+            };
+        };
+        let input_data = fields.remove("inputData").map(|v| RawJson::from_value(&v));
+        Self { fields, input_data }
+    }
+
+    /// The `taskId` and `workflowInstanceId`, if it has both.
+    pub fn task_ref(&self) -> Result<TaskRef, AttemptError> {
+        task_ref_of(&self.fields)
     }
 }
 
@@ -380,10 +517,10 @@ mod tests {
         v
     }
 
-    /// The owned conversion moves the input and otherwise answers exactly as the borrowed one,
-    /// errors included (also when the input and another field are both wrong).
+    /// The polled conversion moves the input and otherwise answers exactly as the borrowed
+    /// one, errors included (also when the input and another field are both wrong).
     #[test]
-    fn the_owned_conversion_answers_as_the_borrowed_one() {
+    fn the_polled_conversion_answers_as_the_borrowed_one() {
         let mut broken = with("status", json!("NOPE"));
         broken.as_object_mut().unwrap().remove("inputData");
         for task in [
@@ -396,8 +533,16 @@ mod tests {
             broken,
             json!("not an object"),
         ] {
+            let text = task.to_string();
+            let split =
+                PolledTask::split(&text).unwrap_or_else(|_| PolledTask::from_value(task.clone()));
             assert_eq!(
-                AttemptSnapshot::from_conductor_owned(task.clone()),
+                AttemptSnapshot::from_polled(split),
+                AttemptSnapshot::from_conductor(&task),
+                "{task}"
+            );
+            assert_eq!(
+                AttemptSnapshot::from_polled(PolledTask::from_value(task.clone())),
                 AttemptSnapshot::from_conductor(&task),
                 "{task}"
             );
@@ -418,7 +563,7 @@ mod tests {
                 seq: 3,
                 iteration: 2,
                 status: TaskStatus::InProgress,
-                input_data: json!({"params": {"n": 1}}).as_object().unwrap().clone(),
+                input_data: RawJson::from_value(&json!({"params": {"n": 1}})),
                 retried_task_id: Some("t-0".into()),
                 response_timeout_seconds: Some(120),
                 timeout_clock_started_ms: Some(1_700_000_002_450),
@@ -555,5 +700,22 @@ mod tests {
             assert_eq!(serde_json::to_value(s).unwrap(), json!(s.as_str()));
         }
         assert_eq!(TaskStatus::parse("completed"), None);
+    }
+
+    /// A polled task's input reaches the snapshot as the text Conductor sent, byte for byte.
+    #[test]
+    fn a_polled_input_is_kept_as_it_came() {
+        let input =
+            r#"{"params": {"x": 1.0e2, "s": "\u00e9", "big": 123456789012345678901234567890}}"#;
+        let text = format!(
+            r#"{{"taskId": "t-1", "workflowInstanceId": "wf-1", "retryCount": 0, "taskDefName": "d",
+                "referenceTaskName": "r", "seq": 1, "status": "IN_PROGRESS", "inputData": {input}}}"#
+        );
+        crate::json::check(&text).unwrap();
+        let task = PolledTask::split(&text).unwrap();
+        assert_eq!(task.task_ref().unwrap().task_id, "t-1");
+        let attempt = AttemptSnapshot::from_polled(task).unwrap();
+        assert_eq!(attempt.input_data.as_str(), input);
+        assert_eq!(attempt.task_def_name, "d");
     }
 }

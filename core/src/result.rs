@@ -4,7 +4,8 @@
 //! `FAILED`/`FAILED_WITH_TERMINAL_ERROR` carry a non-empty reason and no output, and every
 //! result carries the worker id.
 
-use serde_json::{Map, Value, json};
+use crate::json::RawJson;
+use serde_json::Value;
 use std::fmt;
 
 /// Conductor cuts `reasonForIncompletion` at this many characters.
@@ -116,8 +117,9 @@ impl ResultStatus {
 /// What one execution produced.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
-    /// Success, with the task output (`{"result": …}` or `{"workspace": …, "result": …}`).
-    Completed(Map<String, Value>),
+    /// Success, with the task output (`{"result": …}` or `{"workspace": …, "result": …}`),
+    /// a JSON object kept as its text.
+    Completed(RawJson),
     /// Failure Conductor may retry.
     Failed(Reason),
     /// Failure that must not be retried.
@@ -132,8 +134,8 @@ pub struct RuntimeResult {
 }
 
 impl RuntimeResult {
-    /// `COMPLETED` with output.
-    pub fn completed(worker_id: impl Into<String>, output: Map<String, Value>) -> Self {
+    /// `COMPLETED` with output (a JSON object).
+    pub fn completed(worker_id: impl Into<String>, output: RawJson) -> Self {
         Self {
             outcome: Outcome::Completed(output),
             worker_id: worker_id.into(),
@@ -161,6 +163,11 @@ impl RuntimeResult {
         &self.outcome
     }
 
+    /// The worker id and the outcome, taken apart.
+    pub fn into_parts(self) -> (String, Outcome) {
+        (self.worker_id, self.outcome)
+    }
+
     /// The worker id that produced it.
     pub fn worker_id(&self) -> &str {
         &self.worker_id
@@ -175,9 +182,7 @@ impl RuntimeResult {
         }
     }
 
-    /// The Conductor `TaskResult` body for `POST /api/tasks` (or update-v2). The execution
-    /// id goes into one `logs` entry so that a failure without output is still traceable to
-    /// the execution that produced it.
+    /// The Conductor `TaskResult` body for `POST /api/tasks` (or update-v2), as a `Value`.
     pub fn to_conductor(
         &self,
         workflow_instance_id: &str,
@@ -187,47 +192,93 @@ impl RuntimeResult {
     ) -> Value {
         self.clone()
             .into_conductor(workflow_instance_id, task_id, execution_id, now_ms)
+            .to_value()
     }
 
-    /// [`RuntimeResult::to_conductor`], moving the output into the body instead of copying it
-    /// (an output can be megabytes).
+    /// The Conductor `TaskResult` body for `POST /api/tasks` (or update-v2). The execution
+    /// id goes into one `logs` entry so that a failure without output is still traceable to
+    /// the execution that produced it. The output (which can be megabytes) is written into
+    /// the body as the text it is, not parsed and written again.
     pub fn into_conductor(
         self,
         workflow_instance_id: &str,
         task_id: &str,
         execution_id: &str,
         now_ms: i64,
-    ) -> Value {
-        let mut body = json!({
-            "workflowInstanceId": workflow_instance_id,
-            "taskId": task_id,
-            "workerId": self.worker_id,
-            "status": self.status().as_str(),
-            "logs": [{
-                "log": format!("perago execution {execution_id} by {}", self.worker_id),
-                "taskId": task_id,
-                "createdTime": now_ms,
-            }],
-        });
+    ) -> TaskResultBody {
+        use crate::json::push_string;
+        let output_len = match &self.outcome {
+            Outcome::Completed(output) => output.len(),
+            Outcome::Failed(_) | Outcome::FailedTerminal(_) => 0,
+        };
+        // The same members in the same order as the `json!` object this replaced.
+        let mut body = String::with_capacity(output_len + 512);
+        body.push_str("{\"workflowInstanceId\":");
+        push_string(&mut body, workflow_instance_id);
+        body.push_str(",\"taskId\":");
+        push_string(&mut body, task_id);
+        body.push_str(",\"workerId\":");
+        push_string(&mut body, &self.worker_id);
+        body.push_str(",\"status\":\"");
+        body.push_str(self.status().as_str());
+        body.push_str("\",\"logs\":[{\"log\":");
+        push_string(
+            &mut body,
+            &format!("perago execution {execution_id} by {}", self.worker_id),
+        );
+        body.push_str(",\"taskId\":");
+        push_string(&mut body, task_id);
+        body.push_str(",\"createdTime\":");
+        body.push_str(&now_ms.to_string());
+        body.push_str("}]");
         match self.outcome {
             Outcome::Completed(output) => {
-                body["outputData"] = Value::Object(output);
+                body.push_str(",\"outputData\":");
+                body.push_str(output.as_str());
             }
             Outcome::Failed(reason) | Outcome::FailedTerminal(reason) => {
-                body["reasonForIncompletion"] = Value::String(reason.0);
+                body.push_str(",\"reasonForIncompletion\":");
+                push_string(&mut body, &reason.0);
             }
         }
-        body
+        body.push('}');
+        TaskResultBody(bytes::Bytes::from(body))
+    }
+}
+
+/// A Conductor `TaskResult` body, written once as JSON text; cheap to clone (a retried update
+/// sends the same bytes again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskResultBody(bytes::Bytes);
+
+impl TaskResultBody {
+    /// The JSON text.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// The JSON text, shared.
+    pub fn to_bytes(&self) -> bytes::Bytes {
+        self.0.clone()
+    }
+
+    /// Parsed into a `Value` (for tests and messages).
+    pub fn to_value(&self) -> Value {
+        std::str::from_utf8(&self.0)
+            .ok()
+            .and_then(|text| crate::json::from_str(text).ok())
+            .expect("a result body is JSON")
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn completed_carries_output_and_no_reason() {
-        let out = crate::shape::workspace_free_output(json!({"n": 2}));
+        let out = crate::shape::workspace_free_output(RawJson::from_value(&json!({"n": 2})));
         let r = RuntimeResult::completed("w0001", out);
         let body = r.to_conductor("wf", "t", "e-1", 7);
         assert_eq!(body["status"], "COMPLETED");
@@ -299,6 +350,42 @@ mod tests {
         assert_eq!(
             Reason::with_tail(&big, "tail").as_str().chars().count(),
             500
+        );
+    }
+
+    /// The body is the object the `json!` builder made before, member for member, and the
+    /// output is in it as the text it came as.
+    #[test]
+    fn the_output_goes_into_the_body_as_it_came() {
+        let text =
+            r#"{"result": {"x": 1.0e2, "s": "\u00e9", "big": 123456789012345678901234567890}}"#;
+        let output = RawJson::parse(text.to_owned()).unwrap();
+        let body = RuntimeResult::completed("w\"1", output).into_conductor("wf", "t", "e-1", 7);
+        let written = std::str::from_utf8(body.as_bytes()).unwrap();
+        assert!(
+            written.ends_with(&format!(r#","outputData":{text}}}"#)),
+            "{written}"
+        );
+        let expected = json!({
+            "workflowInstanceId": "wf", "taskId": "t", "workerId": "w\"1", "status": "COMPLETED",
+            "logs": [{"log": "perago execution e-1 by w\"1", "taskId": "t", "createdTime": 7}],
+            "outputData": crate::json::from_str(text).unwrap(),
+        });
+        assert_eq!(body.to_value(), expected);
+        assert_eq!(
+            serde_json::to_string(&body.to_value()).unwrap(),
+            serde_json::to_string(&expected).unwrap(),
+            "the members in the same order"
+        );
+        let failed = RuntimeResult::failed("w", Reason::new("bad \u{1b} \"input\""))
+            .into_conductor("wf", "t", "e", -1);
+        assert_eq!(
+            failed.to_value(),
+            json!({
+                "workflowInstanceId": "wf", "taskId": "t", "workerId": "w", "status": "FAILED",
+                "logs": [{"log": "perago execution e by w", "taskId": "t", "createdTime": -1}],
+                "reasonForIncompletion": "bad \\x1b \"input\"",
+            })
         );
     }
 }

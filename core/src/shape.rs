@@ -2,8 +2,9 @@
 //! `{"workspace": {...}, "params": {...}}`, a workspace-free task's exactly `{"params": {...}}`;
 //! outputs are `{"workspace": …, "result": …}` and `{"result": …}`.
 
+use crate::json::{Kind, RawJson};
 use crate::manifest::TaskKind;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 /// What is wrong with a task's input. The message names the key first, since it becomes the
 /// start of `reasonForIncompletion`.
@@ -38,9 +39,9 @@ pub struct WorkspaceInput {
 
 /// A task input that passed the shape rules.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TaskInput {
-    /// `params`, a JSON object.
-    pub params: Map<String, Value>,
+pub struct TaskInput<'a> {
+    /// `params`, a JSON object, as its text within the input.
+    pub params: &'a str,
     /// `workspace`, for workspace tasks.
     pub workspace: Option<WorkspaceInput>,
 }
@@ -56,20 +57,25 @@ fn json_type(value: &Value) -> &'static str {
     }
 }
 
-/// Checks `input` against the shape of `kind`. `allowed_prefix` is the manifest's
-/// `[workspace] prefix`: a workspace input may only narrow within it.
-pub fn parse_input(
+/// Checks `input` (a JSON object) against the shape of `kind`. `allowed_prefix` is the
+/// manifest's `[workspace] prefix`: a workspace input may only narrow within it. Only the top
+/// level and `workspace` are read; `params` stays text.
+pub fn parse_input<'a>(
     kind: TaskKind,
-    input: &Map<String, Value>,
+    input: &'a RawJson,
     allowed_prefix: &str,
-) -> Result<TaskInput, InputError> {
+) -> Result<TaskInput<'a>, InputError> {
     let expected = kind.input_keys();
     let expected_text = || {
         let quoted: Vec<String> = expected.iter().map(|k| format!("'{k}'")).collect();
         format!("a {} task takes exactly {}", kind, quoted.join(" and "))
     };
-    let mut unexpected: Vec<&String> = input
-        .keys()
+    let members = crate::json::members(input.as_str())
+        .map_err(|e| input_error("input", format!("must be a JSON object: {e}")))?;
+    let member = |key: &str| members.iter().find(|(k, _)| k == key).map(|(_, v)| *v);
+    let mut unexpected: Vec<&String> = members
+        .iter()
+        .map(|(k, _)| k)
         .filter(|k| !expected.contains(&k.as_str()))
         .collect();
     unexpected.sort();
@@ -80,22 +86,28 @@ pub fn parse_input(
         ));
     }
     for key in expected {
-        if !input.contains_key(*key) {
+        if member(key).is_none() {
             return Err(input_error(*key, format!("missing; {}", expected_text())));
         }
     }
-    let params = match &input["params"] {
-        Value::Object(map) => map.clone(),
+    let params = member("params").expect("checked above");
+    match crate::json::kind(params) {
+        Kind::Object => {}
         other => {
             return Err(input_error(
                 "params",
-                format!("must be a JSON object, found {}", json_type(other)),
+                format!("must be a JSON object, found {}", other.described()),
             ));
         }
-    };
+    }
     let workspace = match kind {
         TaskKind::WorkspaceFree => None,
-        TaskKind::Workspace => Some(parse_workspace(&input["workspace"], allowed_prefix)?),
+        TaskKind::Workspace => {
+            let text = member("workspace").expect("checked above");
+            let value =
+                crate::json::from_str(text).map_err(|e| input_error("workspace", e.to_string()))?;
+            Some(parse_workspace(&value, allowed_prefix)?)
+        }
     };
     Ok(TaskInput { params, workspace })
 }
@@ -195,19 +207,26 @@ pub fn prefix_within(prefix: &str, allowed: &str) -> bool {
     prefix.starts_with(allowed)
 }
 
-/// The output of a completed workspace-free task.
-pub fn workspace_free_output(result: Value) -> Map<String, Value> {
-    let mut out = Map::new();
-    out.insert("result".to_owned(), result);
-    out
+/// The output of a completed workspace-free task: `{"result": …}`, the result written in as
+/// the text it is (within its own buffer when it has room: a result can be megabytes).
+pub fn workspace_free_output(result: RawJson) -> RawJson {
+    let mut out = result.into_string();
+    out.reserve(11);
+    out.insert_str(0, "{\"result\":");
+    out.push('}');
+    RawJson::trusted(out)
 }
 
-/// The output of a completed workspace task.
-pub fn workspace_output(workspace: Value, result: Value) -> Map<String, Value> {
-    let mut out = Map::new();
-    out.insert("workspace".to_owned(), workspace);
-    out.insert("result".to_owned(), result);
-    out
+/// The output of a completed workspace task: `{"workspace": …, "result": …}`.
+pub fn workspace_output(workspace: &Value, result: RawJson) -> RawJson {
+    let workspace = serde_json::to_string(workspace).expect("a Value always serializes");
+    let mut out = result.into_string();
+    out.reserve(workspace.len() + 25);
+    out.insert_str(0, ",\"result\":");
+    out.insert_str(0, &workspace);
+    out.insert_str(0, "{\"workspace\":");
+    out.push('}');
+    RawJson::trusted(out)
 }
 
 #[cfg(test)]
@@ -215,16 +234,29 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn obj(v: Value) -> Map<String, Value> {
-        v.as_object().unwrap().clone()
+    /// What a parsed input holds, owned: `params` parsed, and `workspace`.
+    #[derive(Debug)]
+    struct Parsed {
+        params: Value,
+        workspace: Option<WorkspaceInput>,
     }
 
-    fn free(v: Value) -> Result<TaskInput, String> {
-        parse_input(TaskKind::WorkspaceFree, &obj(v), "").map_err(|e| e.to_string())
+    fn parse(kind: TaskKind, v: &Value, allowed: &str) -> Result<Parsed, String> {
+        let raw = RawJson::from_value(v);
+        parse_input(kind, &raw, allowed)
+            .map(|input| Parsed {
+                params: crate::json::from_str(input.params).unwrap(),
+                workspace: input.workspace,
+            })
+            .map_err(|e| e.to_string())
     }
 
-    fn ws(v: Value, allowed: &str) -> Result<TaskInput, String> {
-        parse_input(TaskKind::Workspace, &obj(v), allowed).map_err(|e| e.to_string())
+    fn free(v: Value) -> Result<Parsed, String> {
+        parse(TaskKind::WorkspaceFree, &v, "")
+    }
+
+    fn ws(v: Value, allowed: &str) -> Result<Parsed, String> {
+        parse(TaskKind::Workspace, &v, allowed)
     }
 
     #[test]
@@ -359,12 +391,22 @@ mod tests {
     #[test]
     fn outputs_have_the_documented_keys() {
         assert_eq!(
-            Value::Object(workspace_free_output(json!(1))),
-            json!({"result": 1})
+            workspace_free_output(RawJson::from_value(&json!(1))).as_str(),
+            r#"{"result":1}"#
         );
         assert_eq!(
-            Value::Object(workspace_output(json!({"commit_id": "c"}), json!(null))),
-            json!({"workspace": {"commit_id": "c"}, "result": null})
+            workspace_output(
+                &json!({"commit_id": "c"}),
+                RawJson::from_value(&json!(null))
+            )
+            .as_str(),
+            r#"{"workspace":{"commit_id":"c"},"result":null}"#
+        );
+        // The result goes in as the text it is: no number or escape is rewritten.
+        let result = RawJson::parse(r#"{"x": 1.0e2, "s": "\u00e9"}"#.to_owned()).unwrap();
+        assert_eq!(
+            workspace_free_output(result).as_str(),
+            r#"{"result":{"x": 1.0e2, "s": "\u00e9"}}"#
         );
     }
 }

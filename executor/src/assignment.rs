@@ -14,6 +14,7 @@ use crate::{
 use perago_core::{
     attempt::AttemptSnapshot,
     command::{CommandError, resolve_program},
+    json::RawJson,
     manifest::{BodyKind, BodyProtocol, Manifest, TaskKind, TimeoutPolicy},
     result::{Reason, RuntimeResult},
     shape::{parse_input, workspace_free_output, workspace_output},
@@ -265,7 +266,7 @@ impl AssignmentRunner {
     ) -> RuntimeResult {
         match self.try_execute(execution_id, attempt, io).await {
             // Every body kind (a Rust `Task` too), the whole output (workspace included).
-            Ok(output) => match perago_core::json::encoded_len(&output) {
+            Ok(output) => match output.len() {
                 size if size > MAX_OUTPUT_BYTES => RuntimeResult::failed(
                     &self.worker_id,
                     Reason::new(format!(
@@ -286,7 +287,7 @@ impl AssignmentRunner {
         execution_id: &str,
         attempt: &AttemptSnapshot,
         io: &AssignmentIo<'_>,
-    ) -> Result<Map<String, Value>, Failure> {
+    ) -> Result<RawJson, Failure> {
         // No `Preparing` message: the broker shows a dispatched assignment as preparing until
         // the next phase arrives, and a message less per task is CPU saved on both sides.
         let budget = Budget::new(
@@ -310,13 +311,16 @@ impl AssignmentRunner {
             .map_or("", |w| w.prefix.as_str());
         let input = parse_input(self.manifest.task.kind, &attempt.input_data, allowed_prefix)
             .map_err(|e| Failure::Retriable(Reason::new(e.to_string())))?;
-        let params = Value::Object(input.params);
+        // The params stay text: parsed only for a schema (a Rust body parses them too).
+        let params = input.params;
         if let Some(schema) = &self.manifest.schemas.params {
-            schema.validate("params", &params).map_err(|v| {
-                Failure::Retriable(Reason::new(format!(
-                    "bad input: params do not match the params schema: {v}"
-                )))
-            })?;
+            schema
+                .validate("params", &parsed_params(params)?)
+                .map_err(|v| {
+                    Failure::Retriable(Reason::new(format!(
+                        "bad input: params do not match the params schema: {v}"
+                    )))
+                })?;
         }
         let mut env = vec![
             ("PERAGO_TASK_ID".to_owned(), attempt.task_id.clone()),
@@ -334,7 +338,7 @@ impl AssignmentRunner {
                 "pre",
                 pre,
                 &env,
-                serde_json::to_vec(&params).expect("a Value always serializes"),
+                params.as_bytes().to_vec(),
                 limits,
                 Failure::Terminal,
             )
@@ -398,7 +402,7 @@ impl AssignmentRunner {
                 .publish(&changes, spec, fence, attempt, execution_id, metadata)
                 .await
                 .map_err(|WorkspaceFailure::Failed(m)| failed(m))?;
-            Ok::<_, Failure>(workspace_output(published, result))
+            Ok::<_, Failure>(workspace_output(&published, result))
         }
         .await;
         io.phase(Phase::Cleanup);
@@ -420,14 +424,13 @@ impl AssignmentRunner {
         execution_id: &str,
         attempt: &AttemptSnapshot,
         env: &[(String, String)],
-        params: Value,
+        params: &str,
         io: &AssignmentIo<'_>,
         budget: &Budget,
-    ) -> Result<Value, Failure> {
+    ) -> Result<RawJson, Failure> {
         if !self.body_at_dispatch() {
             io.phase(Phase::Body);
         }
-        let params_json = serde_json::to_vec(&params).expect("a Value always serializes");
         let limits = RunLimits {
             timeout: budget.left(),
             kill_grace: self.kill_grace,
@@ -439,7 +442,8 @@ impl AssignmentRunner {
                 let mut spec = program.spec.clone();
                 spec.env.extend(env.iter().cloned());
                 let soft = soft_limit(budget, &attempt.task_id, execution_id, &self.worker_id);
-                let run = command::run_with_soft_limit(&spec, params_json, limits, soft.as_ref())
+                let stdin = params.as_bytes().to_vec();
+                let run = command::run_with_soft_limit(&spec, stdin, limits, soft.as_ref())
                     .await
                     .map_err(|e| {
                         Failure::Retriable(Reason::new(format!("body could not start: {e}")))
@@ -447,27 +451,25 @@ impl AssignmentRunner {
                 body_result(&run, budget)?
             }
             Body::Jsonl(body) => {
-                let field = |name: &str| {
-                    env.iter()
-                        .find(|(k, _)| k == name)
-                        .map(|(_, v)| Value::String(v.clone()))
-                        .unwrap_or(Value::Null)
+                let workspace_dir = env
+                    .iter()
+                    .find(|(k, _)| k == "PERAGO_WORKSPACE_DIR")
+                    .map(|(_, v)| v.as_str());
+                let request = crate::jsonl::Request {
+                    execution_id,
+                    task_id: &attempt.task_id,
+                    workflow_id: &attempt.workflow_instance_id,
+                    worker_id: &self.worker_id,
+                    params,
+                    workspace_dir,
                 };
-                let request = serde_json::json!({
-                    "execution_id": execution_id,
-                    "task_id": attempt.task_id,
-                    "workflow_id": attempt.workflow_instance_id,
-                    "worker_id": self.worker_id,
-                    "params": params,
-                    "workspace_dir": field("PERAGO_WORKSPACE_DIR"),
-                });
                 // The process outlives assignments: only its stable identity is in its env.
                 let process_env = [("PERAGO_WORKER_ID".to_owned(), self.worker_id.clone())];
                 let soft = soft_limit(budget, &attempt.task_id, execution_id, &self.worker_id);
                 match body
                     .call(
                         execution_id,
-                        request,
+                        &request,
                         &process_env,
                         budget.left(),
                         soft.as_ref(),
@@ -475,8 +477,8 @@ impl AssignmentRunner {
                     .await
                 {
                     Ok(result) => {
-                        let size = serde_json::to_vec(&result).map_or(0, |v| v.len());
-                        if size > MAX_OUTPUT_BYTES {
+                        // The size of the text that goes on to Conductor.
+                        if result.len() > MAX_OUTPUT_BYTES {
                             return Err(Failure::Retriable(Reason::new(format!(
                                 "body result is larger than {} MiB; Conductor cannot take it inline",
                                 MAX_OUTPUT_BYTES >> 20
@@ -508,18 +510,27 @@ impl AssignmentRunner {
                     workflow_id: attempt.workflow_instance_id.clone(),
                     retry_count: attempt.retry_count,
                 };
-                self.run_rust(Arc::clone(body), ctx, params, budget).await?
+                let Value::Object(params) = parsed_params(params)? else {
+                    unreachable!("params were checked to be an object");
+                };
+                let result = self.run_rust(Arc::clone(body), ctx, params, budget).await?;
+                RawJson::from_value(&result)
             }
         };
         if let Some(schema) = &self.manifest.schemas.result {
-            schema.validate("result", &result).map_err(|v| {
+            let parsed = result.to_value().map_err(|e| {
+                Failure::Retriable(Reason::new(format!(
+                    "result does not match the result schema: {e}"
+                )))
+            })?;
+            schema.validate("result", &parsed).map_err(|v| {
                 Failure::Retriable(Reason::new(format!(
                     "result does not match the result schema: {v}"
                 )))
             })?;
         }
         if let Some(post) = &self.post {
-            let result_json = serde_json::to_vec(&result).expect("a Value always serializes");
+            let result_json = result.as_str().as_bytes().to_vec();
             let limits = self.guardrail_limits(budget);
             self.guardrail("post", post, env, result_json, limits, Failure::Retriable)
                 .await?;
@@ -564,12 +575,9 @@ impl AssignmentRunner {
         &self,
         body: Arc<dyn Task>,
         ctx: TaskContext,
-        params: Value,
+        params: Map<String, Value>,
         budget: &Budget,
     ) -> Result<Value, Failure> {
-        let Value::Object(params) = params else {
-            unreachable!("params were checked to be an object");
-        };
         let threads = Arc::clone(&self.body_threads);
         let work = tokio::task::spawn_blocking(move || {
             if let Ok(mut threads) = threads.lock() {
@@ -815,8 +823,15 @@ enum Failure {
     Terminal(Reason),
 }
 
-/// The body's result document, or why there is none.
-fn body_result(run: &Finished, budget: &Budget) -> Result<Value, Failure> {
+/// The params (a JSON object's text, within the input) parsed, for a schema or a Rust body.
+fn parsed_params(params: &str) -> Result<Value, Failure> {
+    perago_core::json::from_str(params)
+        .map_err(|e| Failure::Retriable(Reason::new(format!("bad input: params: {e}"))))
+}
+
+/// The body's result document (checked as it would be parsed, kept as text), or why there is
+/// none.
+fn body_result(run: &Finished, budget: &Budget) -> Result<RawJson, Failure> {
     let fail = |head: String| {
         Err(Failure::Retriable(Reason::with_tail(
             &head,
@@ -843,7 +858,7 @@ fn body_result(run: &Finished, budget: &Budget) -> Result<Value, Failure> {
     if text.trim().is_empty() {
         return fail("body printed no result on stdout (expected one JSON document)".to_owned());
     }
-    perago_core::json::from_str(&text)
+    RawJson::parse(text.into_owned())
         .or_else(|e| fail(format!("body result on stdout is not valid JSON: {e}")))
 }
 

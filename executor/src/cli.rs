@@ -101,6 +101,8 @@ pub fn main() -> i32 {
 /// Runs an executor process whose body is `task` (a Rust task binary) or the manifest's
 /// command; returns the exit code.
 pub(crate) fn main_with(task: Option<Arc<dyn crate::task::Task>>) -> i32 {
+    // Payloads up to megabytes reuse warm memory instead of fresh pages for every task.
+    perago_core::process::retain_freed_memory();
     // This process holds the workspace root's lock (inherited from the supervisor) until it
     // exits; close-on-exec keeps it from every body, which might daemonize and outlive us.
     perago_core::process::adopt_root_lock(

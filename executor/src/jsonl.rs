@@ -12,11 +12,14 @@
 //! assignment; it is stopped (its whole process group) and started again for the next one.
 
 use crate::command::{CommandSpec, SoftLimit};
-use perago_core::process;
+use perago_core::{
+    json::{Kind, RawJson},
+    process,
+};
 use serde_json::{Value, json};
 use std::{collections::VecDeque, process::Stdio, sync::Arc, time::Duration};
 use tokio::{
-    io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader, Lines},
+    io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
     process::{Child, ChildStdin, ChildStdout},
     sync::Mutex,
 };
@@ -29,6 +32,18 @@ const EXIT_PATIENCE: Duration = Duration::from_millis(500);
 
 /// Bytes of stderr kept for failure reasons.
 const STDERR_TAIL: usize = 2048;
+
+/// The buffer asked for on the pipes to and from the body.
+const PIPE_BYTES: usize = 1024 * 1024;
+
+/// The read buffer on the body's stdout: a pipe's capacity, so a long answer line is read in
+/// as few calls as the pipe allows.
+const STDOUT_BUFFER: usize = 64 * 1024;
+
+/// The request and answer lines are written and read into buffers kept from one assignment to
+/// the next (a large payload then costs no new allocation, nor the page faults a fresh one
+/// brings); one that grew past this is let go.
+const KEPT_LINE_BYTES: usize = 8 * 1024 * 1024;
 
 /// How one call ended, when it did not produce a result.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,7 +59,11 @@ struct Running {
     /// The process's pid and group, kept out of `kill_adopted` while it runs.
     managed: process::Managed,
     stdin: ChildStdin,
-    stdout: Lines<BufReader<ChildStdout>>,
+    stdout: BufReader<ChildStdout>,
+    /// The request line being written.
+    request: String,
+    /// The answer line being read.
+    line: String,
 }
 
 /// The persistent body of one executor.
@@ -98,7 +117,18 @@ impl JsonlBody {
         let (mut child, managed) = process::spawn(&mut cmd)?;
         let pgid = managed.pid();
         let stdin = child.stdin.take().expect("piped");
-        let stdout = BufReader::new(child.stdout.take().expect("piped")).lines();
+        // A megabyte payload crosses in one write and one read each way, not a wake-up of
+        // both processes per 64 KiB (best effort: the default size still works).
+        {
+            use std::os::fd::AsRawFd as _;
+            for fd in [
+                stdin.as_raw_fd(),
+                child.stdout.as_ref().expect("piped").as_raw_fd(),
+            ] {
+                let _ = process::set_pipe_size(fd, PIPE_BYTES);
+            }
+        }
+        let stdout = BufReader::with_capacity(STDOUT_BUFFER, child.stdout.take().expect("piped"));
         let mut stderr = child.stderr.take().expect("piped");
         let tail = Arc::clone(&self.stderr_tail);
         let log = Arc::clone(&self.stderr_log);
@@ -127,6 +157,8 @@ impl JsonlBody {
             managed,
             stdin,
             stdout,
+            request: String::new(),
+            line: String::new(),
         })
     }
 
@@ -149,15 +181,16 @@ impl JsonlBody {
             .and_then(|r| r.as_ref().map(|r| r.managed.pid()))
     }
 
-    /// Runs one assignment through the persistent process.
+    /// Runs one assignment through the persistent process; the answer's `result` comes back
+    /// as the text the body wrote.
     pub(crate) async fn call(
         &self,
         execution_id: &str,
-        request: Value,
+        request: &Request<'_>,
         env: &[(String, String)],
         limit: Option<Duration>,
         soft: Option<&SoftLimit>,
-    ) -> Result<Value, JsonlFailure> {
+    ) -> Result<RawJson, JsonlFailure> {
         let mut guard = self.running.lock().await;
         if guard.is_none() {
             self.stderr_tail.lock().expect("not poisoned").clear();
@@ -168,7 +201,7 @@ impl JsonlBody {
         }
         let outcome = {
             let running = guard.as_mut().expect("started above");
-            let exchange = exchange(running, execution_id, &request, soft);
+            let exchange = exchange(running, execution_id, request, soft);
             match limit {
                 None => exchange.await,
                 Some(limit) => match tokio::time::timeout(limit, exchange).await {
@@ -184,19 +217,14 @@ impl JsonlBody {
         // Each assignment gets its own allowance of logged stderr.
         self.stderr_log.lock().expect("not poisoned").finish();
         match outcome {
-            Ok(response) => {
-                if let Some(result) = response.get("result") {
-                    return Ok(result.clone());
-                }
-                let error = &response["error"];
-                Err(JsonlFailure::Error {
-                    message: error["message"]
-                        .as_str()
-                        .unwrap_or("the body reported an error without a message")
-                        .to_owned(),
-                    terminal: error["terminal"].as_bool().unwrap_or(false),
-                })
-            }
+            Ok(Answer::Result(result)) => Ok(result),
+            Ok(Answer::Error(error)) => Err(JsonlFailure::Error {
+                message: error["message"]
+                    .as_str()
+                    .unwrap_or("the body reported an error without a message")
+                    .to_owned(),
+                terminal: error["terminal"].as_bool().unwrap_or(false),
+            }),
             Err(reason) => {
                 let mut reason = reason;
                 // Stdout closes a moment before the exit status is there to read.
@@ -224,59 +252,293 @@ impl JsonlBody {
     }
 }
 
+/// What the request line of one assignment carries.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Request<'a> {
+    pub(crate) execution_id: &'a str,
+    pub(crate) task_id: &'a str,
+    pub(crate) workflow_id: &'a str,
+    pub(crate) worker_id: &'a str,
+    /// A JSON object's text, written in as it is.
+    pub(crate) params: &'a str,
+    pub(crate) workspace_dir: Option<&'a str>,
+}
+
+impl Request<'_> {
+    /// Writes the request line into `line`, newline included:
+    /// `{"execution_id": …, "task_id": …, "workflow_id": …, "worker_id": …, "params": …,
+    /// "workspace_dir": …}` (members in this order), `params` as the text it is.
+    fn write(&self, line: &mut String) {
+        use perago_core::json::push_string;
+        line.reserve(self.params.len() + 256);
+        line.push_str("{\"execution_id\":");
+        push_string(line, self.execution_id);
+        line.push_str(",\"task_id\":");
+        push_string(line, self.task_id);
+        line.push_str(",\"workflow_id\":");
+        push_string(line, self.workflow_id);
+        line.push_str(",\"worker_id\":");
+        push_string(line, self.worker_id);
+        line.push_str(",\"params\":");
+        line.push_str(self.params);
+        line.push_str(",\"workspace_dir\":");
+        match self.workspace_dir {
+            Some(dir) => push_string(line, dir),
+            None => line.push_str("null"),
+        }
+        line.push_str("}\n");
+    }
+}
+
+/// A well-formed answer.
+#[derive(Debug)]
+enum Answer {
+    /// `result`, as the text the body wrote.
+    Result(RawJson),
+    /// `error`, an object.
+    Error(Value),
+}
+
 /// Writes the request line and reads the response line; any protocol break is an error. At
 /// the soft limit a `{"cancel": "<execution id>"}` line is written meanwhile.
 async fn exchange(
     running: &mut Running,
     execution_id: &str,
-    request: &Value,
+    request: &Request<'_>,
     soft: Option<&SoftLimit>,
-) -> Result<Value, String> {
-    let mut line = serde_json::to_string(request).expect("a Value always serializes");
-    line.push('\n');
-    if let Err(e) = running.stdin.write_all(line.as_bytes()).await {
+) -> Result<Answer, String> {
+    let Running {
+        stdin,
+        stdout,
+        request: out,
+        line,
+        ..
+    } = running;
+    out.clear();
+    request.write(out);
+    let written = stdin.write_all(out.as_bytes()).await;
+    keep_or_let_go(out);
+    if let Err(e) = written {
         return Err(format!("cannot write to the body process: {e}"));
     }
-    let _ = running.stdin.flush().await;
-    let next = running.stdout.next_line();
+    let _ = stdin.flush().await;
+    line.clear();
+    let next = stdout.read_line(line);
     let mut next = std::pin::pin!(next);
-    if let Some(soft) = soft {
-        let soft_at = tokio::time::Instant::now() + soft.after;
-        tokio::select! {
-            read = &mut next => return answer(read, execution_id),
-            () = tokio::time::sleep_until(soft_at) => {}
+    let read = match soft {
+        None => next.await,
+        Some(soft) => {
+            let soft_at = tokio::time::Instant::now() + soft.after;
+            tokio::select! {
+                read = &mut next => read,
+                () = tokio::time::sleep_until(soft_at) => {
+                    soft.log("a cancel line");
+                    let mut cancel = json!({ "cancel": execution_id }).to_string();
+                    cancel.push('\n');
+                    // A body that stopped reading shows it in its answer (or its time limit).
+                    let _ = stdin.write_all(cancel.as_bytes()).await;
+                    let _ = stdin.flush().await;
+                    next.await
+                }
+            }
         }
-        soft.log("a cancel line");
-        let mut cancel = json!({ "cancel": execution_id }).to_string();
-        cancel.push('\n');
-        // A body that stopped reading shows it in its answer (or its time limit).
-        let _ = running.stdin.write_all(cancel.as_bytes()).await;
-        let _ = running.stdin.flush().await;
-    }
-    answer(next.await, execution_id)
+    };
+    let answered = match read {
+        Ok(0) => Err(STDOUT_CLOSED.to_owned()),
+        Ok(_) => {
+            // As `lines()` gives it: without its `\n` or `\r\n`.
+            if line.ends_with('\n') {
+                line.pop();
+                if line.ends_with('\r') {
+                    line.pop();
+                }
+            }
+            answer(line, execution_id)
+        }
+        Err(e) => Err(format!("cannot read from the body process: {e}")),
+    };
+    keep_or_let_go(line);
+    answered
 }
 
-/// Checks the response line read for `execution_id`.
-fn answer(read: std::io::Result<Option<String>>, execution_id: &str) -> Result<Value, String> {
-    let answer = match read {
-        Ok(Some(answer)) => answer,
-        Ok(None) => return Err(STDOUT_CLOSED.to_owned()),
-        Err(e) => return Err(format!("cannot read from the body process: {e}")),
-    };
-    let response: Value = perago_core::json::from_str(&answer).map_err(|e| {
+/// Lets a line buffer go when it grew past [`KEPT_LINE_BYTES`].
+fn keep_or_let_go(buffer: &mut String) {
+    if buffer.capacity() > KEPT_LINE_BYTES {
+        *buffer = String::new();
+    }
+}
+
+/// Checks the response line read for `execution_id`: whole, as it would be parsed (depth,
+/// syntax, numbers: the same errors), then only its top level is read; `result` is kept as
+/// the text it is.
+fn answer(answer: &str, execution_id: &str) -> Result<Answer, String> {
+    let not_json = |e: perago_core::json::JsonError| {
         format!(
             "the body process wrote a line that is not JSON ({e}): {}",
             answer.chars().take(120).collect::<String>()
         )
-    })?;
-    if response["execution_id"] != json!(execution_id) {
+    };
+    perago_core::json::check(answer).map_err(not_json)?;
+    // Anything but an object has no members (its `execution_id` reads as null).
+    let members = match perago_core::json::kind(answer) {
+        Kind::Object => perago_core::json::members(answer).map_err(not_json)?,
+        _ => Vec::new(),
+    };
+    let member = |key: &str| members.iter().find(|(k, _)| k == key).map(|(_, v)| *v);
+    let parsed = |text: &str| perago_core::json::from_str(text).map_err(not_json);
+    let answered_for = member("execution_id").map_or(Ok(Value::Null), parsed)?;
+    if answered_for != json!(execution_id) {
         return Err(format!(
-            "the body process answered for execution {}, not {execution_id}",
-            response["execution_id"]
+            "the body process answered for execution {answered_for}, not {execution_id}"
         ));
     }
-    if response.get("result").is_none() && !response["error"].is_object() {
-        return Err("the body process answered with neither result nor error".to_owned());
+    if let Some(result) = member("result") {
+        // Room for the output's `{"result":` and `}` around it (see `workspace_free_output`).
+        let mut text = String::with_capacity(result.len() + 16);
+        text.push_str(result);
+        return Ok(Answer::Result(RawJson::trusted(text)));
     }
-    Ok(response)
+    match member("error") {
+        Some(error) if perago_core::json::kind(error) == Kind::Object => {
+            Ok(Answer::Error(parsed(error)?))
+        }
+        _ => Err("the body process answered with neither result nor error".to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request_line(
+        execution_id: &str,
+        task_id: &str,
+        workflow_id: &str,
+        worker_id: &str,
+        params: &str,
+        workspace_dir: Option<&str>,
+    ) -> String {
+        let mut line = String::new();
+        Request {
+            execution_id,
+            task_id,
+            workflow_id,
+            worker_id,
+            params,
+            workspace_dir,
+        }
+        .write(&mut line);
+        line
+    }
+
+    /// The request line is the object the `json!` builder made before, member for member,
+    /// with the params in it as the text they came as.
+    #[test]
+    fn the_request_line_carries_the_params_as_they_came() {
+        let params = r#"{"x": 1.0e2, "s": "\u00e9", "big": 123456789012345678901234567890}"#;
+        for dir in [None, Some("/w/\"dir\"")] {
+            let line = request_line("e-1", "t-1", "wf-1", "w\n1", params, dir);
+            assert!(line.ends_with('\n'));
+            assert!(line.contains(&format!(r#","params":{params},"#)), "{line}");
+            let expected = json!({
+                "execution_id": "e-1",
+                "task_id": "t-1",
+                "workflow_id": "wf-1",
+                "worker_id": "w\n1",
+                "params": perago_core::json::from_str(params).unwrap(),
+                "workspace_dir": dir,
+            });
+            let parsed = perago_core::json::from_str(line.trim_end()).unwrap();
+            assert_eq!(parsed, expected);
+            assert_eq!(
+                serde_json::to_string(&parsed).unwrap(),
+                serde_json::to_string(&expected).unwrap(),
+                "the members in the same order"
+            );
+        }
+        // Compact params give the very line `json!` gave.
+        let line = request_line("e", "t", "wf", "w", r#"{"n":[1,"a"]}"#, None);
+        let before = json!({
+            "execution_id": "e", "task_id": "t", "workflow_id": "wf", "worker_id": "w",
+            "params": {"n": [1, "a"]}, "workspace_dir": Value::Null,
+        });
+        assert_eq!(line, format!("{before}\n"));
+    }
+
+    fn read(line: &str) -> Result<Answer, String> {
+        answer(line, "e-1")
+    }
+
+    /// The result is kept as the body wrote it, byte for byte.
+    #[test]
+    fn a_result_is_kept_as_the_body_wrote_it() {
+        let result = r#"{"x": 1.0e2, "s": "\u00e9", "big": 123456789012345678901234567890}"#;
+        let line = format!(r#"{{"execution_id": "e-1", "result": {result}, "extra": 1}}"#);
+        match read(&line) {
+            Ok(Answer::Result(raw)) => assert_eq!(raw.as_str(), result),
+            other => panic!("{other:?}"),
+        }
+        // A null result is a result.
+        assert!(matches!(
+            read(r#"{"execution_id": "e-1", "result": null}"#),
+            Ok(Answer::Result(raw)) if raw.as_str() == "null"
+        ));
+        match read(r#"{"execution_id": "e-1", "error": {"message": "no", "terminal": true}}"#) {
+            Ok(Answer::Error(error)) => {
+                assert_eq!(error, json!({"message": "no", "terminal": true}));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Lines that are not JSON, too deep, or not an answer for this execution fail with the
+    /// messages they failed with before.
+    #[test]
+    fn a_bad_answer_fails_as_before() {
+        let deep = format!(
+            r#"{{"execution_id": "e-1", "result": {}1{}}}"#,
+            "[".repeat(1000),
+            "]".repeat(1000)
+        );
+        for line in [
+            deep.as_str(),
+            "this is not json",
+            r#"{"result": 1e400}"#,
+            "[1,",
+        ] {
+            let e = perago_core::json::from_str(line).unwrap_err();
+            assert_eq!(
+                read(line).unwrap_err(),
+                format!(
+                    "the body process wrote a line that is not JSON ({e}): {}",
+                    line.chars().take(120).collect::<String>()
+                )
+            );
+        }
+        assert_eq!(
+            read(r#"{"execution_id": "e-2", "result": 1}"#).unwrap_err(),
+            "the body process answered for execution \"e-2\", not e-1"
+        );
+        assert_eq!(
+            read(r#"{"execution_id": {"a": [1, 2]}, "result": 1}"#).unwrap_err(),
+            r#"the body process answered for execution {"a":[1,2]}, not e-1"#
+        );
+        assert_eq!(
+            read("[1]").unwrap_err(),
+            "the body process answered for execution null, not e-1"
+        );
+        assert_eq!(
+            read(r#"{"result": 1}"#).unwrap_err(),
+            "the body process answered for execution null, not e-1"
+        );
+        for line in [
+            r#"{"execution_id": "e-1"}"#,
+            r#"{"execution_id": "e-1", "error": "no"}"#,
+        ] {
+            assert_eq!(
+                read(line).unwrap_err(),
+                "the body process answered with neither result nor error"
+            );
+        }
+    }
 }

@@ -128,7 +128,12 @@ pub enum SlotError {
 pub async fn connect(socket: &Path) -> Result<Channel, tonic::transport::Error> {
     let path = socket.to_owned();
     // The URI is required by the API but unused: every connection goes to the socket.
+    // A whole slot message fits the receive windows: an assignment carrying megabytes is
+    // not held up waiting for window updates on the way.
+    let window = u32::try_from(perago_proto::MAX_SLOT_MESSAGE_BYTES).unwrap_or(u32::MAX);
     Endpoint::from_static("http://perago.broker")
+        .initial_stream_window_size(window)
+        .initial_connection_window_size(window)
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let path = path.clone();
             async move {
@@ -375,7 +380,7 @@ pub async fn serve(
                 let completion = proto::Completion {
                     task_id,
                     execution_id,
-                    result: Some(wire::result_to_wire(&result)),
+                    result: Some(wire::result_into_wire(result)),
                     recycle: recycling.clone().unwrap_or_default(),
                 };
                 tx.send(message(ToBroker::Completion(completion)))

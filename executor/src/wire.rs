@@ -1,12 +1,12 @@
 //! Conversions between the slot protocol's messages and the core types, executor side:
 //! assignments come in, results go out.
 
+use perago_core::json::{Kind, RawJson};
 use perago_core::{
     attempt::{AttemptSnapshot, TaskStatus},
     result::{Outcome, RuntimeResult},
 };
 use perago_proto::slot::v1 as wire;
-use serde_json::Value;
 
 /// An assignment whose attempt cannot be read. The executor fails it rather than guessing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -36,12 +36,14 @@ pub fn attempt_from_wire(attempt: wire::AttemptSnapshot) -> Result<AttemptSnapsh
         .ok()
         .and_then(status_from_wire)
         .ok_or_else(|| WireError(format!("unknown task status {}", attempt.status)))?;
-    // As deep as Conductor allows (serde_json alone stops at 128 levels).
-    let input_data = match perago_core::json::from_str(&attempt.input_data_json) {
-        Ok(Value::Object(map)) => map,
-        Ok(_) => return Err(WireError("input_data_json is not a JSON object".into())),
-        Err(e) => return Err(WireError(format!("input_data_json is not JSON: {e}"))),
-    };
+    // The broker checked the input as it came from Conductor (as it would be parsed, numbers
+    // included): here it is kept as text and forwarded, its depth counted and its syntax
+    // skimmed (both without parsing), and only its top level read (by `parse_input`).
+    let input_data = RawJson::skimmed(attempt.input_data_json)
+        .map_err(|e| WireError(format!("input_data_json is not JSON: {e}")))?;
+    if perago_core::json::kind(input_data.as_str()) != Kind::Object {
+        return Err(WireError("input_data_json is not a JSON object".into()));
+    }
     if attempt.task_id.is_empty() || attempt.workflow_instance_id.is_empty() {
         return Err(WireError(
             "task_id and workflow_instance_id are required".into(),
@@ -65,10 +67,16 @@ pub fn attempt_from_wire(attempt: wire::AttemptSnapshot) -> Result<AttemptSnapsh
 
 /// The wire form of a result.
 pub fn result_to_wire(result: &RuntimeResult) -> wire::TaskResult {
+    result_into_wire(result.clone())
+}
+
+/// [`result_to_wire`], moving the output (which can be megabytes) into the message.
+pub fn result_into_wire(result: RuntimeResult) -> wire::TaskResult {
     use wire::task_result::Outcome as W;
-    let outcome = match result.outcome() {
+    let (worker_id, outcome) = result.into_parts();
+    let outcome = match outcome {
         Outcome::Completed(output) => W::Completed(wire::Completed {
-            output_json: serde_json::to_string(output).expect("a JSON map always serializes"),
+            output_json: output.into_string(),
         }),
         Outcome::Failed(reason) => W::Failed(wire::Failed {
             reason: reason.as_str().to_owned(),
@@ -79,6 +87,49 @@ pub fn result_to_wire(result: &RuntimeResult) -> wire::TaskResult {
     };
     wire::TaskResult {
         outcome: Some(outcome),
-        worker_id: result.worker_id().to_owned(),
+        worker_id,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt(input: &str) -> wire::AttemptSnapshot {
+        wire::AttemptSnapshot {
+            workflow_instance_id: "wf".into(),
+            task_id: "t".into(),
+            status: wire::TaskStatus::InProgress as i32,
+            input_data_json: input.to_owned(),
+            ..Default::default()
+        }
+    }
+
+    /// The input is kept as the broker sent it, byte for byte.
+    #[test]
+    fn an_input_is_kept_as_it_came() {
+        let text =
+            r#"{"params": {"x": 1.0e2, "s": "\u00e9", "big": 123456789012345678901234567890}}"#;
+        let received = attempt_from_wire(attempt(text)).unwrap();
+        assert_eq!(received.input_data.as_str(), text);
+    }
+
+    /// Too deep, malformed or not an object: refused with the errors parsing gives.
+    #[test]
+    fn a_bad_input_is_refused_as_before() {
+        let deep = format!(r#"{{"params": {}1{}}}"#, "[".repeat(1000), "]".repeat(1000));
+        for text in [deep.as_str(), "{\"params\": {}", "{\"params\": {}} x", ""] {
+            let parsed = perago_core::json::from_str(text).unwrap_err();
+            assert_eq!(
+                attempt_from_wire(attempt(text)).unwrap_err().to_string(),
+                format!("malformed assignment: input_data_json is not JSON: {parsed}")
+            );
+        }
+        for text in ["[1]", "\"s\"", "null"] {
+            assert_eq!(
+                attempt_from_wire(attempt(text)).unwrap_err().to_string(),
+                "malformed assignment: input_data_json is not a JSON object"
+            );
+        }
     }
 }

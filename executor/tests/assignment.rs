@@ -69,9 +69,12 @@ impl Task {
     }
 }
 
-fn output(result: &RuntimeResult) -> &serde_json::Map<String, Value> {
+fn output(result: &RuntimeResult) -> serde_json::Map<String, Value> {
     match result.outcome() {
-        Outcome::Completed(out) => out,
+        Outcome::Completed(out) => match out.to_value().unwrap() {
+            Value::Object(out) => out,
+            other => panic!("output is not an object: {other}"),
+        },
         other => panic!("expected COMPLETED, got {other:?}"),
     }
 }
@@ -98,7 +101,7 @@ printf '{"params": %s, "worker": "%s", "task": "%s", "execution": "%s", "greetin
     assert_eq!(result.worker_id(), WORKER);
     let cwd = fs::canonicalize(task.dir.path()).unwrap();
     assert_eq!(
-        Value::Object(output(&result).clone()),
+        Value::Object(output(&result)),
         json!({"result": {
             "params": {"n": 7}, "worker": WORKER, "task": "task-1", "execution": "exec-1",
             "greeting": "hi", "cwd": cwd.to_str().unwrap()

@@ -4,6 +4,7 @@
 
 use perago_core::{
     attempt::AttemptSnapshot,
+    json::RawJson,
     manifest::Manifest,
     result::{Outcome, ResultStatus, RuntimeResult},
 };
@@ -22,6 +23,14 @@ for line in sys.stdin:
         sys.exit(3)
     if p.get("garbage"):
         print("this is not json", flush=True)
+        continue
+    if p.get("big"):
+        print(json.dumps({"execution_id": eid, "result": "x" * p["big"]}), flush=True)
+        continue
+    if p.get("raw"):
+        # The request line as it came, and a result written by hand.
+        sys.stdout.write('{"execution_id": %s, "result": {"line": %s, "x": 1.0e2, "s": "\\u00e9"}}\n' % (json.dumps(eid), json.dumps(line)))
+        sys.stdout.flush()
         continue
     if p.get("sleep"):
         time.sleep(p["sleep"])
@@ -66,7 +75,7 @@ async fn run(runner: &AssignmentRunner, id: &str, params: Value) -> RuntimeResul
 
 fn result(r: &RuntimeResult) -> Value {
     match r.outcome() {
-        Outcome::Completed(out) => out["result"].clone(),
+        Outcome::Completed(out) => out.to_value().unwrap()["result"].clone(),
         other => panic!("expected COMPLETED, got {other:?}"),
     }
 }
@@ -187,4 +196,45 @@ async fn at_the_soft_limit_a_jsonl_body_reads_a_cancel_line() {
     // The same process takes the next assignment.
     let r = run(&runner, "exec-next", json!({})).await;
     assert_eq!(result(&r), json!({"cancelled": "exec-next"}));
+}
+
+/// The params reach the body as the text they came as, and the body's result reaches the
+/// output as the text it wrote: nothing is parsed and written again on the way.
+#[tokio::test]
+async fn params_and_result_pass_through_as_text() {
+    let (_dir, runner) = runner(10);
+    let mut attempt = AttemptSnapshot::from_conductor(&json!({
+        "taskId": "task-raw", "workflowInstanceId": "wf", "retryCount": 0,
+        "taskDefName": "jsonl.task", "referenceTaskName": "r", "seq": 1, "status": "IN_PROGRESS",
+        "inputData": {"params": {}}
+    }))
+    .unwrap();
+    let params = r#"{"raw": true, "n": 1.0e2, "s": "\u00e9", "big": 0, "z": 123456789012345678901234567890}"#;
+    attempt.input_data = RawJson::parse(format!(r#"{{"params": {params}}}"#)).unwrap();
+    let r = runner.execute("e-raw", &attempt).await;
+    let Outcome::Completed(out) = r.outcome() else {
+        panic!("expected COMPLETED, got {r:?}");
+    };
+    assert!(
+        out.as_str().ends_with(r#", "x": 1.0e2, "s": "\u00e9"}}"#),
+        "{out:?}"
+    );
+    let line = out.to_value().unwrap()["result"]["line"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(line.contains(&format!(r#","params":{params},"#)), "{line}");
+}
+
+/// The size limit applies to a `jsonl` body's result too.
+#[tokio::test]
+async fn a_result_above_the_limit_fails() {
+    let (_dir, runner) = runner(30);
+    let r = run(&runner, "e-big", json!({"big": 3 * 1024 * 1024 + 1})).await;
+    assert_eq!(
+        reason(&r, ResultStatus::Failed),
+        "body result is larger than 3 MiB; Conductor cannot take it inline"
+    );
+    let ok = result(&run(&runner, "e-ok", json!({"big": 1024})).await);
+    assert_eq!(ok, json!("x".repeat(1024)));
 }

@@ -6,7 +6,8 @@
 
 use super::auth::{self, Credentials, CredentialsError, TokenState};
 use super::errors::ConductorError;
-use crate::attempt::TaskRef;
+use crate::attempt::{PolledTask, TaskRef};
+use crate::result::TaskResultBody;
 use crate::url::encode_segment as segment;
 use reqwest::header::HeaderValue;
 use reqwest::{Method, StatusCode};
@@ -19,8 +20,8 @@ use std::time::{Duration, Instant};
 /// A task as a poll (or update-v2) returned it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Polled {
-    /// The task JSON.
-    Task(Value),
+    /// The task, checked; its input kept as text.
+    Task(PolledTask),
     /// A task whose JSON cannot be taken (nested deeper than Conductor allows, or broken):
     /// its ids, when they can be read, so it can be failed, and what is wrong.
     Undecodable {
@@ -32,29 +33,93 @@ pub enum Polled {
 }
 
 impl Polled {
-    /// Decodes one task. The ids of an undecodable one are read by skipping every other
-    /// field, which serde_json does without recursion.
+    /// Decodes one task: checked whole as [`crate::json::from_str`] would parse it (the same
+    /// errors), then split at its top level without parsing its input. The ids of an
+    /// undecodable one are read by skipping every other field, which serde_json does without
+    /// recursion.
     pub fn decode(text: &str) -> Self {
+        Self::decode_with(text, PolledTask::split)
+    }
+
+    /// [`Polled::decode`] for the task at `range` of `text`, which it takes over: the input
+    /// is moved within the buffer rather than copied into a new one.
+    pub fn decode_owned(text: String, range: std::ops::Range<usize>) -> Self {
+        if let Some(refused) = Self::refuse_non_object(&text[range.clone()]) {
+            return refused;
+        }
+        match PolledTask::split_owned(text, range.clone()) {
+            Ok(task) => Self::Task(task),
+            Err((e, text)) => Self::undecodable(&text[range], &e),
+        }
+    }
+
+    fn decode_with(
+        text: &str,
+        split: impl FnOnce(&str) -> Result<PolledTask, crate::json::JsonError>,
+    ) -> Self {
+        if let Some(refused) = Self::refuse_non_object(text) {
+            return refused;
+        }
+        match split(text) {
+            Ok(task) => Self::Task(task),
+            Err(e) => Self::undecodable(text, &e),
+        }
+    }
+
+    /// What a text that does not start as an object is: undecodable for the reason parsing
+    /// gives, or not an object. `None` for an object (which the split checks).
+    fn refuse_non_object(text: &str) -> Option<Self> {
+        if crate::json::kind(text) == crate::json::Kind::Object {
+            return None;
+        }
+        Some(match crate::json::check(text) {
+            Ok(()) => Self::not_an_object(),
+            Err(e) => Self::undecodable(text, &e),
+        })
+    }
+
+    fn not_an_object() -> Self {
+        Self::Undecodable {
+            ids: None,
+            problem: "a polled task is not a JSON object".to_owned(),
+        }
+    }
+
+    fn undecodable(text: &str, e: &crate::json::JsonError) -> Self {
         #[derive(serde::Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct Ids {
             task_id: String,
             workflow_instance_id: String,
         }
-        match crate::json::from_str(text) {
-            Ok(Value::Object(task)) => Self::Task(Value::Object(task)),
-            Ok(_) => Self::Undecodable {
-                ids: None,
-                problem: "a polled task is not a JSON object".to_owned(),
-            },
-            Err(e) => Self::Undecodable {
-                ids: serde_json::from_str::<Ids>(text).ok().map(|ids| TaskRef {
-                    task_id: ids.task_id,
-                    workflow_instance_id: ids.workflow_instance_id,
-                }),
-                problem: e.to_string(),
-            },
+        Self::Undecodable {
+            ids: serde_json::from_str::<Ids>(text).ok().map(|ids| TaskRef {
+                task_id: ids.task_id,
+                workflow_instance_id: ids.workflow_instance_id,
+            }),
+            problem: e.to_string(),
         }
+    }
+}
+
+/// A request body: a value to serialize, or a `TaskResult` written before.
+#[derive(Debug, Clone, Copy)]
+pub enum JsonBody<'a> {
+    /// Serialized for the request.
+    Value(&'a Value),
+    /// Sent as it is.
+    Result(&'a TaskResultBody),
+}
+
+impl<'a> From<&'a Value> for JsonBody<'a> {
+    fn from(value: &'a Value) -> Self {
+        Self::Value(value)
+    }
+}
+
+impl<'a> From<&'a TaskResultBody> for JsonBody<'a> {
+    fn from(body: &'a TaskResultBody) -> Self {
+        Self::Result(body)
     }
 }
 
@@ -203,7 +268,7 @@ impl ConductorClient {
         method: Method,
         path: &str,
         query: &[(&str, String)],
-        payload: Option<&Value>,
+        payload: Option<JsonBody<'_>>,
         timeout: Duration,
     ) -> Result<(StatusCode, String), ConductorError> {
         let Some(auth) = &self.auth else {
@@ -299,7 +364,14 @@ impl ConductorClient {
             "keySecret": credentials.key_secret,
         });
         let text = match self
-            .send_once(Method::POST, path, &[], Some(&body), REQUEST_TIMEOUT, None)
+            .send_once(
+                Method::POST,
+                path,
+                &[],
+                Some((&body).into()),
+                REQUEST_TIMEOUT,
+                None,
+            )
             .await
         {
             Ok((_, text)) => text,
@@ -353,7 +425,7 @@ impl ConductorClient {
         method: Method,
         path: &str,
         query: &[(&str, String)],
-        body: Option<&Value>,
+        body: Option<JsonBody<'_>>,
         timeout: Duration,
         token: Option<&HeaderValue>,
     ) -> Result<(StatusCode, String), ConductorError> {
@@ -373,8 +445,18 @@ impl ConductorClient {
         if !query.is_empty() {
             req = req.query(query);
         }
-        if let Some(body) = body {
-            req = req.json(body);
+        match body {
+            None => {}
+            Some(JsonBody::Value(value)) => req = req.json(value),
+            // Written once; a retry sends the same bytes again, uncopied.
+            Some(JsonBody::Result(body)) => {
+                req = req
+                    .header(
+                        reqwest::header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    )
+                    .body(body.to_bytes());
+            }
         }
         if let Some(token) = token {
             req = req.header(AUTH_HEADER, token.clone());
@@ -463,14 +545,20 @@ impl ConductorClient {
         if status == StatusCode::NO_CONTENT || text.trim().is_empty() {
             return Ok(Vec::new());
         }
-        // The array is split without parsing its elements (serde_json skips values
-        // iteratively), then each task is decoded on its own: one bad task fails alone.
-        let tasks: Vec<Box<RawValue>> =
+        // The array is split without parsing or copying its elements (serde_json skips
+        // values iteratively), then each task is decoded on its own: one bad task fails alone.
+        let tasks: Vec<&RawValue> =
             serde_json::from_str(&text).map_err(|e| ConductorError::Decode {
                 method: "GET",
                 url: format!("{}{path}", self.base),
                 message: format!("expected a JSON array of tasks: {e}"),
             })?;
+        if let [task] = tasks[..] {
+            // One task: it takes the answer's buffer over.
+            let start = task.get().as_ptr() as usize - text.as_ptr() as usize;
+            let range = start..start + task.get().len();
+            return Ok(vec![Polled::decode_owned(text, range)]);
+        }
         Ok(tasks.iter().map(|raw| Polled::decode(raw.get())).collect())
     }
 
@@ -496,25 +584,44 @@ impl ConductorClient {
 
     /// `POST /tasks` (update v1). A 200 does not prove the update was applied: Conductor
     /// silently ignores updates to terminal tasks.
-    pub async fn update_task(&self, result: &Value) -> Result<(), ConductorError> {
-        self.send(Method::POST, "/tasks", &[], Some(result), REQUEST_TIMEOUT)
-            .await
-            .map(drop)
+    pub async fn update_task<'a>(
+        &self,
+        result: impl Into<JsonBody<'a>>,
+    ) -> Result<(), ConductorError> {
+        self.send(
+            Method::POST,
+            "/tasks",
+            &[],
+            Some(result.into()),
+            REQUEST_TIMEOUT,
+        )
+        .await
+        .map(drop)
     }
 
     /// `POST /tasks/update-v2`: the update, then the next task of the same type for the same
     /// worker, if any.
     /// The update was applied once this returns `Ok`, even when the next task it brings
     /// cannot be decoded (that task is [`Polled::Undecodable`]).
-    pub async fn update_task_v2(&self, result: &Value) -> Result<Option<Polled>, ConductorError> {
+    pub async fn update_task_v2<'a>(
+        &self,
+        result: impl Into<JsonBody<'a>>,
+    ) -> Result<Option<Polled>, ConductorError> {
         let path = "/tasks/update-v2";
         let (status, text) = self
-            .send(Method::POST, path, &[], Some(result), REQUEST_TIMEOUT)
+            .send(
+                Method::POST,
+                path,
+                &[],
+                Some(result.into()),
+                REQUEST_TIMEOUT,
+            )
             .await?;
         if status == StatusCode::NO_CONTENT || text.trim().is_empty() {
             return Ok(None);
         }
-        Ok(Some(Polled::decode(&text)))
+        let range = 0..text.len();
+        Ok(Some(Polled::decode_owned(text, range)))
     }
 
     /// `GET /tasks/{taskId}`. A 204 (servers before 3.21.20) counts as not found.
@@ -541,7 +648,7 @@ impl ConductorClient {
             Method::POST,
             "/metadata/taskdefs",
             &[],
-            Some(&body),
+            Some((&body).into()),
             REQUEST_TIMEOUT,
         )
         .await
@@ -555,7 +662,7 @@ impl ConductorClient {
             Method::PUT,
             "/metadata/workflow",
             &[],
-            Some(&body),
+            Some((&body).into()),
             REQUEST_TIMEOUT,
         )
         .await
@@ -570,7 +677,13 @@ impl ConductorClient {
     ) -> Result<String, ConductorError> {
         let path = format!("/workflow/{}", segment(name));
         let (_, text) = self
-            .send(Method::POST, &path, &[], Some(input), REQUEST_TIMEOUT)
+            .send(
+                Method::POST,
+                &path,
+                &[],
+                Some(input.into()),
+                REQUEST_TIMEOUT,
+            )
             .await?;
         Ok(text.trim().trim_matches('"').to_owned())
     }
@@ -692,5 +805,102 @@ mod tests {
             ConductorClient::from_lookup(vars(&[])),
             Err(ClientConfigError::Url(_))
         ));
+    }
+
+    /// A polled task is refused with the errors parsing it gives (depth, syntax, numbers),
+    /// its ids read when they can be.
+    #[test]
+    fn polled_tasks_are_checked_as_parsing_checks_them() {
+        let task = |input: &str| {
+            format!(
+                r#"{{"taskId": "t-1", "workflowInstanceId": "wf-1", "inputData": {{"params": {input}}}}}"#
+            )
+        };
+        let ids = Some(TaskRef {
+            task_id: "t-1".into(),
+            workflow_instance_id: "wf-1".into(),
+        });
+        for input in [
+            format!("{}1{}", "[".repeat(1000), "]".repeat(1000)),
+            "1e400".to_owned(),
+            r#""\ud800""#.to_owned(),
+        ] {
+            let text = task(&input);
+            assert_eq!(
+                Polled::decode(&text),
+                Polled::Undecodable {
+                    ids: ids.clone(),
+                    problem: crate::json::from_str(&text).unwrap_err().to_string(),
+                },
+                "{}",
+                &text[..text.len().min(80)]
+            );
+        }
+        assert!(matches!(
+            Polled::decode(&task("[1,")),
+            Polled::Undecodable { ids: None, .. }
+        ));
+        // Broken anywhere, not only in the input: the error parsing gives.
+        for text in [
+            format!("{} x", task("{}")),
+            format!("{}}}", task("{}")),
+            r#"{"taskId": "t", "seq": 1e400, "inputData": {}}"#.to_owned(),
+            r#"{"taskId": "t", "seq": [1,], "inputData": {}}"#.to_owned(),
+            r#"{"taskId": "t", "seq": 1 2, "inputData": {}}"#.to_owned(),
+            r#"{"taskId": "t",, "inputData": {}}"#.to_owned(),
+            r#"{"taskId": "t", "inputData": {},}"#.to_owned(),
+            r#"{"taskId" "t"}"#.to_owned(),
+            r#"{"taskId": "t", "inputData": }"#.to_owned(),
+            r#"{"taskId": "t", "inputData": {"a": "\ud800"}}"#.to_owned(),
+            "{\"task\tId\": \"t\"}".to_owned(),
+            r#"{"task\qId": "t"}"#.to_owned(),
+            r#"{"taskId": "t", "x": "unterminated}"#.to_owned(),
+            r#"{"taskId": "t"]"#.to_owned(),
+            "{".to_owned(),
+            " ".to_owned(),
+        ] {
+            let expected = crate::json::from_str(&text).unwrap_err().to_string();
+            match Polled::decode(&text) {
+                Polled::Undecodable { problem, .. } => assert_eq!(problem, expected, "{text}"),
+                other => panic!("{text}: {other:?}"),
+            }
+            match Polled::decode_owned(text.clone(), 0..text.len()) {
+                Polled::Undecodable { problem, .. } => assert_eq!(problem, expected, "{text}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        assert_eq!(
+            Polled::decode("[1]"),
+            Polled::Undecodable {
+                ids: None,
+                problem: "a polled task is not a JSON object".to_owned(),
+            }
+        );
+        // Taking the buffer over answers the same, for a task anywhere in it.
+        for input in ["{\"n\": 1.50}", "1e400", "[1,", "{}"] {
+            let text = task(input);
+            let framed = format!("[ {text} ]");
+            assert_eq!(
+                Polled::decode_owned(framed.clone(), 2..2 + text.len()),
+                Polled::decode(&text),
+                "{text}"
+            );
+            assert_eq!(
+                Polled::decode_owned(text.clone(), 0..text.len()),
+                Polled::decode(&text)
+            );
+        }
+        assert_eq!(
+            Polled::decode_owned("[[1]]".to_owned(), 1..4),
+            Polled::decode("[1]")
+        );
+        let Polled::Task(ok) = Polled::decode(&task("{\"n\": 1.50}")) else {
+            panic!("a good task is decoded");
+        };
+        assert_eq!(ok.fields["taskId"], "t-1");
+        assert_eq!(
+            ok.input_data.unwrap().as_str(),
+            r#"{"params": {"n": 1.50}}"#
+        );
     }
 }

@@ -5,5 +5,7 @@ mod client;
 mod errors;
 
 pub use auth::{AUTH_KEY_VAR, AUTH_SECRET_VAR, Credentials, CredentialsError};
-pub use client::{BaseUrlError, ClientConfigError, ConductorClient, MAX_LONG_POLL, Polled};
+pub use client::{
+    BaseUrlError, ClientConfigError, ConductorClient, JsonBody, MAX_LONG_POLL, Polled,
+};
 pub use errors::ConductorError;

@@ -4,6 +4,7 @@
 use perago_broker::wire as broker;
 use perago_core::{
     attempt::{AttemptSnapshot, TaskStatus},
+    json::RawJson,
     result::{Reason, RuntimeResult},
     shape::workspace_free_output,
 };
@@ -42,7 +43,10 @@ fn attempts_round_trip_in_every_status() {
 #[test]
 fn results_round_trip() {
     let results = [
-        RuntimeResult::completed("w0001", workspace_free_output(json!({"n": 1}))),
+        RuntimeResult::completed(
+            "w0001",
+            workspace_free_output(RawJson::from_value(&json!({"n": 1}))),
+        ),
         RuntimeResult::failed("w0001", Reason::new("body failed (exit status 1)")),
         RuntimeResult::failed_terminal("w0001", Reason::new("pre guardrail failed")),
     ];
