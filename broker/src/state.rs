@@ -767,6 +767,9 @@ impl Machine {
                 .get_or_create(&crate::counters::outcome(completed))
                 .observe(took.as_secs_f64());
         }
+        if let perago_core::result::Outcome::Completed(output) = result.outcome() {
+            self.gauges.sdk.result_size.observe(output.len() as f64);
+        }
         self.report(v2.then_some(number), *run, result, v2);
         if !recycle.is_empty() {
             self.recycle(number, &recycle);

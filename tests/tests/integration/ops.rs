@@ -287,6 +287,11 @@ async fn metrics_move_while_tasks_run() {
         "{after}"
     );
     assert_eq!(metric(&after, &format!("active_workers{sdk}")), Some(0.0));
+    assert_eq!(
+        metric(&after, &format!("task_result_size_bytes_count{sdk}")),
+        Some(5.0),
+        "{after}"
+    );
     // Prometheus's own Python client parses the exposition (a real third-party reader).
     let python = std::env::var_os("PERAGO_TEST_PYTHON")
         .map(PathBuf::from)
