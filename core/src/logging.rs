@@ -164,6 +164,9 @@ const RESERVED: [&str; 4] = ["ts_ms", "level", "worker_id", "message"];
 struct JsonFields {
     message: String,
     members: Vec<u8>,
+    /// The names written, in order; `ends[i]` is where member `i` ends in `members`.
+    names: Vec<&'static str>,
+    ends: Vec<usize>,
 }
 
 impl JsonFields {
@@ -172,6 +175,11 @@ impl JsonFields {
         if RESERVED.contains(&name) {
             return false;
         }
+        // The member before this one ends here (unless `close` ended it already).
+        if self.ends.len() < self.names.len() {
+            self.ends.push(self.members.len());
+        }
+        self.names.push(name);
         self.members.push(b',');
         push_json_str(&mut self.members, name);
         self.members.push(b':');
@@ -219,6 +227,28 @@ impl Visit for JsonFields {
     }
 }
 
+impl JsonFields {
+    /// Closes the member list: `ends` then has one entry per name.
+    fn close(&mut self) {
+        if self.ends.len() < self.names.len() {
+            self.ends.push(self.members.len());
+        }
+    }
+
+    /// Each member's name and text (`,"name":value`).
+    fn each(&self) -> impl Iterator<Item = (&'static str, &[u8])> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        self.names
+            .iter()
+            .zip(starts.zip(self.ends.iter().copied()))
+            .map(|(name, (start, end))| (*name, &self.members[start..end]))
+    }
+}
+
+/// The fields of a span, as JSON members, kept in its extensions: every event inside the span
+/// carries them (the ids of an assignment, say) unless it sets the same name itself.
+struct SpanMembers(JsonFields);
+
 /// `fmt::Write` into a byte buffer (for numbers).
 struct VecWriter<'a>(&'a mut Vec<u8>);
 
@@ -261,10 +291,58 @@ impl JsonlLayer {
     }
 }
 
-impl<S: Subscriber> Layer<S> for JsonlLayer {
-    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+impl<S> Layer<S> for JsonlLayer
+where
+    S: Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: Context<'_, S>,
+    ) {
+        let mut fields = JsonFields::default();
+        attrs.record(&mut fields);
+        fields.close();
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(SpanMembers(fields));
+        }
+    }
+
+    fn on_record(
+        &self,
+        id: &tracing::span::Id,
+        values: &tracing::span::Record<'_>,
+        ctx: Context<'_, S>,
+    ) {
+        if let Some(span) = ctx.span(id)
+            && let Some(SpanMembers(fields)) = span.extensions_mut().get_mut::<SpanMembers>()
+        {
+            values.record(fields);
+            fields.close();
+        }
+    }
+
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
         let mut fields = JsonFields::default();
         event.record(&mut fields);
+        fields.close();
+        // The fields of the spans the event is in, innermost first, each name once.
+        if let Some(scope) = ctx.event_scope(event) {
+            for span in scope {
+                let extensions = span.extensions();
+                let Some(SpanMembers(outer)) = extensions.get::<SpanMembers>() else {
+                    continue;
+                };
+                for (name, member) in outer.each() {
+                    if !fields.names.contains(&name) {
+                        fields.names.push(name);
+                        fields.members.extend_from_slice(member);
+                        fields.ends.push(fields.members.len());
+                    }
+                }
+            }
+        }
         let ts = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
@@ -429,6 +507,54 @@ mod tests {
         assert_eq!(line["ok"], true);
         assert_eq!(line["debug"], "[1, 2]");
         assert!(line["ts_ms"].as_u64().unwrap() > 1_700_000_000_000);
+    }
+
+    /// Events inside spans carry the spans' fields (innermost first); the event's own field
+    /// of the same name wins, a field recorded later on the span is carried too, and an event
+    /// outside every span carries none.
+    #[test]
+    fn events_carry_the_fields_of_their_spans() {
+        use tracing_subscriber::prelude::*;
+        let tmp = tempfile::tempdir().unwrap();
+        let file = RotatingFile::open(tmp.path(), DEFAULT_MAX_BYTES, 1).unwrap();
+        let layer = JsonlLayer::new("w0001", file);
+        let subscriber = tracing_subscriber::registry().with(layer);
+        tracing::subscriber::with_default(subscriber, || {
+            let assignment = tracing::info_span!(
+                "assignment",
+                task_id = "t-1",
+                execution_id = "e-1",
+                worker_id = "ignored",
+                phase = tracing::field::Empty
+            );
+            let _in = assignment.enter();
+            tracing::info!(stream = "stderr", "from the body");
+            let inner = tracing::info_span!("publish", execution_id = "e-inner", files = 3u64);
+            inner.in_scope(|| tracing::info!(task_id = "t-own", "published"));
+            assignment.record("phase", "body");
+            tracing::info!("later");
+            drop(_in);
+            tracing::info!("outside");
+        });
+        let text = fs::read_to_string(tmp.path().join("perago.jsonl")).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        assert_eq!(lines[0]["task_id"], "t-1");
+        assert_eq!(lines[0]["execution_id"], "e-1");
+        assert_eq!(lines[0]["stream"], "stderr");
+        assert_eq!(lines[0]["worker_id"], "w0001", "the line's own");
+        assert_eq!(lines[1]["task_id"], "t-own", "the event's own wins");
+        assert_eq!(
+            lines[1]["execution_id"], "e-inner",
+            "the innermost span wins"
+        );
+        assert_eq!(lines[1]["files"], 3);
+        assert_eq!(lines[2]["phase"], "body");
+        assert_eq!(lines[2]["task_id"], "t-1");
+        assert!(lines[3].get("task_id").is_none(), "{}", lines[3]);
     }
 
     #[test]

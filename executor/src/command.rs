@@ -493,6 +493,9 @@ pub(crate) const MAX_LOGGED_STDERR: usize = 256 * 1024;
 /// out, at most [`MAX_LOGGED_STDERR`] bytes per assignment.
 #[derive(Debug)]
 pub(crate) struct StderrLog {
+    /// The assignment's span: lines are logged in it wherever they are read (a reader task,
+    /// or a persistent body's reader that outlives the assignment: see [`StderrLog::follow`]).
+    span: tracing::Span,
     label: String,
     pending: Vec<u8>,
     logged: usize,
@@ -502,11 +505,17 @@ pub(crate) struct StderrLog {
 impl StderrLog {
     pub(crate) fn new(label: String) -> Self {
         Self {
+            span: tracing::Span::current(),
             label,
             pending: Vec::new(),
             logged: 0,
             dropped: 0,
         }
+    }
+
+    /// From now on lines are logged in the current span (a persistent body's next assignment).
+    pub(crate) fn follow(&mut self) {
+        self.span = tracing::Span::current();
     }
 
     /// Takes the next bytes read from stderr.
@@ -532,7 +541,8 @@ impl StderrLog {
         let text = String::from_utf8_lossy(kept);
         let text = perago_core::result::escape_controls(text.trim_end());
         if !text.is_empty() {
-            tracing::info!(stream = "stderr", source = %self.label, "{text}");
+            self.span
+                .in_scope(|| tracing::info!(stream = "stderr", source = %self.label, "{text}"));
         }
     }
 
@@ -542,11 +552,13 @@ impl StderrLog {
         let rest = std::mem::take(&mut self.pending);
         self.line(&rest);
         if self.dropped > 0 {
-            tracing::warn!(
-                stream = "stderr", source = %self.label, dropped_bytes = self.dropped,
-                "… {} bytes of stderr dropped: the log keeps {MAX_LOGGED_STDERR} bytes per assignment",
-                self.dropped
-            );
+            self.span.in_scope(|| {
+                tracing::warn!(
+                    stream = "stderr", source = %self.label, dropped_bytes = self.dropped,
+                    "… {} bytes of stderr dropped: the log keeps {MAX_LOGGED_STDERR} bytes per assignment",
+                    self.dropped
+                );
+            });
         }
         self.logged = 0;
         self.dropped = 0;

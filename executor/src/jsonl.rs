@@ -192,6 +192,8 @@ impl JsonlBody {
         soft: Option<&SoftLimit>,
     ) -> Result<RawJson, JsonlFailure> {
         let mut guard = self.running.lock().await;
+        // The body's stderr lines from now on belong to this assignment.
+        self.stderr_log.lock().expect("not poisoned").follow();
         if guard.is_none() {
             self.stderr_tail.lock().expect("not poisoned").clear();
             *guard = Some(self.start(env).map_err(|e| JsonlFailure::Broken {

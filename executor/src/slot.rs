@@ -39,6 +39,7 @@ use std::{
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint, Uri};
+use tracing::Instrument as _;
 
 /// The attempt fence over the slot protocol: `ReloadAttempt` for this slot's current
 /// execution.
@@ -309,9 +310,18 @@ pub async fn serve(
             FromBroker::Welcome(_) => {}
             FromBroker::Assignment(assignment) => {
                 let execution_id = assignment.execution_id.clone();
+                // Every line logged about the assignment, the body's stderr included, carries
+                // its ids (the JSONL layer writes a span's fields into each line within it).
+                let span = tracing::info_span!(
+                    "assignment",
+                    task_id = tracing::field::Empty,
+                    execution_id = %execution_id,
+                    worker_id = %identity.worker_id,
+                );
                 let (task_id, result) = match assignment.attempt.map(wire::attempt_from_wire) {
                     Some(Ok(attempt)) => {
-                        tracing::debug!(task_id = %attempt.task_id, execution_id = %execution_id, "assignment started");
+                        span.record("task_id", attempt.task_id.as_str());
+                        span.in_scope(|| tracing::debug!("assignment started"));
                         let fence = SlotFence {
                             client: client.clone(),
                             credentials: credentials.clone(),
@@ -333,20 +343,21 @@ pub async fn serve(
                             progress: Some(&progress),
                         };
                         let work = runner.execute_with(&execution_id, &attempt, &io);
-                        let Some(result) =
-                            run_watching_broker(work, &mut inbound, &mut pending).await
+                        let Some(result) = run_watching_broker(work, &mut inbound, &mut pending)
+                            .instrument(span.clone())
+                            .await
                         else {
                             return Err(SlotError::BrokerGone);
                         };
-                        match result.outcome() {
+                        span.in_scope(|| match result.outcome() {
                             perago_core::result::Outcome::Failed(reason)
                             | perago_core::result::Outcome::FailedTerminal(reason) => {
-                                tracing::warn!(task_id = %attempt.task_id, execution_id = %execution_id, status = result.status().as_str(), reason = %reason, "assignment failed");
+                                tracing::warn!(status = result.status().as_str(), reason = %reason, "assignment failed");
                             }
                             perago_core::result::Outcome::Completed(_) => {
-                                tracing::info!(task_id = %attempt.task_id, execution_id = %execution_id, "assignment completed");
+                                tracing::info!("assignment completed");
                             }
-                        }
+                        });
                         (attempt.task_id, result)
                     }
                     Some(Err(e)) => (
@@ -367,14 +378,21 @@ pub async fn serve(
                     let threads = runner.take_body_threads();
                     let killed = perago_core::process::kill_adopted_below(&threads);
                     if killed > 0 {
-                        tracing::info!(killed, "killed the processes the assignment left running");
+                        span.in_scope(|| {
+                            tracing::info!(
+                                killed,
+                                "killed the processes the assignment left running"
+                            );
+                        });
                     }
                 }
                 done += 1;
                 if recycling.is_none()
                     && let Some(why) = identity.recycle.check(done, runner.body_pid())
                 {
-                    tracing::info!(task_id = %task_id, execution_id = %execution_id, worker_id = %identity.worker_id, "recycling this executor after this assignment: {why}");
+                    span.in_scope(|| {
+                        tracing::info!("recycling this executor after this assignment: {why}");
+                    });
                     recycling = Some(why);
                 }
                 let completion = proto::Completion {

@@ -32,6 +32,8 @@ for line in sys.stdin:
         sys.stdout.write('{"execution_id": %s, "result": {"line": %s, "x": 1.0e2, "s": "\\u00e9"}}\n' % (json.dumps(eid), json.dumps(line)))
         sys.stdout.flush()
         continue
+    if p.get("warn"):
+        print(p["warn"], file=sys.stderr, flush=True)
     if p.get("sleep"):
         time.sleep(p["sleep"])
     if p.get("fail"):
@@ -237,4 +239,42 @@ async fn a_result_above_the_limit_fails() {
     );
     let ok = result(&run(&runner, "e-ok", json!({"big": 1024})).await);
     assert_eq!(ok, json!("x".repeat(1024)));
+}
+
+/// The persistent body's stderr is read by a task that outlives each assignment; its lines
+/// carry the ids of the assignment they are read during (its span), the next assignment's once
+/// that one has started. (A line written just before an answer and read only after the next
+/// assignment started goes with that one: see the closing note of issue #14.)
+#[tokio::test]
+async fn the_bodys_stderr_lines_carry_the_ids_of_their_assignment() {
+    use tracing::Instrument as _;
+    let logs = tempfile::tempdir().unwrap();
+    let dir = perago_core::logging::init_worker(&perago_core::logging::JsonlConfig {
+        root: logs.path().to_owned(),
+        task: "jsonl.task".into(),
+        worker_id: "jsonltask0001".into(),
+        max_bytes: perago_core::logging::DEFAULT_MAX_BYTES,
+        max_files: 1,
+    })
+    .unwrap();
+    let (_dir, runner) = runner(10);
+    for id in ["e1", "e2"] {
+        let span =
+            tracing::info_span!("assignment", task_id = %format!("task-{id}"), execution_id = id);
+        let message = format!("warning from {id}");
+        let r = run(&runner, id, json!({"warn": message, "sleep": 0.2}))
+            .instrument(span)
+            .await;
+        assert_eq!(r.status(), ResultStatus::Completed, "{r:?}");
+        // The line was written 0.2 s before the answer: it has been read by now.
+        let text = fs::read_to_string(dir.join("perago.jsonl")).unwrap_or_default();
+        let line: Value = text
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .find(|l| l["message"] == message.as_str())
+            .unwrap_or_else(|| panic!("no {message:?} line: {text}"));
+        assert_eq!(line["stream"], "stderr", "{line}");
+        assert_eq!(line["execution_id"], id, "{line}");
+        assert_eq!(line["task_id"], format!("task-{id}"), "{line}");
+    }
 }

@@ -415,7 +415,19 @@ async fn every_worker_writes_jsonl_with_ids() {
         .find(|l| l["stream"] == "stderr")
         .expect("the body's stderr is in the worker log");
     assert_eq!(stderr["message"], "computing the answer");
-    assert!(ran.iter().any(|l| l["task_id"] == task_id.as_str()));
+    // Every line of the assignment carries its ids: the body's stderr as much as the
+    // executor's own lines (through the assignment's span).
+    let execution_id = dispatched["execution_id"].as_str().unwrap();
+    let of_assignment: Vec<&Value> = ran
+        .iter()
+        .filter(|l| l["stream"] == "stderr" || l["message"] == "assignment completed")
+        .collect();
+    assert_eq!(of_assignment.len(), 2, "{ran:#?}");
+    for line in of_assignment {
+        assert_eq!(line["task_id"], task_id.as_str(), "{line}");
+        assert_eq!(line["execution_id"], execution_id, "{line}");
+        assert_eq!(line["worker_id"], executor.as_str(), "{line}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
