@@ -352,7 +352,9 @@ pub async fn serve(
                         span.in_scope(|| match result.outcome() {
                             perago_core::result::Outcome::Failed(reason)
                             | perago_core::result::Outcome::FailedTerminal(reason) => {
-                                tracing::warn!(status = result.status().as_str(), reason = %reason, "assignment failed");
+                                // With its ids of its own: at RUST_LOG=warn the (info) span
+                                // is off.
+                                tracing::warn!(task_id = %attempt.task_id, execution_id = %execution_id, status = result.status().as_str(), reason = %reason, "assignment failed");
                             }
                             perago_core::result::Outcome::Completed(_) => {
                                 tracing::info!("assignment completed");
