@@ -395,11 +395,29 @@ impl AssignmentRunner {
                 ("worker_id", self.worker_id.clone()),
             ]
             .into_iter()
+            // The attempt this one retries, when Conductor says (seed 001: for tracing a
+            // publication back through retries).
+            .chain(
+                attempt
+                    .retried_task_id
+                    .clone()
+                    .map(|id| ("retried_task_id", id)),
+            )
             .map(|(k, v)| (k.to_owned(), Value::String(v)))
             .collect();
-            io.phase(Phase::Publishing);
+            // Still staging while files upload; publishing from the merge on.
             let published = ws
-                .publish(&changes, spec, fence, attempt, execution_id, metadata)
+                .publish(
+                    &changes,
+                    spec,
+                    fence,
+                    attempt,
+                    execution_id,
+                    metadata,
+                    &|| {
+                        io.phase(Phase::Publishing);
+                    },
+                )
                 .await
                 .map_err(|WorkspaceFailure::Failed(m)| failed(m))?;
             Ok::<_, Failure>(workspace_output(&published, result))

@@ -292,7 +292,13 @@ impl Attempt {
         Ok(changes)
     }
 
-    /// Stages and publishes `changes`; returns the `workspace` output object.
+    /// Stages and publishes `changes`; returns the `workspace` output object. `publishing` is
+    /// called once the change is staged (uploaded and committed on the staging branch), right
+    /// before the last fence and the merge: the phase an operator sees is the one it is in.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "each is a distinct input of one publish"
+    )]
     pub async fn publish(
         &mut self,
         changes: &Changes,
@@ -301,6 +307,7 @@ impl Attempt {
         polled: &AttemptSnapshot,
         execution_id: &str,
         metadata: Map<String, Value>,
+        publishing: &(dyn Fn() + Send + Sync),
     ) -> Result<Value, WorkspaceFailure> {
         if let Some(budget) = spec.publish_budget {
             if let Some(max) = budget.max_objects
@@ -369,6 +376,7 @@ impl Attempt {
             .await
             .map_err(|e| failed(format!("staging commit failed: {e}")))?;
 
+        publishing();
         check_fence(fence, polled, "before publishing").await?;
         let timeout = Duration::from_secs(spec.merge_timeout_seconds);
         let merged = match self
@@ -699,7 +707,15 @@ mod tests {
         let polled = snapshot("IN_PROGRESS");
         let stale = Scripted::new(vec![fresh("CANCELED")]);
         let result = ws
-            .publish(&changes, &spec(), &stale, &polled, "exec-1", Map::new())
+            .publish(
+                &changes,
+                &spec(),
+                &stale,
+                &polled,
+                "exec-1",
+                Map::new(),
+                &|| {},
+            )
             .await;
         assert_eq!(
             message(result),
@@ -709,7 +725,15 @@ mod tests {
 
         let current = Scripted::new(vec![fresh("IN_PROGRESS")]);
         let output = ws
-            .publish(&changes, &spec(), &current, &polled, "exec-1", Map::new())
+            .publish(
+                &changes,
+                &spec(),
+                &current,
+                &polled,
+                "exec-1",
+                Map::new(),
+                &|| {},
+            )
             .await
             .unwrap();
         assert_eq!(output["commit_id"], "c0");

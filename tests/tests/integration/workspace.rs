@@ -126,6 +126,10 @@ async fn a_workspace_task_publishes_exactly_its_change() {
     assert_eq!(metadata["retry_count"], "0");
     assert_eq!(metadata["worker_id"], task_json["workerId"]);
     assert_eq!(metadata["execution_id"].as_str().map(str::len), Some(36));
+    assert!(
+        metadata.get("retried_task_id").is_none(),
+        "a first attempt retries nothing: {metadata:?}"
+    );
 
     // Nothing left behind: no staging branch, no attempt directory.
     assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
@@ -430,6 +434,17 @@ echo '{}'
         .collect();
     assert!(published.contains(&retry), "{published:?}");
     assert!(!published.contains(&stale), "{published:?}");
+    // The retry's commit names the attempt it retries.
+    let retry_commit = log
+        .iter()
+        .filter_map(|c| c.metadata.as_ref())
+        .find(|m| m.get("task_id") == Some(retry))
+        .unwrap();
+    assert_eq!(
+        retry_commit.get("retried_task_id"),
+        Some(stale),
+        "{retry_commit:?}"
+    );
     assert_eq!(
         lakefs.read(REPO, "data/a.txt").await,
         Some(format!("attempt {}\n", retry.as_str().unwrap()))
@@ -813,6 +828,13 @@ async fn the_second_fence_stops_a_staged_change_before_it_is_published() {
         merge_timeout_seconds: 10,
         publish_budget: None,
     };
+    // The phase turns "publishing" once the change is staged: after the fence before
+    // staging, before the one before publishing (fence reads left in the script then: 1).
+    let left_when_publishing = std::sync::atomic::AtomicUsize::new(usize::MAX);
+    let publishing = || {
+        let left = fence.0.lock().unwrap().len();
+        left_when_publishing.store(left, std::sync::atomic::Ordering::SeqCst);
+    };
     let result = ws
         .publish(
             &changes,
@@ -821,8 +843,14 @@ async fn the_second_fence_stops_a_staged_change_before_it_is_published() {
             &snapshot("IN_PROGRESS"),
             "exec-1",
             serde_json::Map::new(),
+            &publishing,
         )
         .await;
+    assert_eq!(
+        left_when_publishing.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the publishing phase starts between the two fences"
+    );
     let Err(WorkspaceFailure::Failed(reason)) = result else {
         panic!("published past a stale fence: {result:?}");
     };
