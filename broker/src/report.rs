@@ -59,6 +59,17 @@ fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
+/// The commit a completed workspace task published (`workspace.commit_id` of its output).
+fn published_commit(result: &RuntimeResult) -> Option<String> {
+    let perago_core::result::Outcome::Completed(output) = result.outcome() else {
+        return None;
+    };
+    let members = perago_core::json::members(output.as_str()).ok()?;
+    let (_, workspace) = members.into_iter().find(|(name, _)| name == "workspace")?;
+    let workspace: Value = serde_json::from_str(workspace).ok()?;
+    workspace["commit_id"].as_str().map(str::to_owned)
+}
+
 /// update-v2 is missing on this server: 405, or a 404 that is not about a task or workflow.
 fn v2_unsupported(e: &ConductorError) -> bool {
     match e {
@@ -116,6 +127,7 @@ impl Reporter {
 
     async fn deliver(&self, update: Update) -> Option<Polled> {
         let status = update.result.status();
+        let published = published_commit(&update.result);
         let body = update.result.into_conductor(
             &update.workflow_instance_id,
             &update.task_id,
@@ -128,6 +140,7 @@ impl Reporter {
                 update.use_v2,
                 &update.task_id,
                 &update.execution_id,
+                published.as_deref(),
             )
             .await;
         if let Some(lease) = &update.lease {
@@ -154,6 +167,7 @@ impl Reporter {
         use_v2: bool,
         task_id: &str,
         execution_id: &str,
+        published: Option<&str>,
     ) -> Option<Option<Polled>> {
         let started = Instant::now();
         let mut attempt = 0u32;
@@ -202,7 +216,15 @@ impl Reporter {
                 }
                 Err(e) => {
                     self.counters.results_lost.inc();
-                    tracing::error!(task_id, execution_id, error = %e, attempts = attempt + 1, "task result lost: Conductor did not take the update; its timeout and retry policy decide what happens to the task");
+                    match published {
+                        // The change is in lakeFS already: say where, for whoever reconciles.
+                        Some(commit) => {
+                            tracing::error!(task_id, execution_id, error = %e, attempts = attempt + 1, published_commit = commit, "task result lost: Conductor did not take the update; its timeout and retry policy decide what happens to the task; its workspace change was published as commit {commit}")
+                        }
+                        None => {
+                            tracing::error!(task_id, execution_id, error = %e, attempts = attempt + 1, "task result lost: Conductor did not take the update; its timeout and retry policy decide what happens to the task")
+                        }
+                    }
                     return None;
                 }
             }
@@ -225,7 +247,7 @@ impl Reporter {
                 "status": "IN_PROGRESS",
                 "callbackAfterSeconds": 0,
             });
-            this.send_with_retries((&body).into(), false, &ids.task_id, "-")
+            this.send_with_retries((&body).into(), false, &ids.task_id, "-", None)
                 .await;
             let _ = events
                 .send(Event::Slot(Input::UpdateDone {

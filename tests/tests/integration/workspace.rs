@@ -1370,3 +1370,42 @@ async fn the_start_sweep_deletes_staging_branches_an_earlier_runtime_left() {
     assert_eq!(sup.wait_exit(Duration::from_secs(30)).await.code(), Some(0));
     assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
 }
+
+/// A workspace task whose result Conductor refuses after it published: the "task result lost"
+/// line names the commit its change went out as, for whoever reconciles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_result_names_the_commit_it_published() {
+    let conductor = Conductor::start().await;
+    let lakefs = seeded().await;
+    let task = TaskFixture::workspace("ws.lost", EDIT, "", "");
+    let sup = start(&task, &conductor, &lakefs, 1).await;
+    let before = lakefs.client.resolve_commit(REPO, "main").await.unwrap();
+    // Every update is refused for good (400: not retried).
+    for path in ["/api/tasks/update-v2", "/api/tasks"] {
+        conductor
+            .server
+            .faults()
+            .add(FaultSpec {
+                method: Some("POST".into()),
+                path: path.into(),
+                status: Some(400),
+                ..FaultSpec::default()
+            })
+            .unwrap();
+    }
+    conductor.start_with(&task, input("data")).await;
+    let line = eventually("the result to be lost", Duration::from_secs(30), || async {
+        sup.log_text()
+            .lines()
+            .find(|l| l.contains("task result lost"))
+            .map(str::to_owned)
+    })
+    .await;
+    let head = lakefs.client.resolve_commit(REPO, "main").await.unwrap();
+    assert_ne!(head, before, "the change was published");
+    assert!(
+        line.contains(&format!("published as commit {head}"))
+            && line.contains(&format!("published_commit=\"{head}\"")),
+        "{line}"
+    );
+}
