@@ -323,11 +323,20 @@ impl AssignmentRunner {
                 })?;
         }
         let mut env = vec![
-            ("PERAGO_TASK_ID".to_owned(), attempt.task_id.clone()),
-            ("PERAGO_EXECUTION_ID".to_owned(), execution_id.to_owned()),
-            ("PERAGO_WORKER_ID".to_owned(), self.worker_id.clone()),
             (
-                "PERAGO_WORKFLOW_ID".to_owned(),
+                perago_core::env::PERAGO_TASK_ID.to_owned(),
+                attempt.task_id.clone(),
+            ),
+            (
+                perago_core::env::PERAGO_EXECUTION_ID.to_owned(),
+                execution_id.to_owned(),
+            ),
+            (
+                perago_core::env::PERAGO_WORKER_ID.to_owned(),
+                self.worker_id.clone(),
+            ),
+            (
+                perago_core::env::PERAGO_WORKFLOW_ID.to_owned(),
                 attempt.workflow_instance_id.clone(),
             ),
         ];
@@ -375,7 +384,7 @@ impl AssignmentRunner {
             hand_over(&runtime.root, ws.work_dir(), uid, gid).map_err(failed)?;
         }
         env.push((
-            "PERAGO_WORKSPACE_DIR".to_owned(),
+            perago_core::env::PERAGO_WORKSPACE_DIR.to_owned(),
             ws.work_dir().display().to_string(),
         ));
         let outcome = async {
@@ -471,7 +480,7 @@ impl AssignmentRunner {
             Body::Jsonl(body) => {
                 let workspace_dir = env
                     .iter()
-                    .find(|(k, _)| k == "PERAGO_WORKSPACE_DIR")
+                    .find(|(k, _)| k == perago_core::env::PERAGO_WORKSPACE_DIR)
                     .map(|(_, v)| v.as_str());
                 let request = crate::jsonl::Request {
                     execution_id,
@@ -482,7 +491,10 @@ impl AssignmentRunner {
                     workspace_dir,
                 };
                 // The process outlives assignments: only its stable identity is in its env.
-                let process_env = [("PERAGO_WORKER_ID".to_owned(), self.worker_id.clone())];
+                let process_env = [(
+                    perago_core::env::PERAGO_WORKER_ID.to_owned(),
+                    self.worker_id.clone(),
+                )];
                 let soft = soft_limit(budget, &attempt.task_id, execution_id, &self.worker_id);
                 match body
                     .call(
@@ -527,6 +539,10 @@ impl AssignmentRunner {
                     worker_id: self.worker_id.clone(),
                     workflow_id: attempt.workflow_instance_id.clone(),
                     retry_count: attempt.retry_count,
+                    workspace_dir: env
+                        .iter()
+                        .find(|(name, _)| name == perago_core::env::PERAGO_WORKSPACE_DIR)
+                        .map(|(_, dir)| dir.into()),
                 };
                 let Value::Object(params) = parsed_params(params)? else {
                     unreachable!("params were checked to be an object");

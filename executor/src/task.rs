@@ -41,6 +41,9 @@ pub struct TaskContext {
     pub workflow_id: String,
     /// The attempt's retry count (0 for the first attempt).
     pub retry_count: u32,
+    /// A workspace task's working directory (its files, as `PERAGO_WORKSPACE_DIR` tells a
+    /// command body); `None` for a workspace-free task.
+    pub workspace_dir: Option<std::path::PathBuf>,
 }
 
 /// A body failure.

@@ -1409,3 +1409,81 @@ async fn a_lost_result_names_the_commit_it_published() {
         "{line}"
     );
 }
+
+/// A Rust `Task` body of a workspace task finds its files through `TaskContext::workspace_dir`,
+/// and what it writes there is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rust_task_works_in_its_workspace_directory() {
+    use perago_executor::{
+        assignment::{AssignmentIo, AssignmentRunner, WorkspaceRuntime},
+        task::{Task, TaskContext, TaskError},
+        workspace::flow::{FenceRead, Owner},
+    };
+    struct Writes;
+    impl Task for Writes {
+        fn run(
+            &self,
+            ctx: &TaskContext,
+            _params: &serde_json::Map<String, Value>,
+        ) -> Result<Value, TaskError> {
+            let dir = ctx
+                .workspace_dir
+                .as_ref()
+                .ok_or_else(|| TaskError::Terminal("no workspace directory".into()))?;
+            let seen = std::fs::read_to_string(dir.join("a.txt")).unwrap_or_default();
+            std::fs::write(dir.join("r.txt"), "from rust\n")
+                .map_err(|e| TaskError::Retriable(e.to_string()))?;
+            Ok(json!({"seen": seen}))
+        }
+    }
+    let lakefs = seeded().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("task.toml"),
+        "[task]\nname = \"ws.rust\"\nkind = \"workspace\"\ntimeout_seconds = 30\n[body]\nexecutor = \"/bin/true\"\n",
+    )
+    .unwrap();
+    let manifest = perago_core::manifest::Manifest::load(&dir.path().join("task.toml")).unwrap();
+    let runner = AssignmentRunner::with_task(
+        std::sync::Arc::new(manifest),
+        "wsrust0001".into(),
+        None,
+        std::sync::Arc::new(Writes),
+    )
+    .unwrap()
+    .with_workspace(WorkspaceRuntime {
+        root: dir.path().join("root"),
+        lakefs: Ok(lakefs.client.clone()),
+        owner: Owner {
+            slot: 1,
+            generation: 1,
+        },
+    });
+    let snapshot = || {
+        perago_core::attempt::AttemptSnapshot::from_conductor(&json!({
+            "taskId": "t-rust", "workflowInstanceId": "wf", "retryCount": 0,
+            "taskDefName": "ws.rust", "referenceTaskName": "r", "seq": 1,
+            "status": "IN_PROGRESS", "inputData": input("data")
+        }))
+        .unwrap()
+    };
+    let fence = ScriptedFence(std::sync::Mutex::new(vec![
+        FenceRead::Fresh(Box::new(snapshot())),
+        FenceRead::Fresh(Box::new(snapshot())),
+    ]));
+    let io = AssignmentIo {
+        fence: Some(&fence),
+        progress: None,
+    };
+    let result = runner.execute_with("exec-rust", &snapshot(), &io).await;
+    let perago_core::result::Outcome::Completed(output) = result.outcome() else {
+        panic!("{result:?}");
+    };
+    let output = output.to_value().unwrap();
+    assert_eq!(output["result"]["seen"], "a\n", "{output}");
+    assert_eq!(output["workspace"]["added"], 1, "{output}");
+    assert_eq!(
+        lakefs.read(REPO, "data/r.txt").await.as_deref(),
+        Some("from rust\n")
+    );
+}
