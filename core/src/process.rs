@@ -179,6 +179,16 @@ pub fn set_pipe_size(fd: RawFd, bytes: usize) -> io::Result<usize> {
     usize::try_from(got).map_err(|_| io::Error::last_os_error())
 }
 
+/// The bytes waiting to be read in the pipe (or socket) `fd` (`FIONREAD`).
+pub fn readable_bytes(fd: RawFd) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: ioctl(FIONREAD) writes one int into `n`, which lives on this stack.
+    if unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
 /// Makes this process non-dumpable: another process of the same user can then no longer read
 /// its memory, its `/proc/<pid>/environ` or its open descriptors (only root can). Runtime
 /// processes hold the slot tokens, the control token and the Conductor and lakeFS secrets;

@@ -19,7 +19,7 @@ use perago_core::{
 use serde_json::{Value, json};
 use std::{collections::VecDeque, process::Stdio, sync::Arc, time::Duration};
 use tokio::{
-    io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
+    io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader},
     process::{Child, ChildStdin, ChildStdout},
     sync::Mutex,
 };
@@ -32,6 +32,8 @@ const EXIT_PATIENCE: Duration = Duration::from_millis(500);
 
 /// Bytes of stderr kept for failure reasons.
 const STDERR_TAIL: usize = 2048;
+/// How long the end of an assignment waits for the body's stderr reader to take what is left.
+const STDERR_SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The buffer asked for on the pipes to and from the body.
 const PIPE_BYTES: usize = 1024 * 1024;
@@ -64,6 +66,9 @@ struct Running {
     request: String,
     /// The answer line being read.
     line: String,
+    /// A second descriptor of the stderr pipe's read end, to see whether the reader has taken
+    /// everything the body wrote (see [`JsonlBody::call`]).
+    stderr_pending: std::os::fd::OwnedFd,
 }
 
 /// The persistent body of one executor.
@@ -129,17 +134,32 @@ impl JsonlBody {
             }
         }
         let stdout = BufReader::with_capacity(STDOUT_BUFFER, child.stdout.take().expect("piped"));
-        let mut stderr = child.stderr.take().expect("piped");
+        let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(
+            child.stderr.take().expect("piped").into_owned_fd()?,
+        )?;
+        let stderr_pending = {
+            use std::os::fd::AsFd as _;
+            stderr.as_fd().try_clone_to_owned()?
+        };
         let tail = Arc::clone(&self.stderr_tail);
         let log = Arc::clone(&self.stderr_log);
         // Stderr is drained for the whole life of the process: into the log (within each
-        // assignment's allowance, see `call`), and its end kept for failure reasons.
+        // assignment's allowance, see `call`), and its end kept for failure reasons. Bytes are
+        // read and logged under the log's lock, so `call` can tell (lock held, pipe empty) that
+        // everything written so far is logged, in the assignment it was written during.
         tokio::spawn(async move {
             let mut buf = [0u8; 8192];
-            while let Ok(n) = stderr.read(&mut buf).await {
-                if n == 0 {
+            loop {
+                if stderr.readable().await.is_err() {
                     break;
                 }
+                let mut log = log.lock().expect("not poisoned");
+                let n = match stderr.try_read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    Err(_) => break,
+                };
                 {
                     let mut t = tail.lock().expect("not poisoned");
                     t.extend(&buf[..n]);
@@ -147,7 +167,7 @@ impl JsonlBody {
                         t.pop_front();
                     }
                 }
-                log.lock().expect("not poisoned").feed(&buf[..n]);
+                log.feed(&buf[..n]);
             }
             log.lock().expect("not poisoned").finish();
         });
@@ -159,6 +179,7 @@ impl JsonlBody {
             stdout,
             request: String::new(),
             line: String::new(),
+            stderr_pending,
         })
     }
 
@@ -170,6 +191,26 @@ impl JsonlBody {
             let _ = r.child.wait().await;
             drop(r);
             process::kill_adopted();
+        }
+    }
+
+    /// Ends the assignment's stderr once the pipe `pending` (when the process still runs) has
+    /// nothing left unread: the reader reads and logs under the log's lock, so an empty pipe
+    /// seen with the lock held means every byte written so far has been logged. A body that
+    /// keeps writing is not waited for past [`STDERR_SETTLE`].
+    async fn finish_stderr(&self, pending: Option<std::os::fd::RawFd>) {
+        let deadline = tokio::time::Instant::now() + STDERR_SETTLE;
+        loop {
+            {
+                let mut log = self.stderr_log.lock().expect("not poisoned");
+                let empty =
+                    pending.is_none_or(|fd| process::readable_bytes(fd).is_ok_and(|n| n == 0));
+                if empty || tokio::time::Instant::now() >= deadline {
+                    log.finish();
+                    return;
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
     }
 
@@ -216,8 +257,13 @@ impl JsonlBody {
                 },
             }
         };
-        // Each assignment gets its own allowance of logged stderr.
-        self.stderr_log.lock().expect("not poisoned").finish();
+        // What the body wrote to stderr before its answer belongs to this assignment: wait
+        // (briefly) until the reader has taken it all, then close the assignment's allowance.
+        let pending = guard.as_ref().map(|r| {
+            use std::os::fd::AsRawFd as _;
+            r.stderr_pending.as_raw_fd()
+        });
+        self.finish_stderr(pending).await;
         match outcome {
             Ok(Answer::Result(result)) => Ok(result),
             Ok(Answer::Error(error)) => Err(JsonlFailure::Error {

@@ -242,9 +242,9 @@ async fn a_result_above_the_limit_fails() {
 }
 
 /// The persistent body's stderr is read by a task that outlives each assignment; its lines
-/// carry the ids of the assignment they are read during (its span), the next assignment's once
-/// that one has started. (A line written just before an answer and read only after the next
-/// assignment started goes with that one: see the closing note of issue #14.)
+/// carry the ids of the assignment they were written during (its span), also when the next
+/// assignment follows at once: the end of an assignment waits until the reader has taken
+/// what the body wrote before its answer.
 #[tokio::test]
 async fn the_bodys_stderr_lines_carry_the_ids_of_their_assignment() {
     use tracing::Instrument as _;
@@ -258,22 +258,24 @@ async fn the_bodys_stderr_lines_carry_the_ids_of_their_assignment() {
     })
     .unwrap();
     let (_dir, runner) = runner(10);
-    for id in ["e1", "e2"] {
+    let ids = ["e1", "e2", "e3", "e4", "e5"];
+    for id in ids {
         let span =
             tracing::info_span!("assignment", task_id = %format!("task-{id}"), execution_id = id);
-        let message = format!("warning from {id}");
-        let r = run(&runner, id, json!({"warn": message, "sleep": 0.2}))
+        let r = run(&runner, id, json!({"warn": format!("warning from {id}")}))
             .instrument(span)
             .await;
         assert_eq!(r.status(), ResultStatus::Completed, "{r:?}");
-        // The line was written 0.2 s before the answer: it has been read by now.
-        let text = fs::read_to_string(dir.join("perago.jsonl")).unwrap_or_default();
-        let line: Value = text
-            .lines()
-            .map(|l| serde_json::from_str::<Value>(l).unwrap())
-            .find(|l| l["message"] == message.as_str())
-            .unwrap_or_else(|| panic!("no {message:?} line: {text}"));
-        assert_eq!(line["stream"], "stderr", "{line}");
+    }
+    let text = fs::read_to_string(dir.join("perago.jsonl")).unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|l| l["stream"] == "stderr")
+        .collect();
+    assert_eq!(lines.len(), ids.len(), "{text}");
+    for (line, id) in lines.iter().zip(ids) {
+        assert_eq!(line["message"], format!("warning from {id}"), "{line}");
         assert_eq!(line["execution_id"], id, "{line}");
         assert_eq!(line["task_id"], format!("task-{id}"), "{line}");
     }
