@@ -405,6 +405,21 @@ pub fn init_worker_from_env(process: &str, task: &str, worker_id: &str) -> Resul
     Ok(())
 }
 
+/// The logging of one worker as a dispatcher of its own, not installed: stderr plus the
+/// worker's JSONL file, as [`init_worker`] installs for a whole process. Thread mode runs each
+/// worker on threads of its own and makes this their default (`tracing::dispatcher::set_default`),
+/// so each worker id still gets its folder.
+pub fn worker_dispatch(config: &JsonlConfig) -> io::Result<tracing::Dispatch> {
+    let file = RotatingFile::open(&config.dir(), config.max_bytes, config.max_files)?;
+    let jsonl = JsonlLayer::new(&config.worker_id, file);
+    Ok(tracing::Dispatch::new(
+        tracing_subscriber::registry()
+            .with(env_filter())
+            .with(stderr_layer())
+            .with(jsonl),
+    ))
+}
+
 /// Installs stderr logging plus this worker's JSONL file. Returns the file's folder.
 pub fn init_worker(config: &JsonlConfig) -> io::Result<PathBuf> {
     let dir = config.dir();
@@ -555,6 +570,45 @@ mod tests {
         assert_eq!(lines[2]["phase"], "body");
         assert_eq!(lines[2]["task_id"], "t-1");
         assert!(lines[3].get("task_id").is_none(), "{}", lines[3]);
+    }
+
+    #[test]
+    fn worker_dispatchers_on_their_own_threads_write_only_their_workers_lines() {
+        let root = tempfile::tempdir().unwrap();
+        let config = |worker_id: &str| JsonlConfig {
+            root: root.path().to_owned(),
+            task: "t".into(),
+            worker_id: worker_id.into(),
+            max_bytes: DEFAULT_MAX_BYTES,
+            max_files: DEFAULT_MAX_FILES,
+        };
+        let threads: Vec<_> = ["w0001", "w0002"]
+            .into_iter()
+            .map(|id| {
+                let dispatch = worker_dispatch(&config(id)).unwrap();
+                std::thread::spawn(move || {
+                    let _default = tracing::dispatcher::set_default(&dispatch);
+                    for n in 0..3 {
+                        tracing::warn!(n, "line of {id}");
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        for id in ["w0001", "w0002"] {
+            let text = fs::read_to_string(config(id).dir().join(FILE_NAME)).unwrap();
+            let lines: Vec<serde_json::Value> = text
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            assert_eq!(lines.len(), 3, "{text}");
+            for line in lines {
+                assert_eq!(line["worker_id"], id);
+                assert_eq!(line["message"], format!("line of {id}"));
+            }
+        }
     }
 
     #[test]

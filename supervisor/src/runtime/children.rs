@@ -21,7 +21,7 @@ use std::{
     process::ExitStatus,
     sync::{Arc, atomic::AtomicBool},
 };
-use tokio::{process::Command, sync::mpsc, task::AbortHandle};
+use tokio::{process::Command, sync::mpsc};
 
 /// Which child ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,8 +153,19 @@ pub(crate) enum Launcher {
     },
     Thread {
         manifest: Arc<Manifest>,
-        tasks: Vec<(ChildKind, AbortHandle)>,
+        tasks: Vec<WorkerThread>,
     },
+}
+
+/// A thread-mode broker or executor: a thread of its own running a current-thread runtime,
+/// as its process would (so blocking work in one never stalls another), with its worker's
+/// logging as the thread's default.
+#[derive(Debug)]
+pub(crate) struct WorkerThread {
+    kind: ChildKind,
+    /// Ends the work (dropping it: an assignment's drop SIGKILLs its body).
+    abort: Arc<tokio::sync::Notify>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 impl Launcher {
@@ -255,31 +266,42 @@ impl Launcher {
         Ok(Child::Process(pid))
     }
 
-    fn spawn_task(
+    /// Runs the future `work` makes on a thread named `name`, on a current-thread runtime of
+    /// its own (the runtime's blocking threads too log through `log`), and reports its end as
+    /// `kind` on `exits`.
+    fn spawn_thread<F, W>(
         &mut self,
+        name: String,
         kind: ChildKind,
+        log: Option<tracing::Dispatch>,
         exits: &mpsc::UnboundedSender<ChildExit>,
-        work: impl Future<Output = Ended> + Send + 'static,
-    ) -> Child {
-        let handle = tokio::spawn(work);
-        if let Self::Thread { tasks, .. } = self {
-            tasks.retain(|(_, task)| !task.is_finished());
-            tasks.push((kind, handle.abort_handle()));
-        }
+        work: W,
+    ) -> std::io::Result<Child>
+    where
+        W: FnOnce() -> F + Send + 'static,
+        F: Future<Output = Ended> + 'static,
+    {
+        let abort = Arc::new(tokio::sync::Notify::new());
         let exits = exits.clone();
-        tokio::spawn(async move {
-            let ended = match handle.await {
-                Ok(ended) => ended,
-                Err(e) if e.is_cancelled() => Ended::Task(Err("aborted".to_owned())),
-                Err(e) => Ended::Task(Err(format!("panicked: {e}"))),
-            };
+        let stop = Arc::clone(&abort);
+        let thread = std::thread::Builder::new().name(name).spawn(move || {
+            let _log = log.as_ref().map(tracing::dispatcher::set_default);
+            let ended = run_worker(log, stop, work);
             let _ = exits.send(ChildExit {
                 kind,
                 pid: 0,
                 ended,
             });
-        });
-        Child::Task
+        })?;
+        if let Self::Thread { tasks, .. } = self {
+            tasks.retain(|t| !t.thread.is_finished());
+            tasks.push(WorkerThread {
+                kind,
+                abort,
+                thread,
+            });
+        }
+        Ok(Child::Task)
     }
 
     /// Starts the broker with `env`.
@@ -305,7 +327,8 @@ impl Launcher {
             Self::Thread { .. } => {
                 let config =
                     perago_broker::cli::config_from(lookup(env)).map_err(std::io::Error::other)?;
-                let work = async move {
+                let log = worker_log(env, &config.task_name, &config.prefix.broker_id())?;
+                let work = move || async move {
                     // Drains come over Admin.Drain, as in process mode.
                     Ended::Task(
                         perago_broker::run(config, std::future::pending())
@@ -313,7 +336,13 @@ impl Launcher {
                             .map_err(|e| e.to_string()),
                     )
                 };
-                Ok(self.spawn_task(ChildKind::Broker, exits, work))
+                self.spawn_thread(
+                    "perago-broker".to_owned(),
+                    ChildKind::Broker,
+                    log,
+                    exits,
+                    work,
+                )
             }
         }
     }
@@ -372,7 +401,8 @@ impl Launcher {
                 )
                 .map_err(|e| std::io::Error::other(e.to_string()))?
                 .with_workspace(workspace);
-                let work = async move {
+                let log = worker_log(env, &manifest.task.name, &identity.worker_id)?;
+                let work = move || async move {
                     // Never signalled: a thread-mode slot stops through the broker's Stop.
                     let (_keep, signalled) = mpsc::channel(1);
                     let stop = Arc::new(AtomicBool::new(false));
@@ -385,31 +415,108 @@ impl Launcher {
                         Err(e) => Ended::Task(Err(e.to_string())),
                     }
                 };
-                Ok(self.spawn_task(kind, exits, work))
+                // `executor-0001`: a thread's name holds 15 bytes.
+                let name = slot_name.strip_prefix("perago-").unwrap_or(slot_name);
+                self.spawn_thread(name.to_owned(), kind, log, exits, work)
             }
         }
     }
 
-    /// Aborts every thread-mode executor task (the force-kill of thread mode): dropping an
-    /// assignment SIGKILLs its body; the broker task stays to report it.
+    /// Ends every thread-mode executor (the force-kill of thread mode): dropping an
+    /// assignment SIGKILLs its body; the broker stays to report it.
     pub(crate) fn abort_executors(&self) {
         if let Self::Thread { tasks, .. } = self {
-            for (kind, task) in tasks {
-                if matches!(kind, ChildKind::Executor { .. }) {
-                    task.abort();
+            for t in tasks {
+                if matches!(t.kind, ChildKind::Executor { .. }) {
+                    t.abort.notify_one();
                 }
             }
         }
     }
 
-    /// Aborts every thread-mode task, the broker's too.
+    /// Ends every thread-mode worker, the broker too.
     pub(crate) fn abort_all(&self) {
         if let Self::Thread { tasks, .. } = self {
-            for (_, task) in tasks {
-                task.abort();
+            for t in tasks {
+                t.abort.notify_one();
             }
         }
     }
+}
+
+/// The body of a worker thread: a current-thread runtime, as the worker's own process has,
+/// running `work` until it ends or `abort` is notified. Whatever the work spawned ends with
+/// the runtime.
+fn run_worker<F, W>(
+    log: Option<tracing::Dispatch>,
+    abort: Arc<tokio::sync::Notify>,
+    work: W,
+) -> Ended
+where
+    W: FnOnce() -> F,
+    F: Future<Output = Ended>,
+{
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_all();
+    if let Some(log) = log {
+        // Blocking work (`spawn_blocking`) logs as its worker too.
+        builder.on_thread_start(move || {
+            BLOCKING_LOG.with(|cell| {
+                *cell.borrow_mut() = Some(tracing::dispatcher::set_default(&log));
+            });
+        });
+    }
+    let runtime = match builder.build() {
+        Ok(rt) => rt,
+        Err(e) => return Ended::Task(Err(format!("cannot start its async runtime: {e}"))),
+    };
+    let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        runtime.block_on(async {
+            tokio::select! {
+                ended = work() => ended,
+                () = abort.notified() => Ended::Task(Err("aborted".to_owned())),
+            }
+        })
+    }));
+    // As its process would: a blocking call still running is not waited for.
+    runtime.shutdown_background();
+    ended.unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Ended::Task(Err(format!("panicked: {what}")))
+    })
+}
+
+thread_local! {
+    /// A worker runtime's blocking thread's logging, for the thread's life.
+    static BLOCKING_LOG: std::cell::RefCell<Option<tracing::dispatcher::DefaultGuard>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// A thread-mode worker's logging: its JSONL folder under `PERAGO_LOG_ROOT`, as its process
+/// would have; `None` without a log root (the supervisor's stderr logging serves).
+fn worker_log(
+    env: &[(String, String)],
+    task: &str,
+    worker_id: &str,
+) -> std::io::Result<Option<tracing::Dispatch>> {
+    let Some(root) = lookup(env)(perago_core::env::PERAGO_LOG_ROOT).filter(|r| !r.is_empty())
+    else {
+        return Ok(None);
+    };
+    let config = perago_core::logging::JsonlConfig::from_env(root.into(), task, worker_id)
+        .map_err(std::io::Error::other)?;
+    perago_core::logging::worker_dispatch(&config)
+        .map(Some)
+        .map_err(|e| {
+            std::io::Error::other(format!(
+                "cannot open the log folder {}: {e}",
+                config.dir().display()
+            ))
+        })
 }
 
 /// A pipe from one executor generation: each byte it writes is an assignment it completed,

@@ -324,6 +324,14 @@ impl SupervisorProc {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(fs::File::create(&log).unwrap());
+        // The whole suite runs once per execution mode (scripts/test): a test that names its
+        // mode keeps it.
+        if let Some(mode) = test_execution_mode()
+            && !args.contains(&"--execution-mode")
+            && !env.iter().any(|(k, _)| *k == "PERAGO_EXECUTION_MODE")
+        {
+            cmd.env("PERAGO_EXECUTION_MODE", mode);
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -423,6 +431,14 @@ impl Drop for SupervisorProc {
     }
 }
 
+/// The execution mode the suite runs every runtime in, when not the default (`process`):
+/// `PERAGO_TEST_EXECUTION_MODE=thread`.
+pub(crate) fn test_execution_mode() -> Option<String> {
+    std::env::var("PERAGO_TEST_EXECUTION_MODE")
+        .ok()
+        .filter(|m| !m.is_empty())
+}
+
 /// Sends signal `name` to `pid` with kill(1).
 pub(crate) fn signal_pid(pid: u32, name: &str) {
     let status = Command::new("kill")
@@ -480,6 +496,47 @@ pub(crate) fn children_of(parent: u32) -> Vec<Proc> {
     }
     out.sort_by(|a, b| a.argv.first().cmp(&b.argv.first()));
     out
+}
+
+/// Whether the suite runs in thread mode (see [`test_execution_mode`]).
+pub(crate) fn thread_mode() -> bool {
+    test_execution_mode().as_deref() == Some("thread")
+}
+
+/// The broker and executors of the supervisor `sup`, by the names `ps -o args` shows in
+/// process mode (`perago-conductor-broker`, `perago-executor-0001`, …), sorted. In thread
+/// mode they are threads of the supervisor, each with a runtime of its own, named
+/// `perago-broker` and `executor-0001` (a thread's name holds 15 bytes): the same names are
+/// returned for them.
+pub(crate) fn workers_of(sup: u32) -> Vec<String> {
+    let mut names: Vec<String> = if thread_mode() {
+        fs::read_dir(format!("/proc/{sup}/task"))
+            .map(|tasks| {
+                tasks
+                    .flatten()
+                    .filter_map(|t| fs::read_to_string(t.path().join("comm")).ok())
+                    .filter_map(|comm| match comm.trim_end() {
+                        "perago-broker" => Some("perago-conductor-broker".to_owned()),
+                        name if name.starts_with("executor-") => Some(format!("perago-{name}")),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    } else {
+        children_of(sup)
+            .into_iter()
+            .filter_map(|p| p.argv.into_iter().next())
+            .filter(|name| name.starts_with("perago-") && !name.contains('/'))
+            .collect()
+    };
+    names.sort();
+    names
+}
+
+/// Whether the supervisor `sup` runs the worker `name` (see [`workers_of`]).
+pub(crate) fn runs_worker(sup: u32, name: &str) -> bool {
+    workers_of(sup).iter().any(|w| w == name)
 }
 
 /// The child of `parent` whose argv[0] is `name`.

@@ -1,7 +1,7 @@
 //! Operating a running runtime: grpcurl against the broker socket (reflection, health, Admin),
 //! and `perago-supervisor status`.
 
-use crate::harness::{Conductor, SupervisorProc, TaskFixture, child_named, eventually};
+use crate::harness::{Conductor, SupervisorProc, TaskFixture, eventually, runs_worker};
 use perago_tests::{Run, command, workspace_root};
 use std::{path::PathBuf, process::Command, time::Duration};
 
@@ -150,7 +150,7 @@ async fn status_prints_the_slots_as_a_table_and_as_json() {
     assert_eq!(json["task_name"], task.name.as_str());
     assert_eq!(json["counters"]["completed"], 1);
     assert_eq!(json["draining"], false);
-    assert!(child_named(sup.pid(), "perago-conductor-broker").is_some());
+    assert!(runs_worker(sup.pid(), "perago-conductor-broker"));
 
     let nothing = Run::of(command(crate::harness::SUPERVISOR).args([
         "status",

@@ -2,7 +2,8 @@
 //! devstack's Conductor on loopback.
 
 use crate::harness::{
-    Conductor, SupervisorProc, TaskFixture, alive, child_named, children_of, eventually, signal_pid,
+    Conductor, SupervisorProc, TaskFixture, alive, child_named, children_of, eventually,
+    signal_pid, workers_of,
 };
 use perago_devstack::faults::FaultSpec;
 use serde_json::{Value, json};
@@ -36,10 +37,7 @@ async fn two_hundred_workflows_complete_across_four_executors() {
         "the broker and four executors to run",
         Duration::from_secs(20),
         || async {
-            let names: BTreeSet<String> = children_of(sup.pid())
-                .into_iter()
-                .filter_map(|p| p.argv.first().cloned())
-                .collect();
+            let names: BTreeSet<String> = workers_of(sup.pid()).into_iter().collect();
             (names.len() == 5).then_some(names)
         },
     )
@@ -117,15 +115,15 @@ async fn sigterm_lets_the_running_task_finish_and_exits_zero() {
         marker.exists().then_some(())
     })
     .await;
+    assert_eq!(workers_of(sup.pid()).len(), 3, "{:?}", workers_of(sup.pid()));
     let before = children_of(sup.pid());
-    assert_eq!(before.len(), 3, "{before:?}");
 
     sup.signal("TERM");
     // The idle executor leaves at once; the busy one stays until its task is done.
     eventually(
         "the idle executor to exit",
         Duration::from_secs(2),
-        || async { (children_of(sup.pid()).len() == 2).then_some(()) },
+        || async { (workers_of(sup.pid()).len() == 2).then_some(()) },
     )
     .await;
     let wf = conductor.workflow(&id).await;

@@ -2,7 +2,7 @@
 //! `STATUS=` lines, `WATCHDOG=1` pings when asked for, `STOPPING=1` at the drain; and no child
 //! sees the notify variables (only the supervisor speaks for the service).
 
-use crate::harness::{Conductor, SupervisorProc, TaskFixture, child_named};
+use crate::harness::{Conductor, SupervisorProc, TaskFixture, child_named, thread_mode};
 use serde_json::Value;
 use std::{
     os::unix::net::UnixDatagram,
@@ -84,14 +84,16 @@ async fn a_notify_unit_hears_ready_status_watchdog_and_stopping() {
     // The watchdog: pinged at least twice in a row (every 200 ms).
     receive_until(&listener, Duration::from_secs(5), |m| m == "WATCHDOG=1");
     receive_until(&listener, Duration::from_secs(5), |m| m == "WATCHDOG=1");
-    // Only the supervisor has the variables.
-    let broker = child_named(sup.pid(), "perago-conductor-broker").expect("broker");
-    let executor = child_named(sup.pid(), "perago-executor-0001").expect("executor");
-    for pid in [broker.pid, executor.pid] {
-        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
-        let text = String::from_utf8_lossy(&environ);
-        for name in ["NOTIFY_SOCKET=", "WATCHDOG_USEC="] {
-            assert!(!text.contains(name), "pid {pid} has {name}");
+    // Only the supervisor has the variables (thread mode has no broker or executor process).
+    if !thread_mode() {
+        let broker = child_named(sup.pid(), "perago-conductor-broker").expect("broker");
+        let executor = child_named(sup.pid(), "perago-executor-0001").expect("executor");
+        for pid in [broker.pid, executor.pid] {
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+            let text = String::from_utf8_lossy(&environ);
+            for name in ["NOTIFY_SOCKET=", "WATCHDOG_USEC="] {
+                assert!(!text.contains(name), "pid {pid} has {name}");
+            }
         }
     }
     // A running task shows in the status line.

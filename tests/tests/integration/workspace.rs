@@ -2,7 +2,8 @@
 //! Conductor and lakeFS on loopback.
 
 use crate::harness::{
-    Conductor, Lakefs, SupervisorProc, TaskFixture, alive, child_named, eventually, signal_pid,
+    Conductor, Lakefs, SupervisorProc, TaskFixture, alive, child_named, eventually, runs_worker,
+    signal_pid,
 };
 use perago_devstack::faults::FaultSpec;
 use serde_json::{Value, json};
@@ -350,7 +351,7 @@ async fn a_second_supervisor_on_the_same_root_is_refused() {
     eventually(
         "the first supervisor to run its broker",
         Duration::from_secs(20),
-        || async { child_named(first.pid(), "perago-conductor-broker") },
+        || async { runs_worker(first.pid(), "perago-conductor-broker").then_some(()) },
     )
     .await;
     let out = perago_tests::Run::of(
@@ -482,7 +483,7 @@ async fn a_stale_lock_is_reclaimed_and_orphans_are_swept_at_start_and_shutdown()
     assert!(lock.starts_with(&format!("{} ", sup.pid())), "{lock}");
     // Anything left when the runtime stops is swept after it.
     eventually("the executor to run", Duration::from_secs(20), || async {
-        child_named(sup.pid(), "perago-executor-0001")
+        runs_worker(sup.pid(), "perago-executor-0001").then_some(())
     })
     .await;
     std::fs::create_dir_all(ws.join("attempts/late/work")).unwrap();
