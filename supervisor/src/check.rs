@@ -8,21 +8,54 @@ use perago_core::{
 };
 use std::{ffi::OsString, fmt::Write as _, os::unix::fs::PermissionsExt, path::Path};
 
+/// [`check`] of every manifest, as `start` would run them together (a task name given twice
+/// is refused): the reports of all, or every problem of all.
+pub(crate) fn check_all(
+    paths: &[std::path::PathBuf],
+    path_var: Option<&OsString>,
+    vars: &std::collections::BTreeMap<String, String>,
+) -> Result<String, ExpectedError> {
+    crate::start::load_manifests(paths)?;
+    let several = paths.len() > 1;
+    let mut reports = String::new();
+    let mut problems = Vec::new();
+    for path in paths {
+        match check(path, path_var, |name| {
+            crate::start::prefix_of(name, vars, several)
+        }) {
+            Ok(report) => reports.push_str(&report),
+            Err(ExpectedError::CheckFailed(found)) => problems.extend(found),
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    match problems.is_empty() {
+        true => Ok(reports),
+        false if !several => Err(ExpectedError::CheckFailed(problems)),
+        false => {
+            // What passed is still said, before the problems.
+            crate::out::print(&reports)?;
+            Err(ExpectedError::CheckFailed(problems))
+        }
+    }
+}
+
 /// Loads the manifest, compiles its schemas, and checks that the body and guardrail commands
-/// exist; returns the report printed on success.
+/// exist; returns the report printed on success. `prefix` is how `start` names the task's
+/// workers.
 pub(crate) fn check(
     path: &Path,
     path_var: Option<&OsString>,
-    prefix_var: Option<&str>,
+    prefix: impl Fn(&str) -> Result<WorkerPrefix, perago_core::identity::PrefixError>,
 ) -> Result<String, ExpectedError> {
     let manifest = Manifest::load(path)?;
     let mut problems = Vec::new();
-    let prefix = format!("manifest {}", path.display());
+    let prefix_text = format!("manifest {}", path.display());
     // `start` derives worker ids from the task name (or PERAGO_WORKER_ID_PREFIX): a name it
     // would refuse is refused here too.
-    if let Err(e) = WorkerPrefix::resolve(&manifest.task.name, prefix_var) {
-        problems.push(format!("{prefix}: task.name: {e}"));
+    if let Err(e) = prefix(&manifest.task.name) {
+        problems.push(format!("{prefix_text}: task.name: {e}"));
     }
+    let prefix = prefix_text;
     if let Some(user) = &manifest.body.user
         && let Err(e) = perago_core::process::user_ids(user)
     {

@@ -11,7 +11,7 @@ const START_ENVIRONMENT: &str = "Environment (no flag):
   PERAGO_POISON_AFTER=K        fail a workflow task with FAILED_WITH_TERMINAL_ERROR once its
                                attempts have killed their executor K times (default 3; 0 = off)";
 
-/// Run one Conductor task type with a broker and N executor processes.
+/// Run Conductor task types, each with a broker and N executor processes.
 #[derive(Debug, Parser)]
 #[command(name = "perago-supervisor", version, max_term_width = 100)]
 #[deny(missing_docs)]
@@ -25,14 +25,14 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 #[deny(missing_docs)]
 pub enum Command {
-    /// Validate a task manifest locally, without network: the manifest, its schemas, and that
+    /// Validate task manifests locally, without network: each manifest, its schemas, and that
     /// the body and guardrail commands exist.
     Check(CheckArgs),
-    /// Write the Conductor TaskDef JSON a manifest describes, for registering before `start`.
+    /// Write the Conductor TaskDef JSON each manifest describes, for registering before `start`.
     Extract(ExtractArgs),
-    /// Run the task: a broker polling Conductor and N executor processes.
+    /// Run the tasks: for each task type, a broker polling Conductor and N executor processes.
     Start(StartArgs),
-    /// Show a running runtime: every slot, the broker's counters, the drain state.
+    /// Show running runtimes: every slot, the broker's counters, the drain state.
     Status(StatusArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(CompletionsArgs),
@@ -45,17 +45,21 @@ pub enum Command {
 #[derive(Debug, Args)]
 #[deny(missing_docs)]
 pub struct CheckArgs {
-    /// The task manifest (TOML).
-    pub manifest: PathBuf,
+    /// The task manifests (TOML), each checked; every problem is reported.
+    #[arg(required = true, value_name = "MANIFEST")]
+    pub manifests: Vec<PathBuf>,
 }
 
 /// `extract`.
 #[derive(Debug, Args)]
 #[deny(missing_docs)]
 pub struct ExtractArgs {
-    /// The task manifest (TOML).
-    pub manifest: PathBuf,
+    /// The task manifests (TOML).
+    #[arg(required = true, value_name = "MANIFEST")]
+    pub manifests: Vec<PathBuf>,
     /// Where to write the TaskDef JSON; `-` for standard output. Parent folders are created.
+    /// With several manifests: a folder that gets one `<task name>.json` per task, or `-` for
+    /// a JSON array of them (what Conductor's `POST /api/metadata/taskdefs` takes).
     #[arg(long, short)]
     pub output: PathBuf,
 }
@@ -65,19 +69,22 @@ pub struct ExtractArgs {
 #[deny(missing_docs)]
 #[command(after_help = START_ENVIRONMENT)]
 pub struct StartArgs {
-    /// The task manifest (TOML).
-    pub manifest: PathBuf,
-    /// Executor processes (slots): `N` (at least 1), or an adaptive range `MIN..MAX` that
-    /// starts MIN, grows towards MAX while Conductor's queue for the task has a backlog, and
-    /// retires slots idle for PERAGO_SCALE_DOWN_AFTER (default 30s).
+    /// The task manifests (TOML): each task type gets a runtime of its own (broker, executors,
+    /// socket, workspace root), all under this supervisor.
+    #[arg(required = true, value_name = "MANIFEST")]
+    pub manifests: Vec<PathBuf>,
+    /// Executor processes (slots) of every task type: `N` (at least 1), or an adaptive range
+    /// `MIN..MAX` that starts MIN, grows towards MAX while Conductor's queue for the task has a
+    /// backlog, and retires slots idle for PERAGO_SCALE_DOWN_AFTER (default 30s). `NAME=N` or
+    /// `NAME=MIN..MAX` (repeatable) sets the task type NAME's own.
     #[arg(
         short = 'j',
         long = "jobs",
-        value_name = "N|MIN..MAX",
+        value_name = "[NAME=]N|MIN..MAX",
         default_value = "1",
         allow_hyphen_values = true
     )]
-    pub jobs: String,
+    pub jobs: Vec<String>,
     /// `process` (a broker and N executor processes) or `thread` (one process). Default: the
     /// PERAGO_EXECUTION_MODE environment variable, else `process`.
     #[arg(long, value_enum)]
@@ -97,10 +104,11 @@ pub struct StartArgs {
 }
 
 impl StartArgs {
-    /// The capacity flags, for [`perago_core::capacity::Capacity::resolve`].
-    pub fn capacity_flags(&self) -> perago_core::capacity::CapacityFlags {
+    /// The capacity flags with `jobs` as `-j`, for
+    /// [`perago_core::capacity::Capacity::resolve`].
+    pub fn capacity_flags(&self, jobs: &str) -> perago_core::capacity::CapacityFlags {
         perago_core::capacity::CapacityFlags {
-            jobs: self.jobs.clone(),
+            jobs: jobs.to_owned(),
             once: self.once,
             max_tasks_per_executor: self.max_tasks_per_executor.clone(),
             max_executor_memory: self.max_executor_memory.clone(),
@@ -121,11 +129,13 @@ pub struct CompletionsArgs {
 #[derive(Debug, Args)]
 #[deny(missing_docs)]
 pub struct StatusArgs {
-    /// The task manifest: its runtime is found through its workspace root
-    /// (PERAGO_WORKSPACE_ROOT, else the default).
-    pub manifest: Option<PathBuf>,
+    /// The task manifests: each runtime is found through its workspace root
+    /// (PERAGO_WORKSPACE_ROOT, else the default). None: every runtime of every supervisor of
+    /// this user that is running.
+    #[arg(value_name = "MANIFEST")]
+    pub manifests: Vec<PathBuf>,
     /// The broker socket to ask instead.
-    #[arg(long, conflicts_with = "manifest")]
+    #[arg(long, conflicts_with = "manifests")]
     pub socket: Option<PathBuf>,
     /// Print JSON instead of a table.
     #[arg(long)]
@@ -150,9 +160,10 @@ pub enum Probe {
 #[derive(Debug, Args)]
 #[deny(missing_docs)]
 pub struct DevArgs {
-    /// The task manifest (TOML).
-    pub manifest: PathBuf,
-    /// Number of executors (slots), at least 1.
+    /// The task manifests (TOML): every task type runs, each with its own runtime.
+    #[arg(required = true, value_name = "MANIFEST")]
+    pub manifests: Vec<PathBuf>,
+    /// Number of executors (slots) of each task type, at least 1.
     #[arg(
         short = 'j',
         long = "jobs",
@@ -161,7 +172,8 @@ pub struct DevArgs {
         allow_negative_numbers = true
     )]
     pub jobs: i64,
-    /// A task input as JSON, e.g. '{"params": {"name": "Ada"}}'; one workflow per --input.
+    /// A task input as JSON, e.g. '{"params": {"name": "Ada"}}'; one workflow per --input (of
+    /// every task type given; `NAME=JSON` for the task NAME only).
     #[arg(long, value_name = "JSON")]
     pub input: Vec<String>,
     /// `thread` (default: no other binaries needed) or `process`.

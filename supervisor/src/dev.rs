@@ -15,7 +15,7 @@ use crate::{
     errors::ExpectedError,
     runtime::{
         children::{BROKER_ROLE_ARG, EXECUTOR_ROLE_ARG, Launcher, Program},
-        supervise::{RuntimeSpec, supervise},
+        supervise::{RuntimeSpec, supervise_all},
     },
 };
 use perago_core::{
@@ -33,7 +33,9 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 /// How often the watcher reads the workflows back from the embedded server.
 const WATCH_EVERY: Duration = Duration::from_millis(50);
 
-fn parse_inputs(inputs: &[String]) -> Result<Vec<Value>, ExpectedError> {
+/// The `--input`s, by task: `NAME=JSON` is one workflow of the task NAME, a plain JSON object
+/// one workflow of every task given. Every task needs at least one.
+fn parse_inputs(inputs: &[String], names: &[String]) -> Result<Vec<Vec<Value>>, ExpectedError> {
     if inputs.is_empty() {
         return Err(ExpectedError::Config(vec![
             "give at least one --input with the task input, e.g. --input '{\"params\": {}}'"
@@ -41,12 +43,35 @@ fn parse_inputs(inputs: &[String]) -> Result<Vec<Value>, ExpectedError> {
         ]));
     }
     let mut problems = Vec::new();
-    let mut out = Vec::new();
+    let mut out: Vec<Vec<Value>> = names.iter().map(|_| Vec::new()).collect();
     for (n, text) in inputs.iter().enumerate() {
-        match serde_json::from_str::<Value>(text) {
-            Ok(v @ Value::Object(_)) => out.push(v),
+        let named = text.split_once('=').and_then(|(name, json)| {
+            names
+                .iter()
+                .position(|known| known == name.trim())
+                .map(|index| (index, json))
+        });
+        let (targets, json): (Vec<usize>, &str) = match named {
+            Some((index, json)) => (vec![index], json),
+            None => ((0..names.len()).collect(), text.as_str()),
+        };
+        match serde_json::from_str::<Value>(json) {
+            Ok(v @ Value::Object(_)) => {
+                for index in targets {
+                    out[index].push(v.clone());
+                }
+            }
             Ok(_) => problems.push(format!("--input {}: expected a JSON object", n + 1)),
             Err(e) => problems.push(format!("--input {}: not valid JSON: {e}", n + 1)),
+        }
+    }
+    if problems.is_empty() {
+        for (name, inputs) in names.iter().zip(&out) {
+            if inputs.is_empty() {
+                problems.push(format!(
+                    "no --input for the task {name}: give --input '{name}={{\"params\": {{}}}}' or an input for every task"
+                ));
+            }
         }
     }
     if problems.is_empty() {
@@ -56,13 +81,33 @@ fn parse_inputs(inputs: &[String]) -> Result<Vec<Value>, ExpectedError> {
     }
 }
 
+/// One task type of a `dev` run.
+struct DevTask {
+    manifest: Manifest,
+    manifest_path: std::path::PathBuf,
+    inputs: Vec<Value>,
+    ids: Vec<String>,
+}
+
 pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(), ExpectedError> {
     let workers = WorkerCount::new(args.jobs)?;
     let mode: ExecutionMode = args
         .execution_mode
         .map_or(ExecutionMode::Process, Into::into);
-    let manifest = Manifest::load(&args.manifest)?;
-    let inputs = parse_inputs(&args.input)?;
+    let manifests = crate::start::load_manifests(&args.manifests)?;
+    let names: Vec<String> = manifests.iter().map(|(_, m)| m.task.name.clone()).collect();
+    let inputs = parse_inputs(&args.input, &names)?;
+    let several = manifests.len() > 1;
+    let mut tasks: Vec<DevTask> = manifests
+        .into_iter()
+        .zip(inputs)
+        .map(|((path, manifest), inputs)| DevTask {
+            manifest_path: std::fs::canonicalize(&path).unwrap_or(path),
+            manifest,
+            inputs,
+            ids: Vec::new(),
+        })
+        .collect();
     perago_core::logging::init_stderr_at("warn");
 
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -78,23 +123,32 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
         eprintln!("devstack Conductor at {url}");
         let client =
             ConductorClient::new(&url).map_err(|e| ExpectedError::Runtime(e.to_string()))?;
-        let mut inputs = inputs;
         let mut child_env = vec![(
             perago_core::env::PERAGO_POLL_WAIT_MS.to_owned(),
             "500".to_owned(),
         )];
-        let lakefs = if manifest.task.kind == TaskKind::Workspace {
-            let (server, client) = start_lakefs(&manifest).await?;
-            let dev = &manifest.dev;
-            let prefix = manifest
-                .workspace
-                .as_ref()
-                .map_or("", |w| w.prefix.as_str());
-            for input in &mut inputs {
-                if input.get("workspace").is_none() {
-                    input["workspace"] = json!({
-                        "repository": dev.repository, "branch": dev.branch, "prefix": prefix,
-                    });
+        let lakefs = if tasks
+            .iter()
+            .any(|t| t.manifest.task.kind == TaskKind::Workspace)
+        {
+            let (server, client) = start_lakefs().await?;
+            for task in tasks
+                .iter_mut()
+                .filter(|t| t.manifest.task.kind == TaskKind::Workspace)
+            {
+                seed(&server, &client, &task.manifest).await?;
+                let dev = &task.manifest.dev;
+                let prefix = task
+                    .manifest
+                    .workspace
+                    .as_ref()
+                    .map_or("", |w| w.prefix.as_str());
+                for input in &mut task.inputs {
+                    if input.get("workspace").is_none() {
+                        input["workspace"] = json!({
+                            "repository": dev.repository, "branch": dev.branch, "prefix": prefix,
+                        });
+                    }
                 }
             }
             child_env.extend([
@@ -112,105 +166,136 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
         } else {
             None
         };
-        let name = manifest.task.name.clone();
-        let workflow = format!("{name}.dev");
-        let setup = async {
-            client.register_task_defs(&[task_def(&manifest)]).await?;
-            let params = manifest
-                .task
-                .kind
-                .input_keys()
-                .iter()
-                .map(|k| ((*k).to_owned(), json!(format!("${{workflow.input.{k}}}"))))
-                .collect::<serde_json::Map<_, _>>();
-            client
-                .upsert_workflow_defs(&[json!({
-                    "name": workflow, "version": 1, "schemaVersion": 2,
-                    "tasks": [{"name": name, "taskReferenceName": "task", "type": "SIMPLE",
-                               "inputParameters": params}],
-                    "outputParameters": {"result": "${task.output.result}"},
-                })])
-                .await?;
-            let mut ids = Vec::new();
-            for input in &inputs {
-                ids.push(client.start_workflow(&workflow, input).await?);
-            }
-            Ok::<_, perago_core::conductor::ConductorError>(ids)
-        };
-        let ids = setup
-            .await
-            .map_err(|e| ExpectedError::Runtime(format!("cannot set up devstack: {e}")))?;
-        eprintln!(
-            "started {} workflow(s) of {name}; running with {} executor(s) in {mode} mode",
-            ids.len(),
-            workers.get()
-        );
-
-        let root = std::env::temp_dir().join(format!("perago-dev-{}", std::process::id()));
-        // A fresh root of this process's own: nothing can be draining there.
-        let locked = crate::runtime::root::lock(&root, vars, Duration::ZERO)
-            .await
-            .map_err(|e| ExpectedError::Root(e.to_string()))?;
-        let launcher = match mode {
-            ExecutionMode::Thread => {
-                Launcher::thread(Arc::new(manifest.clone())).map_err(ExpectedError::Runtime)?
-            }
-            ExecutionMode::Process => {
-                let this = |role, variable: &str| match vars.get(variable).filter(|v| !v.is_empty())
-                {
-                    Some(path) => Ok(Program::binary(path.into())),
-                    None => Program::this_program(role).map_err(|e| {
-                        ExpectedError::Runtime(format!(
-                            "cannot find this program to run the {role} role: {e}"
-                        ))
-                    }),
-                };
-                Launcher::Process {
-                    lock_fd: Some(locked.lock_fd()),
-                    broker_bin: this(BROKER_ROLE_ARG, perago_core::env::PERAGO_BROKER_BIN)?,
-                    executor_bin: match &manifest.body.kind {
-                        BodyKind::Executor(path) => Program::binary(path.clone()),
-                        BodyKind::Command { .. } => {
-                            this(EXECUTOR_ROLE_ARG, perago_core::env::PERAGO_EXECUTOR_BIN)?
-                        }
-                    },
+        for task in &mut tasks {
+            let manifest = &task.manifest;
+            let name = manifest.task.name.clone();
+            let workflow = format!("{name}.dev");
+            let setup = async {
+                client.register_task_defs(&[task_def(manifest)]).await?;
+                let params = manifest
+                    .task
+                    .kind
+                    .input_keys()
+                    .iter()
+                    .map(|k| ((*k).to_owned(), json!(format!("${{workflow.input.{k}}}"))))
+                    .collect::<serde_json::Map<_, _>>();
+                client
+                    .upsert_workflow_defs(&[json!({
+                        "name": workflow, "version": 1, "schemaVersion": 2,
+                        "tasks": [{"name": name, "taskReferenceName": "task", "type": "SIMPLE",
+                                   "inputParameters": params}],
+                        "outputParameters": {"result": "${task.output.result}"},
+                    })])
+                    .await?;
+                let mut ids = Vec::new();
+                for input in &task.inputs {
+                    ids.push(client.start_workflow(&workflow, input).await?);
                 }
-            }
-        };
-        let prefix =
-            WorkerPrefix::derive(&name).map_err(|e| ExpectedError::Config(vec![e.to_string()]))?;
-        let spec = RuntimeSpec {
-            task_name: name.clone(),
-            manifest_path: std::fs::canonicalize(&args.manifest)
-                .unwrap_or_else(|_| args.manifest.clone()),
-            capacity: perago_core::capacity::Capacity::fixed(workers.get()),
-            prefix,
-            conductor_url: url.clone(),
-            socket: locked.socket.clone(),
-            force_kill_after: None,
-            log_root: root.join("logs"),
-            workspace_root: locked.root.clone(),
-            gc_interval: Duration::from_secs(300),
-            gc_ttl: Duration::from_secs(24 * 3600),
-            child_env,
-            lakefs: lakefs.as_ref().map(|(_, c)| c.clone()),
-        };
+                Ok::<_, perago_core::conductor::ConductorError>(ids)
+            };
+            task.ids = setup
+                .await
+                .map_err(|e| ExpectedError::Runtime(format!("cannot set up devstack: {e}")))?;
+            eprintln!(
+                "started {} workflow(s) of {name}; running with {} executor(s) in {mode} mode",
+                task.ids.len(),
+                workers.get()
+            );
+        }
+
+        let base = std::env::temp_dir().join(format!("perago-dev-{}", std::process::id()));
+        let mut locks = Vec::new();
+        let mut runs = Vec::new();
+        for task in &tasks {
+            let manifest = &task.manifest;
+            let name = manifest.task.name.clone();
+            // A fresh root of this process's own: nothing can be draining there.
+            let root = if several {
+                base.join(&name)
+            } else {
+                base.clone()
+            };
+            let locked = crate::runtime::root::lock(&root, vars, Duration::ZERO)
+                .await
+                .map_err(|e| ExpectedError::Root(e.to_string()))?;
+            let launcher = match mode {
+                ExecutionMode::Thread => {
+                    Launcher::thread(Arc::new(manifest.clone())).map_err(ExpectedError::Runtime)?
+                }
+                ExecutionMode::Process => {
+                    let this =
+                        |role, variable: &str| match vars.get(variable).filter(|v| !v.is_empty()) {
+                            Some(path) => Ok(Program::binary(path.into())),
+                            None => Program::this_program(role).map_err(|e| {
+                                ExpectedError::Runtime(format!(
+                                    "cannot find this program to run the {role} role: {e}"
+                                ))
+                            }),
+                        };
+                    Launcher::Process {
+                        lock_fd: Some(locked.lock_fd()),
+                        broker_bin: this(BROKER_ROLE_ARG, perago_core::env::PERAGO_BROKER_BIN)?,
+                        executor_bin: match &manifest.body.kind {
+                            BodyKind::Executor(path) => Program::binary(path.clone()),
+                            BodyKind::Command { .. } => {
+                                this(EXECUTOR_ROLE_ARG, perago_core::env::PERAGO_EXECUTOR_BIN)?
+                            }
+                        },
+                    }
+                }
+            };
+            let prefix = WorkerPrefix::derive(&name)
+                .map_err(|e| ExpectedError::Config(vec![e.to_string()]))?;
+            let spec = RuntimeSpec {
+                task_name: name.clone(),
+                manifest_path: task.manifest_path.clone(),
+                capacity: perago_core::capacity::Capacity::fixed(workers.get()),
+                prefix,
+                conductor_url: url.clone(),
+                socket: locked.socket.clone(),
+                force_kill_after: None,
+                log_root: base.join("logs"),
+                workspace_root: locked.root.clone(),
+                gc_interval: Duration::from_secs(300),
+                gc_ttl: Duration::from_secs(24 * 3600),
+                child_env: child_env.clone(),
+                lakefs: lakefs.as_ref().map(|(_, c)| c.clone()),
+                notify: None,
+            };
+            runs.push((spec, launcher));
+            locks.push(locked);
+        }
 
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         let lakefs_client = lakefs.as_ref().map(|(_, c)| c.clone());
-        let watcher = tokio::spawn(watch(client.clone(), lakefs_client, ids, done_tx));
+        let watched: Vec<(String, String)> = tasks
+            .iter()
+            .flat_map(|t| {
+                t.ids
+                    .iter()
+                    .map(|id| (id.clone(), t.manifest.task.name.clone()))
+            })
+            .collect();
+        let watcher = tokio::spawn(watch(
+            client.clone(),
+            lakefs_client,
+            watched,
+            several,
+            done_tx,
+        ));
         let stop = async {
             let _ = done_rx.await;
+            "all work done".to_owned()
         };
-        let result = supervise(spec, launcher, stop).await;
+        let results = supervise_all(runs, stop).await;
         let outcome = watcher.await.unwrap_or_default();
-        drop(locked);
-        let _ = std::fs::remove_dir_all(&root);
+        drop(locks);
+        let _ = std::fs::remove_dir_all(&base);
         server.shutdown().await;
         if let Some((lakefs, _)) = lakefs {
             lakefs.shutdown().await;
         }
-        result.map_err(|e| ExpectedError::Runtime(e.to_string()))?;
+        crate::start::outcome(results)?;
         let failed = outcome.iter().filter(|s| s.as_str() != "COMPLETED").count();
         eprintln!(
             "{} workflow(s): {} completed, {failed} not completed",
@@ -226,13 +311,9 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
     })
 }
 
-/// devstack's lakeFS with the dev repository seeded from the manifest's `[dev] seed` folder.
-async fn start_lakefs(
-    manifest: &Manifest,
-) -> Result<(perago_devstack::lakefs::LakefsHandle, LakefsClient), ExpectedError> {
-    let runtime_err = |what: &str, e: &dyn std::fmt::Display| {
-        ExpectedError::Runtime(format!("cannot {what}: {e}"))
-    };
+/// devstack's lakeFS, with a client.
+async fn start_lakefs()
+-> Result<(perago_devstack::lakefs::LakefsHandle, LakefsClient), ExpectedError> {
     let server = perago_devstack::lakefs::LakefsServer::builder()
         .bind("127.0.0.1:0")
         .await
@@ -244,6 +325,19 @@ async fn start_lakefs(
     };
     let client =
         LakefsClient::new(&config).map_err(|e| runtime_err("reach devstack lakeFS", &e))?;
+    Ok((server, client))
+}
+
+fn runtime_err(what: &str, e: &dyn std::fmt::Display) -> ExpectedError {
+    ExpectedError::Runtime(format!("cannot {what}: {e}"))
+}
+
+/// The manifest's dev repository, seeded from its `[dev] seed` folder.
+async fn seed(
+    server: &perago_devstack::lakefs::LakefsHandle,
+    client: &LakefsClient,
+    manifest: &Manifest,
+) -> Result<(), ExpectedError> {
     let dev = &manifest.dev;
     client
         .ensure_repository(
@@ -298,7 +392,7 @@ async fn start_lakefs(
         dev.repository,
         dev.branch
     );
-    Ok((server, client))
+    Ok(())
 }
 
 /// Prints each workflow as it ends (one JSON line on stdout), then signals `done`. Returns
@@ -306,21 +400,22 @@ async fn start_lakefs(
 async fn watch(
     client: ConductorClient,
     lakefs: Option<LakefsClient>,
-    ids: Vec<String>,
+    ids: Vec<(String, String)>,
+    several: bool,
     done: tokio::sync::oneshot::Sender<()>,
 ) -> Vec<String> {
-    let mut pending: Vec<String> = ids;
+    let mut pending: Vec<(String, String)> = ids;
     let mut statuses = Vec::new();
     while !pending.is_empty() {
         let mut still = Vec::new();
-        for id in pending {
+        for (id, task_name) in pending {
             let Ok(wf) = client.get_workflow(&id).await else {
-                still.push(id);
+                still.push((id, task_name));
                 continue;
             };
             let status = wf["status"].as_str().unwrap_or("RUNNING").to_owned();
             if status == "RUNNING" || status == "PAUSED" {
-                still.push(id);
+                still.push((id, task_name));
                 continue;
             }
             let task = wf["tasks"]
@@ -329,6 +424,9 @@ async fn watch(
                 .cloned()
                 .unwrap_or_default();
             let mut line = json!({"workflow_id": id, "status": status});
+            if several {
+                line["task"] = Value::from(task_name);
+            }
             if status == "COMPLETED" {
                 line["output"] = task["outputData"].clone();
                 let ws = &task["outputData"]["workspace"];

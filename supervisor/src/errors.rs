@@ -70,6 +70,9 @@ pub enum ExpectedError {
     /// The drain hit the shutdown deadline and running executors were killed.
     #[error("{0}")]
     ForceKilled(String),
+    /// Several problems at once (several manifests, several TaskDefs), one per line.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    Each(Vec<ExpectedError>),
 }
 
 impl ExpectedError {
@@ -78,6 +81,9 @@ impl ExpectedError {
         match self {
             Self::WorkerCount(_) | Self::Usage(_) => exit_codes::USAGE,
             Self::ForceKilled(_) => exit_codes::FORCE_KILLED,
+            Self::Each(all) => all
+                .first()
+                .map_or(exit_codes::FAILURE, Self::process_exit_code),
             _ => exit_codes::FAILURE,
         }
     }

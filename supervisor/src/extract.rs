@@ -1,20 +1,72 @@
 //! `extract`: write the TaskDef JSON a manifest describes.
 
 use crate::errors::ExpectedError;
-use perago_core::{manifest::Manifest, taskdef::task_def};
-use std::{fs, io::Write as _, path::Path};
+use perago_core::taskdef::task_def;
+use std::{
+    fs,
+    io::Write as _,
+    path::{Path, PathBuf},
+};
 
-/// Writes the TaskDef to `output` (`-` = stdout) atomically: a temporary file in the same
-/// folder, then a rename, so a failed write never leaves half a TaskDef behind.
-pub(crate) fn extract(manifest: &Path, output: &Path) -> Result<Option<String>, ExpectedError> {
-    let manifest = Manifest::load(manifest)?;
-    let mut json = serde_json::to_string_pretty(&task_def(&manifest))
-        .expect("a serde_json::Value always serializes");
-    json.push('\n');
-    if output == Path::new("-") {
-        crate::out::print(&json)?;
-        return Ok(None);
+/// Writes the TaskDef of each manifest: one to `output` (`-` = stdout), several into the
+/// folder `output` as `<task name>.json` each, or to stdout as one JSON array. Every manifest
+/// is loaded (and checked for a task name given twice) before anything is written.
+pub(crate) fn extract(manifests: &[PathBuf], output: &Path) -> Result<Vec<String>, ExpectedError> {
+    let loaded = crate::start::load_manifests(manifests)?;
+    let defs: Vec<(String, serde_json::Value)> = loaded
+        .iter()
+        .map(|(_, m)| (m.task.name.clone(), task_def(m)))
+        .collect();
+    let pretty = |value: &serde_json::Value| {
+        let mut json =
+            serde_json::to_string_pretty(value).expect("a serde_json::Value always serializes");
+        json.push('\n');
+        json
+    };
+    let to_stdout = output == Path::new("-");
+    match defs.as_slice() {
+        [(name, def)] => {
+            if to_stdout {
+                crate::out::print(&pretty(def))?;
+                return Ok(Vec::new());
+            }
+            write_atomically(output, &pretty(def))?;
+            Ok(vec![format!(
+                "wrote TaskDef {name} to {}",
+                output.display()
+            )])
+        }
+        _ if to_stdout => {
+            let all: Vec<serde_json::Value> = defs.into_iter().map(|(_, def)| def).collect();
+            crate::out::print(&pretty(&serde_json::Value::from(all)))?;
+            Ok(Vec::new())
+        }
+        _ => {
+            match fs::symlink_metadata(output) {
+                Ok(meta) if !meta.is_dir() => {
+                    return Err(ExpectedError::Write {
+                        path: output.to_owned(),
+                        source: std::io::Error::other(
+                            "it exists and is not a folder; several manifests write one TaskDef file each into a folder",
+                        ),
+                    });
+                }
+                _ => {}
+            }
+            let mut notes = Vec::new();
+            for (name, def) in &defs {
+                let path = output.join(format!("{name}.json"));
+                write_atomically(&path, &pretty(def))?;
+                notes.push(format!("wrote TaskDef {name} to {}", path.display()));
+            }
+            Ok(notes)
+        }
     }
+}
+
+/// Writes `json` to `output` atomically: a temporary file in the same folder, then a rename,
+/// so a failed write never leaves half a TaskDef behind.
+fn write_atomically(output: &Path, json: &str) -> Result<(), ExpectedError> {
     let write_err = |source| ExpectedError::Write {
         path: output.to_owned(),
         source,
@@ -56,9 +108,5 @@ pub(crate) fn extract(manifest: &Path, output: &Path) -> Result<Option<String>, 
         let _ = fs::remove_file(&tmp);
         return Err(write_err(e));
     }
-    Ok(Some(format!(
-        "wrote TaskDef {} to {}",
-        manifest.task.name,
-        output.display()
-    )))
+    Ok(())
 }

@@ -86,15 +86,10 @@ fn dispatch(cli: Cli, vars: &BTreeMap<String, String>) -> Result<(), ExpectedErr
     match cli.command {
         Command::Check(args) => {
             let path = vars.get("PATH").map(std::ffi::OsString::from);
-            let prefix = vars.get(perago_core::env::PERAGO_WORKER_ID_PREFIX);
-            out::print(&check::check(
-                &args.manifest,
-                path.as_ref(),
-                prefix.map(String::as_str),
-            )?)?;
+            out::print(&check::check_all(&args.manifests, path.as_ref(), vars)?)?;
         }
         Command::Extract(args) => {
-            if let Some(note) = extract::extract(&args.manifest, &args.output)? {
+            for note in extract::extract(&args.manifests, &args.output)? {
                 eprintln!("{note}");
             }
         }

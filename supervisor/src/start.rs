@@ -3,8 +3,8 @@
 
 use crate::runtime::{
     children::{Launcher, Program},
-    gc, root,
-    supervise::{self, RuntimeError, RuntimeSpec, supervise},
+    gc, notify, registry, root,
+    supervise::{self, RuntimeError, RuntimeSpec},
 };
 use crate::{cli::StartArgs, errors::ExpectedError};
 use perago_core::{
@@ -24,8 +24,63 @@ const DEFAULT_ROOT_LOCK_WAIT: Duration = Duration::from_secs(30);
 /// What `start` resolved from its arguments and environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct StartPlan {
+    /// The capacity of every task type without a `-j NAME=…` of its own.
     pub(crate) capacity: Capacity,
+    /// `-j NAME=N` / `-j NAME=MIN..MAX`: one task type's capacity, by task name.
+    pub(crate) named: BTreeMap<String, Capacity>,
     pub(crate) mode: ExecutionMode,
+}
+
+impl StartPlan {
+    /// The capacity of the task type `name`.
+    pub(crate) fn capacity_of(&self, name: &str) -> &Capacity {
+        self.named.get(name).unwrap_or(&self.capacity)
+    }
+
+    /// Every `-j NAME=…` names one of `names`.
+    fn check_names(&self, names: &[&str]) -> Result<(), ExpectedError> {
+        match self.named.keys().find(|n| !names.contains(&n.as_str())) {
+            None => Ok(()),
+            Some(unknown) => Err(ExpectedError::Usage(format!(
+                "-j {unknown}=…: no manifest given has the task {unknown} (tasks: {})",
+                names.join(", ")
+            ))),
+        }
+    }
+}
+
+/// The `-j` values: at most one for every task type (`N`, `MIN..MAX`; default 1), and one
+/// `NAME=N` / `NAME=MIN..MAX` per task name.
+fn split_jobs(values: &[String]) -> Result<(String, Vec<(String, String)>), ExpectedError> {
+    let mut every: Option<&str> = None;
+    let mut named: Vec<(String, String)> = Vec::new();
+    for value in values {
+        match value.split_once('=') {
+            Some((name, jobs)) => {
+                let name = name.trim();
+                if name.is_empty() {
+                    return Err(ExpectedError::Usage(format!(
+                        "-j {value:?}: expected NAME=N or NAME=MIN..MAX"
+                    )));
+                }
+                if named.iter().any(|(n, _)| n == name) {
+                    return Err(ExpectedError::Usage(format!(
+                        "-j {name}=…: given twice for the task {name}"
+                    )));
+                }
+                named.push((name.to_owned(), jobs.to_owned()));
+            }
+            None => {
+                if let Some(first) = every {
+                    return Err(ExpectedError::Usage(format!(
+                        "-j {first} and -j {value}: give one count for every task type, and NAME=N for one task type"
+                    )));
+                }
+                every = Some(value);
+            }
+        }
+    }
+    Ok((every.unwrap_or("1").to_owned(), named))
 }
 
 /// `-j`, the capacity settings and the execution mode, before anything touches the manifest.
@@ -33,14 +88,101 @@ pub(crate) fn resolve_args(
     args: &StartArgs,
     vars: &BTreeMap<String, String>,
 ) -> Result<StartPlan, ExpectedError> {
-    parse_jobs(&args.jobs).map_err(ExpectedError::Usage)?;
-    let capacity = Capacity::resolve(&args.capacity_flags(), |name| vars.get(name).cloned())
-        .map_err(ExpectedError::Config)?;
+    let (every, named) = split_jobs(&args.jobs)?;
+    parse_jobs(&every).map_err(ExpectedError::Usage)?;
+    for (_, jobs) in &named {
+        parse_jobs(jobs).map_err(ExpectedError::Usage)?;
+    }
+    let lookup = |name: &str| vars.get(name).cloned();
+    let capacity =
+        Capacity::resolve(&args.capacity_flags(&every), lookup).map_err(ExpectedError::Config)?;
+    let named = named
+        .into_iter()
+        .map(|(name, jobs)| {
+            Capacity::resolve(&args.capacity_flags(&jobs), lookup)
+                .map(|c| (name, c))
+                .map_err(ExpectedError::Config)
+        })
+        .collect::<Result<_, _>>()?;
     let mode = ExecutionMode::resolve(
         args.execution_mode.map(Into::into),
         vars.get(env::PERAGO_EXECUTION_MODE).map(String::as_str),
     )?;
-    Ok(StartPlan { capacity, mode })
+    Ok(StartPlan {
+        capacity,
+        named,
+        mode,
+    })
+}
+
+/// Loads every manifest: one's error as it is, several's all at once; two manifests of the
+/// same task name are refused.
+pub(crate) fn load_manifests(paths: &[PathBuf]) -> Result<Vec<(PathBuf, Manifest)>, ExpectedError> {
+    if let [path] = paths {
+        return Ok(vec![(path.clone(), Manifest::load(path)?)]);
+    }
+    let mut loaded: Vec<(PathBuf, Manifest)> = Vec::new();
+    let mut problems = Vec::new();
+    for path in paths {
+        match Manifest::load(path) {
+            Ok(manifest) => {
+                if let Some((first, _)) = loaded
+                    .iter()
+                    .find(|(_, m)| m.task.name == manifest.task.name)
+                {
+                    problems.push(ExpectedError::Usage(format!(
+                        "the task {} is in both {} and {}: one supervisor runs each task type once",
+                        manifest.task.name,
+                        first.display(),
+                        path.display()
+                    )));
+                } else {
+                    loaded.push((path.clone(), manifest));
+                }
+            }
+            Err(e) => problems.push(e.into()),
+        }
+    }
+    match problems.len() {
+        0 => Ok(loaded),
+        1 => Err(problems.remove(0)),
+        _ => Err(ExpectedError::Each(problems)),
+    }
+}
+
+/// The workspace root of the task `name`: `PERAGO_WORKSPACE_ROOT` (its folder `<name>` when the
+/// supervisor runs several task types: each keeps a root, lock and socket of its own), else the
+/// default, which is keyed by task already.
+pub(crate) fn workspace_root_of(
+    name: &str,
+    vars: &BTreeMap<String, String>,
+    several: bool,
+) -> PathBuf {
+    match vars
+        .get(env::PERAGO_WORKSPACE_ROOT)
+        .filter(|v| !v.is_empty())
+    {
+        Some(root) if several => PathBuf::from(root).join(name),
+        Some(root) => PathBuf::from(root),
+        None => root::default_root(name, vars),
+    }
+}
+
+/// The worker id prefix of the task `name`: `PERAGO_WORKER_ID_PREFIX`, else derived from the
+/// name. With several task types the variable is followed by each task's derived prefix, so
+/// worker ids stay unique across them.
+pub(crate) fn prefix_of(
+    name: &str,
+    vars: &BTreeMap<String, String>,
+    several: bool,
+) -> Result<WorkerPrefix, perago_core::identity::PrefixError> {
+    let explicit = vars.get(env::PERAGO_WORKER_ID_PREFIX).map(String::as_str);
+    match explicit {
+        Some(value) if several => {
+            WorkerPrefix::explicit(&format!("{value}{}", WorkerPrefix::derive(name)?))
+        }
+        _ => WorkerPrefix::resolve(name, explicit),
+    }
 }
 
 /// The service configuration `start` needs, every missing name reported at once.
@@ -91,31 +233,66 @@ pub(crate) fn sibling_binary(
         .unwrap_or_else(|| PathBuf::from(name))
 }
 
+/// One task type of a `start`, resolved.
+struct TaskPlan {
+    manifest: Manifest,
+    manifest_path: PathBuf,
+    capacity: Capacity,
+    prefix: WorkerPrefix,
+}
+
 pub(crate) fn start(
     args: &StartArgs,
     vars: &BTreeMap<String, String>,
 ) -> Result<(), ExpectedError> {
     let plan = resolve_args(args, vars)?;
-    let manifest = Manifest::load(&args.manifest)?;
-    preflight_config(&manifest, vars)?;
-    let mut problems = Vec::new();
-    let prefix = WorkerPrefix::resolve(
-        &manifest.task.name,
-        vars.get(env::PERAGO_WORKER_ID_PREFIX).map(String::as_str),
-    )
-    .map_err(|e| problems.push(e.to_string()))
-    .ok();
-    if let Some(user) = &manifest.body.user
-        && let Err(e) = perago_core::process::body_user(user)
-    {
-        problems.push(e);
+    let manifests = load_manifests(&args.manifests)?;
+    let several = manifests.len() > 1;
+    let names: Vec<&str> = manifests
+        .iter()
+        .map(|(_, m)| m.task.name.as_str())
+        .collect();
+    plan.check_names(&names)?;
+    let problems = std::cell::RefCell::new(Vec::<String>::new());
+    let add = |problem: String| {
+        let mut problems = problems.borrow_mut();
+        if !problems.contains(&problem) {
+            problems.push(problem);
+        }
+    };
+    for (_, manifest) in &manifests {
+        if let Err(ExpectedError::Config(found)) = preflight_config(manifest, vars) {
+            found.into_iter().for_each(add);
+        }
+    }
+    if !problems.borrow().is_empty() {
+        return Err(ExpectedError::Config(problems.into_inner()));
+    }
+    let mut tasks = Vec::new();
+    for (path, manifest) in manifests {
+        let prefix = prefix_of(&manifest.task.name, vars, several)
+            .map_err(|e| add(e.to_string()))
+            .ok();
+        if let Some(user) = &manifest.body.user
+            && let Err(e) = perago_core::process::body_user(user)
+        {
+            add(e);
+        }
+        if let Some(prefix) = prefix {
+            tasks.push(TaskPlan {
+                capacity: plan.capacity_of(&manifest.task.name).clone(),
+                manifest_path: std::fs::canonicalize(&path).unwrap_or(path),
+                manifest,
+                prefix,
+            });
+        }
     }
     let force_kill_after = env::duration_var(
         env::PERAGO_SHUTDOWN_FORCE_KILL_AFTER,
         vars.get(env::PERAGO_SHUTDOWN_FORCE_KILL_AFTER)
             .map(String::as_str),
     )
-    .map_err(|e| problems.push(e.to_string()))
+    .map_err(|e| add(e.to_string()))
     .ok()
     .flatten();
     let mut durations = [
@@ -127,20 +304,17 @@ pub(crate) fn start(
         match env::duration_var(name, vars.get(*name).map(String::as_str)) {
             Ok(Some(d)) => *value = d,
             Ok(None) => {}
-            Err(e) => problems.push(e.to_string()),
+            Err(e) => add(e.to_string()),
         }
     }
     let [(_, gc_interval), (_, gc_ttl), (_, lock_wait)] = durations;
     let conductor = ConductorClient::from_lookup(|name| vars.get(name).cloned())
-        .map_err(|e| problems.push(e.to_string()))
+        .map_err(|e| add(e.to_string()))
         .ok();
-    if !problems.is_empty() {
-        return Err(ExpectedError::Config(problems));
+    if !problems.borrow().is_empty() {
+        return Err(ExpectedError::Config(problems.into_inner()));
     }
-    let (prefix, conductor) = (
-        prefix.expect("no problems"),
-        conductor.expect("no problems"),
-    );
+    let conductor = conductor.expect("no problems");
 
     perago_core::logging::init_stderr("perago-supervisor");
     // A current-thread runtime: children are spawned from the main thread, which lives as long
@@ -150,95 +324,162 @@ pub(crate) fn start(
         .build()
         .map_err(|e| ExpectedError::Runtime(format!("cannot start the async runtime: {e}")))?;
     runtime.block_on(async {
-        let name = &manifest.task.name;
-        match conductor.get_task_def(name).await {
-            Ok(Some(_)) => {}
-            Ok(None) => return Err(ExpectedError::TaskDefMissing(name.clone())),
-            Err(e) => {
-                return Err(ExpectedError::TaskDefCheck {
+        // Every TaskDef is checked before anything starts, every problem reported at once.
+        let mut missing = Vec::new();
+        for task in &tasks {
+            let name = &task.manifest.task.name;
+            match conductor.get_task_def(name).await {
+                Ok(Some(_)) => {}
+                Ok(None) => missing.push(ExpectedError::TaskDefMissing(name.clone())),
+                Err(e) => missing.push(ExpectedError::TaskDefCheck {
                     name: name.clone(),
                     url: conductor.base_url().to_owned(),
                     cause: e.to_string(),
-                });
+                }),
             }
         }
-        let root_path = vars
-            .get(env::PERAGO_WORKSPACE_ROOT)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root::default_root(name, vars));
+        match missing.len() {
+            0 => {}
+            1 => return Err(missing.remove(0)),
+            _ => return Err(ExpectedError::Each(missing)),
+        }
         // The lock is held by every process of a runtime: once it is ours, no process of an
         // earlier runtime is left to use its attempt directories, and the sweep is safe.
-        let locked = root::lock(&root_path, vars, lock_wait)
-            .await
-            .map_err(|e| ExpectedError::Root(e.to_string()))?;
-        tracing::info!(root = %locked.root.display(), runtime_dir = %locked.runtime_dir.display(), "workspace root locked");
-        // Another runtime's broker on the socket: touch nothing of it, not even its attempts.
-        if let Some(foreign) = supervise::foreign_broker(&locked.socket).await {
-            return Err(ExpectedError::Runtime(foreign.to_string()));
-        }
-        // Staging branches named by the attempts swept are deleted with them.
-        let lakefs = (manifest.task.kind == TaskKind::Workspace)
-            .then(|| LakefsConfig::from_lookup(|name| vars.get(name).cloned()))
-            .and_then(Result::ok)
-            .and_then(|config| LakefsClient::new(&config).ok());
-        gc::sweep_all(
-            &locked.root,
-            "left behind by an earlier runtime",
-            lakefs.as_ref(),
-        )
-        .await;
-        gc::report_leftovers(&locked.root, &locked.socket);
-        let launcher = match plan.mode {
-            ExecutionMode::Process => Launcher::Process {
-                lock_fd: Some(locked.lock_fd()),
-                broker_bin: Program::binary(sibling_binary(
-                    vars,
-                    env::PERAGO_BROKER_BIN,
-                    "perago-broker",
-                )),
-                executor_bin: Program::binary(match &manifest.body.kind {
-                    BodyKind::Executor(path) => path.clone(),
-                    BodyKind::Command { .. } => {
-                        sibling_binary(vars, env::PERAGO_EXECUTOR_BIN, "perago-executor")
-                    }
-                }),
-            },
-            ExecutionMode::Thread => {
-                Launcher::thread(Arc::new(manifest.clone())).map_err(ExpectedError::Runtime)?
+        let mut locks = Vec::new();
+        for task in &tasks {
+            let name = &task.manifest.task.name;
+            let root_path = workspace_root_of(name, vars, several);
+            let locked = root::lock(&root_path, vars, lock_wait)
+                .await
+                .map_err(|e| ExpectedError::Root(e.to_string()))?;
+            tracing::info!(task = %name, root = %locked.root.display(), runtime_dir = %locked.runtime_dir.display(), "workspace root locked");
+            // Another runtime's broker on the socket: touch nothing of it, not even its attempts.
+            if let Some(foreign) = supervise::foreign_broker(&locked.socket).await {
+                return Err(ExpectedError::Runtime(foreign.to_string()));
             }
-        };
-        let manifest_path = std::fs::canonicalize(&args.manifest)
-            .unwrap_or_else(|_| args.manifest.clone());
-        let spec = RuntimeSpec {
-            task_name: name.clone(),
-            manifest_path,
-            capacity: plan.capacity.clone(),
-            prefix,
-            conductor_url: conductor.base_url().to_owned(),
-            socket: locked.socket.clone(),
-            force_kill_after,
-            log_root: vars
-                .get(env::PERAGO_LOG_ROOT)
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-                .unwrap_or_else(|| root::default_log_root(vars)),
-            workspace_root: locked.root.clone(),
-            gc_interval,
-            gc_ttl,
-            child_env: Vec::new(),
-            lakefs: lakefs.clone(),
-        };
-        let result = supervise(spec, launcher, std::future::pending()).await;
-        if !matches!(result, Err(RuntimeError::ForeignBroker { .. })) {
-            gc::sweep_all(&locked.root, "final sweep after shutdown", lakefs.as_ref()).await;
-            gc::report_leftovers(&locked.root, &locked.socket);
+            locks.push(locked);
         }
-        drop(locked);
-        result.map_err(|e| match e {
-            RuntimeError::ForceKilled { .. } => ExpectedError::ForceKilled(e.to_string()),
-            e => ExpectedError::Runtime(e.to_string()),
+        let mut runs = Vec::new();
+        let notifiers = notify::shared(
+            notify::Notifier::from_lookup(|name| std::env::var(name).ok()),
+            tasks.len(),
+        );
+        let log_root = vars
+            .get(env::PERAGO_LOG_ROOT)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root::default_log_root(vars));
+        let mut lakefs_clients = Vec::new();
+        for ((task, locked), notify) in tasks.into_iter().zip(&locks).zip(notifiers) {
+            let manifest = task.manifest;
+            // Staging branches named by the attempts swept are deleted with them.
+            let lakefs = (manifest.task.kind == TaskKind::Workspace)
+                .then(|| LakefsConfig::from_lookup(|name| vars.get(name).cloned()))
+                .and_then(Result::ok)
+                .and_then(|config| LakefsClient::new(&config).ok());
+            gc::sweep_all(
+                &locked.root,
+                "left behind by an earlier runtime",
+                lakefs.as_ref(),
+            )
+            .await;
+            gc::report_leftovers(&locked.root, &locked.socket);
+            let launcher = match plan.mode {
+                ExecutionMode::Process => Launcher::Process {
+                    lock_fd: Some(locked.lock_fd()),
+                    broker_bin: Program::binary(sibling_binary(
+                        vars,
+                        env::PERAGO_BROKER_BIN,
+                        "perago-broker",
+                    )),
+                    executor_bin: Program::binary(match &manifest.body.kind {
+                        BodyKind::Executor(path) => path.clone(),
+                        BodyKind::Command { .. } => {
+                            sibling_binary(vars, env::PERAGO_EXECUTOR_BIN, "perago-executor")
+                        }
+                    }),
+                },
+                ExecutionMode::Thread => Launcher::thread(Arc::new(manifest.clone()))
+                    .map_err(ExpectedError::Runtime)?,
+            };
+            let spec = RuntimeSpec {
+                task_name: manifest.task.name.clone(),
+                manifest_path: task.manifest_path,
+                capacity: task.capacity,
+                prefix: task.prefix,
+                conductor_url: conductor.base_url().to_owned(),
+                socket: locked.socket.clone(),
+                force_kill_after,
+                log_root: log_root.clone(),
+                workspace_root: locked.root.clone(),
+                gc_interval,
+                gc_ttl,
+                child_env: Vec::new(),
+                lakefs: lakefs.clone(),
+                notify,
+            };
+            lakefs_clients.push(lakefs);
+            runs.push((spec, launcher));
+        }
+        // `status` with no argument finds the runtimes through this record.
+        let registry_dir = registry::dir(vars);
+        let entries = runs
+            .iter()
+            .map(|(spec, _)| registry::Entry {
+                task: spec.task_name.clone(),
+                socket: spec.socket.clone(),
+            })
+            .collect();
+        let registration = registry::register(&registry_dir, entries)
+            .map_err(|e| {
+                tracing::warn!(dir = %registry_dir.display(), error = %e, "cannot record this supervisor for `perago-supervisor status`; give it the manifest or --socket");
+            })
+            .ok();
+        let results = supervise::supervise_all(runs, std::future::pending()).await;
+        drop(registration);
+        for ((locked, lakefs), (_, result)) in locks.iter().zip(&lakefs_clients).zip(&results) {
+            if !matches!(result, Err(RuntimeError::ForeignBroker { .. })) {
+                gc::sweep_all(&locked.root, "final sweep after shutdown", lakefs.as_ref()).await;
+                gc::report_leftovers(&locked.root, &locked.socket);
+            }
+        }
+        drop(locks);
+        outcome(results)
+    })
+}
+
+/// The exit of a `start`: Ok when every runtime drained cleanly; the force-kill's own error
+/// when every failure was the shutdown deadline; else the failures, one line each (named by
+/// task when there are several).
+pub(crate) fn outcome(
+    results: Vec<(String, Result<(), RuntimeError>)>,
+) -> Result<(), ExpectedError> {
+    let several = results.len() > 1;
+    let failures: Vec<(String, RuntimeError)> = results
+        .into_iter()
+        .filter_map(|(name, r)| r.err().map(|e| (name, e)))
+        .collect();
+    if failures.is_empty() {
+        return Ok(());
+    }
+    let forced = failures
+        .iter()
+        .all(|(_, e)| matches!(e, RuntimeError::ForceKilled { .. }));
+    let text = failures
+        .iter()
+        .map(|(name, e)| {
+            if several {
+                format!("task {name}: {e}")
+            } else {
+                e.to_string()
+            }
         })
+        .collect::<Vec<_>>()
+        .join("\n");
+    Err(if forced {
+        ExpectedError::ForceKilled(text)
+    } else {
+        ExpectedError::Runtime(text)
     })
 }
 
@@ -250,8 +491,8 @@ mod tests {
 
     fn args(jobs: i64, mode: Option<ModeArg>) -> StartArgs {
         StartArgs {
-            manifest: PathBuf::from("task.toml"),
-            jobs: jobs.to_string(),
+            manifests: vec![PathBuf::from("task.toml")],
+            jobs: vec![jobs.to_string()],
             execution_mode: mode,
             once: false,
             max_tasks_per_executor: None,
@@ -276,7 +517,7 @@ mod tests {
         let plan = resolve_args(&args(4, None), &vars(&[])).unwrap();
         assert_eq!(plan.capacity, Capacity::fixed(4));
         let mut range = args(1, None);
-        range.jobs = "4..2".to_owned();
+        range.jobs = vec!["4..2".to_owned()];
         let err = resolve_args(&range, &vars(&[])).unwrap_err();
         assert_eq!(
             err.to_string(),
@@ -291,6 +532,106 @@ mod tests {
         assert!(text.contains("--max-tasks-per-executor \"none\""), "{text}");
         assert!(text.contains("PERAGO_MIN_FREE_MEMORY"), "{text}");
         assert_eq!(err.process_exit_code(), 1);
+    }
+
+    #[test]
+    fn jobs_for_every_task_type_and_by_name() {
+        let with = |jobs: &[&str]| {
+            let mut a = args(1, None);
+            a.jobs = jobs.iter().map(|j| (*j).to_owned()).collect();
+            resolve_args(&a, &vars(&[]))
+        };
+        let plan = with(&["3", "b=1..4", "c=2"]).unwrap();
+        assert_eq!(plan.capacity_of("a"), &Capacity::fixed(3));
+        let b = plan.capacity_of("b");
+        assert_eq!((b.min_executors, b.max_executors), (1, 4));
+        assert_eq!(plan.capacity_of("c"), &Capacity::fixed(2));
+        plan.check_names(&["a", "b", "c"]).unwrap();
+        let err = plan.check_names(&["a", "b"]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "-j c=…: no manifest given has the task c (tasks: a, b)"
+        );
+        assert_eq!(err.process_exit_code(), 2);
+        // No plain -j: every task type gets 1.
+        assert_eq!(
+            with(&["b=2"]).unwrap().capacity_of("a"),
+            &Capacity::fixed(1)
+        );
+        for (jobs, message) in [
+            (
+                &["2", "3"][..],
+                "-j 2 and -j 3: give one count for every task type, and NAME=N for one task type",
+            ),
+            (&["b=2", "b=3"], "-j b=…: given twice for the task b"),
+            (&["=2"], "-j \"=2\": expected NAME=N or NAME=MIN..MAX"),
+            (&["b=0"], "worker process count must be at least 1"),
+            (
+                &["b=4..2"],
+                "-j 4..2: the minimum (4) is above the maximum (2)",
+            ),
+        ] {
+            let err = with(jobs).unwrap_err();
+            assert_eq!(err.to_string(), message, "{jobs:?}");
+            assert_eq!(err.process_exit_code(), 2, "{jobs:?}");
+        }
+    }
+
+    #[test]
+    fn several_task_types_get_roots_and_worker_ids_of_their_own() {
+        let v = vars(&[("PERAGO_WORKSPACE_ROOT", "/srv/ws"), ("HOME", "/home/ada")]);
+        assert_eq!(
+            workspace_root_of("a.b", &v, false),
+            PathBuf::from("/srv/ws")
+        );
+        assert_eq!(
+            workspace_root_of("a.b", &v, true),
+            PathBuf::from("/srv/ws/a.b")
+        );
+        let home = vars(&[("HOME", "/home/ada")]);
+        assert_eq!(
+            workspace_root_of("a.b", &home, true),
+            PathBuf::from("/home/ada/.local/state/perago/a.b/workspace")
+        );
+        assert_eq!(
+            prefix_of("orders.ship", &home, true).unwrap().as_str(),
+            "ordersship"
+        );
+        let pod = vars(&[("PERAGO_WORKER_ID_PREFIX", "pod7-")]);
+        assert_eq!(
+            prefix_of("orders.ship", &pod, false).unwrap().as_str(),
+            "pod7-"
+        );
+        assert_eq!(
+            prefix_of("orders.ship", &pod, true).unwrap().as_str(),
+            "pod7-ordersship"
+        );
+    }
+
+    #[test]
+    fn the_exit_is_clean_only_if_every_runtime_drained_cleanly() {
+        let forced = || RuntimeError::ForceKilled {
+            deadline: Duration::from_secs(5),
+        };
+        let died = || RuntimeError::BrokerDied {
+            status: "signal 9 (SIGKILL)".to_owned(),
+        };
+        let named = |n: &str, r| (n.to_owned(), r);
+        assert!(outcome(vec![named("a", Ok(())), named("b", Ok(()))]).is_ok());
+        let err = outcome(vec![named("a", Ok(())), named("b", Err(died()))]).unwrap_err();
+        assert_eq!(err.process_exit_code(), 1);
+        assert!(err.to_string().starts_with("task b: "), "{err}");
+        let err = outcome(vec![named("a", Err(forced())), named("b", Err(forced()))]).unwrap_err();
+        assert_eq!(err.process_exit_code(), 3);
+        let err = outcome(vec![named("a", Err(forced())), named("b", Err(died()))]).unwrap_err();
+        assert_eq!(
+            err.process_exit_code(),
+            1,
+            "a broker death outweighs a deadline"
+        );
+        // One task type: the error as it always was, unnamed.
+        let err = outcome(vec![named("a", Err(died()))]).unwrap_err();
+        assert_eq!(err.to_string(), died().to_string());
     }
 
     #[test]

@@ -4,9 +4,9 @@
 use crate::{
     cli::{Probe, StatusArgs},
     errors::ExpectedError,
-    runtime::root::{default_root, runtime_dir},
+    runtime::root::runtime_dir,
 };
-use perago_core::{env, manifest::Manifest};
+use perago_core::manifest::Manifest;
 use perago_proto::admin::v1::{
     BrokerCounters, Capacity, SlotState, StatusRequest, StatusResponse, admin_client::AdminClient,
 };
@@ -18,23 +18,51 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-fn socket_of(args: &StatusArgs, vars: &BTreeMap<String, String>) -> Result<PathBuf, ExpectedError> {
+/// The broker sockets to ask: `--socket`; each manifest's runtime (through its workspace
+/// root, as `start` placed it, or the running supervisors' records); or, with neither, every
+/// runtime of every running supervisor of this user.
+fn sockets_of(
+    args: &StatusArgs,
+    vars: &BTreeMap<String, String>,
+) -> Result<Vec<PathBuf>, ExpectedError> {
     if let Some(socket) = &args.socket {
-        return Ok(socket.clone());
+        return Ok(vec![socket.clone()]);
     }
-    let Some(manifest) = &args.manifest else {
-        return Err(ExpectedError::Config(vec![
-            "give the task's MANIFEST or --socket PATH".to_owned(),
-        ]));
-    };
-    let manifest = Manifest::load(manifest)?;
-    let root = vars
-        .get(env::PERAGO_WORKSPACE_ROOT)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| default_root(&manifest.task.name, vars));
-    let root = std::fs::canonicalize(&root).unwrap_or(root);
-    Ok(runtime_dir(&root, vars).join("broker.sock"))
+    let registry_dir = crate::runtime::registry::dir(vars);
+    let running = crate::runtime::registry::running(&registry_dir);
+    if args.manifests.is_empty() {
+        let sockets: Vec<PathBuf> = running
+            .into_iter()
+            .flat_map(|r| r.runtimes.into_iter().map(|e| e.socket))
+            .collect();
+        if sockets.is_empty() {
+            return Err(ExpectedError::Config(vec![format!(
+                "no perago supervisor of this user is running (none is recorded in {}); give the task's MANIFEST or --socket PATH",
+                registry_dir.display()
+            )]));
+        }
+        return Ok(sockets);
+    }
+    let several = args.manifests.len() > 1;
+    let mut sockets = Vec::new();
+    for path in &args.manifests {
+        let manifest = Manifest::load(path)?;
+        let name = &manifest.task.name;
+        let root = crate::start::workspace_root_of(name, vars, several);
+        let root = std::fs::canonicalize(&root).unwrap_or(root);
+        let socket = runtime_dir(&root, vars).join("broker.sock");
+        // A supervisor of several task types keeps each root in a folder of its own.
+        let recorded = running
+            .iter()
+            .flat_map(|r| &r.runtimes)
+            .find(|e| &e.task == name)
+            .map(|e| e.socket.clone());
+        sockets.push(match recorded {
+            Some(recorded) if !socket.exists() => recorded,
+            _ => socket,
+        });
+    }
+    Ok(sockets)
 }
 
 fn now_ms() -> i64 {
@@ -328,22 +356,15 @@ fn probe(
     }
 }
 
-pub(crate) fn status(
-    args: &StatusArgs,
-    vars: &BTreeMap<String, String>,
-) -> Result<(), ExpectedError> {
-    let socket = socket_of(args, vars)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| ExpectedError::Runtime(format!("cannot start the async runtime: {e}")))?;
-    if let Some(kind) = args.probe {
-        return probe(kind, &socket, &runtime);
-    }
+/// One broker's status over its socket.
+fn ask(
+    socket: &std::path::Path,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<StatusResponse, ExpectedError> {
     let answer = runtime.block_on(async {
         let channel = tokio::time::timeout(
             Duration::from_secs(5),
-            perago_executor::slot::connect(&socket),
+            perago_executor::slot::connect(socket),
         )
         .await
         .map_err(|_| "no answer within 5 s".to_owned())?
@@ -359,25 +380,78 @@ pub(crate) fn status(
         .map(tonic::Response::into_inner)
         .map_err(|s| s.message().to_owned())
     });
-    let status = answer.map_err(|cause| {
+    answer.map_err(|cause| {
         ExpectedError::Runtime(format!(
             "no perago runtime answers at {}: {cause}",
             socket.display()
         ))
-    })?;
-    let left = staging_left(&socket);
+    })
+}
+
+pub(crate) fn status(
+    args: &StatusArgs,
+    vars: &BTreeMap<String, String>,
+) -> Result<(), ExpectedError> {
+    let sockets = sockets_of(args, vars)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ExpectedError::Runtime(format!("cannot start the async runtime: {e}")))?;
+    if let Some(kind) = args.probe {
+        // Every runtime must pass: a probe of a supervisor is a probe of all its task types.
+        let failed: Vec<ExpectedError> = sockets
+            .iter()
+            .filter_map(|socket| probe(kind, socket, &runtime).err())
+            .collect();
+        return match failed.len() {
+            0 => Ok(()),
+            1 => Err(failed.into_iter().next().expect("one")),
+            _ => Err(ExpectedError::Each(failed)),
+        };
+    }
+    let single = sockets.len() == 1;
+    let mut json_all = Vec::new();
+    let mut text = String::new();
+    let mut failed = Vec::new();
+    for socket in &sockets {
+        let status = match ask(socket, &runtime) {
+            Ok(status) => status,
+            Err(e) if single => return Err(e),
+            Err(e) => {
+                failed.push(e);
+                continue;
+            }
+        };
+        let left = staging_left(socket);
+        if args.json {
+            let mut json = to_json(&status);
+            json["staging_branches_left"] = Value::from(left);
+            json_all.push(json);
+        } else {
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(&to_table(&status));
+            text.push_str(&staging_table(&left));
+        }
+    }
     if args.json {
-        let mut json = to_json(&status);
-        json["staging_branches_left"] = Value::from(left);
-        let mut json = serde_json::to_string_pretty(&json).expect("json");
+        // One runtime: its object, as always; several: an array of them.
+        let value = match json_all.len() {
+            1 if single => json_all.remove(0),
+            _ => Value::from(json_all),
+        };
+        let mut json = serde_json::to_string_pretty(&value).expect("json");
         json.push('\n');
         crate::out::print(&json)?;
     } else {
-        let mut table = to_table(&status);
-        table.push_str(&staging_table(&left));
-        crate::out::print(&table)?;
+        crate::out::print(&text)?;
     }
-    Ok(())
+    match failed.len() {
+        0 => Ok(()),
+        1 => Err(failed.remove(0)),
+        _ => Err(ExpectedError::Each(failed)),
+    }
 }
 
 #[cfg(test)]

@@ -4,5 +4,6 @@
 pub(crate) mod children;
 pub(crate) mod gc;
 pub(crate) mod notify;
+pub(crate) mod registry;
 pub(crate) mod root;
 pub(crate) mod supervise;

@@ -11,6 +11,7 @@ use perago_proto::admin::v1 as admin;
 use std::{
     io,
     os::unix::net::{SocketAddr, UnixDatagram},
+    sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
 
@@ -159,6 +160,148 @@ impl Notifier {
     }
 }
 
+/// One supervisor's [`Notifier`], shared by its runtimes (one per task type): systemd hears
+/// `READY=1` once every runtime is ready, one `STATUS=` line joining theirs, `STOPPING=1` at
+/// the first drain, and `WATCHDOG=1` only once every runtime still running has vouched for
+/// its broker since the last ping. A runtime that ended no longer holds the others back.
+#[derive(Debug)]
+pub(crate) struct NotifyHandle {
+    hub: Arc<Mutex<Hub>>,
+    index: usize,
+}
+
+#[derive(Debug)]
+struct Hub {
+    notifier: Notifier,
+    parts: Vec<Part>,
+    stopping: bool,
+}
+
+#[derive(Debug, Default)]
+struct Part {
+    ready: bool,
+    status: String,
+    pinged: bool,
+    done: bool,
+}
+
+impl Hub {
+    fn combined_status(&self) -> String {
+        self.parts
+            .iter()
+            .filter(|p| !p.status.is_empty())
+            .map(|p| p.status.as_str())
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    fn check_ready(&mut self) {
+        if !self.notifier.is_ready() && self.parts.iter().all(|p| p.ready || p.done) {
+            let status = self.combined_status();
+            self.notifier.ready(status);
+        }
+    }
+
+    fn check_ping(&mut self) {
+        if self.parts.iter().all(|p| p.pinged || p.done) {
+            self.notifier.ping();
+            for part in &mut self.parts {
+                part.pinged = false;
+            }
+        }
+    }
+}
+
+/// A handle per runtime on the notifier systemd gave (`None` outside systemd).
+pub(crate) fn shared(notifier: Option<Notifier>, runtimes: usize) -> Vec<Option<NotifyHandle>> {
+    match notifier {
+        None => (0..runtimes).map(|_| None).collect(),
+        Some(notifier) => {
+            let hub = Arc::new(Mutex::new(Hub {
+                notifier,
+                parts: (0..runtimes).map(|_| Part::default()).collect(),
+                stopping: false,
+            }));
+            (0..runtimes)
+                .map(|index| {
+                    Some(NotifyHandle {
+                        hub: Arc::clone(&hub),
+                        index,
+                    })
+                })
+                .collect()
+        }
+    }
+}
+
+impl NotifyHandle {
+    fn with<T>(&self, f: impl FnOnce(&mut Hub) -> T) -> T {
+        let mut hub = self.hub.lock().unwrap_or_else(PoisonError::into_inner);
+        f(&mut hub)
+    }
+
+    /// How often to vouch for this runtime, when systemd asked for a watchdog.
+    pub(crate) fn watchdog_interval(&self) -> Option<Duration> {
+        self.with(|hub| hub.notifier.watchdog_interval())
+    }
+
+    /// Whether this runtime said it is ready.
+    pub(crate) fn is_ready(&self) -> bool {
+        self.with(|hub| hub.parts[self.index].ready)
+    }
+
+    /// This runtime is ready (every executor of its start attached), with its status.
+    pub(crate) fn ready(&self, status: String) {
+        self.with(|hub| {
+            let part = &mut hub.parts[self.index];
+            part.ready = true;
+            part.status = status;
+            hub.check_ready();
+        });
+    }
+
+    /// This runtime's status line changed.
+    pub(crate) fn status(&self, status: String) {
+        self.with(|hub| {
+            hub.parts[self.index].status = status;
+            if hub.notifier.is_ready() {
+                let status = hub.combined_status();
+                hub.notifier.status(status);
+            }
+        });
+    }
+
+    /// A drain started here: `STOPPING=1`, the first time any runtime says so.
+    pub(crate) fn stopping(&self, why: &str) {
+        self.with(|hub| {
+            if !hub.stopping {
+                hub.stopping = true;
+                hub.notifier.stopping(why);
+            }
+        });
+    }
+
+    /// This runtime's broker answers: `WATCHDOG=1` once every runtime still running said so.
+    pub(crate) fn ping(&self) {
+        self.with(|hub| {
+            hub.parts[self.index].pinged = true;
+            hub.check_ping();
+        });
+    }
+}
+
+impl Drop for NotifyHandle {
+    /// The runtime ended: it holds neither readiness nor the watchdog back any more.
+    fn drop(&mut self) {
+        self.with(|hub| {
+            hub.parts[self.index].done = true;
+            if !hub.stopping {
+                hub.check_ready();
+            }
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,5 +401,60 @@ mod tests {
             ]
         );
         assert!(Notifier::from_lookup(|_| None).is_none());
+    }
+
+    #[test]
+    fn several_runtimes_are_ready_together_and_the_watchdog_waits_for_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify");
+        let listener = UnixDatagram::bind(&path).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let path_text = path.display().to_string();
+        let notifier = Notifier::from_lookup(|name| match name {
+            "NOTIFY_SOCKET" => Some(path_text.clone()),
+            "WATCHDOG_USEC" => Some("2000000".to_owned()),
+            _ => None,
+        });
+        let mut handles = shared(notifier, 3).into_iter().map(Option::unwrap);
+        let (a, b, c) = (
+            handles.next().unwrap(),
+            handles.next().unwrap(),
+            handles.next().unwrap(),
+        );
+        let received = || {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 256];
+            while let Ok(n) = listener.recv(&mut buf) {
+                got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            }
+            got
+        };
+        a.ready("a: 0 busy, 2 idle".into());
+        b.ready("b: 0 busy, 1 idle".into());
+        a.status("a: 1 busy, 1 idle".into());
+        assert!(a.is_ready() && !c.is_ready());
+        assert_eq!(received(), Vec::<String>::new(), "c is not ready yet");
+        c.ready("c: 0 busy, 1 idle".into());
+        a.status("a: 0 busy, 2 idle".into());
+        // Pings: only once every runtime vouched; one that ended does not hold it back.
+        a.ping();
+        b.ping();
+        c.ping();
+        a.ping();
+        drop(b);
+        c.ping();
+        a.stopping("SIGTERM");
+        c.stopping("SIGTERM");
+        assert_eq!(
+            received(),
+            [
+                "READY=1\nSTATUS=a: 1 busy, 1 idle; b: 0 busy, 1 idle; c: 0 busy, 1 idle",
+                "STATUS=a: 0 busy, 2 idle; b: 0 busy, 1 idle; c: 0 busy, 1 idle",
+                "WATCHDOG=1",
+                "WATCHDOG=1",
+                "STOPPING=1\nSTATUS=draining (SIGTERM)",
+            ]
+        );
+        assert!(shared(None, 2).iter().all(Option::is_none));
     }
 }

@@ -39,7 +39,7 @@ pub(crate) fn default_log_root(vars: &std::collections::BTreeMap<String, String>
     state_home(vars).join("perago").join("logs")
 }
 
-fn state_home(vars: &std::collections::BTreeMap<String, String>) -> PathBuf {
+pub(crate) fn state_home(vars: &std::collections::BTreeMap<String, String>) -> PathBuf {
     vars.get("XDG_STATE_HOME")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)

@@ -16,7 +16,7 @@
 
 use super::{
     children::{Child, ChildExit, ChildKind, Launcher},
-    notify::{self, Notifier},
+    notify::{self, NotifyHandle},
 };
 use perago_core::{env, identity::Slot as SlotNumber, identity::WorkerPrefix, process};
 use perago_proto::{
@@ -95,6 +95,9 @@ pub(crate) struct RuntimeSpec {
     pub(crate) child_env: Vec<(String, String)>,
     /// For the GC to delete staging branches left by killed executors (workspace tasks).
     pub(crate) lakefs: Option<perago_executor::workspace::lakefs::LakefsClient>,
+    /// systemd's notify socket (under a `Type=notify` unit), shared with the other task
+    /// types' runtimes of this supervisor.
+    pub(crate) notify: Option<NotifyHandle>,
 }
 
 /// What every child gets: the runtime's description (each name is a constant of
@@ -297,7 +300,7 @@ struct Supervisor {
     /// The deadline passed and executors still running were killed.
     force_killed: bool,
     /// systemd's notify socket, under a `Type=notify` unit.
-    notifier: Option<Notifier>,
+    notifier: Option<NotifyHandle>,
 }
 
 impl Supervisor {
@@ -763,12 +766,92 @@ async fn wait_for_broker(
     }
 }
 
+/// Runs the runtimes of several task types side by side (one runtime each: its own broker,
+/// executors, socket and root), each until its drain completes, and returns each task name
+/// with its runtime's result, in order. A runtime that fails (its broker died, a generation
+/// was refused, …) drains the others: a supervisor stands or falls as a whole. Signals reach
+/// every runtime (each drains on SIGINT/SIGTERM).
+/// `stop` drains them all (with the reason it gives).
+pub(crate) async fn supervise_all(
+    runs: Vec<(RuntimeSpec, Launcher)>,
+    stop: impl Future<Output = String>,
+) -> Vec<(String, Result<(), RuntimeError>)> {
+    let (stop_tx, _) = tokio::sync::watch::channel(None::<String>);
+    let stop_tx = std::sync::Arc::new(stop_tx);
+    let mut stop = std::pin::pin!(stop);
+    let mut stop_fired = false;
+    let mut running = tokio::task::JoinSet::new();
+    let names: Vec<String> = runs
+        .iter()
+        .map(|(spec, _)| spec.task_name.clone())
+        .collect();
+    for (index, (spec, launcher)) in runs.into_iter().enumerate() {
+        let mut stop_rx = stop_tx.subscribe();
+        let stop_tx = std::sync::Arc::clone(&stop_tx);
+        let name = spec.task_name.clone();
+        running.spawn(async move {
+            let stop = async move {
+                let why = stop_rx
+                    .wait_for(Option::is_some)
+                    .await
+                    .map(|why| why.clone().unwrap_or_default());
+                match why {
+                    Ok(why) => why,
+                    // Never: the sender outlives every runtime.
+                    Err(_) => std::future::pending().await,
+                }
+            };
+            let result = supervise(spec, launcher, stop).await;
+            if let Err(e) = &result
+                && !matches!(e, RuntimeError::ForceKilled { .. })
+            {
+                stop_tx.send_if_modified(|why| {
+                    why.is_none()
+                        .then(|| {
+                            *why = Some(format!("the runtime of task {name} stopped ({e})"));
+                        })
+                        .is_some()
+                });
+            }
+            (index, result)
+        });
+    }
+    let mut results: Vec<Option<Result<(), RuntimeError>>> = names.iter().map(|_| None).collect();
+    loop {
+        tokio::select! {
+            joined = running.join_next() => match joined {
+                None => break,
+                Some(Ok((index, result))) => results[index] = Some(result),
+                Some(Err(e)) => tracing::error!(error = %e, "a runtime's task ended abnormally"),
+            },
+            why = &mut stop, if !stop_fired => {
+                stop_fired = true;
+                stop_tx.send_if_modified(|current| {
+                    current.is_none().then(|| *current = Some(why)).is_some()
+                });
+            }
+        }
+    }
+    names
+        .into_iter()
+        .zip(results)
+        .map(|(name, result)| {
+            let result = result.unwrap_or_else(|| {
+                Err(RuntimeError::BrokerDied {
+                    status: "its supervision task panicked".to_owned(),
+                })
+            });
+            (name, result)
+        })
+        .collect()
+}
+
 /// Runs the runtime until a drain completes (Ok) or the broker dies (Err). A drain starts on
-/// SIGINT/SIGTERM or when `stop` resolves.
+/// SIGINT/SIGTERM or when `stop` resolves (with the reason to log).
 pub(crate) async fn supervise(
-    spec: RuntimeSpec,
+    mut spec: RuntimeSpec,
     launcher: Launcher,
-    stop: impl Future<Output = ()>,
+    stop: impl Future<Output = String>,
 ) -> Result<(), RuntimeError> {
     let mut stop = std::pin::pin!(stop);
     let mut stop_fired = false;
@@ -804,6 +887,7 @@ pub(crate) async fn supervise(
             )
         })
         .collect();
+    let notifier = spec.notify.take();
     let mut sup = Supervisor {
         spec,
         launcher,
@@ -818,7 +902,7 @@ pub(crate) async fn supervise(
         refused: None,
         force_kill_at: None,
         force_killed: false,
-        notifier: Notifier::from_lookup(|name| std::env::var(name).ok()),
+        notifier,
     };
     if let Some(foreign) = foreign_broker(&sup.spec.socket).await {
         return Err(foreign);
@@ -884,7 +968,7 @@ pub(crate) async fn supervise(
     let watchdog_every = sup
         .notifier
         .as_ref()
-        .and_then(Notifier::watchdog_interval)
+        .and_then(NotifyHandle::watchdog_interval)
         .unwrap_or(Duration::from_secs(3600));
     let mut watchdog = tokio::time::interval(watchdog_every);
     let mut status_at = Instant::now();
@@ -946,9 +1030,9 @@ pub(crate) async fn supervise(
                 }, sup.spec.lakefs.as_ref()).await;
                 super::gc::report_leftovers(&sup.spec.workspace_root, &sup.spec.socket);
             }
-            () = &mut stop, if !stop_fired => {
+            why = &mut stop, if !stop_fired => {
                 stop_fired = true;
-                sup.start_drain("all work done").await;
+                sup.start_drain(&why).await;
             }
             () = sleep_until(restart.map_or(far, |(_, at)| at.into())), if restart.is_some() => {
                 let (slot, _) = restart.expect("guarded");
@@ -1022,6 +1106,7 @@ mod tests {
             gc_ttl: Duration::from_secs(3600),
             child_env: vec![(env::PERAGO_POLL_WAIT_MS.to_owned(), "250".to_owned())],
             lakefs: None,
+            notify: None,
         };
         let lookup = |vars: Vec<(String, String)>| {
             move |name: &str| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())

@@ -115,7 +115,12 @@ async fn sigterm_lets_the_running_task_finish_and_exits_zero() {
         marker.exists().then_some(())
     })
     .await;
-    assert_eq!(workers_of(sup.pid()).len(), 3, "{:?}", workers_of(sup.pid()));
+    assert_eq!(
+        workers_of(sup.pid()).len(),
+        3,
+        "{:?}",
+        workers_of(sup.pid())
+    );
     let before = children_of(sup.pid());
 
     sup.signal("TERM");
