@@ -162,7 +162,8 @@ fn parse_workspace(value: &Value, allowed_prefix: &str) -> Result<WorkspaceInput
     if source_ref.as_deref() == Some("") {
         return Err(input_error("workspace.ref", "must not be empty when set"));
     }
-    let prefix = normalize_prefix(&prefix).map_err(|p| input_error("workspace.prefix", p))?;
+    let prefix =
+        normalize_prefix(&prefix).map_err(|p| input_error("workspace.prefix", p.to_string()))?;
     if !prefix_within(&prefix, allowed_prefix) {
         return Err(input_error(
             "workspace.prefix",
@@ -177,25 +178,50 @@ fn parse_workspace(value: &Value, allowed_prefix: &str) -> Result<WorkspaceInput
     })
 }
 
+/// A lakeFS path prefix that cannot map onto a local folder.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrefixError {
+    /// It holds a NUL character.
+    #[error("must not contain a NUL character")]
+    Nul,
+    /// It starts with `/`.
+    #[error("{prefix:?} must be relative (no leading '/')")]
+    Absolute {
+        /// The prefix as given.
+        prefix: String,
+    },
+    /// It has an empty segment (`a//b`).
+    #[error("{prefix:?} has an empty path segment")]
+    EmptySegment {
+        /// The prefix as given.
+        prefix: String,
+    },
+    /// It has a `.` or `..` segment.
+    #[error("{prefix:?} must not contain '.' or '..' segments")]
+    DotSegment {
+        /// The prefix as given.
+        prefix: String,
+    },
+}
+
 /// Checks a lakeFS path prefix and normalizes it to `""` or `a/b/`. Absolute paths, `.` or
 /// `..` segments, empty segments and NUL are refused: the prefix maps onto local folders.
-pub fn normalize_prefix(prefix: &str) -> Result<String, String> {
+pub fn normalize_prefix(prefix: &str) -> Result<String, PrefixError> {
     if prefix.is_empty() {
         return Ok(String::new());
     }
     if prefix.contains('\0') {
-        return Err("must not contain a NUL character".to_owned());
+        return Err(PrefixError::Nul);
     }
+    let owned = || prefix.to_owned();
     if prefix.starts_with('/') {
-        return Err(format!("{prefix:?} must be relative (no leading '/')"));
+        return Err(PrefixError::Absolute { prefix: owned() });
     }
     let trimmed = prefix.strip_suffix('/').unwrap_or(prefix);
     for segment in trimmed.split('/') {
         match segment {
-            "" => return Err(format!("{prefix:?} has an empty path segment")),
-            "." | ".." => {
-                return Err(format!("{prefix:?} must not contain '.' or '..' segments"));
-            }
+            "" => return Err(PrefixError::EmptySegment { prefix: owned() }),
+            "." | ".." => return Err(PrefixError::DotSegment { prefix: owned() }),
             _ => {}
         }
     }
@@ -383,9 +409,21 @@ mod tests {
         assert_eq!(normalize_prefix(""), Ok(String::new()));
         assert_eq!(normalize_prefix("a"), Ok("a/".into()));
         assert_eq!(normalize_prefix("a/b/"), Ok("a/b/".into()));
-        assert!(normalize_prefix("a//b").is_err());
-        assert!(normalize_prefix("a/./b").is_err());
-        assert!(normalize_prefix("a\0").is_err());
+        assert!(matches!(
+            normalize_prefix("a//b"),
+            Err(PrefixError::EmptySegment { ref prefix }) if prefix == "a//b"
+        ));
+        assert!(matches!(
+            normalize_prefix("a/./b"),
+            Err(PrefixError::DotSegment { .. })
+        ));
+        assert!(matches!(normalize_prefix("a\0"), Err(PrefixError::Nul)));
+        let absolute = normalize_prefix("/a").unwrap_err();
+        assert!(matches!(absolute, PrefixError::Absolute { .. }));
+        assert_eq!(
+            absolute.to_string(),
+            "\"/a\" must be relative (no leading '/')"
+        );
     }
 
     #[test]

@@ -43,8 +43,8 @@ pub enum RunnerError {
     #[error("{0}")]
     Unsupported(&'static str),
     /// `body.user` cannot be used.
-    #[error("{0}")]
-    User(String),
+    #[error(transparent)]
+    User(#[from] perago_core::process::UserError),
 }
 
 #[derive(Debug, Clone)]

@@ -33,9 +33,9 @@ pub(crate) fn resolve_args(
     args: &StartArgs,
     vars: &BTreeMap<String, String>,
 ) -> Result<StartPlan, ExpectedError> {
-    parse_jobs(&args.jobs).map_err(ExpectedError::Usage)?;
+    parse_jobs(&args.jobs).map_err(|e| ExpectedError::Usage(e.to_string()))?;
     let capacity = Capacity::resolve(&args.capacity_flags(), |name| vars.get(name).cloned())
-        .map_err(ExpectedError::Config)?;
+        .map_err(|e| ExpectedError::Config(e.problems.iter().map(ToString::to_string).collect()))?;
     let mode = ExecutionMode::resolve(
         args.execution_mode.map(Into::into),
         vars.get(env::PERAGO_EXECUTION_MODE).map(String::as_str),
@@ -108,7 +108,7 @@ pub(crate) fn start(
     if let Some(user) = &manifest.body.user
         && let Err(e) = perago_core::process::body_user(user)
     {
-        problems.push(e);
+        problems.push(e.to_string());
     }
     let force_kill_after = env::duration_var(
         env::PERAGO_SHUTDOWN_FORCE_KILL_AFTER,
