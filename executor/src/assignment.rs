@@ -7,8 +7,8 @@ use crate::{
     jsonl::{JsonlBody, JsonlFailure},
     task::{Task, TaskContext, TaskError},
     workspace::{
-        flow::{Attempt, Fence, Owner, WorkspaceFailure},
-        lakefs::LakefsClient,
+        flow::{Attempt, Fence, Owner},
+        lakefs::{LakefsClient, LakefsConfigError},
     },
 };
 use perago_core::{
@@ -95,7 +95,7 @@ pub struct WorkspaceRuntime {
     /// `PERAGO_WORKSPACE_ROOT`: attempt directories go under `attempts/`.
     pub root: std::path::PathBuf,
     /// The lakeFS client, or why there is none (reported as the assignment's failure).
-    pub lakefs: Result<LakefsClient, String>,
+    pub lakefs: Result<LakefsClient, LakefsConfigError>,
     /// This executor's slot and generation, written to each attempt's owner file.
     pub owner: Owner,
 }
@@ -364,7 +364,7 @@ impl AssignmentRunner {
         let runtime = self.workspace.as_ref().ok_or_else(|| {
             failed("this executor has no workspace root (PERAGO_WORKSPACE_ROOT)".to_owned())
         })?;
-        let client = runtime.lakefs.clone().map_err(failed)?;
+        let client = runtime.lakefs.clone().map_err(|e| failed(e.to_string()))?;
         let fence = io
             .fence
             .ok_or_else(|| failed("no attempt fence is available to this executor".to_owned()))?;
@@ -377,7 +377,7 @@ impl AssignmentRunner {
             workspace_input,
         )
         .await
-        .map_err(|WorkspaceFailure::Failed(m)| failed(m))?;
+        .map_err(|e| failed(e.to_string()))?;
         if let Some((uid, gid)) = self.body_user {
             // The body runs as another user: the files it works on become its own, and the
             // folders above them must let it through.
@@ -392,9 +392,7 @@ impl AssignmentRunner {
                 .run_body(execution_id, attempt, &env, params, io, &budget)
                 .await?;
             io.phase(Phase::Staging);
-            let changes = ws
-                .changes()
-                .map_err(|WorkspaceFailure::Failed(m)| failed(m))?;
+            let changes = ws.changes().map_err(|e| failed(e.to_string()))?;
             let spec = self.manifest.workspace.as_ref().expect("workspace task");
             let metadata: Map<String, Value> = [
                 ("workflow_id", attempt.workflow_instance_id.clone()),
@@ -428,7 +426,7 @@ impl AssignmentRunner {
                     },
                 )
                 .await
-                .map_err(|WorkspaceFailure::Failed(m)| failed(m))?;
+                .map_err(|e| failed(e.to_string()))?;
             Ok::<_, Failure>(workspace_output(&published, result))
         }
         .await;
