@@ -148,7 +148,7 @@ pub(crate) fn start(
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| ExpectedError::Runtime(format!("cannot start the async runtime: {e}")))?;
+        .map_err(ExpectedError::AsyncRuntime)?;
     runtime.block_on(async {
         let name = &manifest.task.name;
         match conductor.get_task_def(name).await {
@@ -169,13 +169,11 @@ pub(crate) fn start(
             .unwrap_or_else(|| root::default_root(name, vars));
         // The lock is held by every process of a runtime: once it is ours, no process of an
         // earlier runtime is left to use its attempt directories, and the sweep is safe.
-        let locked = root::lock(&root_path, vars, lock_wait)
-            .await
-            .map_err(|e| ExpectedError::Root(e.to_string()))?;
+        let locked = root::lock(&root_path, vars, lock_wait).await?;
         tracing::info!(root = %locked.root.display(), runtime_dir = %locked.runtime_dir.display(), "workspace root locked");
         // Another runtime's broker on the socket: touch nothing of it, not even its attempts.
         if let Some(foreign) = supervise::foreign_broker(&locked.socket).await {
-            return Err(ExpectedError::Runtime(foreign.to_string()));
+            return Err(foreign.into());
         }
         // Staging branches named by the attempts swept are deleted with them.
         let lakefs = (manifest.task.kind == TaskKind::Workspace)
@@ -205,7 +203,7 @@ pub(crate) fn start(
                 }),
             },
             ExecutionMode::Thread => {
-                Launcher::thread(Arc::new(manifest.clone())).map_err(ExpectedError::Runtime)?
+                Launcher::thread(Arc::new(manifest.clone()))?
             }
         };
         let manifest_path = std::fs::canonicalize(&args.manifest)
@@ -235,10 +233,7 @@ pub(crate) fn start(
             gc::report_leftovers(&locked.root, &locked.socket);
         }
         drop(locked);
-        result.map_err(|e| match e {
-            RuntimeError::ForceKilled { .. } => ExpectedError::ForceKilled(e.to_string()),
-            e => ExpectedError::Runtime(e.to_string()),
-        })
+        Ok(result?)
     })
 }
 
