@@ -552,8 +552,8 @@ mod tests {
         assert_eq!(line, format!("{before}\n"));
     }
 
-    fn read(line: &str) -> Result<Answer, String> {
-        answer(line, "e-1").map_err(|e| e.to_string())
+    fn read(line: &str) -> Result<Answer, ProtocolError> {
+        answer(line, "e-1")
     }
 
     /// The result is kept as the body wrote it, byte for byte.
@@ -595,7 +595,7 @@ mod tests {
         ] {
             let e = perago_core::json::from_str(line).unwrap_err();
             assert_eq!(
-                read(line).unwrap_err(),
+                read(line).unwrap_err().to_string(),
                 format!(
                     "the body process wrote a line that is not JSON ({e}): {}",
                     line.chars().take(120).collect::<String>()
@@ -603,19 +603,23 @@ mod tests {
             );
         }
         assert_eq!(
-            read(r#"{"execution_id": "e-2", "result": 1}"#).unwrap_err(),
+            read(r#"{"execution_id": "e-2", "result": 1}"#)
+                .unwrap_err()
+                .to_string(),
             "the body process answered for execution \"e-2\", not e-1"
         );
         assert_eq!(
-            read(r#"{"execution_id": {"a": [1, 2]}, "result": 1}"#).unwrap_err(),
+            read(r#"{"execution_id": {"a": [1, 2]}, "result": 1}"#)
+                .unwrap_err()
+                .to_string(),
             r#"the body process answered for execution {"a":[1,2]}, not e-1"#
         );
         assert_eq!(
-            read("[1]").unwrap_err(),
+            read("[1]").unwrap_err().to_string(),
             "the body process answered for execution null, not e-1"
         );
         assert_eq!(
-            read(r#"{"result": 1}"#).unwrap_err(),
+            read(r#"{"result": 1}"#).unwrap_err().to_string(),
             "the body process answered for execution null, not e-1"
         );
         for line in [
@@ -623,7 +627,7 @@ mod tests {
             r#"{"execution_id": "e-1", "error": "no"}"#,
         ] {
             assert_eq!(
-                read(line).unwrap_err(),
+                read(line).unwrap_err().to_string(),
                 "the body process answered with neither result nor error"
             );
             assert!(matches!(answer(line, "e-1"), Err(ProtocolError::NoAnswer)));
