@@ -637,7 +637,7 @@ impl Bench {
                 access_key_id: lakefs.credentials().access_key_id.clone(),
                 secret_access_key: lakefs.credentials().secret_access_key.clone(),
             };
-            let client = LakefsClient::new(&config)?;
+            let client = LakefsClient::new(&config).map_err(|e| e.to_string())?;
             client
                 .ensure_repository("bench", "mem://bench", "main")
                 .await

@@ -5,7 +5,7 @@
 
 use crate::{
     report::{Reporter, Update},
-    state::{Effect, Input, Machine, Reply},
+    state::{Assigned, Effect, Input, Machine, Output, Reply},
 };
 use perago_core::conductor::{ConductorClient, Polled};
 use perago_proto::{admin::v1 as admin, slot::v1 as proto};
@@ -15,6 +15,7 @@ use tokio::{
     task::AbortHandle,
 };
 use tonic::Status;
+use tracing::Span;
 
 /// After a busy executor's stream ends, how long to wait for the supervisor's exit report
 /// before failing the assignment without an exit status.
@@ -69,6 +70,9 @@ pub(crate) struct Actor {
     /// Per slot (index = slot − 1): the generation attached and its stream.
     conns: Vec<Option<(u64, SlotSender)>>,
     leases: HashMap<String, AbortHandle>,
+    /// Per execution held or running: its span (see [`assignment_span`]). The machine's lines
+    /// about it are logged within it, and so are the reporter's, whose tasks carry it on.
+    spans: HashMap<String, Span>,
     poll_reply: Option<oneshot::Sender<u32>>,
     reporter: Reporter,
     events: mpsc::Sender<Event>,
@@ -92,6 +96,7 @@ impl Actor {
             machine,
             conns: (0..slots).map(|_| None).collect(),
             leases: HashMap::new(),
+            spans: HashMap::new(),
             poll_reply: None,
             reporter,
             events,
@@ -153,11 +158,11 @@ impl Actor {
                 self.perform(out.effects);
             }
             Event::Slot(input) => {
-                let out = self.machine.handle(input);
+                let out = self.handle_input(input);
                 self.perform(out.effects);
             }
             Event::SlotStarted { started, reply } => {
-                let out = self.machine.handle(Input::SlotStarted(started));
+                let out = self.handle_input(Input::SlotStarted(started));
                 if let Reply::SlotStarted(answer) = out.reply {
                     let _ = reply.send(answer);
                 }
@@ -168,7 +173,7 @@ impl Actor {
                 execution_id,
                 reply,
             } => {
-                let out = self.machine.handle(Input::FenceTarget {
+                let out = self.handle_input(Input::FenceTarget {
                     credentials,
                     execution_id,
                 });
@@ -199,6 +204,37 @@ impl Actor {
         }
     }
 
+    /// Feeds `input` to the machine within the span of the execution it is about, if any: the
+    /// machine's lines about an assignment carry its ids without the machine knowing of spans.
+    fn handle_input(&mut self, input: Input) -> Output {
+        let lease_lost = match &input {
+            Input::LeaseLost { execution_id } => Some(execution_id.clone()),
+            _ => None,
+        };
+        let span = self
+            .machine
+            .execution_of_input(&input)
+            .and_then(|execution_id| self.spans.get(execution_id))
+            .cloned()
+            .unwrap_or_else(Span::none);
+        let out = span.in_scope(|| self.machine.handle(input));
+        // A held execution whose lease is lost is dropped: nothing else ends its span.
+        if let Some(execution_id) = lease_lost
+            && !self.machine.knows(&execution_id)
+        {
+            self.spans.remove(&execution_id);
+        }
+        out
+    }
+
+    /// The span of `execution_id`, opened at its first effect (its lease, or its dispatch).
+    fn span_of(&mut self, execution_id: &str, task_id: &str) -> Span {
+        self.spans
+            .entry(execution_id.to_owned())
+            .or_insert_with(|| assignment_span(task_id, execution_id))
+            .clone()
+    }
+
     fn conn_mut(&mut self, slot: u32) -> Option<&mut Option<(u64, SlotSender)>> {
         self.conns
             .get_mut(usize::try_from(slot).ok()?.checked_sub(1)?)
@@ -209,7 +245,7 @@ impl Actor {
         let mut queue = std::collections::VecDeque::from(effects);
         while let Some(effect) = queue.pop_front() {
             if let Some(feedback) = self.perform_one(effect) {
-                queue.extend(self.machine.handle(feedback).effects);
+                queue.extend(self.handle_input(feedback).effects);
             }
         }
     }
@@ -233,23 +269,47 @@ impl Actor {
                     *conn = None;
                 }
             }
+            Effect::Assigned(assigned) => {
+                let Assigned {
+                    slot,
+                    worker_id,
+                    task_id,
+                    execution_id,
+                    retry_count,
+                    response_timeout_seconds,
+                } = *assigned;
+                let span = self.span_of(&execution_id, &task_id);
+                span.record("worker_id", tracing::field::display(&worker_id));
+                span.in_scope(|| {
+                    tracing::info!(slot, retry_count, response_timeout_seconds, "dispatched");
+                });
+            }
             Effect::StartLease {
                 execution_id,
                 attempt,
             } => {
+                let span = self.span_of(&execution_id, &attempt.task_id);
                 if let Some(lease) =
                     self.reporter
-                        .spawn_lease(&attempt, &execution_id, self.events.clone())
+                        .spawn_lease(&attempt, &execution_id, self.events.clone(), span)
                 {
                     self.leases.insert(execution_id, lease);
                 }
             }
             Effect::StopLease { execution_id } => {
+                // The execution was dropped (handed back): it has no more lines of its own.
+                self.spans.remove(&execution_id);
                 if let Some(lease) = self.leases.remove(&execution_id) {
                     lease.abort();
                 }
             }
             Effect::Report(report) => {
+                // The assignment's last work is its report: its span goes with it. A task
+                // failed before it had an execution (it cannot be run) gets one for the report.
+                let span = self
+                    .spans
+                    .remove(&report.execution_id)
+                    .unwrap_or_else(|| assignment_span(&report.task_id, &report.execution_id));
                 let lease = self.leases.remove(&report.execution_id);
                 let update = Update {
                     workflow_instance_id: report.workflow_instance_id,
@@ -260,7 +320,7 @@ impl Actor {
                     lease,
                     slot: report.slot,
                 };
-                self.reporter.spawn(update, self.events.clone());
+                self.reporter.spawn(update, self.events.clone(), span);
             }
             Effect::HandBack(ids) => {
                 self.reporter.spawn_hand_back(
@@ -316,4 +376,22 @@ impl Actor {
         }
         None
     }
+}
+
+/// The span of one execution, from its first effect to its report: every broker line about
+/// the assignment is logged within it, so it carries `task_id`, `execution_id` and, once the
+/// execution is dispatched, the `worker_id` of the executor running it (the JSONL layer writes
+/// a span's fields into each line; its own `worker_id` member, the broker's, stays).
+///
+/// At ERROR level so that it is on whenever any line is: a warning such as "task result lost"
+/// keeps its ids at `RUST_LOG=warn` too. It has no parent: it outlives whatever was being
+/// handled when it opened.
+fn assignment_span(task_id: &str, execution_id: &str) -> Span {
+    tracing::error_span!(
+        parent: None,
+        "assignment",
+        task_id = %task_id,
+        execution_id = %execution_id,
+        worker_id = tracing::field::Empty,
+    )
 }

@@ -12,9 +12,56 @@ use perago_core::{
     },
 };
 
+/// A broker environment that cannot be run with, naming the variable at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Variables the supervisor sets are missing: the broker was not started by it.
+    #[error(
+        "perago-broker is started by perago-supervisor, which sets its environment; missing {}",
+        missing.join(", ")
+    )]
+    Missing {
+        /// Every missing variable.
+        missing: Vec<&'static str>,
+    },
+    /// `PERAGO_WORKER_ID_PREFIX` is not a prefix.
+    #[error(transparent)]
+    Prefix(#[from] perago_core::identity::PrefixError),
+    /// `PERAGO_SLOTS` is not a positive integer.
+    #[error("{PERAGO_SLOTS} must be a positive integer")]
+    Slots {
+        /// The value as given.
+        value: String,
+    },
+    /// A capacity setting is bad.
+    #[error(transparent)]
+    Capacity(#[from] perago_core::capacity::CapacityError),
+    /// The Conductor client settings are bad.
+    #[error(transparent)]
+    Conductor(#[from] perago_core::conductor::ClientConfigError),
+    /// `PERAGO_POLL_WAIT_MS` is not milliseconds.
+    #[error("{PERAGO_POLL_WAIT_MS} must be milliseconds")]
+    PollWait {
+        /// The value as given.
+        value: String,
+    },
+    /// `PERAGO_CONTROL_PID` is not a process id.
+    #[error("{PERAGO_CONTROL_PID} must be a process id")]
+    ControlPid {
+        /// The value as given.
+        value: String,
+    },
+    /// `PERAGO_METRICS_ADDR` is not a socket address.
+    #[error("{PERAGO_METRICS_ADDR} {value:?} is not an address such as 127.0.0.1:9464")]
+    MetricsAddr {
+        /// The value as given.
+        value: String,
+    },
+}
+
 /// The broker's configuration from `lookup` (the process environment for the binary; the
 /// supervisor's child environment in thread mode).
-pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConfig, String> {
+pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConfig, ConfigError> {
     let var = |name: &str| lookup(name).filter(|v| !v.is_empty());
     let [_, socket, slots, control_token, task_name, prefix] = env::require(
         &lookup,
@@ -27,37 +74,33 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
             env::PERAGO_WORKER_ID_PREFIX,
         ],
     )
-    .map_err(|missing| {
-        format!(
-            "perago-broker is started by perago-supervisor, which sets its environment; missing {}",
-            missing.join(", ")
-        )
-    })?;
-    let prefix = WorkerPrefix::explicit(&prefix).map_err(|e| e.to_string())?;
+    .map_err(|missing| ConfigError::Missing { missing })?;
+    let prefix = WorkerPrefix::explicit(&prefix)?;
     if !slots.parse::<u32>().is_ok_and(|n| n >= 1) {
-        return Err(format!("{PERAGO_SLOTS} must be a positive integer"));
+        return Err(ConfigError::Slots { value: slots });
     }
     let capacity = perago_core::capacity::Capacity::from_lookup(&lookup)?;
     // CONDUCTOR_SERVER_URL, and CONDUCTOR_AUTH_KEY/SECRET when the server requires a token.
-    let conductor = ConductorClient::from_lookup(&lookup).map_err(|e| e.to_string())?;
+    let conductor = ConductorClient::from_lookup(&lookup)?;
     let poll_wait = match var(PERAGO_POLL_WAIT_MS) {
         None => Duration::from_secs(5),
         Some(ms) => Duration::from_millis(
             ms.parse()
-                .map_err(|_| format!("{PERAGO_POLL_WAIT_MS} must be milliseconds"))?,
+                .map_err(|_| ConfigError::PollWait { value: ms.clone() })?,
         ),
     };
     let control_pid = match var(PERAGO_CONTROL_PID) {
         None => std::os::unix::process::parent_id(),
         Some(pid) => pid
             .parse()
-            .map_err(|_| format!("{PERAGO_CONTROL_PID} must be a process id"))?,
+            .map_err(|_| ConfigError::ControlPid { value: pid.clone() })?,
     };
     let metrics_addr = match var(PERAGO_METRICS_ADDR) {
         None => None,
-        Some(a) => Some(a.parse().map_err(|_| {
-            format!("{PERAGO_METRICS_ADDR} {a:?} is not an address such as 127.0.0.1:9464")
-        })?),
+        Some(a) => Some(
+            a.parse()
+                .map_err(|_| ConfigError::MetricsAddr { value: a.clone() })?,
+        ),
     };
     Ok(BrokerConfig {
         task_name,
@@ -134,5 +177,66 @@ pub fn main() -> i32 {
             eprintln!("error: {e}");
             1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn config(pairs: &[(&str, &str)]) -> Result<BrokerConfig, ConfigError> {
+        let mut vars: BTreeMap<String, String> = [
+            (env::CONDUCTOR_SERVER_URL, "http://127.0.0.1:1/api"),
+            (PERAGO_SOCKET, "/tmp/perago.sock"),
+            (PERAGO_SLOTS, "2"),
+            (PERAGO_CONTROL_TOKEN, "token"),
+            (PERAGO_TASK_NAME, "sum"),
+            (env::PERAGO_WORKER_ID_PREFIX, "sum"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        for (k, v) in pairs {
+            vars.insert((*k).to_owned(), (*v).to_owned());
+        }
+        config_from(|name| vars.get(name).cloned())
+    }
+
+    #[test]
+    fn every_bad_variable_is_named_by_its_variant() {
+        assert!(config(&[]).is_ok());
+        let missing = config_from(|_| None).unwrap_err();
+        assert!(matches!(missing, ConfigError::Missing { ref missing } if missing.len() == 6));
+        assert!(
+            missing
+                .to_string()
+                .starts_with("perago-broker is started by perago-supervisor")
+        );
+        let slots = config(&[(PERAGO_SLOTS, "0")]).unwrap_err();
+        assert!(matches!(slots, ConfigError::Slots { ref value } if value == "0"));
+        assert_eq!(slots.to_string(), "PERAGO_SLOTS must be a positive integer");
+        assert!(matches!(
+            config(&[(PERAGO_POLL_WAIT_MS, "soon")]),
+            Err(ConfigError::PollWait { .. })
+        ));
+        assert!(matches!(
+            config(&[(PERAGO_CONTROL_PID, "me")]),
+            Err(ConfigError::ControlPid { .. })
+        ));
+        let addr = config(&[(PERAGO_METRICS_ADDR, "here")]).unwrap_err();
+        assert!(matches!(addr, ConfigError::MetricsAddr { .. }));
+        assert_eq!(
+            addr.to_string(),
+            "PERAGO_METRICS_ADDR \"here\" is not an address such as 127.0.0.1:9464"
+        );
+        assert!(matches!(
+            config(&[(env::PERAGO_WORKER_ID_PREFIX, "a b")]),
+            Err(ConfigError::Prefix(_))
+        ));
+        assert!(matches!(
+            config(&[(perago_core::capacity::PERAGO_POISON_AFTER, "x")]),
+            Err(ConfigError::Capacity(_))
+        ));
     }
 }

@@ -23,6 +23,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 use tokio::{sync::mpsc, task::AbortHandle};
+use tracing::{Instrument as _, Span};
 
 /// How long a result update is retried before it is given up as lost. The lease keeps being
 /// extended meanwhile, so Conductor does not time the task out under us.
@@ -113,16 +114,20 @@ impl Reporter {
         self.v2.store(false, Ordering::Relaxed);
     }
 
-    /// Delivers `update` in a task of its own and reports back with `UpdateDone`.
-    pub(crate) fn spawn(&self, update: Update, events: mpsc::Sender<Event>) {
+    /// Delivers `update` in a task of its own, within the assignment's `span`, and reports
+    /// back with `UpdateDone`.
+    pub(crate) fn spawn(&self, update: Update, events: mpsc::Sender<Event>, span: Span) {
         let this = self.clone();
-        tokio::spawn(async move {
-            let slot = update.slot;
-            let next_task = this.deliver(update).await;
-            let _ = events
-                .send(Event::Slot(Input::UpdateDone { slot, next_task }))
-                .await;
-        });
+        tokio::spawn(
+            async move {
+                let slot = update.slot;
+                let next_task = this.deliver(update).await;
+                let _ = events
+                    .send(Event::Slot(Input::UpdateDone { slot, next_task }))
+                    .await;
+            }
+            .instrument(span),
+        );
     }
 
     async fn deliver(&self, update: Update) -> Option<Polled> {
@@ -135,13 +140,7 @@ impl Reporter {
             now_ms(),
         );
         let outcome = self
-            .send_with_retries(
-                (&body).into(),
-                update.use_v2,
-                &update.task_id,
-                &update.execution_id,
-                published.as_deref(),
-            )
+            .send_with_retries((&body).into(), update.use_v2, published.as_deref())
             .await;
         if let Some(lease) = &update.lease {
             lease.abort();
@@ -153,20 +152,19 @@ impl Reporter {
                     ResultStatus::Failed => self.counters.failed.inc(),
                     ResultStatus::FailedWithTerminalError => self.counters.failed_terminal.inc(),
                 }
-                tracing::info!(task_id = %update.task_id, execution_id = %update.execution_id, status = status.as_str(), "result reported");
+                tracing::info!(status = status.as_str(), "result reported");
                 next
             }
             None => None,
         }
     }
 
-    /// Sends one update; `Some(next task)` once acknowledged, `None` when given up.
+    /// Sends one update; `Some(next task)` once acknowledged, `None` when given up. Its lines
+    /// carry the task's ids from the span it runs in.
     async fn send_with_retries(
         &self,
         body: JsonBody<'_>,
         use_v2: bool,
-        task_id: &str,
-        execution_id: &str,
         published: Option<&str>,
     ) -> Option<Option<Polled>> {
         let started = Instant::now();
@@ -191,8 +189,6 @@ impl Reporter {
                 Ok(next) => {
                     if attempt > 0 {
                         tracing::info!(
-                            task_id,
-                            execution_id,
                             attempts = attempt + 1,
                             "result update went through after retries"
                         );
@@ -208,7 +204,7 @@ impl Reporter {
                 Err(e) if e.is_retryable() && started.elapsed() < MAX_UPDATE_RETRY => {
                     self.counters.update_retries.inc();
                     if attempt == 0 {
-                        tracing::warn!(task_id, execution_id, error = %e, "result update failed; retrying with backoff");
+                        tracing::warn!(error = %e, "result update failed; retrying with backoff");
                     }
                     // An outage's end wakes the retry at once (see `health`).
                     waker.wait(&self.health, self.backoff.delay(attempt)).await;
@@ -219,10 +215,10 @@ impl Reporter {
                     match published {
                         // The change is in lakeFS already: say where, for whoever reconciles.
                         Some(commit) => {
-                            tracing::error!(task_id, execution_id, error = %e, attempts = attempt + 1, published_commit = commit, "task result lost: Conductor did not take the update; its timeout and retry policy decide what happens to the task; its workspace change was published as commit {commit}")
+                            tracing::error!(error = %e, attempts = attempt + 1, published_commit = commit, "task result lost: Conductor did not take the update; its timeout and retry policy decide what happens to the task; its workspace change was published as commit {commit}")
                         }
                         None => {
-                            tracing::error!(task_id, execution_id, error = %e, attempts = attempt + 1, "task result lost: Conductor did not take the update; its timeout and retry policy decide what happens to the task")
+                            tracing::error!(error = %e, attempts = attempt + 1, "task result lost: Conductor did not take the update; its timeout and retry policy decide what happens to the task")
                         }
                     }
                     return None;
@@ -239,35 +235,41 @@ impl Reporter {
         events: mpsc::Sender<Event>,
     ) {
         let this = self.clone();
-        tokio::spawn(async move {
-            let body = json!({
-                "workflowInstanceId": ids.workflow_instance_id,
-                "taskId": ids.task_id,
-                "workerId": broker_id,
-                "status": "IN_PROGRESS",
-                "callbackAfterSeconds": 0,
-            });
-            this.send_with_retries((&body).into(), false, &ids.task_id, "-", None)
-                .await;
-            let _ = events
-                .send(Event::Slot(Input::UpdateDone {
-                    slot: None,
-                    next_task: None,
-                }))
-                .await;
-        });
+        // The task has no execution here: its lines carry its task id only.
+        let span = tracing::error_span!(parent: None, "hand_back", task_id = %ids.task_id);
+        tokio::spawn(
+            async move {
+                let body = json!({
+                    "workflowInstanceId": ids.workflow_instance_id,
+                    "taskId": ids.task_id,
+                    "workerId": broker_id,
+                    "status": "IN_PROGRESS",
+                    "callbackAfterSeconds": 0,
+                });
+                this.send_with_retries((&body).into(), false, None).await;
+                let _ = events
+                    .send(Event::Slot(Input::UpdateDone {
+                        slot: None,
+                        next_task: None,
+                    }))
+                    .await;
+            }
+            .instrument(span),
+        );
     }
 
     /// Extends the lease of a received attempt at half its `responseTimeoutSeconds` until
     /// aborted, reading the task back after each extension: Conductor silently accepts
     /// extensions for a task it already timed out, so only a read shows a lost lease (then
     /// `LeaseLost` goes to the actor). While Conductor does not answer, extensions wait for it
-    /// with the shared backoff instead of firing every period; its recovery wakes them.
+    /// with the shared backoff instead of firing every period; its recovery wakes them. Its
+    /// lines are logged within the execution's `span`.
     pub(crate) fn spawn_lease(
         &self,
         attempt: &AttemptSnapshot,
         execution_id: &str,
         events: mpsc::Sender<Event>,
+        span: Span,
     ) -> Option<AbortHandle> {
         let rto = attempt.response_timeout_seconds.filter(|&s| s > 0)?;
         let every = Duration::from_millis((rto * 1000 / 2).max(250));
@@ -276,7 +278,8 @@ impl Reporter {
         let task_id = attempt.task_id.clone();
         let retry_count = attempt.retry_count;
         let execution_id = execution_id.to_owned();
-        let handle = tokio::spawn(async move {
+        let handle = tokio::spawn(
+            async move {
             let body = json!({
                 "workflowInstanceId": workflow,
                 "taskId": task_id,
@@ -295,13 +298,13 @@ impl Reporter {
                 }
                 if let Err(e) = this.health.observe(this.client.update_task(&body).await) {
                     if failures == 0 {
-                        tracing::warn!(task_id = %task_id, execution_id = %execution_id, error = %e, "lease extension failed; retrying with backoff");
+                        tracing::warn!(error = %e, "lease extension failed; retrying with backoff");
                     }
                     failures = failures.saturating_add(1);
                     continue;
                 }
                 if failures > 0 {
-                    tracing::info!(task_id = %task_id, execution_id = %execution_id, failures, "lease extended again");
+                    tracing::info!(failures, "lease extended again");
                     failures = 0;
                 }
                 this.counters.lease_extensions.inc();
@@ -315,16 +318,16 @@ impl Reporter {
                         let lost = status != Some(TaskStatus::InProgress)
                             || retry != Some(u64::from(retry_count));
                         if lost {
-                            tracing::warn!(task_id = %task_id, execution_id = %execution_id, status = ?status, "lease lost: Conductor no longer has this attempt in progress; its result will be ignored");
+                            tracing::warn!(status = ?status, "lease lost: Conductor no longer has this attempt in progress; its result will be ignored");
                         }
                         lost
                     }
                     Err(e) if e.is_not_found() => {
-                        tracing::warn!(task_id = %task_id, execution_id = %execution_id, "lease lost: Conductor no longer knows the task");
+                        tracing::warn!("lease lost: Conductor no longer knows the task");
                         true
                     }
                     Err(e) => {
-                        tracing::warn!(task_id = %task_id, error = %e, "cannot read the task back after a lease extension");
+                        tracing::warn!(error = %e, "cannot read the task back after a lease extension");
                         false
                     }
                 };
@@ -336,7 +339,9 @@ impl Reporter {
                     return;
                 }
             }
-        });
+            }
+            .instrument(span),
+        );
         Some(handle.abort_handle())
     }
 }

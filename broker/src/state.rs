@@ -141,6 +141,9 @@ pub(crate) enum Effect {
     },
     /// Drop the slot's stream (the executor sees its end).
     Detach { slot: u32 },
+    /// An execution was dispatched to a slot (its assignment message follows): the actor
+    /// opens the assignment's span, which every later line about it is logged in.
+    Assigned(Box<Assigned>),
     /// Start extending the lease of this execution's attempt.
     StartLease {
         execution_id: String,
@@ -163,6 +166,18 @@ pub(crate) enum Effect {
     /// Read the task type's queue depth from Conductor after `after`, and feed back
     /// [`Input::QueueDepth`] (run once and the adaptive executor count only).
     ReadQueueDepth { after: Duration },
+}
+
+/// What the actor needs to know of a dispatch: the assignment's ids, and what the
+/// "dispatched" line says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Assigned {
+    pub(crate) slot: u32,
+    pub(crate) worker_id: String,
+    pub(crate) task_id: String,
+    pub(crate) execution_id: String,
+    pub(crate) retry_count: u32,
+    pub(crate) response_timeout_seconds: u64,
 }
 
 /// The output of one transition.
@@ -358,6 +373,44 @@ impl Machine {
     /// The broker's own worker id (polls, hand-backs).
     pub(crate) fn broker_id(&self) -> &str {
         &self.broker_id
+    }
+
+    /// The execution slot `number` runs now, if it is busy.
+    pub(crate) fn execution_of(&self, number: u32) -> Option<&str> {
+        let slot = self
+            .slots
+            .get(usize::try_from(number).ok()?.checked_sub(1)?)?;
+        match &slot.work {
+            Work::Busy(run) => Some(&run.execution_id),
+            _ => None,
+        }
+    }
+
+    /// Whether `execution_id` is held or running here.
+    pub(crate) fn knows(&self, execution_id: &str) -> bool {
+        self.held.iter().any(|h| h.execution_id == execution_id)
+            || self
+                .slots
+                .iter()
+                .any(|s| matches!(&s.work, Work::Busy(run) if run.execution_id == execution_id))
+    }
+
+    /// The execution an input is about, if it concerns one the machine holds or runs: the
+    /// actor handles it within that assignment's span.
+    pub(crate) fn execution_of_input<'a>(&'a self, input: &'a Input) -> Option<&'a str> {
+        match input {
+            Input::Completion { completion, .. } => Some(&completion.execution_id),
+            Input::Progress { progress, .. } => Some(&progress.execution_id),
+            Input::LeaseLost { execution_id } | Input::FenceTarget { execution_id, .. } => {
+                Some(execution_id)
+            }
+            Input::StreamEnded { slot, .. }
+            | Input::StreamGraceOver { slot, .. }
+            | Input::SendFailed { slot, .. } => self.execution_of(*slot),
+            Input::SlotStarted(started) => self.execution_of(started.slot),
+            Input::SlotExited(exited) => self.execution_of(exited.slot),
+            _ => None,
+        }
     }
 
     /// One transition: the answer to `input` and the effects to perform, in order.
@@ -661,11 +714,12 @@ impl Machine {
                 "executor {worker_id} (pid {pid}, generation {generation}) exited ({how}) while running execution {}",
                 run.execution_id
             );
-            tracing::warn!(task_id = %run.attempt.task_id, execution_id = %run.execution_id, worker_id = %worker_id, "{crash}");
+            // The ids come from the assignment's span, which the actor enters for this input.
+            tracing::warn!("{crash}");
             // A drain's stop (or its deadline's kill) is not the task's doing.
             let result = match self.poisoned(&run, &crash, draining) {
                 Some(reason) => {
-                    tracing::warn!(task_id = %run.attempt.task_id, execution_id = %run.execution_id, worker_id = %worker_id, "{reason}");
+                    tracing::warn!("{reason}");
                     self.counters.tasks_poisoned.inc();
                     RuntimeResult::failed_terminal(worker_id, Reason::new(reason))
                 }
@@ -733,6 +787,7 @@ impl Machine {
                     && run.attempt.task_id == completion.task_id);
         if !matches {
             counters.rejected_completions.inc();
+            // Its own ids: a completion that is no assignment of this slot has no span of its own.
             tracing::warn!(slot = number, generation, task_id = %completion.task_id, execution_id = %completion.execution_id, "rejected a completion that is not the slot's current assignment");
             return;
         }
@@ -757,7 +812,11 @@ impl Machine {
                 RuntimeResult::failed(worker_id, Reason::new("malformed completion: no result"))
             }
         };
-        tracing::debug!(slot = number, task_id = %run.attempt.task_id, execution_id = %run.execution_id, status = result.status().as_str(), "execution finished");
+        tracing::debug!(
+            slot = number,
+            status = result.status().as_str(),
+            "execution finished"
+        );
         if let Ok(took) = run.dispatched_at.elapsed() {
             self.gauges.task_duration.observe(took.as_secs_f64());
             let completed = result.status() == perago_core::result::ResultStatus::Completed;
@@ -908,6 +967,7 @@ impl Machine {
         }
         let can_run_later = !self.draining || self.slots.iter().any(|s| s.attached && !s.stopping);
         if self.tasks_held() < self.slots.len() && can_run_later {
+            // Its own ids: the execution's span opens with the lease that follows.
             tracing::info!(task_id = %attempt.task_id, execution_id = %execution_id, "holding a task until a slot is free; its lease is extended meanwhile");
             self.effects.push(Effect::StartLease {
                 execution_id: execution_id.clone(),
@@ -942,12 +1002,14 @@ impl Machine {
                 },
             )),
         };
-        tracing::info!(
-            slot = slot.number, worker_id = %slot.worker_id, task_id = %attempt.task_id,
-            execution_id = %execution_id, retry_count = attempt.retry_count,
-            response_timeout_seconds = attempt.response_timeout_seconds.unwrap_or(0),
-            "dispatched"
-        );
+        self.effects.push(Effect::Assigned(Box::new(Assigned {
+            slot: slot.number,
+            worker_id: slot.worker_id.clone(),
+            task_id: attempt.task_id.clone(),
+            execution_id: execution_id.clone(),
+            retry_count: attempt.retry_count,
+            response_timeout_seconds: attempt.response_timeout_seconds.unwrap_or(0),
+        })));
         slot.idle_since = None;
         slot.work = Work::Busy(Box::new(Running {
             execution_id,
@@ -983,14 +1045,13 @@ impl Machine {
             .iter()
             .position(|h| h.execution_id == execution_id)
         {
-            let held = self.held.remove(i).expect("index from position");
-            tracing::warn!(task_id = %held.attempt.task_id, execution_id, "dropped a held task: Conductor no longer has its attempt in progress");
+            self.held.remove(i).expect("index from position");
+            tracing::warn!("dropped a held task: Conductor no longer has its attempt in progress");
             return;
         }
         // A running attempt goes on: a workspace task's fence stops it from publishing, and
         // Conductor ignores the late result.
         tracing::warn!(
-            execution_id,
             "the lease of a running execution is lost; its result will be ignored by Conductor"
         );
     }

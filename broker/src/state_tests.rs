@@ -344,6 +344,73 @@ fn polls_ask_for_free_slots_and_assignments_go_to_them() {
     assert_eq!(h.counters.dispatched.get(), 2);
 }
 
+/// Each dispatch tells the actor the assignment's ids (it opens the assignment's span), and
+/// the machine says which execution a slot's input concerns (the span it is handled in).
+#[test]
+fn a_dispatch_names_its_assignment_and_inputs_their_execution() {
+    let mut h = Harness::new(1, true);
+    h.started(1, 1).unwrap();
+    h.hello(1, 1).0.unwrap();
+    let effects = h.deliver(&["a"]);
+    let (_, execution, _) = assignments(&effects).remove(0);
+    let assigned: Vec<&Assigned> = effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Assigned(a) => Some(&**a),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(assigned.len(), 1, "{effects:?}");
+    assert_eq!(
+        (
+            assigned[0].slot,
+            assigned[0].task_id.as_str(),
+            assigned[0].worker_id.as_str()
+        ),
+        (1, "a", "t0001")
+    );
+    assert_eq!(assigned[0].execution_id, execution);
+    let dispatch = effects
+        .iter()
+        .position(|e| matches!(e, Effect::Assigned(_)))
+        .unwrap();
+    let send = effects
+        .iter()
+        .position(|e| {
+            matches!(
+                e,
+                Effect::Send {
+                    message: proto::BrokerMessage {
+                        message: Some(proto::broker_message::Message::Assignment(_))
+                    },
+                    ..
+                }
+            )
+        })
+        .unwrap();
+    assert!(
+        dispatch < send,
+        "the span opens before the assignment goes out"
+    );
+    assert_eq!(h.m.execution_of(1), Some(execution.as_str()));
+    assert!(h.m.knows(&execution));
+    let exited = Input::SlotExited(proto::SlotExited {
+        slot: 1,
+        generation: 1,
+        pid: 1,
+        status: "killed".into(),
+    });
+    assert_eq!(h.m.execution_of_input(&exited), Some(execution.as_str()));
+    let lost = Input::LeaseLost {
+        execution_id: execution.clone(),
+    };
+    assert_eq!(h.m.execution_of_input(&lost), Some(execution.as_str()));
+    assert_eq!(h.m.execution_of_input(&Input::PollRequest), None);
+    h.complete(1, 1, "a", &execution);
+    assert_eq!(h.m.execution_of(1), None);
+    assert!(!h.m.knows(&execution));
+}
+
 #[test]
 fn a_completion_must_name_the_current_assignment() {
     let mut h = Harness::new(1, false);

@@ -76,19 +76,47 @@ pub struct CapacityFlags {
     pub max_executor_memory: Option<String>,
 }
 
+/// A `-j` value that is not a worker count or range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JobsError {
+    /// Not a number (or a range of numbers).
+    #[error("-j {value:?}: expected a count such as 4 or a range such as 2..16")]
+    NotACount {
+        /// The `-j` value as given.
+        value: String,
+    },
+    /// A count below 1.
+    #[error("{WORKER_COUNT_MESSAGE}")]
+    BelowOne,
+    /// A count above the highest slot number.
+    #[error("worker process count must be at most {MAX_SLOT}, got {count}")]
+    AboveMax {
+        /// The count as given.
+        count: i64,
+    },
+    /// A range whose minimum is above its maximum.
+    #[error("-j {value}: the minimum ({min}) is above the maximum ({max})")]
+    Inverted {
+        /// The `-j` value as given.
+        value: String,
+        /// The minimum.
+        min: u32,
+        /// The maximum.
+        max: u32,
+    },
+}
+
 /// `-j`: one count, or an adaptive range `MIN..MAX`.
-pub fn parse_jobs(value: &str) -> Result<(u32, u32), String> {
-    let count = |text: &str| -> Result<u32, String> {
-        let n: i64 = text.trim().parse().map_err(|_| {
-            format!("-j {value:?}: expected a count such as 4 or a range such as 2..16")
+pub fn parse_jobs(value: &str) -> Result<(u32, u32), JobsError> {
+    let count = |text: &str| -> Result<u32, JobsError> {
+        let n: i64 = text.trim().parse().map_err(|_| JobsError::NotACount {
+            value: value.to_owned(),
         })?;
         if n < 1 {
-            return Err(WORKER_COUNT_MESSAGE.to_owned());
+            return Err(JobsError::BelowOne);
         }
         if n > i64::from(MAX_SLOT) {
-            return Err(format!(
-                "worker process count must be at most {MAX_SLOT}, got {n}"
-            ));
+            return Err(JobsError::AboveMax { count: n });
         }
         Ok(n as u32)
     };
@@ -97,13 +125,75 @@ pub fn parse_jobs(value: &str) -> Result<(u32, u32), String> {
         Some((min, max)) => {
             let (min, max) = (count(min)?, count(max)?);
             if min > max {
-                return Err(format!(
-                    "-j {value}: the minimum ({min}) is above the maximum ({max})"
-                ));
+                return Err(JobsError::Inverted {
+                    value: value.to_owned(),
+                    min,
+                    max,
+                });
             }
             Ok((min, max))
         }
     }
+}
+
+/// One bad capacity setting; `label` names the flag or variable and its value
+/// (`--flag "value"` or `VARIABLE="value"`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CapacityProblem {
+    /// `-j` (or the slots the supervisor handed a child).
+    #[error(transparent)]
+    Jobs(#[from] JobsError),
+    /// Not a boolean.
+    #[error("{label}: expected 1 or 0 (true or false)")]
+    NotABool {
+        /// The setting and its value.
+        label: String,
+    },
+    /// Not a count of at least 1.
+    #[error("{label}: expected a count of at least 1")]
+    NotAPositiveCount {
+        /// The setting and its value.
+        label: String,
+    },
+    /// Not a count (the poison threshold, where 0 is allowed).
+    #[error("{label}: expected a count (0 turns poison detection off)")]
+    NotACount {
+        /// The setting and its value.
+        label: String,
+    },
+    /// A size or duration of zero.
+    #[error("{label}: must be above 0")]
+    Zero {
+        /// The setting and its value.
+        label: String,
+    },
+    /// Not a byte size.
+    #[error("{label}: {source}")]
+    ByteSize {
+        /// The setting and its value.
+        label: String,
+        /// What is wrong with the size.
+        #[source]
+        source: crate::units::ByteSizeError,
+    },
+    /// Not a duration.
+    #[error("{label}: {source}")]
+    Duration {
+        /// The setting and its value.
+        label: String,
+        /// What is wrong with the duration.
+        #[source]
+        source: crate::units::DurationError,
+    },
+}
+
+/// Capacity settings with at least one bad value: every problem, in the order checked.
+/// Displays as the problems joined by `; `.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct CapacityError {
+    /// Every bad setting.
+    pub problems: Vec<CapacityProblem>,
 }
 
 /// A flag and its value, if it was given.
@@ -159,10 +249,10 @@ impl Capacity {
     pub fn resolve(
         flags: &CapacityFlags,
         lookup: impl Fn(&str) -> Option<String>,
-    ) -> Result<Self, Vec<String>> {
+    ) -> Result<Self, CapacityError> {
         let mut problems = Vec::new();
         let (min_executors, max_executors) = parse_jobs(&flags.jobs)
-            .map_err(|e| problems.push(e))
+            .map_err(|e| problems.push(e.into()))
             .unwrap_or((1, 1));
         let mut capacity = Self::fixed(1);
         capacity.min_executors = min_executors;
@@ -170,7 +260,7 @@ impl Capacity {
         if let Some((value, label)) = given(None, PERAGO_ONCE, &lookup) {
             match parse_bool(&value) {
                 Some(on) => capacity.once = on,
-                None => problems.push(format!("{label}: expected 1 or 0 (true or false)")),
+                None => problems.push(CapacityProblem::NotABool { label }),
             }
         }
         capacity.once |= flags.once;
@@ -181,15 +271,15 @@ impl Capacity {
         ) {
             match value.trim().parse::<u64>() {
                 Ok(n) if n >= 1 => capacity.max_tasks_per_executor = Some(n),
-                _ => problems.push(format!("{label}: expected a count of at least 1")),
+                _ => problems.push(CapacityProblem::NotAPositiveCount { label }),
             }
         }
         let mut size = |given: Option<(String, String)>| -> Option<u64> {
             let (value, label) = given?;
             match parse_byte_size(&value) {
-                Ok(0) => problems.push(format!("{label}: must be above 0")),
+                Ok(0) => problems.push(CapacityProblem::Zero { label }),
                 Ok(n) => return Some(n),
-                Err(e) => problems.push(format!("{label}: {e}")),
+                Err(source) => problems.push(CapacityProblem::ByteSize { label, source }),
             }
             None
         };
@@ -202,22 +292,20 @@ impl Capacity {
         if let Some((value, label)) = given(None, PERAGO_SCALE_DOWN_AFTER, &lookup) {
             match parse_duration(&value) {
                 Ok(d) if !d.is_zero() => capacity.scale_down_after = d,
-                Ok(_) => problems.push(format!("{label}: must be above 0")),
-                Err(e) => problems.push(format!("{label}: {e}")),
+                Ok(_) => problems.push(CapacityProblem::Zero { label }),
+                Err(source) => problems.push(CapacityProblem::Duration { label, source }),
             }
         }
         if let Some((value, label)) = given(None, PERAGO_POISON_AFTER, &lookup) {
             match value.trim().parse::<u32>() {
                 Ok(n) => capacity.poison_after = n,
-                Err(_) => problems.push(format!(
-                    "{label}: expected a count (0 turns poison detection off)"
-                )),
+                Err(_) => problems.push(CapacityProblem::NotACount { label }),
             }
         }
         if problems.is_empty() {
             Ok(capacity)
         } else {
-            Err(problems)
+            Err(CapacityError { problems })
         }
     }
 
@@ -256,7 +344,7 @@ impl Capacity {
 
     /// A child's settings, from the environment [`Capacity::child_env`] wrote. `PERAGO_SLOTS`
     /// is optional (an executor has none: it then reads as one slot).
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, CapacityError> {
         let slots = lookup(PERAGO_SLOTS).unwrap_or_else(|| "1".to_owned());
         let jobs = match lookup(PERAGO_EXECUTORS_MIN).filter(|v| !v.is_empty()) {
             Some(min) => format!("{min}..{slots}"),
@@ -266,7 +354,7 @@ impl Capacity {
             jobs,
             ..CapacityFlags::default()
         };
-        Self::resolve(&flags, lookup).map_err(|problems| problems.join("; "))
+        Self::resolve(&flags, lookup)
     }
 }
 
@@ -302,20 +390,34 @@ mod tests {
 
     #[test]
     fn jobs_count_or_range() {
+        let text = |j: &str| parse_jobs(j).map_err(|e| e.to_string());
         assert_eq!(parse_jobs("3"), Ok((3, 3)));
         assert_eq!(parse_jobs("2..16"), Ok((2, 16)));
-        assert_eq!(parse_jobs("0"), Err(WORKER_COUNT_MESSAGE.to_owned()));
-        assert_eq!(parse_jobs("-1"), Err(WORKER_COUNT_MESSAGE.to_owned()));
-        assert_eq!(parse_jobs("0..4"), Err(WORKER_COUNT_MESSAGE.to_owned()));
+        assert_eq!(text("0"), Err(WORKER_COUNT_MESSAGE.to_owned()));
+        assert_eq!(text("-1"), Err(WORKER_COUNT_MESSAGE.to_owned()));
+        assert_eq!(text("0..4"), Err(WORKER_COUNT_MESSAGE.to_owned()));
         assert_eq!(
-            parse_jobs("8..2"),
+            text("8..2"),
             Err("-j 8..2: the minimum (8) is above the maximum (2)".to_owned())
         );
         assert_eq!(
-            parse_jobs("10000"),
+            text("10000"),
             Err("worker process count must be at most 9999, got 10000".to_owned())
         );
-        assert!(parse_jobs("two").unwrap_err().contains("expected a count"));
+        assert!(text("two").unwrap_err().contains("expected a count"));
+        assert_eq!(parse_jobs("0"), Err(JobsError::BelowOne));
+        assert_eq!(
+            parse_jobs("10000"),
+            Err(JobsError::AboveMax { count: 10000 })
+        );
+        assert!(matches!(
+            parse_jobs("8..2"),
+            Err(JobsError::Inverted { min: 8, max: 2, .. })
+        ));
+        assert!(matches!(
+            parse_jobs("two"),
+            Err(JobsError::NotACount { .. })
+        ));
         assert!(
             Capacity::resolve(&jobs("1..4"), vars(&[]))
                 .unwrap()
@@ -356,8 +458,13 @@ mod tests {
             (PERAGO_SCALE_DOWN_AFTER, "soon"),
             (PERAGO_POISON_AFTER, "-1"),
         ]);
-        let problems = Capacity::resolve(&flags, env).unwrap_err();
-        let text = problems.join("\n");
+        let error = Capacity::resolve(&flags, env).unwrap_err();
+        let problems = &error.problems;
+        let text = problems
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n");
         for name in [
             WORKER_COUNT_MESSAGE,
             "PERAGO_ONCE",
@@ -370,6 +477,19 @@ mod tests {
             assert!(text.contains(name), "{name} not named in:\n{text}");
         }
         assert_eq!(problems.len(), 7, "{text}");
+        assert!(matches!(
+            problems.as_slice(),
+            [
+                CapacityProblem::Jobs(JobsError::BelowOne),
+                CapacityProblem::NotABool { .. },
+                CapacityProblem::NotAPositiveCount { .. },
+                CapacityProblem::ByteSize { .. },
+                CapacityProblem::ByteSize { .. },
+                CapacityProblem::Duration { .. },
+                CapacityProblem::NotACount { .. },
+            ]
+        ));
+        assert_eq!(error.to_string(), text.replace('\n', "; "));
     }
 
     #[test]

@@ -30,6 +30,29 @@ pub const DEFAULT_MAX_BYTES: u64 = 64 << 20;
 pub const DEFAULT_MAX_FILES: usize = 5;
 const FILE_NAME: &str = "perago.jsonl";
 
+/// A worker's logging that could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum LogConfigError {
+    /// `PERAGO_LOG_MAX_BYTES` is not a byte size.
+    #[error("{PERAGO_LOG_MAX_BYTES}: {0}")]
+    MaxBytes(#[source] crate::units::ByteSizeError),
+    /// `PERAGO_LOG_MAX_FILES` is not a count of at least 1.
+    #[error("{PERAGO_LOG_MAX_FILES}: expected a count of at least 1, got {value:?}")]
+    MaxFiles {
+        /// The value as given.
+        value: String,
+    },
+    /// The worker's log folder or file cannot be opened.
+    #[error("cannot open the log folder {}: {source}", dir.display())]
+    Open {
+        /// The worker's log folder.
+        dir: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+}
+
 /// Where and how one worker writes its JSONL log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JsonlConfig {
@@ -54,22 +77,30 @@ impl JsonlConfig {
     }
 
     /// Reads the rotation settings from the environment (unset = defaults).
-    pub fn from_env(root: PathBuf, task: &str, worker_id: &str) -> Result<Self, String> {
-        let max_bytes = match std::env::var(PERAGO_LOG_MAX_BYTES) {
-            Ok(v) if !v.trim().is_empty() => crate::units::parse_byte_size(&v)
-                .map_err(|e| format!("{PERAGO_LOG_MAX_BYTES}: {e}"))?
+    pub fn from_env(root: PathBuf, task: &str, worker_id: &str) -> Result<Self, LogConfigError> {
+        Self::from_lookup(root, task, worker_id, |name| std::env::var(name).ok())
+    }
+
+    /// Like [`JsonlConfig::from_env`], reading the variables through `lookup`.
+    pub fn from_lookup(
+        root: PathBuf,
+        task: &str,
+        worker_id: &str,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, LogConfigError> {
+        let max_bytes = match lookup(PERAGO_LOG_MAX_BYTES) {
+            Some(v) if !v.trim().is_empty() => crate::units::parse_byte_size(&v)
+                .map_err(LogConfigError::MaxBytes)?
                 .max(1024),
             _ => DEFAULT_MAX_BYTES,
         };
-        let max_files = match std::env::var(PERAGO_LOG_MAX_FILES) {
-            Ok(v) if !v.trim().is_empty() => v
+        let max_files = match lookup(PERAGO_LOG_MAX_FILES) {
+            Some(v) if !v.trim().is_empty() => v
                 .trim()
                 .parse::<usize>()
                 .ok()
                 .filter(|n| *n >= 1)
-                .ok_or_else(|| {
-                    format!("{PERAGO_LOG_MAX_FILES}: expected a count of at least 1, got {v:?}")
-                })?,
+                .ok_or(LogConfigError::MaxFiles { value: v })?,
             _ => DEFAULT_MAX_FILES,
         };
         Ok(Self {
@@ -392,13 +423,18 @@ pub fn init_stderr_at(default: &str) {
 
 /// The logging of a broker or executor process: stderr, plus the worker's JSONL folder when
 /// `PERAGO_LOG_ROOT` is set. The error names the variable or folder at fault.
-pub fn init_worker_from_env(process: &str, task: &str, worker_id: &str) -> Result<(), String> {
+pub fn init_worker_from_env(
+    process: &str,
+    task: &str,
+    worker_id: &str,
+) -> Result<(), LogConfigError> {
     match std::env::var_os(PERAGO_LOG_ROOT).filter(|v| !v.is_empty()) {
         None => init_stderr(process),
         Some(root) => {
             let config = JsonlConfig::from_env(root.into(), task, worker_id)?;
-            init_worker(&config).map_err(|e| {
-                format!("cannot open the log folder {}: {e}", config.dir().display())
+            init_worker(&config).map_err(|source| LogConfigError::Open {
+                dir: config.dir(),
+                source,
             })?;
         }
     }
@@ -436,6 +472,29 @@ pub fn init_worker(config: &JsonlConfig) -> io::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bad_rotation_settings_name_the_variable() {
+        let config = |name: &'static str, value: &'static str| {
+            JsonlConfig::from_lookup("/logs".into(), "t", "w", move |n| {
+                (n == name).then(|| value.to_owned())
+            })
+        };
+        let err = config(PERAGO_LOG_MAX_BYTES, "lots").unwrap_err();
+        assert!(matches!(err, LogConfigError::MaxBytes(ref e) if e.value == "lots"));
+        assert!(
+            err.to_string()
+                .starts_with("PERAGO_LOG_MAX_BYTES: invalid byte size \"lots\"")
+        );
+        let err = config(PERAGO_LOG_MAX_FILES, "0").unwrap_err();
+        assert!(matches!(err, LogConfigError::MaxFiles { ref value } if value == "0"));
+        assert_eq!(
+            err.to_string(),
+            "PERAGO_LOG_MAX_FILES: expected a count of at least 1, got \"0\""
+        );
+        let ok = config(PERAGO_LOG_MAX_FILES, "2").unwrap();
+        assert_eq!((ok.max_bytes, ok.max_files), (DEFAULT_MAX_BYTES, 2));
+    }
 
     #[test]
     fn rotation_keeps_max_files() {

@@ -9,7 +9,30 @@
 //!
 //! The parsers take text, so they are tested with fixtures; [`available_memory`] only reads.
 
-use std::path::Path;
+use std::{
+    io,
+    path::{Path, PathBuf},
+};
+
+/// Available memory that cannot be measured.
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    /// `/proc/meminfo` cannot be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The meminfo file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// `/proc/meminfo` has no `MemAvailable` line.
+    #[error("{} has no MemAvailable line", path.display())]
+    NoMemAvailable {
+        /// The meminfo file.
+        path: PathBuf,
+    },
+}
 
 /// Where cgroup v2 is mounted.
 pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
@@ -113,12 +136,20 @@ fn read_cgroups(root: &Path, cgroup_path: &str) -> Vec<CgroupUsage> {
 
 /// Available memory now (cgroup v2 aware), in bytes; `proc` is `/proc`, `cgroup_root` where
 /// cgroup v2 is mounted.
-pub fn available_memory_at(proc: &Path, cgroup_root: &Path) -> Result<u64, String> {
+pub fn available_memory_at(proc: &Path, cgroup_root: &Path) -> Result<u64, MemoryError> {
     let meminfo_path = proc.join("meminfo");
-    let meminfo = std::fs::read_to_string(&meminfo_path)
-        .map_err(|e| format!("cannot read {}: {e}", meminfo_path.display()))?;
-    let mem_available = parse_meminfo_available(&meminfo)
-        .ok_or_else(|| format!("{} has no MemAvailable line", meminfo_path.display()))?;
+    let meminfo = match std::fs::read_to_string(&meminfo_path) {
+        Ok(text) => text,
+        Err(source) => {
+            return Err(MemoryError::Read {
+                path: meminfo_path,
+                source,
+            });
+        }
+    };
+    let Some(mem_available) = parse_meminfo_available(&meminfo) else {
+        return Err(MemoryError::NoMemAvailable { path: meminfo_path });
+    };
     let cgroups = std::fs::read_to_string(proc.join("self/cgroup"))
         .ok()
         .and_then(|text| parse_cgroup_v2_path(&text).map(|p| read_cgroups(cgroup_root, p)))
@@ -127,7 +158,7 @@ pub fn available_memory_at(proc: &Path, cgroup_root: &Path) -> Result<u64, Strin
 }
 
 /// Available memory now (cgroup v2 aware), in bytes.
-pub fn available_memory() -> Result<u64, String> {
+pub fn available_memory() -> Result<u64, MemoryError> {
     available_memory_at(Path::new("/proc"), Path::new(CGROUP_ROOT))
 }
 
@@ -237,13 +268,32 @@ mod tests {
         std::fs::write(root.join("outer/memory.max"), "1000000\n").unwrap();
         std::fs::write(root.join("outer/memory.current"), "400000\n").unwrap();
         std::fs::write(root.join("outer/memory.stat"), "inactive_file 100000\n").unwrap();
-        assert_eq!(available_memory_at(&proc, &root), Ok(700_000));
+        assert_eq!(available_memory_at(&proc, &root).unwrap(), 700_000);
         // Outside any cgroup v2 (or without the files): MemAvailable.
         std::fs::write(proc.join("self/cgroup"), "4:memory:/x\n").unwrap();
-        assert_eq!(available_memory_at(&proc, &root), Ok(23_920_220 * 1024));
+        assert_eq!(
+            available_memory_at(&proc, &root).unwrap(),
+            23_920_220 * 1024
+        );
         std::fs::write(proc.join("self/cgroup"), "0::/elsewhere\n").unwrap();
-        assert_eq!(available_memory_at(&proc, &root), Ok(23_920_220 * 1024));
-        assert!(available_memory_at(&root, &root).is_err());
+        assert_eq!(
+            available_memory_at(&proc, &root).unwrap(),
+            23_920_220 * 1024
+        );
+        assert!(matches!(
+            available_memory_at(&root, &root),
+            Err(MemoryError::Read { ref path, .. }) if *path == root.join("meminfo")
+        ));
+        std::fs::write(proc.join("meminfo"), "MemTotal: 1 kB\n").unwrap();
+        let err = available_memory_at(&proc, &root).unwrap_err();
+        assert!(matches!(err, MemoryError::NoMemAvailable { .. }));
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{} has no MemAvailable line",
+                proc.join("meminfo").display()
+            )
+        );
     }
 
     #[test]

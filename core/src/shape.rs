@@ -162,7 +162,8 @@ fn parse_workspace(value: &Value, allowed_prefix: &str) -> Result<WorkspaceInput
     if source_ref.as_deref() == Some("") {
         return Err(input_error("workspace.ref", "must not be empty when set"));
     }
-    let prefix = normalize_prefix(&prefix).map_err(|p| input_error("workspace.prefix", p))?;
+    let prefix =
+        normalize_prefix(&prefix).map_err(|p| input_error("workspace.prefix", p.to_string()))?;
     if !prefix_within(&prefix, allowed_prefix) {
         return Err(input_error(
             "workspace.prefix",
@@ -177,25 +178,50 @@ fn parse_workspace(value: &Value, allowed_prefix: &str) -> Result<WorkspaceInput
     })
 }
 
+/// A lakeFS path prefix that cannot map onto a local folder.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrefixError {
+    /// It holds a NUL character.
+    #[error("must not contain a NUL character")]
+    Nul,
+    /// It starts with `/`.
+    #[error("{prefix:?} must be relative (no leading '/')")]
+    Absolute {
+        /// The prefix as given.
+        prefix: String,
+    },
+    /// It has an empty segment (`a//b`).
+    #[error("{prefix:?} has an empty path segment")]
+    EmptySegment {
+        /// The prefix as given.
+        prefix: String,
+    },
+    /// It has a `.` or `..` segment.
+    #[error("{prefix:?} must not contain '.' or '..' segments")]
+    DotSegment {
+        /// The prefix as given.
+        prefix: String,
+    },
+}
+
 /// Checks a lakeFS path prefix and normalizes it to `""` or `a/b/`. Absolute paths, `.` or
 /// `..` segments, empty segments and NUL are refused: the prefix maps onto local folders.
-pub fn normalize_prefix(prefix: &str) -> Result<String, String> {
+pub fn normalize_prefix(prefix: &str) -> Result<String, PrefixError> {
     if prefix.is_empty() {
         return Ok(String::new());
     }
     if prefix.contains('\0') {
-        return Err("must not contain a NUL character".to_owned());
+        return Err(PrefixError::Nul);
     }
+    let owned = || prefix.to_owned();
     if prefix.starts_with('/') {
-        return Err(format!("{prefix:?} must be relative (no leading '/')"));
+        return Err(PrefixError::Absolute { prefix: owned() });
     }
     let trimmed = prefix.strip_suffix('/').unwrap_or(prefix);
     for segment in trimmed.split('/') {
         match segment {
-            "" => return Err(format!("{prefix:?} has an empty path segment")),
-            "." | ".." => {
-                return Err(format!("{prefix:?} must not contain '.' or '..' segments"));
-            }
+            "" => return Err(PrefixError::EmptySegment { prefix: owned() }),
+            "." | ".." => return Err(PrefixError::DotSegment { prefix: owned() }),
             _ => {}
         }
     }
@@ -241,47 +267,57 @@ mod tests {
         workspace: Option<WorkspaceInput>,
     }
 
-    fn parse(kind: TaskKind, v: &Value, allowed: &str) -> Result<Parsed, String> {
+    fn parse(kind: TaskKind, v: &Value, allowed: &str) -> Result<Parsed, InputError> {
         let raw = RawJson::from_value(v);
-        parse_input(kind, &raw, allowed)
-            .map(|input| Parsed {
-                params: crate::json::from_str(input.params).unwrap(),
-                workspace: input.workspace,
-            })
-            .map_err(|e| e.to_string())
+        parse_input(kind, &raw, allowed).map(|input| Parsed {
+            params: crate::json::from_str(input.params).unwrap(),
+            workspace: input.workspace,
+        })
     }
 
-    fn free(v: Value) -> Result<Parsed, String> {
+    fn free(v: Value) -> Result<Parsed, InputError> {
         parse(TaskKind::WorkspaceFree, &v, "")
     }
 
-    fn ws(v: Value, allowed: &str) -> Result<Parsed, String> {
+    fn ws(v: Value, allowed: &str) -> Result<Parsed, InputError> {
         parse(TaskKind::Workspace, &v, allowed)
     }
 
     #[test]
     fn workspace_free_takes_exactly_params() {
         let input = free(json!({"params": {"n": 1}})).unwrap();
+        let missing = free(json!({})).unwrap_err();
+        assert_eq!(
+            (missing.key.as_str(), missing.problem.as_str()),
+            (
+                "params",
+                "missing; a workspace-free task takes exactly 'params'"
+            )
+        );
         assert_eq!(input.params["n"], 1);
         assert_eq!(input.workspace, None);
         assert_eq!(
-            free(json!({})).unwrap_err(),
+            free(json!({})).unwrap_err().to_string(),
             "bad input: params: missing; a workspace-free task takes exactly 'params'"
         );
         assert_eq!(
-            free(json!({"params": {}, "extra": 1})).unwrap_err(),
+            free(json!({"params": {}, "extra": 1}))
+                .unwrap_err()
+                .to_string(),
             "bad input: extra: unexpected key; a workspace-free task takes exactly 'params'"
         );
         assert_eq!(
-            free(json!({"params": {}, "workspace": {}})).unwrap_err(),
+            free(json!({"params": {}, "workspace": {}}))
+                .unwrap_err()
+                .to_string(),
             "bad input: workspace: unexpected key; a workspace-free task takes exactly 'params'"
         );
         assert_eq!(
-            free(json!({"params": [1]})).unwrap_err(),
+            free(json!({"params": [1]})).unwrap_err().to_string(),
             "bad input: params: must be a JSON object, found an array"
         );
         assert_eq!(
-            free(json!({"params": null})).unwrap_err(),
+            free(json!({"params": null})).unwrap_err().to_string(),
             "bad input: params: must be a JSON object, found null"
         );
     }
@@ -303,11 +339,13 @@ mod tests {
             })
         );
         assert_eq!(
-            ws(json!({"params": {}}), "").unwrap_err(),
+            ws(json!({"params": {}}), "").unwrap_err().to_string(),
             "bad input: workspace: missing; a workspace task takes exactly 'workspace' and 'params'"
         );
         assert_eq!(
-            ws(json!({"params": {}, "workspace": "repo"}), "").unwrap_err(),
+            ws(json!({"params": {}, "workspace": "repo"}), "")
+                .unwrap_err()
+                .to_string(),
             "bad input: workspace: must be a JSON object with repository, branch and prefix, found a string"
         );
     }
@@ -316,37 +354,51 @@ mod tests {
     fn workspace_fields_are_checked() {
         let base = |w: Value| ws(json!({"params": {}, "workspace": w}), "");
         assert_eq!(
-            base(json!({"repository": "r", "branch": "main"})).unwrap_err(),
+            base(json!({"repository": "r", "branch": "main"}))
+                .unwrap_err()
+                .to_string(),
             "bad input: workspace.prefix: missing"
         );
         assert_eq!(
             base(json!({"repository": "r", "branch": "main", "prefix": "", "token": "x"}))
-                .unwrap_err(),
+                .unwrap_err()
+                .to_string(),
             "bad input: workspace.token: unknown key; workspace takes repository, branch, prefix and ref"
         );
         assert_eq!(
-            base(json!({"repository": "", "branch": "main", "prefix": ""})).unwrap_err(),
+            base(json!({"repository": "", "branch": "main", "prefix": ""}))
+                .unwrap_err()
+                .to_string(),
             "bad input: workspace.repository: must not be empty"
         );
         assert_eq!(
-            base(json!({"repository": "r", "branch": 5, "prefix": ""})).unwrap_err(),
+            base(json!({"repository": "r", "branch": 5, "prefix": ""}))
+                .unwrap_err()
+                .to_string(),
             "bad input: workspace.branch: must be a string, found a number"
         );
         assert_eq!(
-            base(json!({"repository": "r", "branch": "a/b", "prefix": ""})).unwrap_err(),
+            base(json!({"repository": "r", "branch": "a/b", "prefix": ""}))
+                .unwrap_err()
+                .to_string(),
             "bad input: workspace.branch: \"a/b\" is not a valid lakeFS branch name"
         );
         assert_eq!(
-            base(json!({"repository": "r", "branch": "main", "prefix": "../etc"})).unwrap_err(),
+            base(json!({"repository": "r", "branch": "main", "prefix": "../etc"}))
+                .unwrap_err()
+                .to_string(),
             "bad input: workspace.prefix: \"../etc\" must not contain '.' or '..' segments"
         );
         assert_eq!(
-            base(json!({"repository": "r", "branch": "main", "prefix": "/etc"})).unwrap_err(),
+            base(json!({"repository": "r", "branch": "main", "prefix": "/etc"}))
+                .unwrap_err()
+                .to_string(),
             "bad input: workspace.prefix: \"/etc\" must be relative (no leading '/')"
         );
         assert_eq!(
             base(json!({"repository": "r", "branch": "main", "prefix": "", "ref": ""}))
-                .unwrap_err(),
+                .unwrap_err()
+                .to_string(),
             "bad input: workspace.ref: must not be empty when set"
         );
         let with_ref =
@@ -369,11 +421,11 @@ mod tests {
         assert!(at("features").is_ok());
         assert!(at("features/2026/").is_ok());
         assert_eq!(
-            at("featuresX/a").unwrap_err(),
+            at("featuresX/a").unwrap_err().to_string(),
             "bad input: workspace.prefix: \"featuresX/a/\" is outside the task's workspace prefix \"features/\""
         );
         assert_eq!(
-            at("").unwrap_err(),
+            at("").unwrap_err().to_string(),
             "bad input: workspace.prefix: \"\" is outside the task's workspace prefix \"features/\""
         );
     }
@@ -383,9 +435,21 @@ mod tests {
         assert_eq!(normalize_prefix(""), Ok(String::new()));
         assert_eq!(normalize_prefix("a"), Ok("a/".into()));
         assert_eq!(normalize_prefix("a/b/"), Ok("a/b/".into()));
-        assert!(normalize_prefix("a//b").is_err());
-        assert!(normalize_prefix("a/./b").is_err());
-        assert!(normalize_prefix("a\0").is_err());
+        assert!(matches!(
+            normalize_prefix("a//b"),
+            Err(PrefixError::EmptySegment { ref prefix }) if prefix == "a//b"
+        ));
+        assert!(matches!(
+            normalize_prefix("a/./b"),
+            Err(PrefixError::DotSegment { .. })
+        ));
+        assert!(matches!(normalize_prefix("a\0"), Err(PrefixError::Nul)));
+        let absolute = normalize_prefix("/a").unwrap_err();
+        assert!(matches!(absolute, PrefixError::Absolute { .. }));
+        assert_eq!(
+            absolute.to_string(),
+            "\"/a\" must be relative (no leading '/')"
+        );
     }
 
     #[test]

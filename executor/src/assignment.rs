@@ -7,8 +7,8 @@ use crate::{
     jsonl::{JsonlBody, JsonlFailure},
     task::{Task, TaskContext, TaskError},
     workspace::{
-        flow::{Attempt, Fence, Owner, WorkspaceFailure},
-        lakefs::LakefsClient,
+        flow::{Attempt, Fence, Owner},
+        lakefs::{LakefsClient, LakefsConfigError},
     },
 };
 use perago_core::{
@@ -43,8 +43,8 @@ pub enum RunnerError {
     #[error("{0}")]
     Unsupported(&'static str),
     /// `body.user` cannot be used.
-    #[error("{0}")]
-    User(String),
+    #[error(transparent)]
+    User(#[from] perago_core::process::UserError),
 }
 
 #[derive(Debug, Clone)]
@@ -95,7 +95,7 @@ pub struct WorkspaceRuntime {
     /// `PERAGO_WORKSPACE_ROOT`: attempt directories go under `attempts/`.
     pub root: std::path::PathBuf,
     /// The lakeFS client, or why there is none (reported as the assignment's failure).
-    pub lakefs: Result<LakefsClient, String>,
+    pub lakefs: Result<LakefsClient, LakefsConfigError>,
     /// This executor's slot and generation, written to each attempt's owner file.
     pub owner: Owner,
 }
@@ -364,7 +364,7 @@ impl AssignmentRunner {
         let runtime = self.workspace.as_ref().ok_or_else(|| {
             failed("this executor has no workspace root (PERAGO_WORKSPACE_ROOT)".to_owned())
         })?;
-        let client = runtime.lakefs.clone().map_err(failed)?;
+        let client = runtime.lakefs.clone().map_err(|e| failed(e.to_string()))?;
         let fence = io
             .fence
             .ok_or_else(|| failed("no attempt fence is available to this executor".to_owned()))?;
@@ -377,11 +377,11 @@ impl AssignmentRunner {
             workspace_input,
         )
         .await
-        .map_err(|WorkspaceFailure::Failed(m)| failed(m))?;
+        .map_err(|e| failed(e.to_string()))?;
         if let Some((uid, gid)) = self.body_user {
             // The body runs as another user: the files it works on become its own, and the
             // folders above them must let it through.
-            hand_over(&runtime.root, ws.work_dir(), uid, gid).map_err(failed)?;
+            hand_over(&runtime.root, ws.work_dir(), uid, gid).map_err(|e| failed(e.to_string()))?;
         }
         env.push((
             perago_core::env::PERAGO_WORKSPACE_DIR.to_owned(),
@@ -392,9 +392,7 @@ impl AssignmentRunner {
                 .run_body(execution_id, attempt, &env, params, io, &budget)
                 .await?;
             io.phase(Phase::Staging);
-            let changes = ws
-                .changes()
-                .map_err(|WorkspaceFailure::Failed(m)| failed(m))?;
+            let changes = ws.changes().map_err(|e| failed(e.to_string()))?;
             let spec = self.manifest.workspace.as_ref().expect("workspace task");
             let metadata: Map<String, Value> = [
                 ("workflow_id", attempt.workflow_instance_id.clone()),
@@ -428,7 +426,7 @@ impl AssignmentRunner {
                     },
                 )
                 .await
-                .map_err(|WorkspaceFailure::Failed(m)| failed(m))?;
+                .map_err(|e| failed(e.to_string()))?;
             Ok::<_, Failure>(workspace_output(&published, result))
         }
         .await;
@@ -811,32 +809,70 @@ fn hand_over(
     work: &std::path::Path,
     uid: u32,
     gid: u32,
-) -> Result<(), String> {
+) -> Result<(), HandOverError> {
     use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
-    chown_tree(work, uid, gid)
-        .map_err(|e| format!("cannot hand the workspace to body.user (uid {uid}): {e}"))?;
+    chown_tree(work, uid, gid).map_err(|source| HandOverError::Chown { uid, source })?;
     let mut dir = work.parent();
     while let Some(d) = dir {
-        let meta = std::fs::metadata(d).map_err(|e| format!("cannot read {}: {e}", d.display()))?;
+        let meta = std::fs::metadata(d).map_err(|source| HandOverError::Read {
+            dir: d.to_owned(),
+            source,
+        })?;
         if d.starts_with(workspace_root) && d != workspace_root {
             let mode = meta.permissions().mode() | 0o711;
-            std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode))
-                .map_err(|e| format!("cannot open {} to body.user: {e}", d.display()))?;
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode)).map_err(
+                |source| HandOverError::Open {
+                    dir: d.to_owned(),
+                    source,
+                },
+            )?;
         } else {
             let mode = meta.mode();
             let through = (meta.uid() == uid && mode & 0o100 != 0)
                 || (meta.gid() == gid && mode & 0o010 != 0)
                 || mode & 0o001 != 0;
             if !through {
-                return Err(format!(
-                    "body.user (uid {uid}) cannot reach its workspace: {} does not let it through; make PERAGO_WORKSPACE_ROOT and the folders above it traversable by that user",
-                    d.display()
-                ));
+                return Err(HandOverError::NotTraversable {
+                    uid,
+                    dir: d.to_owned(),
+                });
             }
         }
         dir = d.parent();
     }
     Ok(())
+}
+
+/// The attempt's `work` folder cannot be handed to `body.user`.
+#[derive(Debug, thiserror::Error)]
+enum HandOverError {
+    /// The files cannot be chowned.
+    #[error("cannot hand the workspace to body.user (uid {uid}): {source}")]
+    Chown {
+        uid: u32,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A folder above it cannot be read.
+    #[error("cannot read {}: {source}", dir.display())]
+    Read {
+        dir: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// An attempt folder cannot be opened to the user.
+    #[error("cannot open {} to body.user: {source}", dir.display())]
+    Open {
+        dir: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A folder above the workspace root does not let the user through.
+    #[error(
+        "body.user (uid {uid}) cannot reach its workspace: {} does not let it through; make PERAGO_WORKSPACE_ROOT and the folders above it traversable by that user",
+        dir.display()
+    )]
+    NotTraversable { uid: u32, dir: std::path::PathBuf },
 }
 
 /// Hands `root` and everything below it to `uid`:`gid`, symlinks themselves (never what they
@@ -901,6 +937,23 @@ mod tests {
     use super::*;
 
     const NOW: i64 = 1_000_000;
+
+    #[test]
+    fn a_workspace_that_cannot_be_handed_over_says_why_by_its_variant() {
+        let tmp = tempfile::tempdir().unwrap();
+        let work = tmp.path().join("attempts/e-1/work");
+        let error = hand_over(tmp.path(), &work, 4242, 4242).unwrap_err();
+        assert!(
+            matches!(error, HandOverError::Chown { uid: 4242, .. }),
+            "{error:?}"
+        );
+        assert!(
+            error
+                .to_string()
+                .starts_with("cannot hand the workspace to body.user (uid 4242): "),
+            "{error}"
+        );
+    }
 
     fn near(actual: Option<Duration>, expected: Duration) -> bool {
         // Computed against the clock at two moments a few microseconds apart.

@@ -20,11 +20,40 @@ use perago_core::env::{
     PERAGO_SOCKET,
 };
 
+/// An executor environment that cannot be run with, naming the variable at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    /// Variables the supervisor sets are missing: the executor was not started by it.
+    #[error(
+        "perago-executor is started by perago-supervisor, which sets its identity; missing {}",
+        missing.join(", ")
+    )]
+    Missing {
+        /// Every missing variable.
+        missing: Vec<&'static str>,
+    },
+    /// `PERAGO_SLOT` is not a slot number.
+    #[error("{PERAGO_SLOT} must be a slot number")]
+    Slot {
+        /// The value as given.
+        value: String,
+    },
+    /// `PERAGO_GENERATION` is not a generation number.
+    #[error("{PERAGO_GENERATION} must be a generation number")]
+    Generation {
+        /// The value as given.
+        value: String,
+    },
+    /// A recycling limit is bad.
+    #[error(transparent)]
+    Recycle(#[from] perago_core::capacity::CapacityError),
+}
+
 /// The slot identity and manifest path from `lookup` (the process environment for the
 /// binary; the supervisor's child environment in thread mode).
 pub fn identity_from(
     lookup: impl Fn(&str) -> Option<String>,
-) -> Result<(SlotIdentity, PathBuf), String> {
+) -> Result<(SlotIdentity, PathBuf), IdentityError> {
     let [worker_id, slot, generation, token, socket, manifest] = env::require(
         &lookup,
         [
@@ -36,18 +65,13 @@ pub fn identity_from(
             PERAGO_MANIFEST,
         ],
     )
-    .map_err(|missing| {
-        format!(
-            "perago-executor is started by perago-supervisor, which sets its identity; missing {}",
-            missing.join(", ")
-        )
+    .map_err(|missing| IdentityError::Missing { missing })?;
+    let slot = slot.parse().map_err(|_| IdentityError::Slot {
+        value: slot.clone(),
     })?;
-    let slot = slot
-        .parse()
-        .map_err(|_| format!("{PERAGO_SLOT} must be a slot number"))?;
-    let generation = generation
-        .parse()
-        .map_err(|_| format!("{PERAGO_GENERATION} must be a generation number"))?;
+    let generation = generation.parse().map_err(|_| IdentityError::Generation {
+        value: generation.clone(),
+    })?;
     let recycle = crate::recycle::RecycleLimits::from_lookup(&lookup)?;
     let completions = lookup(PERAGO_COMPLETION_FD)
         .and_then(|fd| fd.parse().ok())
@@ -202,4 +226,39 @@ pub(crate) fn main_with(task: Option<Arc<dyn crate::task::Task>>) -> i32 {
     // A Rust body that overran may still hold a blocking thread: do not wait for it.
     runtime.shutdown_background();
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_identities_are_named_by_their_variant() {
+        let missing = identity_from(|_| None).unwrap_err();
+        assert!(matches!(missing, IdentityError::Missing { ref missing } if missing.len() == 6));
+        let vars = |slot: &'static str| {
+            move |name: &str| {
+                Some(match name {
+                    PERAGO_SLOT => slot.to_owned(),
+                    PERAGO_GENERATION => "1".to_owned(),
+                    PERAGO_COMPLETION_FD
+                    | perago_core::capacity::PERAGO_EXECUTOR_MAX_TASKS
+                    | perago_core::capacity::PERAGO_EXECUTOR_MAX_MEMORY => return None,
+                    _ if name.starts_with("PERAGO_")
+                        && name != env::PERAGO_WORKER_ID
+                        && name != PERAGO_SLOT_TOKEN
+                        && name != PERAGO_SOCKET
+                        && name != PERAGO_MANIFEST =>
+                    {
+                        return None;
+                    }
+                    _ => "x".to_owned(),
+                })
+            }
+        };
+        assert!(identity_from(vars("1")).is_ok());
+        let slot = identity_from(vars("first")).unwrap_err();
+        assert!(matches!(slot, IdentityError::Slot { ref value } if value == "first"));
+        assert_eq!(slot.to_string(), "PERAGO_SLOT must be a slot number");
+    }
 }

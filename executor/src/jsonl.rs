@@ -250,10 +250,9 @@ impl JsonlBody {
                 Some(limit) => match tokio::time::timeout(limit, exchange).await {
                     Ok(r) => r,
                     // The limit is what was left of task.timeout_seconds: whole seconds, up.
-                    Err(_) => Err(format!(
-                        "body timed out after {}s (task.timeout_seconds) and was stopped",
-                        limit.as_secs_f64().ceil()
-                    )),
+                    Err(_) => Err(ProtocolError::TimedOut {
+                        seconds: limit.as_secs_f64().ceil(),
+                    }),
                 },
             }
         };
@@ -273,10 +272,10 @@ impl JsonlBody {
                     .to_owned(),
                 terminal: error["terminal"].as_bool().unwrap_or(false),
             }),
-            Err(reason) => {
-                let mut reason = reason;
+            Err(error) => {
+                let mut reason = error.to_string();
                 // Stdout closes a moment before the exit status is there to read.
-                let exiting = reason == STDOUT_CLOSED;
+                let exiting = matches!(error, ProtocolError::StdoutClosed);
                 if let Some(r) = guard.as_mut()
                     && let Ok(Some(status)) = if exiting {
                         tokio::time::timeout(EXIT_PATIENCE, r.child.wait())
@@ -338,6 +337,47 @@ impl Request<'_> {
     }
 }
 
+/// A break of the line protocol: the body process cannot be talked to, or answered with a
+/// line that is not an answer for this execution.
+#[derive(Debug, thiserror::Error)]
+enum ProtocolError {
+    /// The request line cannot be written.
+    #[error("cannot write to the body process: {0}")]
+    Write(#[source] std::io::Error),
+    /// The body closed its stdout (it is exiting, as a rule).
+    #[error("{STDOUT_CLOSED}")]
+    StdoutClosed,
+    /// The answer line cannot be read.
+    #[error("cannot read from the body process: {0}")]
+    Read(#[source] std::io::Error),
+    /// The line is not JSON (or too deep, or a number out of range).
+    #[error("the body process wrote a line that is not JSON ({source}): {start}")]
+    NotJson {
+        /// The parser's error.
+        #[source]
+        source: perago_core::json::JsonError,
+        /// The line's first 120 characters.
+        start: String,
+    },
+    /// The answer names another execution.
+    #[error("the body process answered for execution {answered_for}, not {execution_id}")]
+    OtherExecution {
+        /// The line's `execution_id` (null when it has none).
+        answered_for: Value,
+        /// The execution asked for.
+        execution_id: String,
+    },
+    /// The answer has no `result` and no `error` object.
+    #[error("the body process answered with neither result nor error")]
+    NoAnswer,
+    /// No answer within the assignment's time limit.
+    #[error("body timed out after {seconds}s (task.timeout_seconds) and was stopped")]
+    TimedOut {
+        /// The limit, whole seconds rounded up.
+        seconds: f64,
+    },
+}
+
 /// A well-formed answer.
 #[derive(Debug)]
 enum Answer {
@@ -354,7 +394,7 @@ async fn exchange(
     execution_id: &str,
     request: &Request<'_>,
     soft: Option<&SoftLimit>,
-) -> Result<Answer, String> {
+) -> Result<Answer, ProtocolError> {
     let Running {
         stdin,
         stdout,
@@ -367,7 +407,7 @@ async fn exchange(
     let written = stdin.write_all(out.as_bytes()).await;
     keep_or_let_go(out);
     if let Err(e) = written {
-        return Err(format!("cannot write to the body process: {e}"));
+        return Err(ProtocolError::Write(e));
     }
     let _ = stdin.flush().await;
     line.clear();
@@ -392,7 +432,7 @@ async fn exchange(
         }
     };
     let answered = match read {
-        Ok(0) => Err(STDOUT_CLOSED.to_owned()),
+        Ok(0) => Err(ProtocolError::StdoutClosed),
         Ok(_) => {
             // As `lines()` gives it: without its `\n` or `\r\n`.
             if line.ends_with('\n') {
@@ -403,7 +443,7 @@ async fn exchange(
             }
             answer(line, execution_id)
         }
-        Err(e) => Err(format!("cannot read from the body process: {e}")),
+        Err(e) => Err(ProtocolError::Read(e)),
     };
     keep_or_let_go(line);
     answered
@@ -419,12 +459,10 @@ fn keep_or_let_go(buffer: &mut String) {
 /// Checks the response line read for `execution_id`: whole, as it would be parsed (depth,
 /// syntax, numbers: the same errors), then only its top level is read; `result` is kept as
 /// the text it is.
-fn answer(answer: &str, execution_id: &str) -> Result<Answer, String> {
-    let not_json = |e: perago_core::json::JsonError| {
-        format!(
-            "the body process wrote a line that is not JSON ({e}): {}",
-            answer.chars().take(120).collect::<String>()
-        )
+fn answer(answer: &str, execution_id: &str) -> Result<Answer, ProtocolError> {
+    let not_json = |source: perago_core::json::JsonError| ProtocolError::NotJson {
+        source,
+        start: answer.chars().take(120).collect(),
     };
     perago_core::json::check(answer).map_err(not_json)?;
     // Anything but an object has no members (its `execution_id` reads as null).
@@ -436,9 +474,10 @@ fn answer(answer: &str, execution_id: &str) -> Result<Answer, String> {
     let parsed = |text: &str| perago_core::json::from_str(text).map_err(not_json);
     let answered_for = member("execution_id").map_or(Ok(Value::Null), parsed)?;
     if answered_for != json!(execution_id) {
-        return Err(format!(
-            "the body process answered for execution {answered_for}, not {execution_id}"
-        ));
+        return Err(ProtocolError::OtherExecution {
+            answered_for,
+            execution_id: execution_id.to_owned(),
+        });
     }
     if let Some(result) = member("result") {
         // Room for the output's `{"result":` and `}` around it (see `workspace_free_output`).
@@ -450,7 +489,7 @@ fn answer(answer: &str, execution_id: &str) -> Result<Answer, String> {
         Some(error) if perago_core::json::kind(error) == Kind::Object => {
             Ok(Answer::Error(parsed(error)?))
         }
-        _ => Err("the body process answered with neither result nor error".to_owned()),
+        _ => Err(ProtocolError::NoAnswer),
     }
 }
 
@@ -513,7 +552,7 @@ mod tests {
         assert_eq!(line, format!("{before}\n"));
     }
 
-    fn read(line: &str) -> Result<Answer, String> {
+    fn read(line: &str) -> Result<Answer, ProtocolError> {
         answer(line, "e-1")
     }
 
@@ -556,7 +595,7 @@ mod tests {
         ] {
             let e = perago_core::json::from_str(line).unwrap_err();
             assert_eq!(
-                read(line).unwrap_err(),
+                read(line).unwrap_err().to_string(),
                 format!(
                     "the body process wrote a line that is not JSON ({e}): {}",
                     line.chars().take(120).collect::<String>()
@@ -564,19 +603,23 @@ mod tests {
             );
         }
         assert_eq!(
-            read(r#"{"execution_id": "e-2", "result": 1}"#).unwrap_err(),
+            read(r#"{"execution_id": "e-2", "result": 1}"#)
+                .unwrap_err()
+                .to_string(),
             "the body process answered for execution \"e-2\", not e-1"
         );
         assert_eq!(
-            read(r#"{"execution_id": {"a": [1, 2]}, "result": 1}"#).unwrap_err(),
+            read(r#"{"execution_id": {"a": [1, 2]}, "result": 1}"#)
+                .unwrap_err()
+                .to_string(),
             r#"the body process answered for execution {"a":[1,2]}, not e-1"#
         );
         assert_eq!(
-            read("[1]").unwrap_err(),
+            read("[1]").unwrap_err().to_string(),
             "the body process answered for execution null, not e-1"
         );
         assert_eq!(
-            read(r#"{"result": 1}"#).unwrap_err(),
+            read(r#"{"result": 1}"#).unwrap_err().to_string(),
             "the body process answered for execution null, not e-1"
         );
         for line in [
@@ -584,9 +627,18 @@ mod tests {
             r#"{"execution_id": "e-1", "error": "no"}"#,
         ] {
             assert_eq!(
-                read(line).unwrap_err(),
+                read(line).unwrap_err().to_string(),
                 "the body process answered with neither result nor error"
             );
+            assert!(matches!(answer(line, "e-1"), Err(ProtocolError::NoAnswer)));
         }
+        assert!(matches!(
+            answer("[1,", "e-1"),
+            Err(ProtocolError::NotJson { .. })
+        ));
+        assert!(matches!(
+            answer(r#"{"execution_id": "e-2", "result": 1}"#, "e-1"),
+            Err(ProtocolError::OtherExecution { ref answered_for, .. }) if *answered_for == json!("e-2")
+        ));
     }
 }

@@ -43,7 +43,9 @@ impl Default for RecycleLimits {
 impl RecycleLimits {
     /// The limits the supervisor passed (`PERAGO_EXECUTOR_MAX_TASKS`,
     /// `PERAGO_EXECUTOR_MAX_MEMORY`).
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+    pub fn from_lookup(
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, perago_core::capacity::CapacityError> {
         let capacity = Capacity::from_lookup(lookup)?;
         Ok(Self {
             max_tasks: capacity.max_tasks_per_executor,
@@ -161,5 +163,17 @@ mod tests {
         assert_eq!(limits.max_tasks, Some(3));
         assert_eq!(limits.max_memory, Some(64 * MIB));
         assert!(!RecycleLimits::from_lookup(|_| None).unwrap().any());
+        let bad = RecycleLimits::from_lookup(|name| {
+            (name == perago_core::capacity::PERAGO_EXECUTOR_MAX_TASKS).then(|| "0".to_owned())
+        })
+        .unwrap_err();
+        assert!(matches!(
+            bad.problems.as_slice(),
+            [perago_core::capacity::CapacityProblem::NotAPositiveCount { .. }]
+        ));
+        assert_eq!(
+            bad.to_string(),
+            "PERAGO_EXECUTOR_MAX_TASKS=\"0\": expected a count of at least 1"
+        );
     }
 }

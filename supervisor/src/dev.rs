@@ -26,9 +26,73 @@ use perago_core::{
     taskdef::task_def,
 };
 use perago_devstack::conductor::ConductorServer;
-use perago_executor::workspace::lakefs::{LakefsClient, LakefsConfig};
+use perago_executor::workspace::lakefs::{
+    LakefsClient, LakefsConfig, LakefsConfigError, LakefsError,
+};
 use serde_json::{Value, json};
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+/// What failed in `dev` around the runtime: its devstack, or the workflows it started.
+#[derive(Debug, thiserror::Error)]
+pub enum DevError {
+    /// devstack's Conductor cannot start.
+    #[error("cannot start devstack: {0}")]
+    Conductor(#[source] perago_devstack::DevstackError),
+    /// devstack's Conductor URL makes no client.
+    #[error(transparent)]
+    ConductorUrl(#[from] perago_core::conductor::BaseUrlError),
+    /// The TaskDef, the workflow or a workflow run cannot be created.
+    #[error("cannot set up devstack: {0}")]
+    Setup(#[source] perago_core::conductor::ConductorError),
+    /// This program's path (to run it in a role) is unknown.
+    #[error("cannot find this program to run the {role} role: {source}")]
+    ThisProgram {
+        /// The role argument.
+        role: &'static str,
+        /// The error of `current_exe`.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Workflows that did not complete.
+    #[error("{count} workflow(s) did not complete")]
+    Incomplete {
+        /// How many.
+        count: usize,
+    },
+    /// devstack's lakeFS cannot start.
+    #[error("cannot start devstack lakeFS: {0}")]
+    LakefsStart(#[source] perago_devstack::DevstackError),
+    /// devstack's lakeFS endpoint makes no client.
+    #[error("cannot reach devstack lakeFS: {0}")]
+    LakefsClient(#[source] LakefsConfigError),
+    /// The dev repository cannot be created.
+    #[error("cannot create the dev repository: {0}")]
+    Repository(#[source] LakefsError),
+    /// A folder of the seed cannot be listed.
+    #[error("cannot read the seed folder {}: {source}", dir.display())]
+    SeedFolder {
+        /// The folder.
+        dir: std::path::PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file of the seed cannot be read.
+    #[error("cannot read {}: {source}", path.display())]
+    SeedFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A seed file cannot be uploaded.
+    #[error("cannot seed the dev repository: {0}")]
+    Seed(#[source] LakefsError),
+    /// The seed cannot be committed.
+    #[error("cannot commit the seed: {0}")]
+    CommitSeed(#[source] LakefsError),
+}
 
 /// How often the watcher reads the workflows back from the embedded server.
 const WATCH_EVERY: Duration = Duration::from_millis(50);
@@ -113,16 +177,15 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| ExpectedError::Runtime(format!("cannot start the async runtime: {e}")))?;
+        .map_err(ExpectedError::AsyncRuntime)?;
     runtime.block_on(async {
         let server = ConductorServer::builder()
             .bind("127.0.0.1:0")
             .await
-            .map_err(|e| ExpectedError::Runtime(format!("cannot start devstack: {e}")))?;
+            .map_err(DevError::Conductor)?;
         let url = server.base_url();
         eprintln!("devstack Conductor at {url}");
-        let client =
-            ConductorClient::new(&url).map_err(|e| ExpectedError::Runtime(e.to_string()))?;
+        let client = ConductorClient::new(&url).map_err(DevError::from)?;
         let mut child_env = vec![(
             perago_core::env::PERAGO_POLL_WAIT_MS.to_owned(),
             "500".to_owned(),
@@ -193,9 +256,7 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
                 }
                 Ok::<_, perago_core::conductor::ConductorError>(ids)
             };
-            task.ids = setup
-                .await
-                .map_err(|e| ExpectedError::Runtime(format!("cannot set up devstack: {e}")))?;
+            task.ids = setup.await.map_err(DevError::Setup)?;
             eprintln!(
                 "started {} workflow(s) of {name}; running with {} executor(s) in {mode} mode",
                 task.ids.len(),
@@ -215,22 +276,15 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
             } else {
                 base.clone()
             };
-            let locked = crate::runtime::root::lock(&root, vars, Duration::ZERO)
-                .await
-                .map_err(|e| ExpectedError::Root(e.to_string()))?;
+            let locked = crate::runtime::root::lock(&root, vars, Duration::ZERO).await?;
             let launcher = match mode {
-                ExecutionMode::Thread => {
-                    Launcher::thread(Arc::new(manifest.clone())).map_err(ExpectedError::Runtime)?
-                }
+                ExecutionMode::Thread => Launcher::thread(Arc::new(manifest.clone()))?,
                 ExecutionMode::Process => {
                     let this =
                         |role, variable: &str| match vars.get(variable).filter(|v| !v.is_empty()) {
                             Some(path) => Ok(Program::binary(path.into())),
-                            None => Program::this_program(role).map_err(|e| {
-                                ExpectedError::Runtime(format!(
-                                    "cannot find this program to run the {role} role: {e}"
-                                ))
-                            }),
+                            None => Program::this_program(role)
+                                .map_err(|source| DevError::ThisProgram { role, source }),
                         };
                     Launcher::Process {
                         lock_fd: Some(locked.lock_fd()),
@@ -303,9 +357,7 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
             outcome.len() - failed
         );
         if failed > 0 {
-            return Err(ExpectedError::Runtime(format!(
-                "{failed} workflow(s) did not complete"
-            )));
+            return Err(DevError::Incomplete { count: failed }.into());
         }
         Ok(())
     })
@@ -317,19 +369,14 @@ async fn start_lakefs()
     let server = perago_devstack::lakefs::LakefsServer::builder()
         .bind("127.0.0.1:0")
         .await
-        .map_err(|e| runtime_err("start devstack lakeFS", &e))?;
+        .map_err(DevError::LakefsStart)?;
     let config = LakefsConfig {
         endpoint: server.endpoint(),
         access_key_id: server.credentials().access_key_id.clone(),
         secret_access_key: server.credentials().secret_access_key.clone(),
     };
-    let client =
-        LakefsClient::new(&config).map_err(|e| runtime_err("reach devstack lakeFS", &e))?;
+    let client = LakefsClient::new(&config).map_err(DevError::LakefsClient)?;
     Ok((server, client))
-}
-
-fn runtime_err(what: &str, e: &dyn std::fmt::Display) -> ExpectedError {
-    ExpectedError::Runtime(format!("cannot {what}: {e}"))
 }
 
 /// The manifest's dev repository, seeded from its `[dev] seed` folder.
@@ -346,13 +393,15 @@ async fn seed(
             &dev.branch,
         )
         .await
-        .map_err(|e| runtime_err("create the dev repository", &e))?;
+        .map_err(DevError::Repository)?;
     let mut seeded = 0;
     if let Some(seed) = &dev.seed {
         let mut stack = vec![seed.clone()];
         while let Some(dir) = stack.pop() {
-            let entries = std::fs::read_dir(&dir)
-                .map_err(|e| runtime_err(&format!("read the seed folder {}", dir.display()), &e))?;
+            let entries = std::fs::read_dir(&dir).map_err(|source| DevError::SeedFolder {
+                dir: dir.clone(),
+                source,
+            })?;
             for entry in entries.flatten() {
                 let path = entry.path();
                 if path.is_dir() {
@@ -365,12 +414,14 @@ async fn seed(
                     .map(|c| c.as_os_str().to_string_lossy().into_owned())
                     .collect::<Vec<_>>()
                     .join("/");
-                let bytes = std::fs::read(&path)
-                    .map_err(|e| runtime_err(&format!("read {}", path.display()), &e))?;
+                let bytes = std::fs::read(&path).map_err(|source| DevError::SeedFile {
+                    path: path.clone(),
+                    source,
+                })?;
                 client
                     .upload(&dev.repository, &dev.branch, &key, bytes)
                     .await
-                    .map_err(|e| runtime_err("seed the dev repository", &e))?;
+                    .map_err(DevError::Seed)?;
                 seeded += 1;
             }
         }
@@ -383,7 +434,7 @@ async fn seed(
                     &serde_json::Map::new(),
                 )
                 .await
-                .map_err(|e| runtime_err("commit the seed", &e))?;
+                .map_err(DevError::CommitSeed)?;
         }
     }
     eprintln!(
@@ -458,4 +509,62 @@ async fn watch(
     }
     let _ = done.send(());
     statuses
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dev_errors_keep_their_texts_and_causes() {
+        use std::error::Error as _;
+        let io = || std::io::Error::other("denied");
+        let errors = [
+            DevError::ThisProgram {
+                role: BROKER_ROLE_ARG,
+                source: io(),
+            },
+            DevError::Incomplete { count: 1 },
+            DevError::SeedFolder {
+                dir: "/seed".into(),
+                source: io(),
+            },
+            DevError::SeedFile {
+                path: "/seed/a".into(),
+                source: io(),
+            },
+            DevError::LakefsClient(LakefsConfigError::Endpoint {
+                endpoint: "x".to_owned(),
+            }),
+        ];
+        assert_eq!(
+            errors.each_ref().map(ToString::to_string),
+            [
+                "cannot find this program to run the __perago-broker role: denied",
+                "1 workflow(s) did not complete",
+                "cannot read the seed folder /seed: denied",
+                "cannot read /seed/a: denied",
+                "cannot reach devstack lakeFS: LAKEFS_ENDPOINT \"x\" is invalid: expected an http:// or https:// URL",
+            ]
+        );
+        assert!(errors[2].source().is_some());
+        assert!(matches!(
+            ExpectedError::from(DevError::Incomplete { count: 1 }),
+            ExpectedError::Dev(DevError::Incomplete { count: 1 })
+        ));
+    }
+
+    #[test]
+    fn thread_mode_refuses_an_executor_binary_by_its_variant() {
+        let manifest = Manifest::parse(
+            std::path::Path::new("task.toml"),
+            std::path::Path::new("/srv"),
+            "[task]\nname = \"t\"\nkind = \"workspace-free\"\ntimeout_seconds = 1\n\n[body]\nexecutor = \"/bin/true\"\n",
+        )
+        .unwrap();
+        assert!(matches!(
+            Launcher::thread(Arc::new(manifest)),
+            Err(crate::errors::ThreadModeError::ExecutorBinary { .. })
+        ));
+    }
 }

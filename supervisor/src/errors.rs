@@ -3,6 +3,25 @@
 use perago_core::{manifest::ManifestError, mode::ExecutionModeError, mode::WorkerCountError};
 use std::{io, path::PathBuf};
 
+pub use crate::dev::DevError;
+pub use crate::runtime::root::RootError;
+pub use crate::runtime::supervise::RuntimeError;
+pub use crate::status::{NoAnswer, ProbeError};
+
+/// Thread mode cannot run this manifest.
+#[derive(Debug, thiserror::Error)]
+pub enum ThreadModeError {
+    /// A `body.executor` binary is a process of its own.
+    #[error(
+        "body.executor {} cannot run in thread mode; use --execution-mode process",
+        path.display()
+    )]
+    ExecutorBinary {
+        /// The executor binary.
+        path: PathBuf,
+    },
+}
+
 /// Exit codes, documented in the README.
 pub mod exit_codes {
     /// Success, or a clean drain.
@@ -62,17 +81,32 @@ pub enum ExpectedError {
         cause: String,
     },
     /// The workspace root is locked or cannot be prepared.
-    #[error("{0}")]
-    Root(String),
-    /// The runtime failed (e.g. the broker died).
-    #[error("{0}")]
-    Runtime(String),
-    /// The drain hit the shutdown deadline and running executors were killed.
-    #[error("{0}")]
-    ForceKilled(String),
+    #[error(transparent)]
+    Root(#[from] RootError),
+    /// The async runtime cannot start.
+    #[error("cannot start the async runtime: {0}")]
+    AsyncRuntime(#[source] io::Error),
+    /// Thread mode cannot run this manifest.
+    #[error(transparent)]
+    ThreadMode(#[from] ThreadModeError),
+    /// The runtime failed (the broker died, refused a generation, another runtime owns the
+    /// socket, …) or, with [`RuntimeError::ForceKilled`], its drain hit the shutdown deadline
+    /// and running executors were killed.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// `dev` could not set up or finish its devstack run.
+    #[error(transparent)]
+    Dev(#[from] DevError),
+    /// `status` (or a probe) found no runtime, or a ready probe found it draining.
+    #[error(transparent)]
+    Probe(#[from] ProbeError),
     /// Several problems at once (several manifests, several TaskDefs), one per line.
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
     Each(Vec<ExpectedError>),
+    /// The runtimes of several task types, of which these failed: one line each, named by
+    /// task.
+    #[error("{}", .0.iter().map(|(task, e)| format!("task {task}: {e}")).collect::<Vec<_>>().join("\n"))]
+    Runtimes(Vec<(String, RuntimeError)>),
 }
 
 impl ExpectedError {
@@ -80,10 +114,18 @@ impl ExpectedError {
     pub fn process_exit_code(&self) -> i32 {
         match self {
             Self::WorkerCount(_) | Self::Usage(_) => exit_codes::USAGE,
-            Self::ForceKilled(_) => exit_codes::FORCE_KILLED,
+            Self::Runtime(RuntimeError::ForceKilled { .. }) => exit_codes::FORCE_KILLED,
             Self::Each(all) => all
                 .first()
                 .map_or(exit_codes::FAILURE, Self::process_exit_code),
+            // A broker death outweighs a deadline.
+            Self::Runtimes(failed)
+                if failed
+                    .iter()
+                    .all(|(_, e)| matches!(e, RuntimeError::ForceKilled { .. })) =>
+            {
+                exit_codes::FORCE_KILLED
+            }
             _ => exit_codes::FAILURE,
         }
     }
@@ -95,10 +137,66 @@ mod tests {
 
     #[test]
     fn a_forced_shutdown_has_its_own_exit_code() {
-        let forced = ExpectedError::ForceKilled("deadline".to_owned());
+        let forced = ExpectedError::from(RuntimeError::ForceKilled {
+            deadline: std::time::Duration::from_secs(5),
+        });
         assert_eq!(forced.process_exit_code(), exit_codes::FORCE_KILLED);
         assert_eq!(exit_codes::FORCE_KILLED, 3);
-        let died = ExpectedError::Runtime("the broker exited".to_owned());
+        assert_eq!(
+            forced.to_string(),
+            "the drain did not finish within PERAGO_SHUTDOWN_FORCE_KILL_AFTER (5s): executors still running were killed and their tasks reported FAILED"
+        );
+        let died = ExpectedError::from(RuntimeError::BrokerDied {
+            status: "exit status: 1".to_owned(),
+        });
         assert_eq!(died.process_exit_code(), exit_codes::FAILURE);
+        assert_eq!(
+            died.to_string(),
+            "the broker exited (exit status: 1) while the runtime was running"
+        );
+        let failures = [
+            ExpectedError::from(RootError::Locked {
+                root: "/r".into(),
+                pid: "7".to_owned(),
+                host: "h".to_owned(),
+            }),
+            ExpectedError::AsyncRuntime(io::Error::other("no threads")),
+            ExpectedError::from(ThreadModeError::ExecutorBinary { path: "/x".into() }),
+            ExpectedError::from(DevError::Incomplete { count: 2 }),
+            ExpectedError::from(ProbeError::NotServing {
+                socket: "/s".into(),
+                status: "NOT_SERVING",
+            }),
+        ];
+        for failure in &failures {
+            assert_eq!(
+                failure.process_exit_code(),
+                exit_codes::FAILURE,
+                "{failure}"
+            );
+        }
+        assert_eq!(
+            failures.map(|f| f.to_string()),
+            [
+                "workspace root /r is locked by perago supervisor pid 7 on h",
+                "cannot start the async runtime: no threads",
+                "body.executor /x cannot run in thread mode; use --execution-mode process",
+                "2 workflow(s) did not complete",
+                "the broker at /s is NOT_SERVING (draining)",
+            ]
+        );
+    }
+
+    #[test]
+    fn errors_keep_their_causes() {
+        use std::error::Error as _;
+        let error = ExpectedError::AsyncRuntime(io::Error::other("no threads"));
+        assert_eq!(error.source().unwrap().to_string(), "no threads");
+        let error = ExpectedError::from(RootError::Io {
+            path: "/r".into(),
+            source: io::Error::other("denied"),
+        });
+        assert!(matches!(error, ExpectedError::Root(RootError::Io { .. })));
+        assert_eq!(error.source().unwrap().to_string(), "denied");
     }
 }

@@ -83,25 +83,29 @@ fn split_jobs(values: &[String]) -> Result<(String, Vec<(String, String)>), Expe
     Ok((every.unwrap_or("1").to_owned(), named))
 }
 
+fn capacity_problems(e: perago_core::capacity::CapacityError) -> ExpectedError {
+    ExpectedError::Config(e.problems.iter().map(ToString::to_string).collect())
+}
+
 /// `-j`, the capacity settings and the execution mode, before anything touches the manifest.
 pub(crate) fn resolve_args(
     args: &StartArgs,
     vars: &BTreeMap<String, String>,
 ) -> Result<StartPlan, ExpectedError> {
     let (every, named) = split_jobs(&args.jobs)?;
-    parse_jobs(&every).map_err(ExpectedError::Usage)?;
+    parse_jobs(&every).map_err(|e| ExpectedError::Usage(e.to_string()))?;
     for (_, jobs) in &named {
-        parse_jobs(jobs).map_err(ExpectedError::Usage)?;
+        parse_jobs(jobs).map_err(|e| ExpectedError::Usage(e.to_string()))?;
     }
     let lookup = |name: &str| vars.get(name).cloned();
     let capacity =
-        Capacity::resolve(&args.capacity_flags(&every), lookup).map_err(ExpectedError::Config)?;
+        Capacity::resolve(&args.capacity_flags(&every), lookup).map_err(capacity_problems)?;
     let named = named
         .into_iter()
         .map(|(name, jobs)| {
             Capacity::resolve(&args.capacity_flags(&jobs), lookup)
                 .map(|c| (name, c))
-                .map_err(ExpectedError::Config)
+                .map_err(capacity_problems)
         })
         .collect::<Result<_, _>>()?;
     let mode = ExecutionMode::resolve(
@@ -276,7 +280,7 @@ pub(crate) fn start(
         if let Some(user) = &manifest.body.user
             && let Err(e) = perago_core::process::body_user(user)
         {
-            add(e);
+            add(e.to_string());
         }
         if let Some(prefix) = prefix {
             tasks.push(TaskPlan {
@@ -322,7 +326,7 @@ pub(crate) fn start(
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| ExpectedError::Runtime(format!("cannot start the async runtime: {e}")))?;
+        .map_err(ExpectedError::AsyncRuntime)?;
     runtime.block_on(async {
         // Every TaskDef is checked before anything starts, every problem reported at once.
         let mut missing = Vec::new();
@@ -351,11 +355,11 @@ pub(crate) fn start(
             let root_path = workspace_root_of(name, vars, several);
             let locked = root::lock(&root_path, vars, lock_wait)
                 .await
-                .map_err(|e| ExpectedError::Root(e.to_string()))?;
+                ?;
             tracing::info!(task = %name, root = %locked.root.display(), runtime_dir = %locked.runtime_dir.display(), "workspace root locked");
             // Another runtime's broker on the socket: touch nothing of it, not even its attempts.
             if let Some(foreign) = supervise::foreign_broker(&locked.socket).await {
-                return Err(ExpectedError::Runtime(foreign.to_string()));
+                return Err(foreign.into());
             }
             locks.push(locked);
         }
@@ -399,8 +403,7 @@ pub(crate) fn start(
                         }
                     }),
                 },
-                ExecutionMode::Thread => Launcher::thread(Arc::new(manifest.clone()))
-                    .map_err(ExpectedError::Runtime)?,
+                ExecutionMode::Thread => Launcher::thread(Arc::new(manifest.clone()))?,
             };
             let spec = RuntimeSpec {
                 task_name: manifest.task.name.clone(),
@@ -455,32 +458,18 @@ pub(crate) fn outcome(
     results: Vec<(String, Result<(), RuntimeError>)>,
 ) -> Result<(), ExpectedError> {
     let several = results.len() > 1;
-    let failures: Vec<(String, RuntimeError)> = results
+    let mut failures: Vec<(String, RuntimeError)> = results
         .into_iter()
         .filter_map(|(name, r)| r.err().map(|e| (name, e)))
         .collect();
     if failures.is_empty() {
         return Ok(());
     }
-    let forced = failures
-        .iter()
-        .all(|(_, e)| matches!(e, RuntimeError::ForceKilled { .. }));
-    let text = failures
-        .iter()
-        .map(|(name, e)| {
-            if several {
-                format!("task {name}: {e}")
-            } else {
-                e.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    Err(if forced {
-        ExpectedError::ForceKilled(text)
-    } else {
-        ExpectedError::Runtime(text)
-    })
+    if !several {
+        let (_, e) = failures.remove(0);
+        return Err(e.into());
+    }
+    Err(ExpectedError::Runtimes(failures))
 }
 
 #[cfg(test)]

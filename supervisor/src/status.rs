@@ -18,6 +18,42 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
+/// `status` or a probe found no runtime, or a ready probe found it draining.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// Nothing answers on the socket.
+    #[error("no perago runtime answers at {}: {cause}", socket.display())]
+    NoAnswer {
+        /// The runtime's socket.
+        socket: PathBuf,
+        /// Why there is no answer.
+        #[source]
+        cause: NoAnswer,
+    },
+    /// `--probe ready`: the broker answers but does not serve (it is draining).
+    #[error("the broker at {} is {status} (draining)", socket.display())]
+    NotServing {
+        /// The runtime's socket.
+        socket: PathBuf,
+        /// The health status's name.
+        status: &'static str,
+    },
+}
+
+/// Why a runtime's socket gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum NoAnswer {
+    /// Connecting or calling took longer than 5 s.
+    #[error("no answer within 5 s")]
+    Timeout,
+    /// The connection failed; the text is its cause's (`Connection refused …`).
+    #[error("{}", std::error::Error::source(.0).map_or_else(|| .0.to_string(), ToString::to_string))]
+    Connect(#[source] tonic::transport::Error),
+    /// The call failed; the text is the status's message.
+    #[error("{}", .0.message())]
+    Call(#[source] Box<tonic::Status>),
+}
+
 /// The broker sockets to ask: `--socket`; each manifest's runtime (through its workspace
 /// root, as `start` placed it, or the running supervisors' records); or, with neither, every
 /// runtime of every running supervisor of this user.
@@ -324,10 +360,8 @@ fn probe(
             perago_executor::slot::connect(socket),
         )
         .await
-        .map_err(|_| "no answer within 5 s".to_owned())?
-        .map_err(|e| {
-            std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string())
-        })?;
+        .map_err(|_| NoAnswer::Timeout)?
+        .map_err(NoAnswer::Connect)?;
         tokio::time::timeout(
             Duration::from_secs(5),
             HealthClient::new(channel).check(HealthCheckRequest {
@@ -335,24 +369,22 @@ fn probe(
             }),
         )
         .await
-        .map_err(|_| "no answer within 5 s".to_owned())?
+        .map_err(|_| NoAnswer::Timeout)?
         .map(|r| r.into_inner().status())
-        .map_err(|s| s.message().to_owned())
+        .map_err(|s| NoAnswer::Call(Box::new(s)))
     });
-    let status = answer.map_err(|cause| {
-        ExpectedError::Runtime(format!(
-            "no perago runtime answers at {}: {cause}",
-            socket.display()
-        ))
+    let status = answer.map_err(|cause| ProbeError::NoAnswer {
+        socket: socket.to_owned(),
+        cause,
     })?;
     crate::out::print(&format!("{}\n", status.as_str_name()))?;
     match (kind, status) {
         (Probe::Live, _) | (Probe::Ready, ServingStatus::Serving) => Ok(()),
-        (Probe::Ready, other) => Err(ExpectedError::Runtime(format!(
-            "the broker at {} is {} (draining)",
-            socket.display(),
-            other.as_str_name()
-        ))),
+        (Probe::Ready, other) => Err(ProbeError::NotServing {
+            socket: socket.to_owned(),
+            status: other.as_str_name(),
+        }
+        .into()),
     }
 }
 
@@ -367,24 +399,23 @@ fn ask(
             perago_executor::slot::connect(socket),
         )
         .await
-        .map_err(|_| "no answer within 5 s".to_owned())?
-        .map_err(|e| {
-            std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string())
-        })?;
+        .map_err(|_| NoAnswer::Timeout)?
+        .map_err(NoAnswer::Connect)?;
         tokio::time::timeout(
             Duration::from_secs(5),
             AdminClient::new(channel).status(StatusRequest {}),
         )
         .await
-        .map_err(|_| "no answer within 5 s".to_owned())?
+        .map_err(|_| NoAnswer::Timeout)?
         .map(tonic::Response::into_inner)
-        .map_err(|s| s.message().to_owned())
+        .map_err(|s| NoAnswer::Call(Box::new(s)))
     });
     answer.map_err(|cause| {
-        ExpectedError::Runtime(format!(
-            "no perago runtime answers at {}: {cause}",
-            socket.display()
-        ))
+        ProbeError::NoAnswer {
+            socket: socket.to_owned(),
+            cause,
+        }
+        .into()
     })
 }
 
@@ -396,7 +427,7 @@ pub(crate) fn status(
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| ExpectedError::Runtime(format!("cannot start the async runtime: {e}")))?;
+        .map_err(ExpectedError::AsyncRuntime)?;
     if let Some(kind) = args.probe {
         // Every runtime must pass: a probe of a supervisor is a probe of all its task types.
         let failed: Vec<ExpectedError> = sockets
@@ -457,6 +488,42 @@ pub(crate) fn status(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_answer_says_why_by_its_variant() {
+        let error = ProbeError::NoAnswer {
+            socket: "/run/broker.sock".into(),
+            cause: NoAnswer::Timeout,
+        };
+        assert!(matches!(
+            error,
+            ProbeError::NoAnswer {
+                cause: NoAnswer::Timeout,
+                ..
+            }
+        ));
+        assert_eq!(
+            error.to_string(),
+            "no perago runtime answers at /run/broker.sock: no answer within 5 s"
+        );
+        let call = NoAnswer::Call(Box::new(tonic::Status::unavailable("gone away")));
+        assert_eq!(call.to_string(), "gone away");
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_names_its_cause() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("none.sock");
+        let cause = perago_executor::slot::connect(&socket)
+            .await
+            .map_err(NoAnswer::Connect)
+            .unwrap_err();
+        assert!(matches!(cause, NoAnswer::Connect(_)));
+        assert!(
+            !cause.to_string().contains("transport error"),
+            "the cause, not tonic's wrapper: {cause}"
+        );
+    }
 
     #[test]
     fn capacity_shows_what_is_on_and_why_admission_is_closed() {

@@ -13,7 +13,7 @@ pub use load::{
     DEFAULT_RETRY_DELAY_SECONDS,
 };
 pub use model::*;
-pub use schemas::{Schema, Schemas};
+pub use schemas::{Schema, SchemaError, SchemaViolations, Schemas, Violation};
 
 #[cfg(test)]
 mod tests;

@@ -3,13 +3,72 @@
 use super::{model::TaskSpec, reader::Problems};
 use serde_json::Value;
 use std::{
-    fmt,
+    fmt, io,
     path::{Path, PathBuf},
     sync::Arc,
 };
 
 /// How many schema violations a failure reason lists before "and N more".
 const MAX_LISTED_VIOLATIONS: usize = 3;
+
+/// A schema file that could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    /// The file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The schema file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// The file is not JSON.
+    #[error("{} is not valid JSON: {source}", path.display())]
+    Json {
+        /// The schema file.
+        path: PathBuf,
+        /// The parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The JSON is not a JSON Schema.
+    #[error("{} is not a valid JSON Schema: {message}", path.display())]
+    NotASchema {
+        /// The schema file.
+        path: PathBuf,
+        /// What the schema compiler says.
+        message: String,
+    },
+}
+
+/// One place where an instance breaks its schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// What was checked (`params`, `result`).
+    pub label: String,
+    /// The JSON pointer of the bad value (empty for the instance itself).
+    pub pointer: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}: {}", self.label, self.pointer, self.message)
+    }
+}
+
+/// An instance that does not match its schema: the first violations, and how many more there
+/// are. Displays as `<violation>; <violation>; and N more`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{}", listed.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "), if *more > 0 { format!("; and {more} more") } else { String::new() })]
+pub struct SchemaViolations {
+    /// The first violations (at most three).
+    pub listed: Vec<Violation>,
+    /// How many more there are.
+    pub more: usize,
+}
 
 /// One compiled JSON Schema.
 #[derive(Clone)]
@@ -27,13 +86,23 @@ impl fmt::Debug for Schema {
 
 impl Schema {
     /// Reads and compiles a schema file; the error says what is wrong with it.
-    pub fn load(path: &Path) -> Result<Self, String> {
-        let text = crate::files::read_regular(path, crate::files::MAX_CONFIG_BYTES)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let document: Value = serde_json::from_str(&text)
-            .map_err(|e| format!("{} is not valid JSON: {e}", path.display()))?;
-        let validator = jsonschema::validator_for(&document)
-            .map_err(|e| format!("{} is not a valid JSON Schema: {e}", path.display()))?;
+    pub fn load(path: &Path) -> Result<Self, SchemaError> {
+        let text =
+            crate::files::read_regular(path, crate::files::MAX_CONFIG_BYTES).map_err(|source| {
+                SchemaError::Read {
+                    path: path.to_owned(),
+                    source,
+                }
+            })?;
+        let document: Value = serde_json::from_str(&text).map_err(|source| SchemaError::Json {
+            path: path.to_owned(),
+            source,
+        })?;
+        let validator =
+            jsonschema::validator_for(&document).map_err(|e| SchemaError::NotASchema {
+                path: path.to_owned(),
+                message: e.to_string(),
+            })?;
         Ok(Self {
             path: path.to_owned(),
             document,
@@ -53,13 +122,17 @@ impl Schema {
 
     /// Checks `instance`; the error lists the first violations, each as
     /// `<label><json pointer>: <message>` (e.g. `params/count: "x" is not of type "integer"`).
-    pub fn validate(&self, label: &str, instance: &Value) -> Result<(), String> {
+    pub fn validate(&self, label: &str, instance: &Value) -> Result<(), SchemaViolations> {
         let mut violations = self.validator.iter_errors(instance);
         let mut listed = Vec::new();
         let mut more = 0usize;
         for error in violations.by_ref() {
             if listed.len() < MAX_LISTED_VIOLATIONS {
-                listed.push(format!("{label}{}: {error}", error.instance_path()));
+                listed.push(Violation {
+                    label: label.to_owned(),
+                    pointer: error.instance_path().to_string(),
+                    message: error.to_string(),
+                });
             } else {
                 more += 1;
             }
@@ -67,11 +140,7 @@ impl Schema {
         if listed.is_empty() {
             return Ok(());
         }
-        let mut reason = listed.join("; ");
-        if more > 0 {
-            reason.push_str(&format!("; and {more} more"));
-        }
-        Err(reason)
+        Err(SchemaViolations { listed, more })
     }
 }
 
@@ -90,7 +159,7 @@ impl Schemas {
             path.as_ref().and_then(|path| match Schema::load(path) {
                 Ok(schema) => Some(schema),
                 Err(problem) => {
-                    p.add(key, problem);
+                    p.add(key, problem.to_string());
                     None
                 }
             })

@@ -581,15 +581,42 @@ mod files {
             schema.validate("params", &serde_json::json!({"n": 1})),
             Ok(())
         );
+        let text = |v: serde_json::Value| schema.validate("params", &v).map_err(|e| e.to_string());
         assert_eq!(
-            schema.validate("params", &serde_json::json!({"n": "x"})),
+            text(serde_json::json!({"n": "x"})),
             Err("params/n: \"x\" is not of type \"integer\"".to_owned())
         );
         assert_eq!(
-            schema.validate("params", &serde_json::json!({})),
+            text(serde_json::json!({})),
             Err("params: \"n\" is a required property".to_owned())
         );
+        let violations = schema
+            .validate("params", &serde_json::json!({"n": "x"}))
+            .unwrap_err();
+        assert_eq!(violations.more, 0);
+        assert_eq!(violations.listed.len(), 1);
+        assert_eq!(violations.listed[0].label, "params");
+        assert_eq!(violations.listed[0].pointer, "/n");
         assert!(m.schemas.result.is_none());
+    }
+
+    #[test]
+    fn schema_errors_say_what_failed() {
+        let tmp = tempfile::tempdir().unwrap();
+        write(tmp.path(), "bad.json", "{not json");
+        write(tmp.path(), "wrong.json", r#"{"type": 12}"#);
+        assert!(matches!(
+            crate::manifest::Schema::load(&tmp.path().join("missing.json")),
+            Err(crate::manifest::SchemaError::Read { .. })
+        ));
+        assert!(matches!(
+            crate::manifest::Schema::load(&tmp.path().join("bad.json")),
+            Err(crate::manifest::SchemaError::Json { .. })
+        ));
+        assert!(matches!(
+            crate::manifest::Schema::load(&tmp.path().join("wrong.json")),
+            Err(crate::manifest::SchemaError::NotASchema { .. })
+        ));
     }
 
     #[test]

@@ -124,7 +124,7 @@ pub(crate) fn merge(
             &base.snapshot,
             request.strategy,
         );
-        Arc::new(merged.map_err(|path| {
+        Arc::new(merged.map_err(|Conflict { path }| {
             tracing::info!(repository = %repo.id, source, destination, %path, base = %base.id, "merge conflict");
             LakefsError::MergeConflict
         })?)
@@ -179,6 +179,14 @@ pub(crate) fn merge_base(repo: &Repo, a: &Commit, b: &Commit) -> Option<Arc<Comm
         })
 }
 
+/// Both sides of a merge changed a path, and no strategy picks one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}")]
+struct Conflict {
+    /// The first conflicting path.
+    path: String,
+}
+
 /// The per-key three-way merge of source `s` and destination `d` from base `b`; on a conflict
 /// without a strategy, the first conflicting path.
 fn three_way(
@@ -186,7 +194,7 @@ fn three_way(
     d: &Snapshot,
     b: &Snapshot,
     strategy: Strategy,
-) -> Result<Snapshot, String> {
+) -> Result<Snapshot, Conflict> {
     let keys: BTreeSet<&String> = s.keys().chain(d.keys()).chain(b.keys()).collect();
     let mut out = Snapshot::new();
     for key in keys {
@@ -197,7 +205,7 @@ fn three_way(
             dv
         } else {
             match strategy {
-                Strategy::Default => return Err(key.clone()),
+                Strategy::Default => return Err(Conflict { path: key.clone() }),
                 Strategy::DestWins => dv,
                 Strategy::SourceWins => sv,
             }
@@ -323,7 +331,12 @@ mod tests {
         let base = snapshot(&[("k", "0")]);
         let src = snapshot(&[("k", "s")]);
         let dst = snapshot(&[]);
-        assert!(three_way(&src, &dst, &base, Strategy::Default).is_err());
+        assert_eq!(
+            three_way(&src, &dst, &base, Strategy::Default).unwrap_err(),
+            super::Conflict {
+                path: "k".to_owned()
+            }
+        );
         assert!(
             three_way(&src, &dst, &base, Strategy::DestWins)
                 .unwrap()

@@ -6,8 +6,8 @@
 
 use super::{
     lakefs::{LakefsClient, LakefsError},
-    paths::key_to_relative,
-    scan::{Changes, scan},
+    paths::{PathError, key_to_relative},
+    scan::{Changes, ScanError, scan},
 };
 use perago_core::{
     attempt::{AttemptSnapshot, FenceError},
@@ -58,15 +58,195 @@ pub struct Owner {
 use perago_core::owner::AttemptOwner;
 pub use perago_core::owner::OWNER_FILE;
 
-/// What a failed workspace step means for the result.
-#[derive(Debug)]
+/// A workspace step that failed; the assignment is FAILED with its text as the reason.
+#[derive(Debug, thiserror::Error)]
 pub enum WorkspaceFailure {
-    /// FAILED with this reason.
-    Failed(String),
+    /// The attempt directory cannot be created, written or opened.
+    #[error("cannot {action} the attempt directory {}: {source}", path.display())]
+    AttemptDir {
+        /// `create`, `write the owner file in`, `open`.
+        action: &'static str,
+        /// The attempt directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The owner file cannot be rewritten with the staging branch.
+    #[error("cannot record the staging branch in {}: {source}; nothing was published", file.display())]
+    OwnerFile {
+        /// The owner file.
+        file: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The attempt directory is not the one this executor created and filled any more.
+    #[error("the attempt directory {} is no longer the one this executor created and filled: {change}; its input snapshot is lost, so the change cannot be known; nothing was published", path.display())]
+    AttemptDirReplaced {
+        /// The attempt directory.
+        path: PathBuf,
+        /// What changed.
+        change: DirChange,
+    },
+    /// A lakeFS call of the download failed.
+    #[error("workspace download failed: {0}")]
+    Download(#[source] LakefsError),
+    /// An object key cannot be a path under the workspace.
+    #[error(transparent)]
+    UnsafeKey(#[from] PathError),
+    /// Two keys cannot both be laid out as files (`x` and `x/y`).
+    #[error(
+        "workspace download failed: object key {key:?} needs {folder:?} to be a folder, but it is an object too; a workspace cannot hold both; nothing was downloaded"
+    )]
+    KeyIsFolder {
+        /// The key that needs the folder.
+        key: String,
+        /// The key that is an object where a folder is needed.
+        folder: String,
+    },
+    /// A local folder for a download cannot be created.
+    #[error("cannot create {}: {source}", path.display())]
+    CreateFolder {
+        /// The folder.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A transfer task panicked or was cancelled.
+    #[error("{} task failed: {source}", transfer.article_name())]
+    TransferTask {
+        /// Which kind of transfer.
+        transfer: Transfer,
+        /// The join error.
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// The work folder cannot be scanned for the change.
+    #[error(transparent)]
+    Scan(#[from] ScanError),
+    /// More objects changed than the publish budget allows.
+    #[error(
+        "publish budget exceeded: {objects} objects changed, max_objects is {max}; nothing was published"
+    )]
+    TooManyObjects {
+        /// Objects changed.
+        objects: u64,
+        /// The budget.
+        max: u64,
+    },
+    /// More bytes to upload than the publish budget allows.
+    #[error(
+        "publish budget exceeded: {bytes} bytes to upload, max_bytes is {max}; nothing was published"
+    )]
+    TooManyBytes {
+        /// Bytes to upload.
+        bytes: u64,
+        /// The budget.
+        max: u64,
+    },
+    /// Cutting, uploading to or deleting on the staging branch failed.
+    #[error("staging failed: {0}")]
+    Staging(#[source] LakefsError),
+    /// Committing on the staging branch failed.
+    #[error("staging commit failed: {0}")]
+    StagingCommit(#[source] LakefsError),
+    /// The merge conflicts with a change made to the branch since the attempt read it.
+    #[error(
+        "publish failed: merge conflict: {branch} changed paths this attempt also changed since it read commit {source_commit}; nothing was published"
+    )]
+    MergeConflict {
+        /// The target branch.
+        branch: String,
+        /// The commit the attempt read.
+        source_commit: String,
+    },
+    /// The merge failed otherwise (and was not applied).
+    #[error("publish failed: {0}")]
+    Publish(#[source] LakefsError),
+    /// The fence read the attempt and it is no longer this one, running.
+    #[error("{source} ({when}); nothing was published")]
+    Fence {
+        /// What the fresh read shows.
+        #[source]
+        source: FenceError,
+        /// `before staging`, `before publishing`.
+        when: &'static str,
+    },
+    /// Conductor no longer knows the task.
+    #[error(
+        "stale attempt: Conductor no longer knows task {task_id} ({when}); nothing was published"
+    )]
+    TaskGone {
+        /// The task.
+        task_id: String,
+        /// `before staging`, `before publishing`.
+        when: &'static str,
+    },
+    /// The fence could not read the attempt for long enough.
+    #[error("attempt fence unavailable: {cause}")]
+    FenceUnavailable {
+        /// The last read's error.
+        cause: String,
+    },
 }
 
-fn failed(message: impl Into<String>) -> WorkspaceFailure {
-    WorkspaceFailure::Failed(message.into())
+/// The kind of a file transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transfer {
+    /// An object downloaded into the work folder.
+    Download,
+    /// A file uploaded to the staging branch.
+    Upload,
+}
+
+impl Transfer {
+    fn article_name(self) -> &'static str {
+        match self {
+            Self::Download => "a download",
+            Self::Upload => "an upload",
+        }
+    }
+}
+
+/// How an attempt directory is not the one created any more.
+#[derive(Debug, thiserror::Error)]
+pub enum DirChange {
+    /// The held handle's metadata cannot be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Unreadable {
+        /// The directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The path is another directory now.
+    #[error("{} was removed and made again", path.display())]
+    Remade {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// The path is gone.
+    #[error("{} was removed ({source})", path.display())]
+    Removed {
+        /// The directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The owner file has other content.
+    #[error("its {OWNER_FILE} file was rewritten")]
+    OwnerRewritten,
+    /// The owner file cannot be read.
+    #[error("its {OWNER_FILE} file is gone ({source})")]
+    OwnerGone {
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// A prepared attempt: files downloaded, ready for the body.
@@ -117,11 +297,10 @@ impl AttemptDir {
     ) -> Result<Self, WorkspaceFailure> {
         let path = root.join("attempts").join(execution_id);
         let work = path.join("work");
-        let cannot = |what: &str, e: std::io::Error| {
-            failed(format!(
-                "cannot {what} the attempt directory {}: {e}",
-                path.display()
-            ))
+        let cannot = |action: &'static str, source: std::io::Error| WorkspaceFailure::AttemptDir {
+            action,
+            path: path.clone(),
+            source,
         };
         fs::create_dir_all(&work).map_err(|e| cannot("create", e))?;
         let owner = AttemptOwner {
@@ -159,11 +338,9 @@ impl AttemptDir {
         let temporary = self.path.join(format!("{OWNER_FILE}.new"));
         fs::write(&temporary, &text)
             .and_then(|()| fs::rename(&temporary, self.path.join(OWNER_FILE)))
-            .map_err(|e| {
-                failed(format!(
-                    "cannot record the staging branch in {}: {e}; nothing was published",
-                    self.path.join(OWNER_FILE).display()
-                ))
+            .map_err(|source| WorkspaceFailure::OwnerFile {
+                file: self.path.join(OWNER_FILE),
+                source,
             })?;
         self.owner = owner;
         self.owner_text = text;
@@ -172,31 +349,32 @@ impl AttemptDir {
 
     /// Ok while the directory, its `work/` folder and its owner file are the ones created.
     pub(crate) fn verify(&self) -> Result<(), WorkspaceFailure> {
-        let gone = |why: String| {
-            failed(format!(
-                "the attempt directory {} is no longer the one this executor created and filled: {why}; its input snapshot is lost, so the change cannot be known; nothing was published",
-                self.path.display()
-            ))
+        let gone = |change: DirChange| WorkspaceFailure::AttemptDirReplaced {
+            path: self.path.clone(),
+            change,
         };
         for (path, handle) in &self.handles {
-            let held = handle
-                .metadata()
-                .map_err(|e| gone(format!("cannot read {}: {e}", path.display())))?;
+            let held = handle.metadata().map_err(|source| {
+                gone(DirChange::Unreadable {
+                    path: path.clone(),
+                    source,
+                })
+            })?;
             match fs::symlink_metadata(path) {
                 Ok(now) if identity(&now) == identity(&held) => {}
-                Ok(_) => {
-                    return Err(gone(format!(
-                        "{} was removed and made again",
-                        path.display()
-                    )));
+                Ok(_) => return Err(gone(DirChange::Remade { path: path.clone() })),
+                Err(source) => {
+                    return Err(gone(DirChange::Removed {
+                        path: path.clone(),
+                        source,
+                    }));
                 }
-                Err(e) => return Err(gone(format!("{} was removed ({e})", path.display()))),
             }
         }
         match fs::read_to_string(self.path.join(OWNER_FILE)) {
             Ok(text) if text == self.owner_text => Ok(()),
-            Ok(_) => Err(gone(format!("its {OWNER_FILE} file was rewritten"))),
-            Err(e) => Err(gone(format!("its {OWNER_FILE} file is gone ({e})"))),
+            Ok(_) => Err(gone(DirChange::OwnerRewritten)),
+            Err(source) => Err(gone(DirChange::OwnerGone { source })),
         }
     }
 }
@@ -246,14 +424,14 @@ impl Attempt {
             .client
             .resolve_commit(repository, reference)
             .await
-            .map_err(|e| failed(format!("workspace download failed: {e}")))?;
+            .map_err(WorkspaceFailure::Download)?;
         let objects = self
             .client
             .list_objects(repository, &commit, prefix)
             .await
-            .map_err(|e| failed(format!("workspace download failed: {e}")))?;
+            .map_err(WorkspaceFailure::Download)?;
         // Every key is checked before anything is written.
-        let plan = plan_download(prefix, objects, &self.work).map_err(failed)?;
+        let plan = plan_download(prefix, objects, &self.work)?;
         let limit = Arc::new(Semaphore::new(TRANSFER_CONCURRENCY));
         let mut transfers = JoinSet::new();
         for (key, _, target) in &plan {
@@ -262,18 +440,24 @@ impl Attempt {
             transfers.spawn(async move {
                 let _permit = limit.acquire_owned().await.expect("never closed");
                 if let Some(parent) = target.parent() {
-                    fs::create_dir_all(parent)
-                        .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+                    fs::create_dir_all(parent).map_err(|source| {
+                        WorkspaceFailure::CreateFolder {
+                            path: parent.to_owned(),
+                            source,
+                        }
+                    })?;
                 }
                 client
                     .get_object_to_file(&repo, &commit, &key, &target)
                     .await
-                    .map_err(|e| format!("workspace download failed: {e}"))
+                    .map_err(WorkspaceFailure::Download)
             });
         }
         while let Some(done) = transfers.join_next().await {
-            done.map_err(|e| failed(format!("a download task failed: {e}")))?
-                .map_err(failed)?;
+            done.map_err(|source| WorkspaceFailure::TransferTask {
+                transfer: Transfer::Download,
+                source,
+            })??;
         }
         self.downloaded = plan.into_iter().map(|(k, sum, _)| (k, sum)).collect();
         tracing::info!(repository = %repository, commit = %commit, prefix = %prefix, files = self.downloaded.len(), "workspace downloaded");
@@ -286,8 +470,7 @@ impl Attempt {
     /// again (by a body, or by anyone) would otherwise read as "every input file deleted".
     pub fn changes(&self) -> Result<Changes, WorkspaceFailure> {
         self.dir.verify()?;
-        let changes = scan(&self.work, &self.input.prefix, &self.downloaded)
-            .map_err(|e| failed(e.to_string()))?;
+        let changes = scan(&self.work, &self.input.prefix, &self.downloaded)?;
         self.dir.verify()?;
         Ok(changes)
     }
@@ -313,18 +496,18 @@ impl Attempt {
             if let Some(max) = budget.max_objects
                 && changes.objects() > max
             {
-                return Err(failed(format!(
-                    "publish budget exceeded: {} objects changed, max_objects is {max}; nothing was published",
-                    changes.objects()
-                )));
+                return Err(WorkspaceFailure::TooManyObjects {
+                    objects: changes.objects(),
+                    max,
+                });
             }
             if let Some(max) = budget.max_bytes
                 && changes.upload_bytes() > max
             {
-                return Err(failed(format!(
-                    "publish budget exceeded: {} bytes to upload, max_bytes is {max}; nothing was published",
-                    changes.upload_bytes()
-                )));
+                return Err(WorkspaceFailure::TooManyBytes {
+                    bytes: changes.upload_bytes(),
+                    max,
+                });
             }
         }
         let counts = |commit: &str| {
@@ -355,7 +538,7 @@ impl Attempt {
         self.client
             .create_branch(&repo, &staging, &self.source_commit)
             .await
-            .map_err(|e| failed(format!("staging failed: {e}")))?;
+            .map_err(WorkspaceFailure::Staging)?;
         self.staging = Some(staging.clone());
         self.upload(&repo, &staging, changes).await?;
         // What was uploaded was read from the directory this executor filled.
@@ -364,7 +547,7 @@ impl Attempt {
             self.client
                 .delete_objects(&repo, &staging, &changes.removed)
                 .await
-                .map_err(|e| failed(format!("staging failed: {e}")))?;
+                .map_err(WorkspaceFailure::Staging)?;
         }
         let message = format!(
             "perago: {} of workflow {} (retry {})",
@@ -374,7 +557,7 @@ impl Attempt {
             .client
             .commit(&repo, &staging, &message, &metadata)
             .await
-            .map_err(|e| failed(format!("staging commit failed: {e}")))?;
+            .map_err(WorkspaceFailure::StagingCommit)?;
 
         publishing();
         check_fence(fence, polled, "before publishing").await?;
@@ -393,10 +576,10 @@ impl Attempt {
         {
             Ok(commit) => commit,
             Err(LakefsError::Conflict { .. }) => {
-                return Err(failed(format!(
-                    "publish failed: merge conflict: {} changed paths this attempt also changed since it read commit {}; nothing was published",
-                    self.input.branch, self.source_commit
-                )));
+                return Err(WorkspaceFailure::MergeConflict {
+                    branch: self.input.branch.clone(),
+                    source_commit: self.source_commit.clone(),
+                });
             }
             Err(e) if e.is_retryable() => {
                 // A merge that timed out or answered 5xx may still have been applied.
@@ -405,10 +588,10 @@ impl Attempt {
                         tracing::warn!(error = %e, commit = %commit, "the merge answered with an error but was applied");
                         commit
                     }
-                    None => return Err(failed(format!("publish failed: {e}"))),
+                    None => return Err(WorkspaceFailure::Publish(e)),
                 }
             }
-            Err(e) => return Err(failed(format!("publish failed: {e}"))),
+            Err(e) => return Err(WorkspaceFailure::Publish(e)),
         };
         tracing::info!(repository = %repo, branch = %self.input.branch, commit = %merged, "workspace published");
         Ok(counts(&merged))
@@ -431,12 +614,14 @@ impl Attempt {
                 client
                     .upload_file(&repo, &staging, &upload.key, &upload.file)
                     .await
-                    .map_err(|e| format!("staging failed: {e}"))
+                    .map_err(WorkspaceFailure::Staging)
             });
         }
         while let Some(done) = transfers.join_next().await {
-            done.map_err(|e| failed(format!("an upload task failed: {e}")))?
-                .map_err(failed)?;
+            done.map_err(|source| WorkspaceFailure::TransferTask {
+                transfer: Transfer::Upload,
+                source,
+            })??;
         }
         Ok(())
     }
@@ -488,7 +673,7 @@ pub(crate) fn plan_download(
     prefix: &str,
     objects: Vec<super::lakefs::ObjectStats>,
     work: &Path,
-) -> Result<Vec<(String, String, PathBuf)>, String> {
+) -> Result<Vec<(String, String, PathBuf)>, WorkspaceFailure> {
     let mut plan = Vec::with_capacity(objects.len());
     let mut files = BTreeMap::new();
     for object in objects {
@@ -496,15 +681,16 @@ pub(crate) fn plan_download(
             tracing::debug!(key = %object.path, "skipped a folder marker");
             continue;
         }
-        let relative = key_to_relative(prefix, &object.path).map_err(|e| e.to_string())?;
+        let relative = key_to_relative(prefix, &object.path)?;
         files.insert(relative.clone(), object.path.clone());
         plan.push((object.path, object.checksum, work.join(relative)));
     }
     for (relative, key) in &files {
         if let Some(folder) = relative.ancestors().skip(1).find_map(|a| files.get(a)) {
-            return Err(format!(
-                "workspace download failed: object key {key:?} needs {folder:?} to be a folder, but it is an object too; a workspace cannot hold both; nothing was downloaded"
-            ));
+            return Err(WorkspaceFailure::KeyIsFolder {
+                key: key.clone(),
+                folder: folder.clone(),
+            });
         }
     }
     Ok(plan)
@@ -515,25 +701,25 @@ pub(crate) fn plan_download(
 pub async fn check_fence(
     fence: &dyn Fence,
     polled: &AttemptSnapshot,
-    when: &str,
+    when: &'static str,
 ) -> Result<(), WorkspaceFailure> {
     let deadline = tokio::time::Instant::now() + FENCE_PATIENCE;
     let mut wait = Duration::from_millis(100);
     loop {
         match fence.reload().await {
             FenceRead::Fresh(fresh) => {
-                return polled.fence(&fresh).map_err(|e: FenceError| {
-                    failed(format!("{e} ({when}); nothing was published"))
-                });
+                return polled
+                    .fence(&fresh)
+                    .map_err(|source| WorkspaceFailure::Fence { source, when });
             }
             FenceRead::Gone => {
-                return Err(failed(format!(
-                    "stale attempt: Conductor no longer knows task {} ({when}); nothing was published",
-                    polled.task_id
-                )));
+                return Err(WorkspaceFailure::TaskGone {
+                    task_id: polled.task_id.clone(),
+                    when,
+                });
             }
             FenceRead::Unavailable(cause) if tokio::time::Instant::now() >= deadline => {
-                return Err(failed(format!("attempt fence unavailable: {cause}")));
+                return Err(WorkspaceFailure::FenceUnavailable { cause });
             }
             FenceRead::Unavailable(cause) => {
                 tracing::warn!(cause = %cause, "attempt fence read failed; retrying");
@@ -597,7 +783,7 @@ mod tests {
 
     fn message(result: Result<impl std::fmt::Debug, WorkspaceFailure>) -> String {
         match result {
-            Err(WorkspaceFailure::Failed(m)) => m,
+            Err(failure) => failure.to_string(),
             Ok(v) => panic!("expected a failure, got {v:?}"),
         }
     }
@@ -615,6 +801,19 @@ mod tests {
             message(check_fence(&fence, &polled, "before publishing").await),
             "stale attempt: task status is TIMED_OUT, expected IN_PROGRESS (before publishing); nothing was published"
         );
+        let fence = Scripted::new(vec![fresh("TIMED_OUT")]);
+        assert!(matches!(
+            check_fence(&fence, &polled, "before publishing").await,
+            Err(WorkspaceFailure::Fence {
+                source: FenceError::NotInProgress { .. },
+                when: "before publishing"
+            })
+        ));
+        let fence = Scripted::new(vec![FenceRead::Gone]);
+        assert!(matches!(
+            check_fence(&fence, &polled, "before staging").await,
+            Err(WorkspaceFailure::TaskGone { ref task_id, .. }) if task_id == "task-1"
+        ));
         // A 404 from Conductor: stale at once, not retried.
         let fence = Scripted::new(vec![FenceRead::Gone]);
         assert_eq!(
@@ -645,6 +844,35 @@ mod tests {
         );
         assert!(started.elapsed() >= FENCE_PATIENCE);
         assert!(fence.calls() > 3, "{}", fence.calls());
+        let fence = Scripted::new(Vec::new());
+        assert!(matches!(
+            check_fence(&fence, &polled, "before staging").await,
+            Err(WorkspaceFailure::FenceUnavailable { .. })
+        ));
+    }
+
+    #[test]
+    fn a_key_that_is_also_a_folder_is_refused_by_its_variant() {
+        let object = |path: &str| super::super::lakefs::ObjectStats {
+            path: path.to_owned(),
+            path_type: "object".to_owned(),
+            checksum: String::new(),
+            size_bytes: None,
+        };
+        let failure =
+            plan_download("p/", vec![object("p/x"), object("p/x/y")], Path::new("/w")).unwrap_err();
+        assert!(matches!(
+            failure,
+            WorkspaceFailure::KeyIsFolder { ref key, ref folder } if key == "p/x/y" && folder == "p/x"
+        ));
+        assert_eq!(
+            failure.to_string(),
+            "workspace download failed: object key \"p/x/y\" needs \"p/x\" to be a folder, but it is an object too; a workspace cannot hold both; nothing was downloaded"
+        );
+        assert!(matches!(
+            plan_download("p/", vec![object("p/../x")], Path::new("/w")),
+            Err(WorkspaceFailure::UnsafeKey(_))
+        ));
     }
 
     /// An attempt with a downloaded snapshot of `files` (key under `p/` → content), made without
@@ -777,7 +1005,9 @@ mod tests {
             &["data/x", "data/x/y"][..],
             &["data/x/y/z", "data/a", "data/x"][..],
         ] {
-            let err = plan_download("data/", listed(keys), Path::new("/w")).unwrap_err();
+            let err = plan_download("data/", listed(keys), Path::new("/w"))
+                .unwrap_err()
+                .to_string();
             assert!(
                 err.contains("\"data/x\"") && err.contains("\"data/x/y"),
                 "{err}"

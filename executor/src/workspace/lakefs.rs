@@ -43,9 +43,32 @@ impl fmt::Debug for LakefsConfig {
     }
 }
 
+/// lakeFS settings no client can be made from.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LakefsConfigError {
+    /// Variables are missing.
+    #[error(
+        "LakeFS config is required for workspace tasks: missing {}",
+        missing.join(", ")
+    )]
+    Missing {
+        /// Every missing variable.
+        missing: Vec<&'static str>,
+    },
+    /// `LAKEFS_ENDPOINT` is not an http(s) URL.
+    #[error("LAKEFS_ENDPOINT {endpoint:?} is invalid: expected an http:// or https:// URL")]
+    Endpoint {
+        /// The endpoint as given.
+        endpoint: String,
+    },
+    /// The HTTP client cannot be built (TLS roots, …).
+    #[error("cannot build an HTTP client: {0}")]
+    Client(#[source] std::sync::Arc<reqwest::Error>),
+}
+
 impl LakefsConfig {
     /// The config from `lookup`; the error lists every missing name.
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, LakefsConfigError> {
         use perago_core::env::{
             LAKEFS_ACCESS_KEY_ID, LAKEFS_ENDPOINT, LAKEFS_SECRET_ACCESS_KEY, require,
         };
@@ -57,12 +80,7 @@ impl LakefsConfig {
                 LAKEFS_SECRET_ACCESS_KEY,
             ],
         )
-        .map_err(|missing| {
-            format!(
-                "LakeFS config is required for workspace tasks: missing {}",
-                missing.join(", ")
-            )
-        })?;
+        .map_err(|missing| LakefsConfigError::Missing { missing })?;
         Ok(Self {
             endpoint,
             access_key_id,
@@ -198,13 +216,12 @@ pub struct LakefsClient {
 
 impl LakefsClient {
     /// A client for `config`.
-    pub fn new(config: &LakefsConfig) -> Result<Self, String> {
+    pub fn new(config: &LakefsConfig) -> Result<Self, LakefsConfigError> {
         let mut base = config.endpoint.trim().trim_end_matches('/').to_owned();
         if !base.starts_with("http://") && !base.starts_with("https://") {
-            return Err(format!(
-                "LAKEFS_ENDPOINT {:?} is invalid: expected an http:// or https:// URL",
-                config.endpoint
-            ));
+            return Err(LakefsConfigError::Endpoint {
+                endpoint: config.endpoint.clone(),
+            });
         }
         if !base.ends_with("/api/v1") {
             base.push_str("/api/v1");
@@ -214,7 +231,7 @@ impl LakefsClient {
             .read_timeout(READ_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
             .build()
-            .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
+            .map_err(|e| LakefsConfigError::Client(std::sync::Arc::new(e)))?;
         Ok(Self {
             http,
             base,
@@ -769,4 +786,39 @@ enum Body {
     Raw(Vec<u8>),
     /// A file and its length.
     File(tokio::fs::File, u64),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_settings_are_named_by_their_variant() {
+        let missing = LakefsConfig::from_lookup(|name| {
+            (name == perago_core::env::LAKEFS_ACCESS_KEY_ID).then(|| "k".to_owned())
+        })
+        .unwrap_err();
+        assert!(matches!(
+            missing,
+            LakefsConfigError::Missing { ref missing }
+                if *missing == [perago_core::env::LAKEFS_ENDPOINT, perago_core::env::LAKEFS_SECRET_ACCESS_KEY]
+        ));
+        assert_eq!(
+            missing.to_string(),
+            "LakeFS config is required for workspace tasks: missing LAKEFS_ENDPOINT, LAKEFS_SECRET_ACCESS_KEY"
+        );
+        let endpoint = LakefsClient::new(&LakefsConfig {
+            endpoint: "lakefs:8000".to_owned(),
+            access_key_id: "k".to_owned(),
+            secret_access_key: "s".to_owned(),
+        })
+        .unwrap_err();
+        assert!(
+            matches!(endpoint, LakefsConfigError::Endpoint { ref endpoint } if endpoint == "lakefs:8000")
+        );
+        assert_eq!(
+            endpoint.to_string(),
+            "LAKEFS_ENDPOINT \"lakefs:8000\" is invalid: expected an http:// or https:// URL"
+        );
+    }
 }

@@ -170,12 +170,9 @@ pub(crate) struct WorkerThread {
 
 impl Launcher {
     /// Thread mode refuses an executor binary: it can only run as its own process.
-    pub(crate) fn thread(manifest: Arc<Manifest>) -> Result<Self, String> {
+    pub(crate) fn thread(manifest: Arc<Manifest>) -> Result<Self, crate::errors::ThreadModeError> {
         if let BodyKind::Executor(path) = &manifest.body.kind {
-            return Err(format!(
-                "body.executor {} cannot run in thread mode; use --execution-mode process",
-                path.display()
-            ));
+            return Err(crate::errors::ThreadModeError::ExecutorBinary { path: path.clone() });
         }
         // Bodies run under this same binary as their guard: a subreaper that kills whatever
         // the body started when the body exits or when this process dies, even by SIGKILL.

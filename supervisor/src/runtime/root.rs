@@ -67,26 +67,38 @@ impl LockedRoot {
 
 /// A root that cannot be taken.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum RootError {
+pub enum RootError {
+    /// A live supervisor holds the root.
     #[error("workspace root {} is locked by perago supervisor pid {pid} on {host}", root.display())]
     Locked {
+        /// The workspace root.
         root: PathBuf,
+        /// The holder's pid, as its lock file says.
         pid: String,
+        /// The holder's host.
         host: String,
     },
+    /// A supervisor that exited left processes that still hold the root.
     #[error(
         "workspace root {} is still held by the runtime of perago supervisor pid {pid}, which has exited: its processes are still draining ({holders}); waited {}; start again once they have exited (or raise PERAGO_ROOT_LOCK_WAIT)",
         root.display(), waited_text(*waited)
     )]
     Draining {
+        /// The workspace root.
         root: PathBuf,
+        /// The exited supervisor's pid.
         pid: String,
+        /// The processes still holding it.
         holders: String,
+        /// How long this supervisor waited.
         waited: Duration,
     },
+    /// A folder or file of the root cannot be prepared.
     #[error("cannot prepare {}: {source}", path.display())]
     Io {
+        /// The folder or file.
         path: PathBuf,
+        /// The I/O error.
         #[source]
         source: io::Error,
     },

@@ -159,39 +159,69 @@ fn executor_env(
 
 /// Why the runtime ended with a failure.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum RuntimeError {
+pub enum RuntimeError {
+    /// A child process or thread cannot be started.
     #[error("cannot start {what}: {source}")]
     Spawn {
+        /// What was being started.
         what: String,
+        /// The error.
         #[source]
         source: std::io::Error,
     },
+    /// The broker did not serve within the start-up deadline.
     #[error("the broker did not start serving on {} within {}s", socket.display(), BROKER_START_DEADLINE.as_secs())]
-    BrokerStart { socket: PathBuf },
+    BrokerStart {
+        /// The runtime's socket.
+        socket: PathBuf,
+    },
+    /// The broker exited before it served.
     #[error("the broker exited during start-up ({status})")]
-    BrokerDiedAtStart { status: String },
+    BrokerDiedAtStart {
+        /// Its exit status.
+        status: String,
+    },
+    /// Another runtime's broker answers on the socket.
     #[error(
         "another runtime is running under this workspace root: {who} already answers on {}; this supervisor did not start it and will not use it (stop that runtime first)",
         socket.display()
     )]
-    ForeignBroker { socket: PathBuf, who: String },
+    ForeignBroker {
+        /// The runtime's socket.
+        socket: PathBuf,
+        /// Who answers there.
+        who: String,
+    },
+    /// The broker's control service failed.
     #[error("cannot reach the broker's control service: {0}")]
     Control(#[from] tonic::Status),
+    /// The broker exited while the runtime ran.
     #[error("the broker exited ({status}) while the runtime was running")]
-    BrokerDied { status: String },
+    BrokerDied {
+        /// Its exit status.
+        status: String,
+    },
+    /// The broker refused a generation this supervisor announced.
     #[error(
         "the broker refused generation {generation} of slot {slot} ({reason}): the slot's generations no longer follow this supervisor's, so another process holding the control token has announced one (the runtime's credentials may have leaked); the runtime stopped rather than fight over the slot"
     )]
     GenerationRefused {
+        /// The slot.
         slot: u32,
+        /// The generation refused.
         generation: u64,
+        /// The broker's reason.
         reason: String,
     },
+    /// The drain hit the shutdown deadline and running executors were killed.
     #[error(
         "the drain did not finish within PERAGO_SHUTDOWN_FORCE_KILL_AFTER ({}s): executors still running were killed and their tasks reported FAILED",
         deadline.as_secs()
     )]
-    ForceKilled { deadline: Duration },
+    ForceKilled {
+        /// `PERAGO_SHUTDOWN_FORCE_KILL_AFTER`.
+        deadline: Duration,
+    },
 }
 
 #[derive(Debug, Clone)]

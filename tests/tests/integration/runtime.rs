@@ -431,6 +431,40 @@ async fn every_worker_writes_jsonl_with_ids() {
         assert_eq!(line["execution_id"], execution_id, "{line}");
         assert_eq!(line["worker_id"], executor.as_str(), "{line}");
     }
+    // So does every broker line about the task, from the dispatch to the report (through the
+    // broker's span of the assignment): none names the task or execution without the fields.
+    let broker_id = format!("{prefix}Broker");
+    let mentioning: Vec<&Value> = broker
+        .iter()
+        .filter(|l| {
+            let text = l.to_string();
+            text.contains(&task_id) || text.contains(execution_id)
+        })
+        .collect();
+    for line in &mentioning {
+        assert_eq!(line["task_id"], task_id.as_str(), "{line}");
+        assert_eq!(line["execution_id"], execution_id, "{line}");
+        assert_eq!(line["worker_id"], broker_id.as_str(), "{line}");
+    }
+    let messages: Vec<&str> = mentioning
+        .iter()
+        .filter_map(|l| l["message"].as_str())
+        .collect();
+    for expected in ["dispatched", "result reported"] {
+        assert!(messages.contains(&expected), "{expected}: {broker:#?}");
+    }
+    // On stderr the span names the executor that ran the assignment (in the JSONL file
+    // `worker_id` is the file's worker, the broker).
+    let log = sup.log_text();
+    let reported = log
+        .lines()
+        .find(|l| l.contains("result reported") && l.contains(&task_id))
+        .unwrap_or_else(|| panic!("no result reported line for {task_id}: {log}"));
+    assert!(
+        reported.contains(&format!("worker_id={executor}"))
+            && reported.contains(&format!("execution_id={execution_id}")),
+        "{reported}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -852,11 +852,21 @@ async fn the_second_fence_stops_a_staged_change_before_it_is_published() {
         1,
         "the publishing phase starts between the two fences"
     );
-    let Err(WorkspaceFailure::Failed(reason)) = result else {
+    let Err(failure) = result else {
         panic!("published past a stale fence: {result:?}");
     };
+    assert!(
+        matches!(
+            failure,
+            WorkspaceFailure::Fence {
+                when: "before publishing",
+                ..
+            }
+        ),
+        "{failure:?}"
+    );
     assert_eq!(
-        reason,
+        failure.to_string(),
         "stale attempt: task status is TIMED_OUT, expected IN_PROGRESS (before publishing); nothing was published"
     );
     // The staged commit exists, but main never saw it; cleanup removes the staging branch.
