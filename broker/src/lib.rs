@@ -92,6 +92,9 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
             })?;
     let counters = Arc::new(counters::Counters::default());
     let gauges = Arc::new(counters::Gauges::default());
+    // One registry for both readers of the metrics, so they always agree: `GET /metrics`
+    // (when PERAGO_METRICS_ADDR is set) and `Admin.Metrics` (always).
+    let registry = Arc::new(counters::registry(&config.task_name, &counters, &gauges));
     if let Some(addr) = config.metrics_addr {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -100,8 +103,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
             .local_addr()
             .map_err(|source| BrokerError::Metrics { addr, source })?;
         tracing::info!(addr = %bound, "metrics served at http://{bound}/metrics");
-        let registry = counters::registry(&config.task_name, &counters, &gauges);
-        tokio::spawn(metrics::serve(listener, registry));
+        tokio::spawn(metrics::serve(listener, Arc::clone(&registry)));
     }
     let backoff = Backoff::default_remote();
     let (events, rx) = mpsc::channel(1024);
@@ -190,6 +192,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     });
     let admin = AdminServer::new(service::AdminService {
         events: events.clone(),
+        metrics: registry,
     });
     drop(events);
     // Operators' tools: grpcurl needs reflection (many builds in use, the PyPI one included,

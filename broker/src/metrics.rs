@@ -1,6 +1,7 @@
 //! Prometheus metrics over HTTP (`GET /metrics`, hyper's HTTP/1.1 server), opt-in with
 //! `PERAGO_METRICS_ADDR`. The exposition is `prometheus-client`'s, built from the registry of
-//! `counters.rs` at each scrape.
+//! `counters.rs` at each scrape; `Admin.Metrics` answers with the same text from the same
+//! registry ([`exposition`]).
 
 use http_body_util::Full;
 use hyper::{
@@ -19,13 +20,19 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// listener must not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(200);
 
+/// The content type of [`exposition`]'s text.
+pub(crate) const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// The body of `GET /metrics` (and of `Admin.Metrics`): `registry` encoded now.
+pub(crate) fn exposition(registry: &Registry) -> String {
+    crate::counters::prometheus(registry)
+}
+
 fn answer(request: &Request<Incoming>, registry: &Registry) -> Response<Full<Bytes>> {
     let (status, kind, body) = match (request.method(), request.uri().path()) {
-        (&Method::GET | &Method::HEAD, "/metrics") => (
-            StatusCode::OK,
-            prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
-            crate::counters::prometheus(registry),
-        ),
+        (&Method::GET | &Method::HEAD, "/metrics") => {
+            (StatusCode::OK, CONTENT_TYPE, exposition(registry))
+        }
         (_, "/metrics") => (
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
@@ -47,8 +54,7 @@ fn answer(request: &Request<Incoming>, registry: &Registry) -> Response<Full<Byt
 }
 
 /// Serves `registry` on `listener` until the broker exits.
-pub(crate) async fn serve(listener: TcpListener, registry: Registry) {
-    let registry = Arc::new(registry);
+pub(crate) async fn serve(listener: TcpListener, registry: Arc<Registry>) {
     let mut failing = false;
     loop {
         let stream = match listener.accept().await {

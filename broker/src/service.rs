@@ -213,6 +213,8 @@ impl Control for ControlService {
 #[derive(Debug, Clone)]
 pub(crate) struct AdminService {
     pub(crate) events: mpsc::Sender<Event>,
+    /// The registry `/metrics` serves, for `Admin.Metrics`.
+    pub(crate) metrics: std::sync::Arc<prometheus_client::registry::Registry>,
 }
 
 #[tonic::async_trait]
@@ -232,5 +234,15 @@ impl Admin for AdminService {
     ) -> Result<Response<admin::DrainResponse>, Status> {
         let already_draining = ask(&self.events, |reply| Event::Drain { reply }).await?;
         Ok(Response::new(admin::DrainResponse { already_draining }))
+    }
+
+    async fn metrics(
+        &self,
+        _request: Request<admin::MetricsRequest>,
+    ) -> Result<Response<admin::MetricsResponse>, Status> {
+        Ok(Response::new(admin::MetricsResponse {
+            text: crate::metrics::exposition(&self.metrics),
+            content_type: crate::metrics::CONTENT_TYPE.to_owned(),
+        }))
     }
 }

@@ -19,6 +19,7 @@ pub mod json;
 pub mod logging;
 pub mod manifest;
 pub mod memory;
+pub mod metrics_text;
 pub mod mode;
 pub mod owner;
 pub mod process;

@@ -3,7 +3,8 @@
 //! - [`slot::v1`]: broker ⇄ executor (`Slot.Attach`, `Slot.ReloadAttempt`) and supervisor →
 //!   broker (`Control`). The message sequence is documented at the top of
 //!   `perago/slot/v1/slot.proto`.
-//! - [`admin::v1`]: `Admin.Status` and `Admin.Drain`, for operators and `perago-supervisor status`.
+//! - [`admin::v1`]: `Admin.Status`, `Admin.Drain` and `Admin.Metrics`, for operators,
+//!   `perago-supervisor status` and a multi-task supervisor's merged `/metrics`.
 //!
 //! [`FILE_DESCRIPTOR_SET`] is the encoded descriptor set of both files, for gRPC server
 //! reflection. Code generation runs in `build.rs` with protox; see `README.md`.

@@ -89,3 +89,62 @@ fn every_message_and_field_is_commented() {
         }
     }
 }
+
+#[test]
+fn the_admin_service_has_its_methods_with_comments() {
+    let set = descriptor_set();
+    let admin = set
+        .file
+        .iter()
+        .find(|f| f.name() == "perago/admin/v1/admin.proto")
+        .expect("admin.proto is in the set");
+    let service = &admin.service[0];
+    let methods: Vec<(&str, &str, &str)> = service
+        .method
+        .iter()
+        .map(|m| (m.name(), m.input_type(), m.output_type()))
+        .collect();
+    assert_eq!(
+        methods,
+        [
+            (
+                "Status",
+                ".perago.admin.v1.StatusRequest",
+                ".perago.admin.v1.StatusResponse"
+            ),
+            (
+                "Drain",
+                ".perago.admin.v1.DrainRequest",
+                ".perago.admin.v1.DrainResponse"
+            ),
+            (
+                "Metrics",
+                ".perago.admin.v1.MetricsRequest",
+                ".perago.admin.v1.MetricsResponse"
+            ),
+        ]
+    );
+    // 6 = service, 2 = method (descriptor.proto field numbers).
+    let info = admin.source_code_info.as_ref().expect("source info kept");
+    for m in 0..methods.len() as i32 {
+        assert!(
+            info.location.iter().any(|l| l.path == [6, 0, 2, m]
+                && l.leading_comments
+                    .as_deref()
+                    .is_some_and(|c| !c.trim().is_empty())),
+            "Admin method {} has no comment",
+            methods[m as usize].0
+        );
+    }
+    let response = admin
+        .message_type
+        .iter()
+        .find(|m| m.name() == "MetricsResponse")
+        .expect("MetricsResponse");
+    let fields: Vec<(&str, i32)> = response
+        .field
+        .iter()
+        .map(|f| (f.name(), f.number()))
+        .collect();
+    assert_eq!(fields, [("text", 1), ("content_type", 2)]);
+}

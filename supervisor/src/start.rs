@@ -3,7 +3,7 @@
 
 use crate::runtime::{
     children::{Launcher, Program},
-    gc, notify, registry, root,
+    gc, metrics, notify, registry, root,
     supervise::{self, RuntimeError, RuntimeSpec},
 };
 use crate::{cli::StartArgs, errors::ExpectedError};
@@ -315,6 +315,23 @@ pub(crate) fn start(
     let conductor = ConductorClient::from_lookup(|name| vars.get(name).cloned())
         .map_err(|e| add(e.to_string()))
         .ok();
+    // Several task types, several brokers, one address: the supervisor serves their merged
+    // metrics itself (one broker serves its own).
+    let merged_metrics: Option<std::net::SocketAddr> = match vars
+        .get(env::PERAGO_METRICS_ADDR)
+        .filter(|v| several && !v.is_empty())
+    {
+        None => None,
+        Some(value) => value
+            .parse()
+            .map_err(|_| {
+                add(format!(
+                    "{} {value:?} is not an address such as 127.0.0.1:9464",
+                    env::PERAGO_METRICS_ADDR
+                ));
+            })
+            .ok(),
+    };
     if !problems.borrow().is_empty() {
         return Err(ExpectedError::Config(problems.into_inner()));
     }
@@ -362,6 +379,23 @@ pub(crate) fn start(
                 return Err(foreign.into());
             }
             locks.push(locked);
+        }
+        let metrics = match merged_metrics {
+            None => None,
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                    ExpectedError::Config(vec![format!("cannot serve metrics on {addr}: {e}")])
+                })?;
+                let bound = listener.local_addr().unwrap_or(addr);
+                tracing::info!(addr = %bound, "metrics of every task type served at http://{bound}/metrics");
+                let sockets = locks.iter().map(|l| l.socket.clone()).collect();
+                Some(tokio::spawn(metrics::serve_merged(listener, sockets)))
+            }
+        };
+        let mut child_env = Vec::new();
+        if several {
+            // The brokers serve no address of their own (the supervisor asks them).
+            child_env.push((env::PERAGO_METRICS_ADDR.to_owned(), String::new()));
         }
         let mut runs = Vec::new();
         let notifiers = notify::shared(
@@ -417,7 +451,7 @@ pub(crate) fn start(
                 workspace_root: locked.root.clone(),
                 gc_interval,
                 gc_ttl,
-                child_env: Vec::new(),
+                child_env: child_env.clone(),
                 lakefs: lakefs.clone(),
                 notify,
             };
@@ -440,6 +474,9 @@ pub(crate) fn start(
             .ok();
         let results = supervise::supervise_all(runs, std::future::pending()).await;
         drop(registration);
+        if let Some(metrics) = metrics {
+            metrics.abort();
+        }
         for ((locked, lakefs), (_, result)) in locks.iter().zip(&lakefs_clients).zip(&results) {
             if !matches!(result, Err(RuntimeError::ForeignBroker { .. })) {
                 gc::sweep_all(&locked.root, "final sweep after shutdown", lakefs.as_ref()).await;

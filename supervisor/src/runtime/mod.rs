@@ -3,6 +3,7 @@
 
 pub(crate) mod children;
 pub(crate) mod gc;
+pub(crate) mod metrics;
 pub(crate) mod notify;
 pub(crate) mod registry;
 pub(crate) mod root;

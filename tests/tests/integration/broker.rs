@@ -5,7 +5,7 @@
 use crate::harness::{BROKER, Conductor, SupervisorProc, TaskFixture, child_named, eventually};
 use perago_proto::{
     CONTROL_TOKEN_METADATA,
-    admin::v1::{StatusRequest, admin_client::AdminClient},
+    admin::v1::{MetricsRequest, StatusRequest, admin_client::AdminClient},
     slot::v1::{
         self as proto, broker_message::Message as FromBroker,
         executor_message::Message as ToBroker, slot_client::SlotClient,
@@ -54,7 +54,7 @@ async fn start_broker_with(
         .env("PERAGO_POLL_WAIT_MS", "200")
         .envs(env.iter().copied())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("broker.log")).unwrap())
         .spawn()
         .unwrap();
     let channel = eventually("the broker socket", Duration::from_secs(10), || async {
@@ -605,4 +605,180 @@ async fn start_workflows(conductor: &Conductor, task: &TaskFixture, n: usize) ->
         ids.push(conductor.start_workflow(task, json!({"i": i})).await);
     }
     ids
+}
+
+/// A plain HTTP/1.1 GET: the response head and body.
+async fn http_get(url: &str) -> (String, String) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_once('/').unwrap();
+    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+    stream
+        .write_all(
+            format!("GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    (head.to_owned(), body.to_owned())
+}
+
+/// What must be equal in two scrapes a moment apart: the metadata lines and every series
+/// (a sample line without its value).
+fn families_and_series(text: &str) -> Vec<&str> {
+    text.lines()
+        .map(|l| {
+            if l.starts_with('#') {
+                l
+            } else {
+                l.rsplit_once(' ').map_or(l, |(series, _)| series)
+            }
+        })
+        .collect()
+}
+
+/// `Admin.Metrics` answers with the broker's exposition, from the registry its `/metrics`
+/// serves: the same families and series, the same content type, and the counters of a task
+/// run through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_metrics_answers_what_the_metrics_endpoint_serves() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("broker.metrics", "cat\n", "");
+    conductor.register(&task).await;
+    let broker =
+        start_broker_with(&conductor, &task, &[("PERAGO_METRICS_ADDR", "127.0.0.1:0")]).await;
+    let log = broker.dir.path().join("broker.log");
+    let url = eventually(
+        "the metrics address in the log",
+        Duration::from_secs(20),
+        || async {
+            let log = std::fs::read_to_string(&log).ok()?;
+            let at = log.find("metrics served at ")?;
+            let rest = &log[at + "metrics served at ".len()..];
+            Some(rest.split(['"', ' ', '\n']).next()?.to_owned())
+        },
+    )
+    .await;
+
+    // One task through the broker, as an executor would run it.
+    let worker = format!("{}0001", task.prefix());
+    proto::control_client::ControlClient::new(broker.channel.clone())
+        .slot_started(with_control_token(proto::SlotStarted {
+            slot: 1,
+            generation: 1,
+            token: "s1".into(),
+            pid: 0,
+        }))
+        .await
+        .unwrap();
+    let (tx, mut inbound) = attach(&broker.channel, hello(creds(1, 1, "s1"), &worker))
+        .await
+        .unwrap();
+    let id = conductor.start_workflow(&task, json!({"n": 1})).await;
+    let assignment = match inbound.message().await.unwrap() {
+        Some(proto::BrokerMessage {
+            message: Some(FromBroker::Assignment(a)),
+        }) => a,
+        other => panic!("expected an assignment, got {other:?}"),
+    };
+    tx.send(proto::ExecutorMessage {
+        message: Some(ToBroker::Completion(proto::Completion {
+            task_id: assignment.attempt.unwrap().task_id,
+            execution_id: assignment.execution_id,
+            result: Some(proto::TaskResult {
+                outcome: Some(proto::task_result::Outcome::Completed(proto::Completed {
+                    output_json: "{}".to_owned(),
+                })),
+                worker_id: worker.clone(),
+            }),
+            recycle: String::new(),
+        })),
+    })
+    .await
+    .unwrap();
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(20)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
+
+    let admin = AdminClient::new(broker.channel.clone());
+    let completed = format!(
+        "perago_task_results_total{{task=\"{}\",status=\"COMPLETED\"}} 1\n",
+        task.name
+    );
+    let answer = eventually(
+        "the completion in Admin.Metrics",
+        Duration::from_secs(10),
+        || {
+            let mut admin = admin.clone();
+            let completed = completed.clone();
+            async move {
+                let answer = admin.metrics(MetricsRequest {}).await.unwrap().into_inner();
+                answer.text.contains(&completed).then_some(answer)
+            }
+        },
+    )
+    .await;
+    let text = &answer.text;
+    for series in [
+        format!("perago_polls_total{{task=\"{}\"}} ", task.name),
+        format!("task_poll_total{{taskType=\"{}\"}} ", task.name),
+        format!(
+            "task_execution_started_total{{taskType=\"{}\"}} 1\n",
+            task.name
+        ),
+    ] {
+        assert!(text.contains(&series), "{series} missing:\n{text}");
+    }
+    let polls = |text: &str| -> f64 {
+        let prefix = format!("perago_polls_total{{task=\"{}\"}} ", task.name);
+        let line = text.lines().find(|l| l.starts_with(&prefix)).unwrap();
+        line[prefix.len()..].parse().unwrap()
+    };
+    assert!(polls(text) >= 1.0, "{text}");
+
+    // The HTTP body has the same families and series (values may move between the two
+    // reads: the broker goes on polling), and the same content type.
+    let (head, _) = http_get(&url).await;
+    assert!(
+        head.to_ascii_lowercase()
+            .contains(&format!("content-type: {}", answer.content_type)),
+        "{head} vs {}",
+        answer.content_type
+    );
+    eventually(
+        "the same families over gRPC and HTTP",
+        Duration::from_secs(10),
+        || {
+            let mut admin = admin.clone();
+            let url = url.clone();
+            async move {
+                let grpc = admin
+                    .metrics(MetricsRequest {})
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .text;
+                let (_, body) = http_get(&url).await;
+                (families_and_series(&grpc) == families_and_series(&body)).then_some(())
+            }
+        },
+    )
+    .await;
+    // Admin.Metrics is there without PERAGO_METRICS_ADDR too.
+    let plain = start_broker(
+        &conductor,
+        &TaskFixture::new("broker.metrics2", "cat\n", ""),
+    )
+    .await;
+    let text = AdminClient::new(plain.channel.clone())
+        .metrics(MetricsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .text;
+    assert!(
+        text.contains("perago_polls_total{task=\"broker.metrics2\"} "),
+        "{text}"
+    );
 }

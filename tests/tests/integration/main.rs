@@ -12,6 +12,7 @@ mod deploy;
 mod descendants;
 mod harness;
 mod hostile_tasks;
+mod metrics;
 mod once;
 mod ops;
 mod poison;

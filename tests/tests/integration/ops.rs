@@ -82,7 +82,9 @@ async fn grpcurl_lists_describes_and_calls_the_broker() {
     }
     let describe = grpc(&[sock, "describe", "perago.admin.v1.Admin"]);
     describe.expect_code(0);
-    assert!(describe.stdout.contains("rpc Status"), "{describe}");
+    for method in ["rpc Status", "rpc Drain", "rpc Metrics"] {
+        assert!(describe.stdout.contains(method), "{method}: {describe}");
+    }
     assert!(
         describe
             .stdout
@@ -99,6 +101,23 @@ async fn grpcurl_lists_describes_and_calls_the_broker() {
     assert_eq!(
         body["slots"][0]["workerId"],
         format!("{}0001", task.prefix())
+    );
+
+    let metrics = grpc(&["-d", "{}", sock, "perago.admin.v1.Admin/Metrics"]);
+    metrics.expect_code(0);
+    let body: serde_json::Value = serde_json::from_str(&metrics.stdout).unwrap();
+    let text = body["text"].as_str().unwrap();
+    assert!(
+        text.contains(&format!("perago_slots{{task=\"{}\"}} 2\n", task.name)),
+        "{metrics}"
+    );
+    assert!(
+        text.contains(&format!("task_poll_total{{taskType=\"{}\"}} ", task.name)),
+        "{metrics}"
+    );
+    assert_eq!(
+        body["contentType"],
+        "text/plain; version=0.0.4; charset=utf-8"
     );
 
     let health = grpc(&[sock, "grpc.health.v1.Health/Check"]);
