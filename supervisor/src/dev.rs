@@ -315,6 +315,7 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
                 child_env: child_env.clone(),
                 lakefs: lakefs.as_ref().map(|(_, c)| c.clone()),
                 notify: None,
+                process_label: several.then(|| name.clone()),
             };
             runs.push((spec, launcher));
             locks.push(locked);

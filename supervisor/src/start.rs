@@ -454,6 +454,7 @@ pub(crate) fn start(
                 child_env: child_env.clone(),
                 lakefs: lakefs.clone(),
                 notify,
+                process_label: several.then(|| manifest.task.name.clone()),
             };
             lakefs_clients.push(lakefs);
             runs.push((spec, launcher));

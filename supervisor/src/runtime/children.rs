@@ -301,9 +301,10 @@ impl Launcher {
         Ok(Child::Task)
     }
 
-    /// Starts the broker with `env`.
+    /// Starts the broker with `env`; `argv0` is its process's name.
     pub(crate) fn broker(
         &mut self,
+        argv0: &str,
         env: &[(String, String)],
         exits: &mpsc::UnboundedSender<ChildExit>,
     ) -> std::io::Result<Child> {
@@ -314,7 +315,7 @@ impl Launcher {
                 ..
             } => Self::spawn_process(
                 &broker_bin.clone(),
-                "perago-conductor-broker",
+                argv0,
                 env,
                 ChildKind::Broker,
                 *lock_fd,
@@ -414,6 +415,7 @@ impl Launcher {
                 };
                 // `executor-0001`: a thread's name holds 15 bytes.
                 let name = slot_name.strip_prefix("perago-").unwrap_or(slot_name);
+                let name = name.split('@').next().unwrap_or(name);
                 self.spawn_thread(name.to_owned(), kind, log, exits, work)
             }
         }

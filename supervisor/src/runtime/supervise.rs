@@ -98,6 +98,9 @@ pub(crate) struct RuntimeSpec {
     /// systemd's notify socket (under a `Type=notify` unit), shared with the other task
     /// types' runtimes of this supervisor.
     pub(crate) notify: Option<NotifyHandle>,
+    /// When the supervisor runs several task types: the task name, after an `@` in each
+    /// child's argv[0] (`perago-executor-0001@orders.ship`), so `ps` tells them apart.
+    pub(crate) process_label: Option<String>,
 }
 
 /// What every child gets: the runtime's description (each name is a constant of
@@ -355,10 +358,13 @@ impl Supervisor {
         let worker_id = proc.worker_id.clone();
         let (generation, token) = announce(self.control.as_mut(), slot, proc).await?;
         let env = executor_env(&self.spec, &worker_id, slot, generation, token);
-        let argv0 = format!(
+        let mut argv0 = format!(
             "perago-executor-{}",
             SlotNumber::new(u64::from(slot)).expect("slot in range")
         );
+        if let Some(label) = &self.spec.process_label {
+            argv0 = format!("{argv0}@{label}");
+        }
         let child = self
             .launcher
             .executor(
@@ -939,7 +945,14 @@ pub(crate) async fn supervise(
     }
     let broker = sup
         .launcher
-        .broker(&broker_env, &sup.exits)
+        .broker(
+            &sup.spec.process_label.as_ref().map_or_else(
+                || "perago-conductor-broker".to_owned(),
+                |l| format!("perago-conductor-broker@{l}"),
+            ),
+            &broker_env,
+            &sup.exits,
+        )
         .map_err(|source| RuntimeError::Spawn {
             what: "the broker".to_owned(),
             source,
@@ -1137,6 +1150,7 @@ mod tests {
             child_env: vec![(env::PERAGO_POLL_WAIT_MS.to_owned(), "250".to_owned())],
             lakefs: None,
             notify: None,
+            process_label: None,
         };
         let lookup = |vars: Vec<(String, String)>| {
             move |name: &str| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())

@@ -285,6 +285,30 @@ impl SupervisorProc {
         uid: Option<u32>,
         nofile: Option<u64>,
     ) -> Self {
+        Self::start_tasks(&[task], conductor, &[jobs], args, env, uid, nofile)
+    }
+
+    /// One supervisor running every task of `tasks` (`start A.toml B.toml …`), with a `-j` per
+    /// entry of `jobs` (`2`, `b.task=1..3`).
+    pub(crate) fn start_many(
+        tasks: &[&TaskFixture],
+        conductor: &Conductor,
+        jobs: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        Self::start_tasks(tasks, conductor, jobs, &[], env, None, None)
+    }
+
+    /// The general form: every manifest of `tasks`, each `-j` of `jobs`, more arguments.
+    pub(crate) fn start_tasks(
+        tasks: &[&TaskFixture],
+        conductor: &Conductor,
+        jobs: &[&str],
+        args: &[&str],
+        env: &[(&str, &str)],
+        uid: Option<u32>,
+        nofile: Option<u64>,
+    ) -> Self {
         let root = tempfile::tempdir().unwrap();
         let log = root.path().join("supervisor.log");
         let mut cmd = match nofile {
@@ -301,7 +325,7 @@ impl SupervisorProc {
         };
         if let Some(uid) = uid {
             use std::os::unix::process::CommandExt as _;
-            for dir in [root.path(), task.dir.path()] {
+            for dir in std::iter::once(root.path()).chain(tasks.iter().map(|t| t.dir.path())) {
                 std::os::unix::fs::chown(dir, Some(uid), Some(uid)).unwrap();
                 for entry in fs::read_dir(dir).unwrap() {
                     std::os::unix::fs::chown(entry.unwrap().path(), Some(uid), Some(uid)).unwrap();
@@ -311,7 +335,9 @@ impl SupervisorProc {
             std::os::unix::fs::chown(&log, Some(uid), Some(uid)).unwrap();
             cmd.uid(uid).gid(uid);
         }
-        cmd.args(["start", task.manifest().to_str().unwrap(), "-j", jobs])
+        cmd.arg("start")
+            .args(tasks.iter().map(|t| t.manifest()))
+            .args(jobs.iter().flat_map(|j| ["-j", j]))
             .args(args)
             .env("CONDUCTOR_SERVER_URL", conductor.server.base_url())
             .env("PERAGO_WORKSPACE_ROOT", root.path().join("ws"))

@@ -13,6 +13,7 @@ mod descendants;
 mod harness;
 mod hostile_tasks;
 mod metrics;
+mod multi_task;
 mod once;
 mod ops;
 mod poison;
