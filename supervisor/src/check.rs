@@ -15,7 +15,16 @@ pub(crate) fn check_all(
     path_var: Option<&OsString>,
     vars: &std::collections::BTreeMap<String, String>,
 ) -> Result<String, ExpectedError> {
-    crate::start::load_manifests(paths)?;
+    // A task name given twice is refused before anything else.
+    let mut seen: Vec<(String, &std::path::PathBuf)> = Vec::new();
+    for path in paths {
+        if let Ok(manifest) = Manifest::load(path) {
+            if let Some((_, first)) = seen.iter().find(|(n, _)| *n == manifest.task.name) {
+                return Err(crate::start::given_twice(&manifest.task.name, first, path));
+            }
+            seen.push((manifest.task.name, path));
+        }
+    }
     let several = paths.len() > 1;
     let mut reports = String::new();
     let mut problems = Vec::new();

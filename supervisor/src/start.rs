@@ -16,7 +16,12 @@ use perago_core::{
     mode::ExecutionMode,
 };
 use perago_executor::workspace::lakefs::{LakefsClient, LakefsConfig};
-use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
 /// How long `start` waits, by default, for an earlier runtime under the same root to drain.
 const DEFAULT_ROOT_LOCK_WAIT: Duration = Duration::from_secs(30);
@@ -119,6 +124,15 @@ pub(crate) fn resolve_args(
     })
 }
 
+/// Two manifests of the task `name`.
+pub(crate) fn given_twice(name: &str, first: &Path, second: &Path) -> ExpectedError {
+    ExpectedError::Usage(format!(
+        "the task {name} is in both {} and {}: one supervisor runs each task type once",
+        first.display(),
+        second.display()
+    ))
+}
+
 /// Loads every manifest: one's error as it is, several's all at once; two manifests of the
 /// same task name are refused.
 pub(crate) fn load_manifests(paths: &[PathBuf]) -> Result<Vec<(PathBuf, Manifest)>, ExpectedError> {
@@ -134,12 +148,7 @@ pub(crate) fn load_manifests(paths: &[PathBuf]) -> Result<Vec<(PathBuf, Manifest
                     .iter()
                     .find(|(_, m)| m.task.name == manifest.task.name)
                 {
-                    problems.push(ExpectedError::Usage(format!(
-                        "the task {} is in both {} and {}: one supervisor runs each task type once",
-                        manifest.task.name,
-                        first.display(),
-                        path.display()
-                    )));
+                    problems.push(given_twice(&manifest.task.name, first, path));
                 } else {
                     loaded.push((path.clone(), manifest));
                 }

@@ -727,3 +727,185 @@ fn dev_runs_a_jsonl_body() {
     assert_eq!(failed["task_status"], "FAILED_WITH_TERMINAL_ERROR");
     assert_eq!(failed["reason"], "params.name is empty");
 }
+
+#[test]
+fn check_and_extract_take_several_manifests() {
+    let both = run(&[
+        "check",
+        "examples/greet/task.toml",
+        "examples/greet-jsonl/task.toml",
+    ]);
+    both.expect_code(0);
+    let oks: Vec<&str> = both
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("ok: "))
+        .collect();
+    assert_eq!(
+        oks,
+        [
+            "ok: examples.greet is a valid workspace-free task",
+            "ok: examples.greet_jsonl is a valid workspace-free task"
+        ],
+        "{both}"
+    );
+    // A task name given twice is refused: one supervisor runs each task type once.
+    let twice = run(&[
+        "check",
+        "examples/greet/task.toml",
+        "./examples/greet/task.toml",
+    ]);
+    twice.expect_code(2);
+    assert_eq!(
+        twice.stderr,
+        "error: the task examples.greet is in both examples/greet/task.toml and ./examples/greet/task.toml: one supervisor runs each task type once\n"
+    );
+    // Every bad manifest is reported, with what passed.
+    let bad = tempfile::tempdir().unwrap();
+    fs::write(bad.path().join("task.toml"), "[task]\nname = 1\n").unwrap();
+    let bad_path = bad.path().join("task.toml");
+    let mixed = run(&[
+        "check",
+        "examples/greet/task.toml",
+        bad_path.to_str().unwrap(),
+        "/nonexistent/task.toml",
+    ]);
+    mixed.expect_code(1);
+    assert!(
+        mixed
+            .stdout
+            .starts_with("ok: examples.greet is a valid workspace-free task\n"),
+        "{mixed}"
+    );
+    assert!(mixed.stderr.contains(bad_path.to_str().unwrap()), "{mixed}");
+    assert!(mixed.stderr.contains("/nonexistent/task.toml"), "{mixed}");
+
+    // extract: a JSON array on stdout, or one file per task in a folder.
+    let array = run(&[
+        "extract",
+        "examples/greet/task.toml",
+        "examples/greet-jsonl/task.toml",
+        "-o",
+        "-",
+    ]);
+    array.expect_code(0);
+    let defs: serde_json::Value = serde_json::from_str(&array.stdout).unwrap();
+    let names: Vec<&str> = defs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["examples.greet", "examples.greet_jsonl"]);
+    let folder = tempfile::tempdir().unwrap();
+    let target = folder.path().join("defs");
+    let files = run(&[
+        "extract",
+        "examples/greet/task.toml",
+        "examples/greet-jsonl/task.toml",
+        "-o",
+        target.to_str().unwrap(),
+    ]);
+    files.expect_code(0);
+    for (n, name) in names.iter().enumerate() {
+        let text = fs::read_to_string(target.join(format!("{name}.json"))).unwrap();
+        let def: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(def, defs[n]);
+    }
+    // A file is no folder: nothing is written.
+    let file = folder.path().join("plain.json");
+    fs::write(&file, "keep").unwrap();
+    let refused = run(&[
+        "extract",
+        "examples/greet/task.toml",
+        "examples/greet-jsonl/task.toml",
+        "-o",
+        file.to_str().unwrap(),
+    ]);
+    refused.expect_code(1);
+    assert!(refused.stderr.contains("is not a folder"), "{refused}");
+    assert_eq!(fs::read_to_string(&file).unwrap(), "keep");
+}
+
+#[test]
+fn start_refuses_a_jobs_name_no_manifest_has() {
+    let out = run(&[
+        "start",
+        "examples/greet/task.toml",
+        "-j",
+        "2",
+        "-j",
+        "examples.nope=3",
+    ]);
+    out.expect_code(2);
+    assert_eq!(
+        out.stderr,
+        "error: -j examples.nope=…: no manifest given has the task examples.nope (tasks: examples.greet)\n"
+    );
+}
+
+#[test]
+fn dev_runs_several_task_types() {
+    let out = run(&[
+        "dev",
+        "examples/greet/task.toml",
+        "examples/greet-jsonl/task.toml",
+        "--input",
+        r#"examples.greet={"params": {"name": "Ada"}}"#,
+        "--input",
+        r#"examples.greet_jsonl={"params": {"name": "Bo", "times": 2}}"#,
+        "--input",
+        r#"{"params": {"name": "Cy"}}"#,
+    ]);
+    out.expect_code(0);
+    let mut lines: Vec<(String, String, String)> = out
+        .stdout
+        .lines()
+        .map(|l| {
+            let line: serde_json::Value = serde_json::from_str(l).unwrap();
+            assert_eq!(line["status"], "COMPLETED", "{out}");
+            (
+                line["task"].as_str().unwrap().to_owned(),
+                line["worker_id"].as_str().unwrap().to_owned(),
+                line["output"]["result"]["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect();
+    lines.sort();
+    assert_eq!(lines.len(), 4, "{out}");
+    assert_eq!(
+        lines.iter().map(|l| l.0.as_str()).collect::<Vec<_>>(),
+        [
+            "examples.greet",
+            "examples.greet",
+            "examples.greet_jsonl",
+            "examples.greet_jsonl"
+        ]
+    );
+    for (task, worker, _) in &lines {
+        let prefix: String = task.chars().filter(char::is_ascii_alphanumeric).collect();
+        assert!(worker.starts_with(&prefix), "{task} ran on {worker}");
+    }
+    assert!(
+        lines.iter().any(|l| l.2 == "hello, Bo! hello, Bo!"),
+        "{out}"
+    );
+    // An input for one task only leaves the other without one.
+    let missing = run(&[
+        "dev",
+        "examples/greet/task.toml",
+        "examples/greet-jsonl/task.toml",
+        "--input",
+        r#"examples.greet={"params": {"name": "Ada"}}"#,
+    ]);
+    missing.expect_code(1);
+    assert!(
+        missing
+            .stderr
+            .contains("error: no --input for the task examples.greet_jsonl"),
+        "{missing}"
+    );
+}

@@ -14,8 +14,20 @@ fn value_after<'a>(text: &'a str, key: &str) -> Option<&'a str> {
 }
 
 #[test]
-fn the_systemd_unit_lets_a_drain_finish() {
-    let unit = fs::read_to_string(workspace_root().join("deploy/systemd/perago@.service")).unwrap();
+fn the_systemd_units_let_a_drain_finish() {
+    for file in ["perago@.service", "perago-tasks.service"] {
+        systemd_unit_lets_a_drain_finish(file);
+    }
+    // The multi-task unit runs several manifests under one supervisor.
+    let unit =
+        fs::read_to_string(workspace_root().join("deploy/systemd/perago-tasks.service")).unwrap();
+    let exec = value_after(&unit, "ExecStart=").unwrap();
+    assert_eq!(exec.matches("task.toml").count(), 2, "{exec}");
+    assert!(exec.contains(" -j examples.greet=1..8"), "{exec}");
+}
+
+fn systemd_unit_lets_a_drain_finish(file: &str) {
+    let unit = fs::read_to_string(workspace_root().join("deploy/systemd").join(file)).unwrap();
     assert_eq!(value_after(&unit, "KillMode="), Some("mixed"));
     assert_eq!(value_after(&unit, "KillSignal="), Some("SIGTERM"));
     let stop = parse_duration(value_after(&unit, "TimeoutStopSec=").unwrap()).unwrap();
@@ -35,8 +47,14 @@ fn the_systemd_unit_lets_a_drain_finish() {
 }
 
 #[test]
-fn the_kubernetes_sidecar_shares_the_workspace_and_outlives_the_drain() {
-    let pod = fs::read_to_string(workspace_root().join("deploy/kubernetes/sidecar.yaml")).unwrap();
+fn the_kubernetes_sidecars_share_the_workspace_and_outlive_the_drain() {
+    for file in ["sidecar.yaml", "sidecar-tasks.yaml"] {
+        sidecar_shares_the_workspace_and_outlives_the_drain(file);
+    }
+}
+
+fn sidecar_shares_the_workspace_and_outlives_the_drain(file: &str) {
+    let pod = fs::read_to_string(workspace_root().join("deploy/kubernetes").join(file)).unwrap();
     let grace: u64 = value_after(&pod, "terminationGracePeriodSeconds:")
         .unwrap()
         .parse()
@@ -60,7 +78,13 @@ fn the_kubernetes_sidecar_shares_the_workspace_and_outlives_the_drain() {
         mounts, 2,
         "the app and perago both mount the workspace at {root}"
     );
-    // The probes ask the health service through `status --probe`, for this task's manifest.
+    // The probes ask the health service through `status --probe`, for every manifest the
+    // container starts.
+    let args: Vec<String> =
+        serde_json::from_str(value_after(&pod, "args:").expect("the container's args")).unwrap();
+    assert_eq!(args[0], "start", "{file}");
+    let manifests: Vec<&String> = args.iter().filter(|a| a.ends_with(".toml")).collect();
+    assert!(!manifests.is_empty(), "{file}");
     for (probe, kind) in [
         ("startupProbe:", "live"),
         ("livenessProbe:", "live"),
@@ -70,14 +94,15 @@ fn the_kubernetes_sidecar_shares_the_workspace_and_outlives_the_drain() {
             .iter()
             .position(|l| *l == probe)
             .unwrap_or_else(|| panic!("no {probe}"));
-        let command = lines[at + 2];
-        assert_eq!(
-            command,
-            format!(
-                "command: [\"perago-supervisor\", \"status\", \"--probe\", \"{kind}\", \"/etc/perago/task.toml\"]"
-            ),
-            "{probe}"
-        );
+        let command: Vec<String> = serde_json::from_str(
+            lines[at + 2]
+                .strip_prefix("command:")
+                .unwrap_or_else(|| panic!("{file}: {probe} has no command")),
+        )
+        .unwrap();
+        let mut want = vec!["perago-supervisor", "status", "--probe", kind];
+        want.extend(manifests.iter().map(|m| m.as_str()));
+        assert_eq!(command, want, "{file}: {probe}");
     }
 }
 
