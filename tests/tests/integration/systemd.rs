@@ -156,3 +156,62 @@ async fn no_body_sees_the_notify_socket_in_either_mode() {
         assert!(sup.wait_exit(Duration::from_secs(20)).await.success());
     }
 }
+
+/// Several task types under one unit: READY once every type's executors are attached, one
+/// STATUS line for all of them, the watchdog while every broker answers, one STOPPING.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unit_of_several_task_types_is_ready_once_every_type_is() {
+    let conductor = Conductor::start().await;
+    let a = TaskFixture::new("e2e.notify.a", BODY, "");
+    let b = TaskFixture::new("e2e.notify.b", BODY, "");
+    conductor.register(&a).await;
+    conductor.register(&b).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notify");
+    let listener = UnixDatagram::bind(&path).unwrap();
+    listener
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut sup = SupervisorProc::start_many(
+        &[&a, &b],
+        &conductor,
+        &["1", "e2e.notify.b=2"],
+        &[
+            ("NOTIFY_SOCKET", path.to_str().unwrap()),
+            ("WATCHDOG_USEC", "400000"),
+        ],
+    );
+    let got = receive_until(&listener, Duration::from_secs(20), |m| {
+        m.starts_with("READY=1")
+    });
+    assert_eq!(
+        got.last().unwrap(),
+        "READY=1\nSTATUS=e2e.notify.a: 0 busy, 1 idle; e2e.notify.b: 0 busy, 2 idle",
+        "{got:?}"
+    );
+    assert_eq!(
+        got.iter().filter(|m| m.starts_with("READY=1")).count(),
+        1,
+        "{got:?}"
+    );
+    receive_until(&listener, Duration::from_secs(5), |m| m == "WATCHDOG=1");
+    // A task of one type shows in the joined line.
+    let id = conductor
+        .start_workflow(&b, serde_json::json!({"slow": true}))
+        .await;
+    receive_until(&listener, Duration::from_secs(10), |m| {
+        m == "STATUS=e2e.notify.a: 0 busy, 1 idle; e2e.notify.b: 1 busy, 1 idle"
+    });
+    conductor.wait_terminal(&id, Duration::from_secs(20)).await;
+    sup.signal("TERM");
+    let got = receive_until(&listener, Duration::from_secs(10), |m| {
+        m.starts_with("STOPPING=1")
+    });
+    assert_eq!(
+        got.last().unwrap(),
+        "STOPPING=1\nSTATUS=draining (SIGTERM)",
+        "{got:?}"
+    );
+    let exit = sup.wait_exit(Duration::from_secs(20)).await;
+    assert!(exit.success(), "{}", sup.log_text());
+}
