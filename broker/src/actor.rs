@@ -279,7 +279,7 @@ impl Actor {
                     response_timeout_seconds,
                 } = *assigned;
                 let span = self.span_of(&execution_id, &task_id);
-                span.record("worker_id", tracing::field::display(&worker_id));
+                span.record("executor_worker_id", tracing::field::display(&worker_id));
                 span.in_scope(|| {
                     tracing::info!(slot, retry_count, response_timeout_seconds, "dispatched");
                 });
@@ -380,8 +380,9 @@ impl Actor {
 
 /// The span of one execution, from its first effect to its report: every broker line about
 /// the assignment is logged within it, so it carries `task_id`, `execution_id` and, once the
-/// execution is dispatched, the `worker_id` of the executor running it (the JSONL layer writes
-/// a span's fields into each line; its own `worker_id` member, the broker's, stays).
+/// execution is dispatched, `executor_worker_id`: the worker id of the executor running it
+/// (the JSONL layer writes a span's fields into each line; a line's `worker_id` is its file's
+/// worker, the broker).
 ///
 /// At ERROR level so that it is on whenever any line is: a warning such as "task result lost"
 /// keeps its ids at `RUST_LOG=warn` too. It has no parent: it outlives whatever was being
@@ -392,6 +393,6 @@ fn assignment_span(task_id: &str, execution_id: &str) -> Span {
         "assignment",
         task_id = %task_id,
         execution_id = %execution_id,
-        worker_id = tracing::field::Empty,
+        executor_worker_id = tracing::field::Empty,
     )
 }

@@ -452,16 +452,22 @@ async fn every_worker_writes_jsonl_with_ids() {
         .collect();
     for expected in ["dispatched", "result reported"] {
         assert!(messages.contains(&expected), "{expected}: {broker:#?}");
+        // From the dispatch on, the lines name the executor running the assignment too (a
+        // line's `worker_id` is its file's worker, the broker).
+        let line = mentioning
+            .iter()
+            .find(|l| l["message"] == expected)
+            .unwrap();
+        assert_eq!(line["executor_worker_id"], executor.as_str(), "{line}");
     }
-    // On stderr the span names the executor that ran the assignment (in the JSONL file
-    // `worker_id` is the file's worker, the broker).
+    // So do the lines on stderr.
     let log = sup.log_text();
     let reported = log
         .lines()
         .find(|l| l.contains("result reported") && l.contains(&task_id))
         .unwrap_or_else(|| panic!("no result reported line for {task_id}: {log}"));
     assert!(
-        reported.contains(&format!("worker_id={executor}"))
+        reported.contains(&format!("executor_worker_id={executor}"))
             && reported.contains(&format!("execution_id={execution_id}")),
         "{reported}"
     );
