@@ -360,3 +360,43 @@ async fn run_once_ends_when_every_task_type_is_done() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_task_type_scales_within_its_own_range_while_the_other_stays_fixed() {
+    let conductor = Conductor::start().await;
+    let a = TaskFixture::new("multi.fixed", ECHO, "");
+    let b = TaskFixture::new(
+        "multi.range",
+        "read params\nsleep 1\nprintf '{\"worker\": \"%s\"}' \"$PERAGO_WORKER_ID\"\n",
+        "",
+    );
+    conductor.register(&a).await;
+    conductor.register(&b).await;
+    let mut ids = Vec::new();
+    for n in 0..20 {
+        ids.push(conductor.start_workflow(&b, json!({"n": n})).await);
+    }
+    let mut sup = SupervisorProc::start_many(
+        &[&a, &b],
+        &conductor,
+        &["1", "multi.range=1..3"],
+        &[("PERAGO_SCALE_DOWN_AFTER", "60s")],
+    );
+    let roots = sup.workspace_root();
+    // The backlog of b grows b's executors to its maximum; a keeps its one.
+    eventually("b at three executors", Duration::from_secs(20), || async {
+        let b = crate::adaptive::status(&roots.join("multi.range")).await?;
+        let a = crate::adaptive::status(&roots.join("multi.fixed")).await?;
+        (b.capacity.as_ref()?.wanted_executors == 3
+            && a.capacity.as_ref()?.max_executors == 1
+            && a.slots.len() == 1)
+            .then_some(())
+    })
+    .await;
+    for id in &ids {
+        let wf = conductor.wait_terminal(id, Duration::from_secs(60)).await;
+        assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
+    }
+    sup.signal("TERM");
+    assert_eq!(sup.wait_exit(Duration::from_secs(30)).await.code(), Some(0));
+}
