@@ -12,7 +12,7 @@ pub mod cli;
 mod counters;
 mod health;
 mod incoming;
-mod metrics;
+pub mod metrics;
 mod poison;
 mod poller;
 mod report;

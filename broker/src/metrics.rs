@@ -28,33 +28,65 @@ pub(crate) fn exposition(registry: &Registry) -> String {
     crate::counters::prometheus(registry)
 }
 
-fn answer(request: &Request<Incoming>, registry: &Registry) -> Response<Full<Bytes>> {
+/// What one scrape answers: the exposition and its content type, or `None` when there is
+/// none to give (503).
+pub type Scraped = Option<(String, String)>;
+
+async fn answer<F, Fut>(request: &Request<Incoming>, scrape: &F) -> Response<Full<Bytes>>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Scraped>,
+{
     let (status, kind, body) = match (request.method(), request.uri().path()) {
-        (&Method::GET | &Method::HEAD, "/metrics") => {
-            (StatusCode::OK, CONTENT_TYPE, exposition(registry))
-        }
+        (&Method::GET | &Method::HEAD, "/metrics") => match scrape().await {
+            Some((text, kind)) => (StatusCode::OK, kind, text),
+            None => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain".to_owned(),
+                "no broker answers\n".to_owned(),
+            ),
+        },
         (_, "/metrics") => (
             StatusCode::METHOD_NOT_ALLOWED,
-            "text/plain",
+            "text/plain".to_owned(),
             "use GET\n".to_owned(),
         ),
         _ => (
             StatusCode::NOT_FOUND,
-            "text/plain",
+            "text/plain".to_owned(),
             "not found; try /metrics\n".to_owned(),
         ),
     };
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
-    response.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static(kind),
-    );
+    if let Ok(kind) = hyper::header::HeaderValue::from_str(&kind) {
+        response
+            .headers_mut()
+            .insert(hyper::header::CONTENT_TYPE, kind);
+    }
     response
 }
 
 /// Serves `registry` on `listener` until the broker exits.
 pub(crate) async fn serve(listener: TcpListener, registry: Arc<Registry>) {
+    serve_with(listener, move || {
+        let text = exposition(&registry);
+        async move { Some((text, CONTENT_TYPE.to_owned())) }
+    })
+    .await;
+}
+
+/// Serves `GET /metrics` on `listener` (405 for another method, 404 for another path) with
+/// what `scrape` gives at each request, until the task is dropped: hyper's HTTP/1.1 server, a
+/// header read timeout, and a pause after a failing `accept` so that the listener never
+/// spins. The broker serves its registry with it; a supervisor of several task types, the
+/// merge of its brokers' expositions.
+pub async fn serve_with<F, Fut>(listener: TcpListener, scrape: F)
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Scraped> + Send,
+{
+    let scrape = Arc::new(scrape);
     let mut failing = false;
     loop {
         let stream = match listener.accept().await {
@@ -71,11 +103,11 @@ pub(crate) async fn serve(listener: TcpListener, registry: Arc<Registry>) {
                 continue;
             }
         };
-        let registry = Arc::clone(&registry);
+        let scrape = Arc::clone(&scrape);
         tokio::spawn(async move {
             let service = service_fn(move |request| {
-                let response = answer(&request, &registry);
-                async move { Ok::<_, std::convert::Infallible>(response) }
+                let scrape = Arc::clone(&scrape);
+                async move { Ok::<_, std::convert::Infallible>(answer(&request, &*scrape).await) }
             });
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder

@@ -2,16 +2,8 @@
 //! registry (every series labelled with its task type) but serves no HTTP of its own; each
 //! scrape here asks every broker for its exposition over `Admin.Metrics`, concurrently, and
 //! answers with their merge (`perago_core::metrics_text::merge_expositions`). The HTTP side is
-//! the broker's (`broker/src/metrics.rs`): hyper's HTTP/1.1 server, a header read timeout and
-//! a pause after a failing accept.
+//! the broker's (`perago_broker::metrics::serve_with`).
 
-use http_body_util::Full;
-use hyper::{
-    Method, Request, Response, StatusCode,
-    body::{Bytes, Incoming},
-    service::service_fn,
-};
-use hyper_util::rt::TokioIo;
 use perago_proto::admin::v1::{MetricsRequest, admin_client::AdminClient};
 use std::{
     path::PathBuf,
@@ -24,11 +16,6 @@ use std::{
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
-/// How long a connection may take to send its request head.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
-/// The pause after a failed `accept` (out of descriptors, say) before the next one: a failing
-/// listener must not spin.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(200);
 /// How long one broker may take to connect and answer `Admin.Metrics` in a scrape; a broker
 /// slower than that is left out of the scrape, so one stuck broker cannot stall the others'.
 const BROKER_TIMEOUT: Duration = Duration::from_secs(2);
@@ -167,77 +154,18 @@ async fn scrape(brokers: &Arc<Vec<Broker>>) -> Option<(String, String)> {
     ))
 }
 
-async fn answer(request: &Request<Incoming>, brokers: &Arc<Vec<Broker>>) -> Response<Full<Bytes>> {
-    let (status, kind, body) = match (request.method(), request.uri().path()) {
-        (&Method::GET | &Method::HEAD, "/metrics") => match scrape(brokers).await {
-            Some((text, kind)) => (StatusCode::OK, kind, text),
-            None => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "text/plain".to_owned(),
-                "no broker answers\n".to_owned(),
-            ),
-        },
-        (_, "/metrics") => (
-            StatusCode::METHOD_NOT_ALLOWED,
-            "text/plain".to_owned(),
-            "use GET\n".to_owned(),
-        ),
-        _ => (
-            StatusCode::NOT_FOUND,
-            "text/plain".to_owned(),
-            "not found; try /metrics\n".to_owned(),
-        ),
-    };
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    if let Ok(kind) = hyper::header::HeaderValue::from_str(&kind) {
-        response
-            .headers_mut()
-            .insert(hyper::header::CONTENT_TYPE, kind);
-    }
-    response
-}
-
 /// Serves `GET /metrics` on `listener` until dropped (abort the task): the merge of the
 /// expositions of the brokers at `sockets`, asked over `Admin.Metrics` at each scrape. A
 /// broker that does not answer within 2 s is left out of that scrape (and logged at warn once
-/// per outage); when none answers, the scrape gets 503.
+/// per outage); when none answers, the scrape gets 503. The HTTP side is the broker's own
+/// ([`perago_broker::metrics::serve_with`]).
 pub(crate) async fn serve_merged(listener: TcpListener, sockets: Vec<PathBuf>) {
     let brokers = Arc::new(sockets.into_iter().map(Broker::new).collect::<Vec<_>>());
-    let mut failing = false;
-    loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => {
-                failing = false;
-                stream
-            }
-            Err(e) => {
-                if !failing {
-                    tracing::warn!(error = %e, "the metrics listener cannot accept connections; retrying");
-                    failing = true;
-                }
-                tokio::time::sleep(ACCEPT_BACKOFF).await;
-                continue;
-            }
-        };
+    perago_broker::metrics::serve_with(listener, move || {
         let brokers = Arc::clone(&brokers);
-        tokio::spawn(async move {
-            let service = service_fn(move |request| {
-                let brokers = Arc::clone(&brokers);
-                async move { Ok::<_, std::convert::Infallible>(answer(&request, &brokers).await) }
-            });
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT);
-            if let Err(e) = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(error = %e, "a metrics connection ended with an error");
-            }
-        });
-    }
+        async move { scrape(&brokers).await }
+    })
+    .await;
 }
 
 #[cfg(test)]
