@@ -345,6 +345,32 @@ pub(crate) fn staging_table(left: &[Value]) -> String {
     out
 }
 
+/// One call to the broker at `socket`: connect, then `call` on the channel, each within 5 s.
+fn call_broker<T, Fut>(
+    socket: &std::path::Path,
+    runtime: &tokio::runtime::Runtime,
+    call: impl FnOnce(tonic::transport::Channel) -> Fut,
+) -> Result<T, ProbeError>
+where
+    Fut: Future<Output = Result<T, tonic::Status>>,
+{
+    const PATIENCE: Duration = Duration::from_secs(5);
+    let answer = runtime.block_on(async {
+        let channel = tokio::time::timeout(PATIENCE, perago_executor::slot::connect(socket))
+            .await
+            .map_err(|_| NoAnswer::Timeout)?
+            .map_err(NoAnswer::Connect)?;
+        tokio::time::timeout(PATIENCE, call(channel))
+            .await
+            .map_err(|_| NoAnswer::Timeout)?
+            .map_err(|s| NoAnswer::Call(Box::new(s)))
+    });
+    answer.map_err(|cause| ProbeError::NoAnswer {
+        socket: socket.to_owned(),
+        cause,
+    })
+}
+
 /// `status --probe`: one `grpc.health.v1.Health/Check` of the whole server (service `""`).
 fn probe(
     kind: Probe,
@@ -354,28 +380,13 @@ fn probe(
     use tonic_health::pb::{
         HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
     };
-    let answer = runtime.block_on(async {
-        let channel = tokio::time::timeout(
-            Duration::from_secs(5),
-            perago_executor::slot::connect(socket),
-        )
-        .await
-        .map_err(|_| NoAnswer::Timeout)?
-        .map_err(NoAnswer::Connect)?;
-        tokio::time::timeout(
-            Duration::from_secs(5),
-            HealthClient::new(channel).check(HealthCheckRequest {
+    let status = call_broker(socket, runtime, |channel| async move {
+        HealthClient::new(channel)
+            .check(HealthCheckRequest {
                 service: String::new(),
-            }),
-        )
-        .await
-        .map_err(|_| NoAnswer::Timeout)?
-        .map(|r| r.into_inner().status())
-        .map_err(|s| NoAnswer::Call(Box::new(s)))
-    });
-    let status = answer.map_err(|cause| ProbeError::NoAnswer {
-        socket: socket.to_owned(),
-        cause,
+            })
+            .await
+            .map(|r| r.into_inner().status())
     })?;
     crate::out::print(&format!("{}\n", status.as_str_name()))?;
     match (kind, status) {
@@ -393,30 +404,12 @@ fn ask(
     socket: &std::path::Path,
     runtime: &tokio::runtime::Runtime,
 ) -> Result<StatusResponse, ExpectedError> {
-    let answer = runtime.block_on(async {
-        let channel = tokio::time::timeout(
-            Duration::from_secs(5),
-            perago_executor::slot::connect(socket),
-        )
-        .await
-        .map_err(|_| NoAnswer::Timeout)?
-        .map_err(NoAnswer::Connect)?;
-        tokio::time::timeout(
-            Duration::from_secs(5),
-            AdminClient::new(channel).status(StatusRequest {}),
-        )
-        .await
-        .map_err(|_| NoAnswer::Timeout)?
-        .map(tonic::Response::into_inner)
-        .map_err(|s| NoAnswer::Call(Box::new(s)))
-    });
-    answer.map_err(|cause| {
-        ProbeError::NoAnswer {
-            socket: socket.to_owned(),
-            cause,
-        }
-        .into()
-    })
+    Ok(call_broker(socket, runtime, |channel| async move {
+        AdminClient::new(channel)
+            .status(StatusRequest {})
+            .await
+            .map(tonic::Response::into_inner)
+    })?)
 }
 
 pub(crate) fn status(
