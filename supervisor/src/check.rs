@@ -4,7 +4,7 @@ use crate::errors::ExpectedError;
 use perago_core::{
     command::resolve_program,
     identity::WorkerPrefix,
-    manifest::{BodyKind, Manifest},
+    manifest::{BodyKind, Manifest, ManifestError},
 };
 use std::{ffi::OsString, fmt::Write as _, os::unix::fs::PermissionsExt, path::Path};
 
@@ -15,21 +15,33 @@ pub(crate) fn check_all(
     path_var: Option<&OsString>,
     vars: &std::collections::BTreeMap<String, String>,
 ) -> Result<String, ExpectedError> {
-    // A task name given twice is refused before anything else.
-    let mut seen: Vec<(String, &std::path::PathBuf)> = Vec::new();
+    // Each manifest is read once; a task name given twice is refused before anything else.
+    let mut loaded: Vec<(&std::path::PathBuf, Result<Manifest, ManifestError>)> =
+        Vec::with_capacity(paths.len());
     for path in paths {
-        if let Ok(manifest) = Manifest::load(path) {
-            if let Some((_, first)) = seen.iter().find(|(n, _)| *n == manifest.task.name) {
-                return Err(crate::start::given_twice(&manifest.task.name, first, path));
-            }
-            seen.push((manifest.task.name, path));
+        let manifest = Manifest::load(path);
+        if let Ok(manifest) = &manifest
+            && let Some((first, _)) = loaded
+                .iter()
+                .find(|(_, m)| m.as_ref().is_ok_and(|m| m.task.name == manifest.task.name))
+        {
+            return Err(crate::start::given_twice(&manifest.task.name, first, path));
         }
+        loaded.push((path, manifest));
     }
     let several = paths.len() > 1;
     let mut reports = String::new();
     let mut problems = Vec::new();
-    for path in paths {
-        match check(path, path_var, |name| {
+    for (path, manifest) in loaded {
+        let manifest = match manifest {
+            Ok(manifest) => manifest,
+            Err(e) if !several => return Err(e.into()),
+            Err(e) => {
+                problems.push(e.to_string());
+                continue;
+            }
+        };
+        match check(path, &manifest, path_var, |name| {
             crate::start::prefix_of(name, vars, several)
         }) {
             Ok(report) => reports.push_str(&report),
@@ -48,15 +60,16 @@ pub(crate) fn check_all(
     }
 }
 
-/// Loads the manifest, compiles its schemas, and checks that the body and guardrail commands
-/// exist; returns the report printed on success. `prefix` is how `start` names the task's
+/// Checks the manifest loaded from `path` (its schemas compiled by the load) beyond what the
+/// load checks: the body and guardrail commands exist, the worker ids and the body user are
+/// valid; returns the report printed on success. `prefix` is how `start` names the task's
 /// workers.
 pub(crate) fn check(
     path: &Path,
+    manifest: &Manifest,
     path_var: Option<&OsString>,
     prefix: impl Fn(&str) -> Result<WorkerPrefix, perago_core::identity::PrefixError>,
 ) -> Result<String, ExpectedError> {
-    let manifest = Manifest::load(path)?;
     let mut problems = Vec::new();
     let prefix_text = format!("manifest {}", path.display());
     // `start` derives worker ids from the task name (or PERAGO_WORKER_ID_PREFIX): a name it
