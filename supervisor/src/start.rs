@@ -375,20 +375,28 @@ pub(crate) fn start(
         }
         // The lock is held by every process of a runtime: once it is ours, no process of an
         // earlier runtime is left to use its attempt directories, and the sweep is safe.
-        let mut locks = Vec::new();
-        for task in &tasks {
-            let name = &task.manifest.task.name;
-            let root_path = workspace_root_of(name, vars, several);
-            let locked = root::lock(&root_path, vars, lock_wait)
-                .await
-                ?;
-            tracing::info!(task = %name, root = %locked.root.display(), runtime_dir = %locked.runtime_dir.display(), "workspace root locked");
+        // Roots are locked in the order of their paths, whatever the order of the manifests:
+        // two supervisors started at once over the same task types then meet at the same
+        // first root, and one of them runs (in the order given, each could hold the root the
+        // other needs next, and both would refuse).
+        let roots: Vec<PathBuf> = tasks
+            .iter()
+            .map(|t| workspace_root_of(&t.manifest.task.name, vars, several))
+            .collect();
+        let mut order: Vec<usize> = (0..roots.len()).collect();
+        order.sort_by(|a, b| roots[*a].cmp(&roots[*b]));
+        let mut locked_in_order = Vec::with_capacity(order.len());
+        for &index in &order {
+            let locked = root::lock(&roots[index], vars, lock_wait).await?;
+            tracing::info!(task = %tasks[index].manifest.task.name, root = %locked.root.display(), runtime_dir = %locked.runtime_dir.display(), "workspace root locked");
             // Another runtime's broker on the socket: touch nothing of it, not even its attempts.
             if let Some(foreign) = supervise::foreign_broker(&locked.socket).await {
                 return Err(foreign.into());
             }
-            locks.push(locked);
+            locked_in_order.push((index, locked));
         }
+        locked_in_order.sort_by_key(|(index, _)| *index);
+        let locks: Vec<root::LockedRoot> = locked_in_order.into_iter().map(|(_, l)| l).collect();
         let metrics = match merged_metrics {
             None => None,
             Some(addr) => {

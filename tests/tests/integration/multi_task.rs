@@ -400,3 +400,71 @@ async fn one_task_type_scales_within_its_own_range_while_the_other_stays_fixed()
     sup.signal("TERM");
     assert_eq!(sup.wait_exit(Duration::from_secs(30)).await.code(), Some(0));
 }
+
+/// Two supervisors started at once over the same two task types, their manifests in opposite
+/// orders, on one workspace root: the roots are locked in one order, so one supervisor runs
+/// both types and the other is refused (neither may hold one type's root while refusing the
+/// other's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_supervisors_of_the_same_task_types_started_at_once_leave_one_running() {
+    let conductor = Conductor::start().await;
+    let a = TaskFixture::new("multi.race.a", ECHO, "");
+    let b = TaskFixture::new("multi.race.b", ECHO, "");
+    conductor.register(&a).await;
+    conductor.register(&b).await;
+    let shared = tempfile::tempdir().unwrap();
+    let root = shared.path().to_str().unwrap();
+    let mut first = SupervisorProc::start_many(
+        &[&a, &b],
+        &conductor,
+        &["1"],
+        &[("PERAGO_WORKSPACE_ROOT", root)],
+    );
+    let mut second = SupervisorProc::start_many(
+        &[&b, &a],
+        &conductor,
+        &["1"],
+        &[("PERAGO_WORKSPACE_ROOT", root)],
+    );
+    // One of them is refused at once; the other keeps running.
+    let first_refused = eventually(
+        "one supervisor to be refused",
+        Duration::from_secs(20),
+        || {
+            let first_done = first.child.try_wait().unwrap().is_some();
+            let second_done = second.child.try_wait().unwrap().is_some();
+            async move { (first_done || second_done).then_some(first_done) }
+        },
+    )
+    .await;
+    let (refused, running) = if first_refused {
+        (&mut first, &mut second)
+    } else {
+        (&mut second, &mut first)
+    };
+    let exit = refused.wait_exit(Duration::from_secs(5)).await;
+    assert_eq!(exit.code(), Some(1), "{}", refused.log_text());
+    assert!(
+        refused
+            .log_text()
+            .contains("is locked by perago supervisor pid"),
+        "{}",
+        refused.log_text()
+    );
+    assert!(
+        running.child.try_wait().unwrap().is_none(),
+        "both were refused\n{}\n{}",
+        running.log_text(),
+        refused.log_text()
+    );
+    for task in [&a, &b] {
+        let id = conductor.start_workflow(task, json!({"n": 1})).await;
+        let wf = conductor.wait_terminal(&id, Duration::from_secs(20)).await;
+        assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
+    }
+    running.signal("TERM");
+    assert_eq!(
+        running.wait_exit(Duration::from_secs(30)).await.code(),
+        Some(0)
+    );
+}
