@@ -480,6 +480,9 @@ pub struct Stat {
     pub ppid: u32,
     /// The process group.
     pub pgid: u32,
+    /// When it started, in clock ticks after boot (field 22): with the pid, it names one
+    /// process, whatever later reuses the pid.
+    pub start_time: Option<u64>,
 }
 
 /// Parses the text of `/proc/<pid>/stat`; the command name may hold spaces and parentheses.
@@ -489,7 +492,14 @@ pub fn parse_stat(text: &str) -> Option<Stat> {
     let state = fields.next()?.chars().next()?;
     let ppid = fields.next()?.parse().ok()?;
     let pgid = fields.next()?.parse().ok()?;
-    Some(Stat { state, ppid, pgid })
+    // Fields 6 to 21, then the start time.
+    let start_time = fields.nth(16).and_then(|t| t.parse().ok());
+    Some(Stat {
+        state,
+        ppid,
+        pgid,
+        start_time,
+    })
 }
 
 /// The stat of `pid`, `None` once it is gone.
@@ -964,12 +974,19 @@ mod tests {
             Some(Stat {
                 state: 'S',
                 ppid: 7,
-                pgid: 40
+                pgid: 40,
+                start_time: None,
             })
+        );
+        assert_eq!(
+            parse_stat("42 (x) S 7 40 40 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 1 0 123456 999 1")
+                .and_then(|s| s.start_time),
+            Some(123_456)
         );
         assert_eq!(parse_stat("42 no parenthesis"), None);
         let me = stat(std::process::id()).expect("this process has a stat");
         assert_ne!(me.state, 'Z');
+        assert!(me.start_time.is_some_and(|t| t > 0), "{me:?}");
     }
 
     /// Live processes whose command line contains `marker`.

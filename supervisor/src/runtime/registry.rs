@@ -40,14 +40,9 @@ pub(crate) fn dir(vars: &BTreeMap<String, String>) -> PathBuf {
 
 /// The start time of `pid`, `None` if it is not running.
 fn start_time(pid: u32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = stat.rsplit_once(") ")?.1;
-    // Fields after the command: state (3), ppid (4), … starttime (22).
-    let mut fields = rest.split_whitespace();
-    if fields.next()? == "Z" {
-        return None;
-    }
-    fields.nth(18)?.parse().ok()
+    perago_core::process::stat(pid)
+        .filter(|s| s.state != 'Z')
+        .and_then(|s| s.start_time)
 }
 
 /// This supervisor's file, removed when dropped.
