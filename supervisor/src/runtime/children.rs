@@ -502,12 +502,14 @@ fn worker_log(
     task: &str,
     worker_id: &str,
 ) -> std::io::Result<Option<tracing::Dispatch>> {
-    let Some(root) = lookup(env)(perago_core::env::PERAGO_LOG_ROOT).filter(|r| !r.is_empty())
-    else {
+    // Read as the worker's own process would read them: its environment first.
+    let lookup = lookup(env);
+    let Some(root) = lookup(perago_core::env::PERAGO_LOG_ROOT).filter(|r| !r.is_empty()) else {
         return Ok(None);
     };
-    let config = perago_core::logging::JsonlConfig::from_env(root.into(), task, worker_id)
-        .map_err(std::io::Error::other)?;
+    let config =
+        perago_core::logging::JsonlConfig::from_lookup(root.into(), task, worker_id, lookup)
+            .map_err(std::io::Error::other)?;
     perago_core::logging::worker_dispatch(&config)
         .map(Some)
         .map_err(|e| {
