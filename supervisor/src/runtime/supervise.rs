@@ -163,6 +163,12 @@ fn executor_env(
 /// Why the runtime ended with a failure.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
+    /// The supervision of the runtime panicked (a bug); the other task types' runtimes drain.
+    #[error("the supervision of this runtime failed: {cause}")]
+    Panicked {
+        /// The panic, as the task's join error tells it.
+        cause: String,
+    },
     /// A child process or thread cannot be started.
     #[error("cannot start {what}: {source}")]
     Spawn {
@@ -812,73 +818,63 @@ pub(crate) async fn supervise_all(
     runs: Vec<(RuntimeSpec, Launcher)>,
     stop: impl Future<Output = String>,
 ) -> Vec<(String, Result<(), RuntimeError>)> {
+    // The first reason to stop them all; every runtime drains when it is set.
     let (stop_tx, _) = tokio::sync::watch::channel(None::<String>);
-    let stop_tx = std::sync::Arc::new(stop_tx);
+    let stop_all = |why: String| {
+        stop_tx
+            .send_if_modified(|current| current.is_none().then(|| *current = Some(why)).is_some());
+    };
     let mut stop = std::pin::pin!(stop);
     let mut stop_fired = false;
     let mut running = tokio::task::JoinSet::new();
+    let mut index_of = BTreeMap::new();
     let names: Vec<String> = runs
         .iter()
         .map(|(spec, _)| spec.task_name.clone())
         .collect();
     for (index, (spec, launcher)) in runs.into_iter().enumerate() {
         let mut stop_rx = stop_tx.subscribe();
-        let stop_tx = std::sync::Arc::clone(&stop_tx);
-        let name = spec.task_name.clone();
-        running.spawn(async move {
-            let stop = async move {
-                let why = stop_rx
-                    .wait_for(Option::is_some)
-                    .await
-                    .map(|why| why.clone().unwrap_or_default());
-                match why {
-                    Ok(why) => why,
-                    // Never: the sender outlives every runtime.
-                    Err(_) => std::future::pending().await,
-                }
-            };
-            let result = supervise(spec, launcher, stop).await;
-            if let Err(e) = &result
-                && !matches!(e, RuntimeError::ForceKilled { .. })
-            {
-                stop_tx.send_if_modified(|why| {
-                    why.is_none()
-                        .then(|| {
-                            *why = Some(format!("the runtime of task {name} stopped ({e})"));
-                        })
-                        .is_some()
-                });
+        let stop = async move {
+            let why = stop_rx
+                .wait_for(Option::is_some)
+                .await
+                .map(|why| why.clone().unwrap_or_default());
+            match why {
+                Ok(why) => why,
+                // Never: the sender outlives every runtime.
+                Err(_) => std::future::pending().await,
             }
-            (index, result)
-        });
+        };
+        let task = running.spawn(supervise(spec, launcher, stop));
+        index_of.insert(task.id(), index);
     }
     let mut results: Vec<Option<Result<(), RuntimeError>>> = names.iter().map(|_| None).collect();
     loop {
         tokio::select! {
-            joined = running.join_next() => match joined {
-                None => break,
-                Some(Ok((index, result))) => results[index] = Some(result),
-                Some(Err(e)) => tracing::error!(error = %e, "a runtime's task ended abnormally"),
-            },
+            joined = running.join_next_with_id() => {
+                let (id, result) = match joined {
+                    None => break,
+                    Some(Ok((id, result))) => (id, result),
+                    Some(Err(e)) => (e.id(), Err(RuntimeError::Panicked { cause: e.to_string() })),
+                };
+                let index = index_of[&id];
+                if let Err(e) = &result
+                    && !matches!(e, RuntimeError::ForceKilled { .. })
+                {
+                    stop_all(format!("the runtime of task {} stopped ({e})", names[index]));
+                }
+                results[index] = Some(result);
+            }
             why = &mut stop, if !stop_fired => {
                 stop_fired = true;
-                stop_tx.send_if_modified(|current| {
-                    current.is_none().then(|| *current = Some(why)).is_some()
-                });
+                stop_all(why);
             }
         }
     }
     names
         .into_iter()
         .zip(results)
-        .map(|(name, result)| {
-            let result = result.unwrap_or_else(|| {
-                Err(RuntimeError::BrokerDied {
-                    status: "its supervision task panicked".to_owned(),
-                })
-            });
-            (name, result)
-        })
+        .map(|(name, result)| (name, result.expect("every runtime's task was joined")))
         .collect()
 }
 
