@@ -465,6 +465,17 @@ pub(crate) fn test_execution_mode() -> Option<String> {
         .filter(|m| !m.is_empty())
 }
 
+/// `perago-supervisor status --json` of the runtime under `root` (`Null` if none answers).
+pub(crate) fn status_json(root: &std::path::Path) -> Value {
+    let run = perago_tests::Run::of(perago_tests::command(SUPERVISOR).args([
+        "status",
+        "--json",
+        "--socket",
+        root.join("run/broker.sock").to_str().unwrap(),
+    ]));
+    serde_json::from_str(&run.stdout).unwrap_or_default()
+}
+
 /// Sends signal `name` to `pid` with kill(1).
 pub(crate) fn signal_pid(pid: u32, name: &str) {
     let status = Command::new("kill")

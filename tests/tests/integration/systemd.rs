@@ -3,10 +3,8 @@
 //! sees the notify variables (only the supervisor speaks for the service).
 
 use crate::harness::{Conductor, SupervisorProc, TaskFixture, child_named, thread_mode};
-use serde_json::Value;
 use std::{
     os::unix::net::UnixDatagram,
-    path::Path,
     time::{Duration, Instant},
 };
 
@@ -34,14 +32,29 @@ fn receive_until(
     panic!("timed out; received {got:?}");
 }
 
-fn status_json(root: &Path) -> Value {
-    let run = perago_tests::Run::of(perago_tests::command(crate::harness::SUPERVISOR).args([
-        "status",
-        "--json",
-        "--socket",
-        root.join("run/broker.sock").to_str().unwrap(),
-    ]));
-    serde_json::from_str(&run.stdout).unwrap_or_default()
+/// A datagram socket for the supervisor to notify (with a read timeout), in `dir`.
+fn notify_socket(dir: &tempfile::TempDir) -> (std::path::PathBuf, UnixDatagram) {
+    let path = dir.path().join("notify");
+    let listener = UnixDatagram::bind(&path).unwrap();
+    listener
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    (path, listener)
+}
+
+/// SIGTERM: systemd hears `STOPPING=1` once, and the supervisor drains and exits 0.
+async fn stops_on_sigterm(listener: &UnixDatagram, sup: &mut SupervisorProc) {
+    sup.signal("TERM");
+    let got = receive_until(listener, Duration::from_secs(10), |m| {
+        m.starts_with("STOPPING=1")
+    });
+    assert_eq!(
+        got.last().unwrap(),
+        "STOPPING=1\nSTATUS=draining (SIGTERM)",
+        "{got:?}"
+    );
+    let exit = sup.wait_exit(Duration::from_secs(20)).await;
+    assert!(exit.success(), "{}", sup.log_text());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,11 +63,7 @@ async fn a_notify_unit_hears_ready_status_watchdog_and_stopping() {
     let task = TaskFixture::new("e2e.notify", BODY, "");
     conductor.register(&task).await;
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("notify");
-    let listener = UnixDatagram::bind(&path).unwrap();
-    listener
-        .set_read_timeout(Some(Duration::from_millis(100)))
-        .unwrap();
+    let (path, listener) = notify_socket(&dir);
     let mut sup = SupervisorProc::start(
         &task,
         &conductor,
@@ -73,7 +82,7 @@ async fn a_notify_unit_hears_ready_status_watchdog_and_stopping() {
         "{got:?}"
     );
     // Sent only once both executors were attached.
-    let status = status_json(&sup.workspace_root());
+    let status = crate::harness::status_json(&sup.workspace_root());
     let states: Vec<&str> = status["slots"]
         .as_array()
         .unwrap()
@@ -104,17 +113,7 @@ async fn a_notify_unit_hears_ready_status_watchdog_and_stopping() {
         m == "STATUS=e2e.notify: 1 busy, 1 idle"
     });
     conductor.wait_terminal(&id, Duration::from_secs(20)).await;
-    sup.signal("TERM");
-    let got = receive_until(&listener, Duration::from_secs(10), |m| {
-        m.starts_with("STOPPING=1")
-    });
-    assert_eq!(
-        got.last().unwrap(),
-        "STOPPING=1\nSTATUS=draining (SIGTERM)",
-        "{got:?}"
-    );
-    let exit = sup.wait_exit(Duration::from_secs(20)).await;
-    assert!(exit.success(), "{}", sup.log_text());
+    stops_on_sigterm(&listener, &mut sup).await;
 }
 
 /// In thread mode bodies are started from the supervisor's own process, whose environment
@@ -167,11 +166,7 @@ async fn a_unit_of_several_task_types_is_ready_once_every_type_is() {
     conductor.register(&a).await;
     conductor.register(&b).await;
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("notify");
-    let listener = UnixDatagram::bind(&path).unwrap();
-    listener
-        .set_read_timeout(Some(Duration::from_millis(100)))
-        .unwrap();
+    let (path, listener) = notify_socket(&dir);
     let mut sup = SupervisorProc::start_many(
         &[&a, &b],
         &conductor,
@@ -203,15 +198,5 @@ async fn a_unit_of_several_task_types_is_ready_once_every_type_is() {
         m == "STATUS=e2e.notify.a: 0 busy, 1 idle; e2e.notify.b: 1 busy, 1 idle"
     });
     conductor.wait_terminal(&id, Duration::from_secs(20)).await;
-    sup.signal("TERM");
-    let got = receive_until(&listener, Duration::from_secs(10), |m| {
-        m.starts_with("STOPPING=1")
-    });
-    assert_eq!(
-        got.last().unwrap(),
-        "STOPPING=1\nSTATUS=draining (SIGTERM)",
-        "{got:?}"
-    );
-    let exit = sup.wait_exit(Duration::from_secs(20)).await;
-    assert!(exit.success(), "{}", sup.log_text());
+    stops_on_sigterm(&listener, &mut sup).await;
 }

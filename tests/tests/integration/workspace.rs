@@ -3,7 +3,7 @@
 
 use crate::harness::{
     Conductor, Lakefs, SupervisorProc, TaskFixture, alive, child_named, eventually, runs_worker,
-    signal_pid,
+    signal_pid, status_json,
 };
 use perago_devstack::faults::FaultSpec;
 use serde_json::{Value, json};
@@ -1225,17 +1225,6 @@ echo '{}'
     );
     assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
     assert!(attempts_left(&sup.workspace_root()).is_empty());
-}
-
-/// `perago-supervisor status --json` of the runtime under `root`.
-fn status_json(root: &Path) -> Value {
-    let run = perago_tests::Run::of(perago_tests::command(crate::harness::SUPERVISOR).args([
-        "status",
-        "--json",
-        "--socket",
-        root.join("run/broker.sock").to_str().unwrap(),
-    ]));
-    serde_json::from_str(&run.stdout).unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
