@@ -121,6 +121,42 @@ async fn attach(
     }
 }
 
+/// Announces slot 1, generation 1 (token `s1`) as the supervisor would, attaches to it as
+/// `worker`, starts one workflow of `task` and returns the stream, the assignment it got and
+/// the workflow's id.
+async fn first_assignment(
+    broker: &Broker,
+    conductor: &Conductor,
+    task: &TaskFixture,
+    worker: &str,
+) -> (
+    mpsc::Sender<proto::ExecutorMessage>,
+    tonic::Streaming<proto::BrokerMessage>,
+    proto::Assignment,
+    String,
+) {
+    proto::control_client::ControlClient::new(broker.channel.clone())
+        .slot_started(with_control_token(proto::SlotStarted {
+            slot: 1,
+            generation: 1,
+            token: "s1".into(),
+            pid: 0,
+        }))
+        .await
+        .unwrap();
+    let (tx, mut inbound) = attach(&broker.channel, hello(creds(1, 1, "s1"), worker))
+        .await
+        .unwrap();
+    let id = conductor.start_workflow(task, json!({"n": 1})).await;
+    let assignment = match inbound.message().await.unwrap() {
+        Some(proto::BrokerMessage {
+            message: Some(FromBroker::Assignment(a)),
+        }) => a,
+        other => panic!("expected an assignment, got {other:?}"),
+    };
+    (tx, inbound, assignment, id)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attaches_are_authenticated_per_generation() {
     let conductor = Conductor::start().await;
@@ -206,26 +242,8 @@ async fn only_the_current_assignment_can_complete_or_read_its_attempt() {
     conductor.register(&task).await;
     let broker = start_broker(&conductor, &task).await;
     let worker = format!("{}0001", task.prefix());
-    let mut control = proto::control_client::ControlClient::new(broker.channel.clone());
-    control
-        .slot_started(with_control_token(proto::SlotStarted {
-            slot: 1,
-            generation: 1,
-            token: "s1".into(),
-            pid: 0,
-        }))
-        .await
-        .unwrap();
-    let (tx, mut inbound) = attach(&broker.channel, hello(creds(1, 1, "s1"), &worker))
-        .await
-        .unwrap();
-    let id = conductor.start_workflow(&task, json!({"n": 1})).await;
-    let assignment = match inbound.message().await.unwrap() {
-        Some(proto::BrokerMessage {
-            message: Some(FromBroker::Assignment(a)),
-        }) => a,
-        other => panic!("expected an assignment, got {other:?}"),
-    };
+    let (tx, _inbound, assignment, id) =
+        first_assignment(&broker, &conductor, &task, &worker).await;
     let attempt = assignment.attempt.clone().unwrap();
 
     // The fence answers only the slot's current execution.
@@ -664,25 +682,8 @@ async fn admin_metrics_answers_what_the_metrics_endpoint_serves() {
 
     // One task through the broker, as an executor would run it.
     let worker = format!("{}0001", task.prefix());
-    proto::control_client::ControlClient::new(broker.channel.clone())
-        .slot_started(with_control_token(proto::SlotStarted {
-            slot: 1,
-            generation: 1,
-            token: "s1".into(),
-            pid: 0,
-        }))
-        .await
-        .unwrap();
-    let (tx, mut inbound) = attach(&broker.channel, hello(creds(1, 1, "s1"), &worker))
-        .await
-        .unwrap();
-    let id = conductor.start_workflow(&task, json!({"n": 1})).await;
-    let assignment = match inbound.message().await.unwrap() {
-        Some(proto::BrokerMessage {
-            message: Some(FromBroker::Assignment(a)),
-        }) => a,
-        other => panic!("expected an assignment, got {other:?}"),
-    };
+    let (tx, _inbound, assignment, id) =
+        first_assignment(&broker, &conductor, &task, &worker).await;
     tx.send(proto::ExecutorMessage {
         message: Some(ToBroker::Completion(proto::Completion {
             task_id: assignment.attempt.unwrap().task_id,
