@@ -123,14 +123,29 @@ pub struct RotatingFile {
     size: u64,
 }
 
+/// Opens `path` for appending, created 0600.
+fn open_log(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+}
+
 impl RotatingFile {
-    /// Opens (appending) `dir/perago.jsonl`, creating `dir`.
+    /// Opens (appending) `dir/perago.jsonl`, creating `dir`. Logs name tasks, workflows and
+    /// body output: the folders are 0700 and the files 0600 (an existing worker folder and
+    /// file are closed too), whatever the umask.
     pub fn open(dir: &Path, max_bytes: u64, max_files: usize) -> io::Result<Self> {
-        fs::create_dir_all(dir)?;
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join(FILE_NAME))?;
+        use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+        let file = open_log(&dir.join(FILE_NAME))?;
+        file.set_permissions(fs::Permissions::from_mode(0o600))?;
         let size = file.metadata()?.len();
         Ok(Self {
             dir: dir.to_owned(),
@@ -160,10 +175,7 @@ impl RotatingFile {
                     fs::rename(&from, self.path(n + 1))?;
                 }
             }
-            self.file = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(self.path(0))?;
+            self.file = open_log(&self.path(0))?;
         }
         self.size = 0;
         Ok(())
@@ -494,6 +506,27 @@ mod tests {
         );
         let ok = config(PERAGO_LOG_MAX_FILES, "2").unwrap();
         assert_eq!((ok.max_bytes, ok.max_files), (DEFAULT_MAX_BYTES, 2));
+    }
+
+    #[test]
+    fn logs_are_readable_by_their_user_only() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("task/worker_id=w1");
+        // An earlier, open folder is closed too.
+        fs::create_dir_all(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        let mut f = RotatingFile::open(&dir, 100, 3).unwrap();
+        for _ in 0..5 {
+            f.write_line(&[b'x'; 60]).unwrap();
+        }
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700);
+        RotatingFile::open(&tmp.path().join("new/worker_id=w2"), 100, 3).unwrap();
+        assert_eq!(mode(&tmp.path().join("new")), 0o700);
+        for name in ["perago.jsonl", "perago.jsonl.1", "perago.jsonl.2"] {
+            assert_eq!(mode(&dir.join(name)), 0o600, "{name}");
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The only libc calls of perago: process groups, the parent-death signal and signals to a
 //! group; the descriptors a child inherits (the workspace root's lock, a pipe); the child
-//! subreaper and the clean-up of what bodies leave behind; the thread-mode body guard. Every
+//! subreaper and the clean-up of what bodies leave behind; the thread-mode body guard; and
+//! walking a workspace from held folder descriptors ([`dirfd`]). Every
 //! child perago starts (broker, executors, bodies, guardrails) leads its own process group, so
 //! a terminal's Ctrl-C or a service manager's SIGTERM reaches only the supervisor, and a whole
 //! child tree can be signalled at once.
@@ -21,11 +22,12 @@
 
 #![expect(
     unsafe_code,
-    reason = "pre_exec, fcntl(2), close_range(2) and kill(2) on a process group need libc"
+    reason = "pre_exec, fcntl(2), close_range(2), kill(2) on a process group and openat(2) need libc"
 )]
 
 use std::{io, os::fd::RawFd};
 
+pub mod dirfd;
 mod spawn;
 pub use spawn::{Child, Environment, Spawn};
 

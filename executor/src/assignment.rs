@@ -11,6 +11,7 @@ use crate::{
         lakefs::{LakefsClient, LakefsConfigError},
     },
 };
+use perago_core::process::dirfd::{Dir, EntryKind, fstat};
 use perago_core::{
     attempt::AttemptSnapshot,
     command::{CommandError, resolve_program},
@@ -392,8 +393,11 @@ impl AssignmentRunner {
                 .run_body(execution_id, attempt, &env, params, io, &budget)
                 .await?;
             io.phase(Phase::Staging);
-            let changes = ws.changes().map_err(|e| failed(e.to_string()))?;
             let spec = self.manifest.workspace.as_ref().expect("workspace task");
+            // The body has ended: the tree is taken back from its user before it is read.
+            let changes = ws
+                .changes(self.body_user.map(|(uid, _)| uid), spec.publish_budget)
+                .map_err(|e| failed(e.to_string()))?;
             let metadata: Map<String, Value> = [
                 ("workflow_id", attempt.workflow_instance_id.clone()),
                 ("task_id", attempt.task_id.clone()),
@@ -801,9 +805,9 @@ fn now_unix_ms() -> i64 {
 }
 
 /// Hands the attempt's `work` folder to `body.user`: the folder and everything in it become
-/// that user's, the attempt folders between it and the workspace root let others through
-/// (0711: no listing), and every folder above must already let that user through, or the
-/// assignment fails saying which one.
+/// that user's (folders 0700, files 0600), the attempt folders between it and the workspace
+/// root let others through (0711: no listing), and every folder above must already let that
+/// user through, or the assignment fails saying which one.
 fn hand_over(
     workspace_root: &std::path::Path,
     work: &std::path::Path,
@@ -811,7 +815,13 @@ fn hand_over(
     gid: u32,
 ) -> Result<(), HandOverError> {
     use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
-    chown_tree(work, uid, gid).map_err(|source| HandOverError::Chown { uid, source })?;
+    let chown = |source| HandOverError::Chown { uid, source };
+    let dir = Dir::open(work).map_err(chown)?;
+    chown_tree(&dir, uid, gid).map_err(chown)?;
+    // The folder itself last: until then the body's user cannot enter it.
+    dir.chmod(0o700)
+        .and_then(|()| dir.chown(uid, gid))
+        .map_err(chown)?;
     let mut dir = work.parent();
     while let Some(d) = dir {
         let meta = std::fs::metadata(d).map_err(|source| HandOverError::Read {
@@ -819,8 +829,7 @@ fn hand_over(
             source,
         })?;
         if d.starts_with(workspace_root) && d != workspace_root {
-            let mode = meta.permissions().mode() | 0o711;
-            std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode)).map_err(
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o711)).map_err(
                 |source| HandOverError::Open {
                     dir: d.to_owned(),
                     source,
@@ -875,13 +884,33 @@ enum HandOverError {
     NotTraversable { uid: u32, dir: std::path::PathBuf },
 }
 
-/// Hands `root` and everything below it to `uid`:`gid`, symlinks themselves (never what they
-/// point to).
-fn chown_tree(root: &std::path::Path, uid: u32, gid: u32) -> std::io::Result<()> {
-    std::os::unix::fs::lchown(root, Some(uid), Some(gid))?;
-    if std::fs::symlink_metadata(root)?.is_dir() {
-        for entry in std::fs::read_dir(root)? {
-            chown_tree(&entry?.path(), uid, gid)?;
+/// Hands everything below the open folder `dir` to `uid`:`gid`, deepest first and from held
+/// descriptors (never a path, never through a symlink: a symlink itself is chowned): each
+/// folder is given away only once all it holds is, so the body's user can change nothing in
+/// the tree before it is all handed over. Folders become 0700, files 0600.
+fn chown_tree(dir: &Dir, uid: u32, gid: u32) -> std::io::Result<()> {
+    use std::os::{fd::AsFd as _, unix::fs::PermissionsExt as _};
+    for name in dir.entries()? {
+        let stat = dir.stat_at(&name)?;
+        match stat.kind {
+            EntryKind::Dir => {
+                let sub = dir.open_dir(&name)?;
+                chown_tree(&sub, uid, gid)?;
+                sub.chmod(0o700)?;
+                sub.chown(uid, gid)?;
+            }
+            EntryKind::File => {
+                let file = dir.open_file(&name)?;
+                if !fstat(file.as_fd())?.same_file(&stat) {
+                    return Err(std::io::Error::other(format!(
+                        "{} changed while it was handed over",
+                        std::path::Path::new(&name).display()
+                    )));
+                }
+                file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+                std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
+            }
+            EntryKind::Symlink | EntryKind::Special => dir.chown_at(&name, uid, gid)?,
         }
     }
     Ok(())
@@ -953,6 +982,45 @@ mod tests {
                 .starts_with("cannot hand the workspace to body.user (uid 4242): "),
             "{error}"
         );
+    }
+
+    #[test]
+    fn a_handed_over_workspace_is_the_body_users_and_closed_to_others() {
+        use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _, symlink};
+        if perago_core::process::euid() != 0 {
+            eprintln!("skipped: handing files to another user needs root");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let work = tmp.path().join("attempts/e-1/work");
+        std::fs::create_dir_all(work.join("sub")).unwrap();
+        std::fs::write(work.join("sub/f.txt"), "x").unwrap();
+        let outside = tmp.path().join("root-only");
+        std::fs::write(&outside, "secret").unwrap();
+        symlink(&outside, work.join("link")).unwrap();
+        hand_over(tmp.path(), &work, 4242, 4243).unwrap();
+        for (path, mode) in [
+            (work.clone(), 0o700),
+            (work.join("sub"), 0o700),
+            (work.join("sub/f.txt"), 0o600),
+        ] {
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            assert_eq!((meta.uid(), meta.gid()), (4242, 4243), "{}", path.display());
+            assert_eq!(
+                meta.permissions().mode() & 0o7777,
+                mode,
+                "{}",
+                path.display()
+            );
+        }
+        assert_eq!(
+            std::fs::symlink_metadata(work.join("link")).unwrap().uid(),
+            4242
+        );
+        // What the link points to is left alone.
+        assert_eq!(std::fs::metadata(&outside).unwrap().uid(), 0);
+        let attempt = std::fs::metadata(tmp.path().join("attempts/e-1")).unwrap();
+        assert_eq!(attempt.permissions().mode() & 0o7777, 0o711);
     }
 
     fn near(actual: Option<Duration>, expected: Duration) -> bool {

@@ -139,6 +139,9 @@ pub(crate) fn main_with(task: Option<Arc<dyn crate::task::Task>>) -> i32 {
     if let Err(e) = perago_core::process::set_non_dumpable() {
         eprintln!("warning: cannot make the executor non-dumpable: {e}");
     }
+    // A publication holds a descriptor on every folder of the workspace and on every file it
+    // uploads, from the check to the upload (see `workspace::scan`).
+    perago_core::process::raise_nofile_limit();
     let lookup = perago_core::env::secrets_then_env();
     let (identity, manifest_path) = match identity_from(&lookup) {
         Ok(v) => v,

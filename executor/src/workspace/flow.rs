@@ -7,17 +7,19 @@
 use super::{
     lakefs::{LakefsClient, LakefsError},
     paths::{PathError, key_to_relative},
-    scan::{Changes, ScanError, scan},
+    scan::{Changes, Rules, ScanError, Snapshot},
 };
 use perago_core::{
     attempt::{AttemptSnapshot, FenceError},
-    manifest::WorkspaceSpec,
+    manifest::{PublishBudget, WorkspaceSpec},
+    process::dirfd::{Dir, fstat},
     shape::WorkspaceInput,
 };
 use serde_json::{Map, Value, json};
 use std::{
     collections::BTreeMap,
     fs,
+    os::{fd::AsFd as _, unix::fs::DirBuilderExt as _},
     path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -288,8 +290,28 @@ fn identity(meta: &fs::Metadata) -> (u64, u64) {
     (meta.dev(), meta.ino())
 }
 
+fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+}
+
+/// Writes `text` to `path` (created or truncated) readable by the executor's user only.
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(text.as_bytes())
+}
+
 impl AttemptDir {
-    /// Creates `<root>/attempts/<execution_id>/work` and writes the owner file.
+    /// Creates `<root>/attempts/<execution_id>/work` and writes the owner file. `attempts/`
+    /// and the attempt directory are 0711 (a `[body] user` can pass through to its `work/`,
+    /// nobody but the executor can list them), `work/` is 0700 and the owner file 0600,
+    /// whatever the umask.
     pub(crate) fn create(
         root: &Path,
         execution_id: &str,
@@ -302,7 +324,18 @@ impl AttemptDir {
             path: path.clone(),
             source,
         };
-        fs::create_dir_all(&work).map_err(|e| cannot("create", e))?;
+        let attempts = root.join("attempts");
+        let made = fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(&attempts)
+            .and_then(|()| set_mode(&attempts, 0o711))
+            // A fresh execution id: an attempt directory that exists already was not made here.
+            .and_then(|()| fs::DirBuilder::new().mode(0o711).create(&path))
+            .and_then(|()| set_mode(&path, 0o711))
+            .and_then(|()| fs::DirBuilder::new().mode(0o700).create(&work))
+            .and_then(|()| set_mode(&work, 0o700));
+        made.map_err(|e| cannot("create", e))?;
         let owner = AttemptOwner {
             slot: Some(owner.slot),
             generation: Some(owner.generation),
@@ -312,7 +345,7 @@ impl AttemptDir {
             ..AttemptOwner::default()
         };
         let owner_text = owner.to_text();
-        fs::write(path.join(OWNER_FILE), &owner_text)
+        write_private(&path.join(OWNER_FILE), &owner_text)
             .map_err(|e| cannot("write the owner file in", e))?;
         let open = |p: &Path| fs::File::open(p).map(|f| (p.to_owned(), f));
         let handles = [
@@ -336,7 +369,7 @@ impl AttemptDir {
         change(&mut owner);
         let text = owner.to_text();
         let temporary = self.path.join(format!("{OWNER_FILE}.new"));
-        fs::write(&temporary, &text)
+        write_private(&temporary, &text)
             .and_then(|()| fs::rename(&temporary, self.path.join(OWNER_FILE)))
             .map_err(|source| WorkspaceFailure::OwnerFile {
                 file: self.path.join(OWNER_FILE),
@@ -468,9 +501,35 @@ impl Attempt {
     /// The change the body made. Fails closed, before and after the scan, unless the attempt
     /// directory is still the one this executor created and filled: a folder swept and made
     /// again (by a body, or by anyone) would otherwise read as "every input file deleted".
-    pub fn changes(&self) -> Result<Changes, WorkspaceFailure> {
+    ///
+    /// The work folder is taken back from the body's user first (see `scan`): only files owned
+    /// by `body_uid` (the executor's own uid when the body runs as the executor's user) are
+    /// published. `budget` is checked before any file is read, from the sizes listed, and again
+    /// on the exact change.
+    pub fn changes(
+        &self,
+        body_uid: Option<u32>,
+        budget: Option<PublishBudget>,
+    ) -> Result<Changes, WorkspaceFailure> {
         self.dir.verify()?;
-        let changes = scan(&self.work, &self.input.prefix, &self.downloaded)?;
+        let unreadable = |source| ScanError::Io {
+            path: self.work.clone(),
+            source,
+        };
+        // The attempt directory is the executor's: its owner is who the tree goes back to.
+        let attempt = fstat(self.dir.handles[0].1.as_fd()).map_err(unreadable)?;
+        let work = Dir::from_fd(self.dir.handles[1].1.as_fd()).map_err(unreadable)?;
+        let rules = Rules {
+            body_uid: body_uid.unwrap_or(attempt.uid),
+            keeper: (attempt.uid, attempt.gid),
+        };
+        let snapshot = Snapshot::take(&work, &self.work, &self.input.prefix, rules)?;
+        self.dir.verify()?;
+        if let Some(budget) = budget {
+            let (objects, bytes) = snapshot.lower_bound(&self.downloaded);
+            check_budget(budget, objects, bytes)?;
+        }
+        let changes = snapshot.changes(&self.downloaded)?;
         self.dir.verify()?;
         Ok(changes)
     }
@@ -493,22 +552,8 @@ impl Attempt {
         publishing: &(dyn Fn() + Send + Sync),
     ) -> Result<Value, WorkspaceFailure> {
         if let Some(budget) = spec.publish_budget {
-            if let Some(max) = budget.max_objects
-                && changes.objects() > max
-            {
-                return Err(WorkspaceFailure::TooManyObjects {
-                    objects: changes.objects(),
-                    max,
-                });
-            }
-            if let Some(max) = budget.max_bytes
-                && changes.upload_bytes() > max
-            {
-                return Err(WorkspaceFailure::TooManyBytes {
-                    bytes: changes.upload_bytes(),
-                    max,
-                });
-            }
+            // What is sent is exactly these sizes (see `LakefsClient::upload_file`).
+            check_budget(budget, changes.objects(), changes.upload_bytes())?;
         }
         let counts = |commit: &str| {
             json!({
@@ -612,7 +657,7 @@ impl Attempt {
             transfers.spawn(async move {
                 let _permit = limit.acquire_owned().await.expect("never closed");
                 client
-                    .upload_file(&repo, &staging, &upload.key, &upload.file)
+                    .upload_file(&repo, &staging, &upload)
                     .await
                     .map_err(WorkspaceFailure::Staging)
             });
@@ -663,6 +708,21 @@ impl Attempt {
             tracing::warn!(error = %e, dir = %self.dir.path.display(), "cannot remove the attempt directory");
         }
     }
+}
+
+/// Fails when `objects` or `bytes` exceed the publish budget.
+fn check_budget(budget: PublishBudget, objects: u64, bytes: u64) -> Result<(), WorkspaceFailure> {
+    if let Some(max) = budget.max_objects
+        && objects > max
+    {
+        return Err(WorkspaceFailure::TooManyObjects { objects, max });
+    }
+    if let Some(max) = budget.max_bytes
+        && bytes > max
+    {
+        return Err(WorkspaceFailure::TooManyBytes { bytes, max });
+    }
+    Ok(())
 }
 
 /// Where each listed object is written: `(key, checksum, file)`. Folder markers (keys ending
@@ -930,7 +990,7 @@ mod tests {
     async fn a_body_that_changed_nothing_is_still_fenced() {
         let tmp = tempfile::tempdir().unwrap();
         let mut ws = attempt(tmp.path(), &[("a.txt", "a")]);
-        let changes = ws.changes().unwrap();
+        let changes = ws.changes(None, None).unwrap();
         assert!(changes.is_empty());
         let polled = snapshot("IN_PROGRESS");
         let stale = Scripted::new(vec![fresh("CANCELED")]);
@@ -1045,18 +1105,54 @@ mod tests {
     }
 
     #[test]
+    fn the_publish_budget_refuses_a_big_new_file_before_reading_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = attempt(tmp.path(), &[("a.txt", "a")]);
+        // 64 GiB, sparse: hashing it first would take minutes.
+        let big = fs::File::create(ws.work.join("big.bin")).unwrap();
+        big.set_len(64 << 30).unwrap();
+        let budget = PublishBudget {
+            max_objects: None,
+            max_bytes: Some(64 << 20),
+            seconds: None,
+        };
+        let started = std::time::Instant::now();
+        assert_eq!(
+            message(ws.changes(None, Some(budget))),
+            format!(
+                "publish budget exceeded: {} bytes to upload, max_bytes is {}; nothing was published",
+                64u64 << 30,
+                64 << 20
+            )
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn attempt_folders_are_closed_to_other_users() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = attempt(tmp.path(), &[("a.txt", "a")]);
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&tmp.path().join("attempts")), 0o711);
+        assert_eq!(mode(&ws.dir.path), 0o711);
+        assert_eq!(mode(&ws.work), 0o700);
+        assert_eq!(mode(&ws.dir.path.join(OWNER_FILE)), 0o600);
+    }
+
+    #[test]
     fn a_swept_and_remade_attempt_directory_fails_closed() {
         let tmp = tempfile::tempdir().unwrap();
         let ws = attempt(tmp.path(), &[("a.txt", "a"), ("b.txt", "b")]);
         fs::write(ws.work.join("a.txt"), "edited").unwrap();
-        assert_eq!(ws.changes().unwrap().changed.len(), 1);
+        assert_eq!(ws.changes(None, None).unwrap().changed.len(), 1);
 
         // Swept while the body ran; a body then makes its folder again with only its output.
         let path = ws.dir.path.clone();
         fs::remove_dir_all(&path).unwrap();
         fs::create_dir_all(&ws.work).unwrap();
         fs::write(ws.work.join("a.txt"), "edited").unwrap();
-        let reason = message(ws.changes());
+        let reason = message(ws.changes(None, None));
         assert!(
             reason.starts_with(&format!(
                 "the attempt directory {} is no longer the one this executor created and filled: {} was removed and made again",
@@ -1069,17 +1165,17 @@ mod tests {
 
         // Even an owner file put back by hand is not the one written.
         fs::write(path.join(OWNER_FILE), "{}").unwrap();
-        assert!(message(ws.changes()).contains("was removed and made again"));
+        assert!(message(ws.changes(None, None)).contains("was removed and made again"));
     }
 
     #[test]
     fn an_attempt_directory_with_a_foreign_owner_file_fails_closed() {
         let tmp = tempfile::tempdir().unwrap();
         let ws = attempt(tmp.path(), &[("a.txt", "a")]);
-        ws.changes().unwrap();
+        ws.changes(None, None).unwrap();
         fs::write(ws.dir.path.join(OWNER_FILE), "{}").unwrap();
-        assert!(message(ws.changes()).contains("its .perago-owner file was rewritten"),);
+        assert!(message(ws.changes(None, None)).contains("its .perago-owner file was rewritten"),);
         fs::remove_file(ws.dir.path.join(OWNER_FILE)).unwrap();
-        assert!(message(ws.changes()).contains("its .perago-owner file is gone"));
+        assert!(message(ws.changes(None, None)).contains("its .perago-owner file is gone"));
     }
 }

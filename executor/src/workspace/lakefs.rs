@@ -294,15 +294,13 @@ impl LakefsClient {
                     .header("Content-Type", "application/octet-stream")
                     .body(bytes)
             }
-            Some(Body::File(file, size)) => {
+            Some(Body::Stream(stream, size)) => {
                 // Streamed from disk in small chunks; the length is announced so that the
                 // server never sees a chunked upload.
                 req = req
                     .header("Content-Type", "application/octet-stream")
                     .header("Content-Length", size)
-                    .body(reqwest::Body::wrap_stream(
-                        tokio_util::io::ReaderStream::with_capacity(file, UPLOAD_CHUNK),
-                    ))
+                    .body(stream)
             }
             None => {}
         }
@@ -475,7 +473,15 @@ impl LakefsClient {
                 TRANSFER_TIMEOUT,
             )
             .await?;
-        let mut out = tokio::fs::File::create(file).await.map_err(local)?;
+        // Only the executor (and, once handed over, the body's user) may read the workspace.
+        let mut out = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(file)
+            .await
+            .map_err(local)?;
         while let Some(chunk) = resp
             .chunk()
             .await
@@ -530,37 +536,58 @@ impl LakefsClient {
         .map(drop)
     }
 
-    /// Uploads the content of `file` to `key` on `branch`, streamed from disk.
+    /// Uploads `upload` to its key on `branch`, streamed from the descriptor it was checked
+    /// and hashed from (never reopened by path): exactly the checked size is announced and
+    /// sent, and the upload fails (the server never receives the whole object) if the file
+    /// no longer has that size and checksum.
     pub async fn upload_file(
         &self,
         repo: &str,
         branch: &str,
-        key: &str,
-        file: &Path,
+        upload: &super::scan::Upload,
     ) -> Result<(), LakefsError> {
+        let key = upload.key.as_str();
         let op = format!("upload {repo}/{branch}/{key}");
         let path = format!(
             "{}/branches/{}/objects",
             Self::repo_path(repo),
             segment(branch)
         );
+        // Read on a blocking thread, a few pieces ahead of the request.
+        let (pieces, received) = tokio::sync::mpsc::channel::<std::io::Result<Vec<u8>>>(2);
+        let reader = upload.clone();
+        let reading = tokio::task::spawn_blocking(move || {
+            let read = reader.read_checked(UPLOAD_CHUNK, |piece| {
+                pieces.blocking_send(Ok(piece)).is_ok()
+            });
+            if let Err(e) = &read {
+                // The request fails instead of ending: the object is not stored.
+                let _ = pieces.blocking_send(Err(std::io::Error::new(e.kind(), e.to_string())));
+            }
+            read
+        });
+        let body =
+            reqwest::Body::wrap_stream(tokio_stream::wrappers::ReceiverStream::new(received));
+        let sent = self
+            .send(
+                &op,
+                Method::POST,
+                &path,
+                &[("path", key)],
+                Some(Body::Stream(body, upload.size)),
+                TRANSFER_TIMEOUT,
+            )
+            .await;
         let local = |source| LakefsError::Local {
             op: op.clone(),
-            file: file.to_owned(),
+            file: upload.path.clone(),
             source,
         };
-        let content = tokio::fs::File::open(file).await.map_err(local)?;
-        let size = content.metadata().await.map_err(local)?.len();
-        self.send(
-            &op,
-            Method::POST,
-            &path,
-            &[("path", key)],
-            Some(Body::File(content, size)),
-            TRANSFER_TIMEOUT,
-        )
-        .await
-        .map(drop)
+        match reading.await {
+            Ok(Err(e)) => Err(local(e)),
+            Err(e) => Err(local(std::io::Error::other(e))),
+            Ok(Ok(())) => sent.map(drop),
+        }
     }
 
     /// Deletes `keys` on `branch`, at most 1000 per request.
@@ -784,8 +811,8 @@ impl LakefsClient {
 enum Body {
     Json(Value),
     Raw(Vec<u8>),
-    /// A file and its length.
-    File(tokio::fs::File, u64),
+    /// A streamed body and its length.
+    Stream(reqwest::Body, u64),
 }
 
 #[cfg(test)]

@@ -817,7 +817,7 @@ async fn the_second_fence_stops_a_staged_change_before_it_is_published() {
     .await
     .unwrap();
     std::fs::write(ws.work_dir().join("a.txt"), "edited\n").unwrap();
-    let changes = ws.changes().unwrap();
+    let changes = ws.changes(None, None).unwrap();
     assert_eq!(changes.changed.len(), 1);
     // Current before staging; timed out (a retry scheduled) once the change is staged.
     let fence = ScriptedFence(std::sync::Mutex::new(vec![
@@ -1486,4 +1486,218 @@ async fn a_rust_task_works_in_its_workspace_directory() {
         lakefs.read(REPO, "data/r.txt").await.as_deref(),
         Some("from rust\n")
     );
+}
+
+/// Two tasks of one type, both bodies as `nobody`.
+/// The victim writes `out.txt` and waits for `go`; the attacker finds the victim's workspace
+/// in the victim body's `/proc/<pid>/environ`, watches it with inotify, and as soon as the
+/// executor has read `out.txt` for the scan, tries to read the victim's input and to swap
+/// `out.txt` for a symlink to a root-only file. It reports what it managed.
+const RACE: &str = r#"import ctypes, json, os, select, struct, sys, time
+
+params = json.load(sys.stdin)
+rdv = params["rendezvous"]
+mine = os.environ["PERAGO_WORKSPACE_DIR"]
+
+
+def wait_for(name):
+    deadline = time.monotonic() + 30
+    while not os.path.exists(os.path.join(rdv, name)):
+        if time.monotonic() > deadline:
+            sys.exit(f"timed out waiting for {name}")
+        time.sleep(0.01)
+
+
+def readable(path):
+    try:
+        with open(path) as f:
+            f.read()
+        return True
+    except OSError:
+        return False
+
+
+if params["role"] == "victim":
+    with open(os.path.join(mine, "out.txt"), "w") as f:
+        f.write("victim wrote this\n")
+    open(os.path.join(rdv, "victim-ready"), "w").close()
+    wait_for("go")
+    print("{}")
+    sys.exit(0)
+
+wait_for("victim-ready")
+victim = None
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            entries = f.read().split(b"\0")
+    except OSError:
+        continue
+    for entry in entries:
+        if entry.startswith(b"PERAGO_WORKSPACE_DIR="):
+            found = entry.split(b"=", 1)[1].decode()
+            if found != mine:
+                victim = found
+result = {"found": victim is not None}
+if victim is None:
+    open(os.path.join(rdv, "attacker-watching"), "w").close()
+    print(json.dumps(result))
+    sys.exit(0)
+result["read_while_running"] = readable(os.path.join(victim, "a.txt"))
+libc = ctypes.CDLL(None, use_errno=True)
+inotify = libc.inotify_init1(os.O_CLOEXEC)
+IN_CLOSE_NOWRITE = 0x10
+if libc.inotify_add_watch(inotify, victim.encode(), IN_CLOSE_NOWRITE) < 0:
+    sys.exit(f"inotify_add_watch: errno {ctypes.get_errno()}")
+open(os.path.join(rdv, "attacker-watching"), "w").close()
+# The executor hashes out.txt once the victim's body has exited.
+seen, deadline = False, time.monotonic() + 30
+while not seen and time.monotonic() < deadline:
+    ready, _, _ = select.select([inotify], [], [], max(0, deadline - time.monotonic()))
+    if not ready:
+        break
+    events, at = os.read(inotify, 65536), 0
+    while at < len(events):
+        _, mask, _, length = struct.unpack_from("iIII", events, at)
+        seen = seen or events[at + 16 : at + 16 + length].rstrip(b"\0") == b"out.txt"
+        at += 16 + length
+result["saw_the_scan"] = seen
+result["read_after_it_ended"] = readable(os.path.join(victim, "a.txt"))
+try:
+    link = os.path.join(victim, ".swap")
+    os.symlink(params["secret"], link)
+    os.rename(link, os.path.join(victim, "out.txt"))
+    result["swapped"] = True
+except OSError as e:
+    result["swapped"] = False
+    result["swap_error"] = e.strerror
+print(json.dumps(result))
+"#;
+
+/// Issue #22, items 1 and 2: a body of another task under the same `[body] user` finds a
+/// workspace, waits until the executor has hashed `out.txt` (the fence is slowed down so the
+/// window is wide), then swaps it for a symlink to a root-only file. The root executor must
+/// publish what the victim's body wrote (or nothing), never the root-only file; once the
+/// victim's body has ended its workspace is root's, so the attacker can neither read its input
+/// nor swap anything any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_of_one_user_cannot_make_the_executor_publish_a_swapped_in_file() {
+    use std::os::unix::fs::PermissionsExt as _;
+    if perago_core::process::euid() != 0 {
+        eprintln!("skipped: switching users needs root");
+        return;
+    }
+    let python = Path::new("/usr/bin/python3");
+    if !python.exists() {
+        eprintln!("skipped: no /usr/bin/python3 for the bodies");
+        return;
+    }
+    let conductor = Conductor::start().await;
+    let lakefs = seeded().await;
+    let task = TaskFixture::workspace(
+        "ws.race",
+        "exec /usr/bin/python3 race.py\n",
+        "retry_count = 0",
+        "",
+    )
+    .with_file("race.py", RACE);
+    let manifest = std::fs::read_to_string(task.manifest()).unwrap();
+    std::fs::write(
+        task.manifest(),
+        manifest.replace("[body]\n", "[body]\nuser = \"nobody\"\n"),
+    )
+    .unwrap();
+    let open = std::fs::Permissions::from_mode(0o755);
+    std::fs::set_permissions(task.dir.path(), open.clone()).unwrap();
+    let reachable = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(reachable.path(), open).unwrap();
+    let rendezvous = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(rendezvous.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    // A file only root can read (its folder is root's, 0700).
+    let vault = tempfile::tempdir().unwrap();
+    let secret = vault.path().join("secret");
+    std::fs::write(&secret, "root-only secret\n").unwrap();
+
+    let mut env = lakefs.env();
+    env.push((
+        "PERAGO_WORKSPACE_ROOT",
+        reachable.path().join("ws").display().to_string(),
+    ));
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start_owned(&task, &conductor, 2, &env);
+    let input = |role: &str| {
+        json!({
+            "workspace": {"repository": REPO, "branch": "main", "prefix": "data/"},
+            "params": {
+                "role": role,
+                "rendezvous": rendezvous.path(),
+                "secret": secret,
+            },
+        })
+    };
+    let victim = conductor.start_with(&task, input("victim")).await;
+    let attacker = conductor.start_with(&task, input("attacker")).await;
+    eventually(
+        "the attacker to watch the victim's workspace",
+        Duration::from_secs(30),
+        || async {
+            rendezvous
+                .path()
+                .join("attacker-watching")
+                .exists()
+                .then_some(())
+        },
+    )
+    .await;
+    // Both slots are busy, so nothing polls: the only task reads now are the attempt fences.
+    // Slowed, they leave the attacker a wide window between the scan and the upload.
+    conductor
+        .server
+        .faults()
+        .add(FaultSpec {
+            method: Some("GET".into()),
+            path: "/api/tasks/".into(),
+            latency_ms: Some(2000),
+            ..FaultSpec::default()
+        })
+        .unwrap();
+    std::fs::write(rendezvous.path().join("go"), "").unwrap();
+
+    let attacked = conductor
+        .wait_terminal(&attacker, Duration::from_secs(60))
+        .await;
+    let wf = conductor
+        .wait_terminal(&victim, Duration::from_secs(60))
+        .await;
+    conductor.server.faults().clear();
+    let report = &attacked["output"]["result"];
+    eprintln!("[race] attacker: {report}");
+    assert_eq!(
+        attacked["status"],
+        "COMPLETED",
+        "{attacked:#}\n{}",
+        sup.log_text()
+    );
+    assert_eq!(report["found"], true, "{report}");
+    assert_eq!(report["saw_the_scan"], true, "{report}");
+
+    // Never the root-only file, anywhere on the branch.
+    for object in lakefs.client.list_objects(REPO, "main", "").await.unwrap() {
+        let content = lakefs.read(REPO, &object.path).await.unwrap_or_default();
+        assert!(
+            !content.contains("root-only secret"),
+            "{} holds the root-only file\n{report}",
+            object.path
+        );
+    }
+    // The victim's publication holds what its body wrote, or the attempt failed.
+    let published = lakefs.read(REPO, "data/out.txt").await;
+    match wf["status"].as_str() {
+        Some("COMPLETED") => assert_eq!(published.as_deref(), Some("victim wrote this\n")),
+        _ => assert_eq!(published, None, "{wf:#}"),
+    }
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    // Once the victim's body had ended, its workspace was out of the attacker's reach.
+    assert_eq!(report["read_after_it_ended"], false, "{report}");
+    assert_eq!(report["swapped"], false, "{report}");
 }
