@@ -286,10 +286,19 @@ pub(crate) fn start(
         let prefix = prefix_of(&manifest.task.name, vars, several)
             .map_err(|e| add(e.to_string()))
             .ok();
-        if let Some(user) = &manifest.body.user
-            && let Err(e) = perago_core::process::body_user(user)
-        {
-            add(e.to_string());
+        if let Some(user) = &manifest.body.user {
+            // The same checks as `check`: the user must be able to run what it is given.
+            match perago_core::process::body_user(user) {
+                Ok((uid, gid)) => {
+                    let path_var = vars.get("PATH").map(std::ffi::OsString::from);
+                    for problem in
+                        crate::check::body_user_access(&manifest, path_var.as_ref(), uid, gid)
+                    {
+                        add(format!("manifest {}: {problem}", path.display()));
+                    }
+                }
+                Err(e) => add(e.to_string()),
+            }
         }
         if let Some(prefix) = prefix {
             tasks.push(TaskPlan {
