@@ -139,6 +139,11 @@ pub(crate) fn main_with(task: Option<Arc<dyn crate::task::Task>>) -> i32 {
     if let Err(e) = perago_core::process::set_non_dumpable() {
         eprintln!("warning: cannot make the executor non-dumpable: {e}");
     }
+    // No setting may fall back to its default because its value is not UTF-8.
+    if let Err(errors) = perago_core::env::check_process_environment() {
+        errors.iter().for_each(|e| eprintln!("error: {e}"));
+        return 2;
+    }
     let lookup = perago_core::env::secrets_then_env();
     let (identity, manifest_path) = match identity_from(&lookup) {
         Ok(v) => v,

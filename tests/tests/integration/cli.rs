@@ -1034,3 +1034,81 @@ fn status_refuses_a_records_folder_it_cannot_trust() {
         )
     );
 }
+
+/// A setting that is not UTF-8 is an error naming it (before, it was ignored and the default
+/// used), for `start` and every other command, before anything starts.
+#[test]
+fn a_setting_that_is_not_utf8_stops_start_naming_it() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let root = tempfile::tempdir().unwrap();
+    let mut bad = root.path().as_os_str().as_bytes().to_vec();
+    bad.extend_from_slice(b"/\xffroot");
+    let bad = std::ffi::OsStr::from_bytes(&bad);
+    let out = Run::of(
+        supervisor(&["start", "examples/greet/task.toml"])
+            .env("CONDUCTOR_SERVER_URL", "http://127.0.0.1:9/api")
+            .env("PERAGO_WORKSPACE_ROOT", bad)
+            .env("PERAGO_POLL_WAIT_MS", std::ffi::OsStr::from_bytes(b"5\xfe")),
+    );
+    out.expect_code(1);
+    let mut lines: Vec<&str> = out.stderr.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(
+        lines,
+        [
+            "error: PERAGO_POLL_WAIT_MS is not valid UTF-8 (5\\xfe); set it to UTF-8 text or unset it"
+                .to_owned(),
+            format!(
+                "error: PERAGO_WORKSPACE_ROOT is not valid UTF-8 ({}/\\xffroot); set it to UTF-8 text or unset it",
+                root.path().display()
+            ),
+        ],
+        "{out}"
+    );
+    assert_eq!(
+        fs::read_dir(root.path()).unwrap().count(),
+        0,
+        "nothing was created"
+    );
+    let out = Run::of(supervisor(&["check", "examples/greet/task.toml"]).env(
+        "LAKEFS_ENDPOINT",
+        std::ffi::OsStr::from_bytes(b"http://\xff"),
+    ));
+    out.expect_code(1);
+    assert_eq!(
+        out.stderr,
+        "error: LAKEFS_ENDPOINT is not valid UTF-8 (http://\\xff); set it to UTF-8 text or unset it\n"
+    );
+}
+
+/// Values that would spin, or that were silently raised, and folders and programs that can
+/// never work: every one named with why, before anything starts.
+#[test]
+fn start_refuses_values_that_would_spin_and_paths_that_cannot_work() {
+    let state = tempfile::tempdir().unwrap();
+    let out = Run::of(
+        supervisor(&["start", "examples/greet/task.toml"])
+            .env("CONDUCTOR_SERVER_URL", "http://127.0.0.1:9/api")
+            .env("PERAGO_POLL_WAIT_MS", "0")
+            .env("PERAGO_LOG_MAX_BYTES", "0")
+            .env("PERAGO_WORKSPACE_GC_INTERVAL", "1ms")
+            .env("PERAGO_WORKSPACE_ROOT", "/dev/null/root")
+            .env("PERAGO_BROKER_BIN", "/no/such/perago-broker")
+            .env("XDG_STATE_HOME", state.path()),
+    );
+    out.expect_code(1);
+    assert_eq!(
+        out.stderr,
+        "error: PERAGO_WORKSPACE_GC_INTERVAL: \"1ms\" is below the least allowed, 1000ms\n\
+         error: PERAGO_WORKSPACE_ROOT \"/dev/null/root\": /dev/null is not a directory\n\
+         error: PERAGO_BROKER_BIN \"/no/such/perago-broker\": No such file or directory (os error 2)\n\
+         error: PERAGO_POLL_WAIT_MS \"0\": must be at least 100 (a shorter long poll turns an empty queue into a loop of requests)\n\
+         error: PERAGO_LOG_MAX_BYTES \"0\": must be at least 1KiB\n",
+        "{out}"
+    );
+    assert_eq!(
+        fs::read_dir(state.path()).unwrap().count(),
+        0,
+        "nothing was created"
+    );
+}
