@@ -17,6 +17,7 @@ mod multi_task;
 mod once;
 mod ops;
 mod poison;
+mod records;
 mod recycle;
 mod runtime;
 mod soft_limit;
