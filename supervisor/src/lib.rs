@@ -81,8 +81,9 @@ where
     match dispatch(cli, vars) {
         Ok(()) => exit_codes::OK,
         Err(e) => {
+            // A message may carry what a server answered: it must not drive the terminal.
             for line in e.to_string().lines() {
-                eprintln!("error: {line}");
+                eprintln!("error: {}", perago_core::result::escape_controls(line));
             }
             e.process_exit_code()
         }

@@ -1112,3 +1112,13 @@ fn start_refuses_values_that_would_spin_and_paths_that_cannot_work() {
         "nothing was created"
     );
 }
+
+/// Errors can carry what a server or a file name says: they are printed with control
+/// characters written out, never as terminal escape sequences.
+#[test]
+fn error_lines_write_control_characters_out() {
+    let out = run(&["check", "no/such/\u{1b}[2Jtask.toml"]);
+    out.expect_code(1);
+    assert!(!out.stderr.contains('\u{1b}'), "{out}");
+    assert!(out.stderr.contains("\\x1b[2Jtask.toml"), "{out}");
+}
