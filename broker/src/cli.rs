@@ -2,7 +2,7 @@
 
 use crate::{BrokerConfig, run};
 use perago_core::{conductor::ConductorClient, env, identity::WorkerPrefix};
-use std::{path::PathBuf, time::Duration};
+use std::path::PathBuf;
 
 use perago_core::{
     capacity::PERAGO_SLOTS,
@@ -39,12 +39,9 @@ pub enum ConfigError {
     /// The Conductor client settings are bad.
     #[error(transparent)]
     Conductor(#[from] perago_core::conductor::ClientConfigError),
-    /// `PERAGO_POLL_WAIT_MS` is not milliseconds.
-    #[error("{PERAGO_POLL_WAIT_MS} must be milliseconds")]
-    PollWait {
-        /// The value as given.
-        value: String,
-    },
+    /// `PERAGO_POLL_WAIT_MS` is not milliseconds, or below the least allowed.
+    #[error(transparent)]
+    PollWait(perago_core::env::SettingError),
     /// `PERAGO_CONTROL_PID` is not a process id.
     #[error("{PERAGO_CONTROL_PID} must be a process id")]
     ControlPid {
@@ -82,13 +79,8 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
     let capacity = perago_core::capacity::Capacity::from_lookup(&lookup)?;
     // CONDUCTOR_SERVER_URL, and CONDUCTOR_AUTH_KEY/SECRET when the server requires a token.
     let conductor = ConductorClient::from_lookup(&lookup)?;
-    let poll_wait = match var(PERAGO_POLL_WAIT_MS) {
-        None => Duration::from_secs(5),
-        Some(ms) => Duration::from_millis(
-            ms.parse()
-                .map_err(|_| ConfigError::PollWait { value: ms.clone() })?,
-        ),
-    };
+    let poll_wait =
+        env::poll_wait(lookup(PERAGO_POLL_WAIT_MS).as_deref()).map_err(ConfigError::PollWait)?;
     let control_pid = match var(PERAGO_CONTROL_PID) {
         None => std::os::unix::process::parent_id(),
         Some(pid) => pid
@@ -129,6 +121,11 @@ pub fn main() -> i32 {
     // user may read its memory or /proc/<pid>/environ. The secrets came over a pipe.
     if let Err(e) = perago_core::process::set_non_dumpable() {
         eprintln!("warning: cannot make the broker non-dumpable: {e}");
+    }
+    // No setting may fall back to its default because its value is not UTF-8.
+    if let Err(errors) = perago_core::env::check_process_environment() {
+        errors.iter().for_each(|e| eprintln!("error: {e}"));
+        return 2;
     }
     let config = match config_from(perago_core::env::secrets_then_env()) {
         Ok(c) => c,
@@ -218,8 +215,15 @@ mod tests {
         assert_eq!(slots.to_string(), "PERAGO_SLOTS must be a positive integer");
         assert!(matches!(
             config(&[(PERAGO_POLL_WAIT_MS, "soon")]),
-            Err(ConfigError::PollWait { .. })
+            Err(ConfigError::PollWait(_))
         ));
+        // Zero made an empty queue a loop of polls.
+        let zero = config(&[(PERAGO_POLL_WAIT_MS, "0")]).unwrap_err();
+        assert!(
+            zero.to_string()
+                .starts_with("PERAGO_POLL_WAIT_MS \"0\": must be at least 100"),
+            "{zero}"
+        );
         assert!(matches!(
             config(&[(PERAGO_CONTROL_PID, "me")]),
             Err(ConfigError::ControlPid { .. })

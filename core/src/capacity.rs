@@ -31,6 +31,9 @@ pub const PERAGO_EXECUTORS_MIN: &str = "PERAGO_EXECUTORS_MIN";
 
 /// The default [`Capacity::scale_down_after`].
 pub const DEFAULT_SCALE_DOWN_AFTER: Duration = Duration::from_secs(30);
+/// The least [`Capacity::scale_down_after`]: a shorter one would retire an executor between
+/// two tasks of a steady stream and start another for the next, over and over.
+pub const MIN_SCALE_DOWN_AFTER: Duration = Duration::from_secs(1);
 /// The default [`Capacity::poison_after`].
 pub const DEFAULT_POISON_AFTER: u32 = 3;
 
@@ -167,6 +170,14 @@ pub enum CapacityProblem {
         /// The setting and its value.
         label: String,
     },
+    /// A duration below the least allowed.
+    #[error("{label}: must be at least {least_ms}ms")]
+    TooShort {
+        /// The setting and its value.
+        label: String,
+        /// The least allowed, in milliseconds.
+        least_ms: u128,
+    },
     /// Not a byte size.
     #[error("{label}: {source}")]
     ByteSize {
@@ -291,8 +302,11 @@ impl Capacity {
         capacity.min_free_memory = size(given(None, PERAGO_MIN_FREE_MEMORY, &lookup));
         if let Some((value, label)) = given(None, PERAGO_SCALE_DOWN_AFTER, &lookup) {
             match parse_duration(&value) {
-                Ok(d) if !d.is_zero() => capacity.scale_down_after = d,
-                Ok(_) => problems.push(CapacityProblem::Zero { label }),
+                Ok(d) if d >= MIN_SCALE_DOWN_AFTER => capacity.scale_down_after = d,
+                Ok(_) => problems.push(CapacityProblem::TooShort {
+                    label,
+                    least_ms: MIN_SCALE_DOWN_AFTER.as_millis(),
+                }),
                 Err(source) => problems.push(CapacityProblem::Duration { label, source }),
             }
         }
@@ -442,6 +456,22 @@ mod tests {
         assert_eq!(c.max_tasks_per_executor, Some(5));
         assert_eq!(c.max_executor_memory, Some(512 << 20));
         assert!(c.once, "the variable turns it on when the flag is absent");
+    }
+
+    #[test]
+    fn the_scale_down_delay_has_a_floor() {
+        let flags = CapacityFlags {
+            jobs: "1..4".to_owned(),
+            ..CapacityFlags::default()
+        };
+        let error =
+            Capacity::resolve(&flags, vars(&[(PERAGO_SCALE_DOWN_AFTER, "1ms")])).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            r#"PERAGO_SCALE_DOWN_AFTER="1ms": must be at least 1000ms"#
+        );
+        let ok = Capacity::resolve(&flags, vars(&[(PERAGO_SCALE_DOWN_AFTER, "1s")])).unwrap();
+        assert_eq!(ok.scale_down_after, MIN_SCALE_DOWN_AFTER);
     }
 
     #[test]

@@ -164,9 +164,211 @@ pub fn duration_var(
     }
 }
 
+/// The least `PERAGO_POLL_WAIT_MS`: below it an empty queue turns the long poll into a loop
+/// of requests (0 gave thousands of polls a second).
+pub const MIN_POLL_WAIT_MS: u64 = 100;
+/// The default `PERAGO_POLL_WAIT_MS`.
+pub const DEFAULT_POLL_WAIT: Duration = Duration::from_secs(5);
+/// The least `PERAGO_WORKSPACE_GC_INTERVAL`: the GC walks the whole workspace root each time.
+pub const MIN_GC_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Whether `name` is a setting perago reads (or one that decides where it writes: `HOME`,
+/// `PATH`): a value of it that is not UTF-8 is an error, never a silent default.
+pub fn is_setting(name: &str) -> bool {
+    ["PERAGO_", "CONDUCTOR_", "LAKEFS_", "XDG_"]
+        .iter()
+        .any(|prefix| name.starts_with(prefix))
+        || matches!(name, "HOME" | "PATH")
+}
+
+/// A setting whose value cannot be used, naming the setting and the value (escaped).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingError {
+    /// The value is not UTF-8 text.
+    #[error("{name} is not valid UTF-8 ({value}); set it to UTF-8 text or unset it")]
+    NotUtf8 {
+        /// The variable.
+        name: String,
+        /// The value, its invalid bytes written as `\xNN`.
+        value: String,
+    },
+    /// The value is out of range or malformed.
+    #[error("{name} {value:?}: {problem}")]
+    Invalid {
+        /// The variable.
+        name: &'static str,
+        /// The value as given.
+        value: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+}
+
+/// `bytes` as text, each byte that is not part of valid UTF-8 written as `\xNN` and control
+/// characters escaped, for a message.
+fn escape_bytes(bytes: &[u8]) -> String {
+    let mut out = String::new();
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(&crate::result::escape_controls(chunk.valid()));
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+/// The environment as text, every setting ([`is_setting`]) checked: a setting whose name or
+/// value is not UTF-8 is an error (all of them at once); other variables that are not UTF-8
+/// are left out, as nothing of perago reads them. The one way the supervisor and the runtime
+/// processes take in their environment.
+pub fn utf8_environment(
+    vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Result<std::collections::BTreeMap<String, String>, Vec<SettingError>> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let mut out = std::collections::BTreeMap::new();
+    let mut errors = Vec::new();
+    for (name, value) in vars {
+        let text_name = String::from_utf8_lossy(name.as_bytes()).into_owned();
+        match (name.into_string(), value.into_string()) {
+            (Ok(name), Ok(value)) => {
+                out.insert(name, value);
+            }
+            (_, Err(value)) if is_setting(&text_name) => {
+                errors.push(SettingError::NotUtf8 {
+                    name: escape_bytes(text_name.as_bytes()),
+                    value: escape_bytes(value.as_bytes()),
+                });
+            }
+            _ => {}
+        }
+    }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors)
+    }
+}
+
+/// Checks this process's environment by [`utf8_environment`]: a runtime process (broker,
+/// executor) calls it first, so no later read of a setting can fall back to a default because
+/// its value was not UTF-8.
+pub fn check_process_environment() -> Result<(), Vec<SettingError>> {
+    utf8_environment(std::env::vars_os()).map(drop)
+}
+
+/// `PERAGO_POLL_WAIT_MS` from its value (unset or empty: the default): whole milliseconds, at
+/// least [`MIN_POLL_WAIT_MS`].
+pub fn poll_wait(value: Option<&str>) -> Result<Duration, SettingError> {
+    let Some(text) = value.filter(|v| !v.trim().is_empty()) else {
+        return Ok(DEFAULT_POLL_WAIT);
+    };
+    let invalid = |problem: String| SettingError::Invalid {
+        name: PERAGO_POLL_WAIT_MS,
+        value: text.to_owned(),
+        problem,
+    };
+    let ms: u64 = text
+        .trim()
+        .parse()
+        .map_err(|_| invalid("must be whole milliseconds, such as 5000".to_owned()))?;
+    if ms < MIN_POLL_WAIT_MS {
+        return Err(invalid(format!(
+            "must be at least {MIN_POLL_WAIT_MS} (a shorter long poll turns an empty queue into a loop of requests)"
+        )));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
+/// A duration variable with a lower bound: [`duration_var`], then at least `min`.
+pub fn duration_at_least(
+    name: &'static str,
+    value: Option<&str>,
+    min: Duration,
+) -> Result<Option<Duration>, String> {
+    match duration_var(name, value).map_err(|e| e.to_string())? {
+        Some(d) if d < min => Err(format!(
+            "{name}: {:?} is below the least allowed, {}ms",
+            value.unwrap_or_default(),
+            min.as_millis()
+        )),
+        other => Ok(other),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_setting_that_is_not_utf8_is_an_error_naming_it() {
+        use std::{ffi::OsString, os::unix::ffi::OsStringExt as _};
+        let bad = |b: &[u8]| OsString::from_vec(b.to_vec());
+        let vars = vec![
+            (
+                OsString::from("PERAGO_WORKSPACE_ROOT"),
+                bad(b"/srv/\xffroot"),
+            ),
+            (OsString::from("CONDUCTOR_AUTH_KEY"), bad(b"k\x1b\xfe")),
+            (
+                OsString::from("LAKEFS_ENDPOINT"),
+                OsString::from("http://l"),
+            ),
+            (OsString::from("HOME"), bad(b"/home/\xe9")),
+            (OsString::from("LANG_OTHER"), bad(b"\xff")),
+            (bad(b"WEIRD\xff"), OsString::from("x")),
+        ];
+        let errors = utf8_environment(vars).unwrap_err();
+        let messages: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            messages,
+            [
+                r"PERAGO_WORKSPACE_ROOT is not valid UTF-8 (/srv/\xffroot); set it to UTF-8 text or unset it",
+                r"CONDUCTOR_AUTH_KEY is not valid UTF-8 (k\x1b\xfe); set it to UTF-8 text or unset it",
+                r"HOME is not valid UTF-8 (/home/\xe9); set it to UTF-8 text or unset it",
+            ]
+        );
+        let fine = utf8_environment(vec![
+            (OsString::from("PERAGO_ONCE"), OsString::from("1")),
+            (OsString::from("OTHER"), bad(b"\xff")),
+        ])
+        .unwrap();
+        assert_eq!(fine.len(), 1, "variables perago does not read are left out");
+        assert!(is_setting("XDG_STATE_HOME") && is_setting("PATH") && !is_setting("LANG"));
+    }
+
+    #[test]
+    fn the_poll_wait_has_a_floor() {
+        assert_eq!(poll_wait(None), Ok(DEFAULT_POLL_WAIT));
+        assert_eq!(poll_wait(Some(" ")), Ok(DEFAULT_POLL_WAIT));
+        assert_eq!(poll_wait(Some("250")), Ok(Duration::from_millis(250)));
+        assert_eq!(
+            poll_wait(Some("0")).unwrap_err().to_string(),
+            r#"PERAGO_POLL_WAIT_MS "0": must be at least 100 (a shorter long poll turns an empty queue into a loop of requests)"#
+        );
+        assert_eq!(
+            poll_wait(Some("5s")).unwrap_err().to_string(),
+            r#"PERAGO_POLL_WAIT_MS "5s": must be whole milliseconds, such as 5000"#
+        );
+    }
+
+    #[test]
+    fn intervals_have_a_floor() {
+        assert_eq!(
+            duration_at_least(PERAGO_WORKSPACE_GC_INTERVAL, Some("1ms"), MIN_GC_INTERVAL),
+            Err(
+                r#"PERAGO_WORKSPACE_GC_INTERVAL: "1ms" is below the least allowed, 1000ms"#
+                    .to_owned()
+            )
+        );
+        assert_eq!(
+            duration_at_least(PERAGO_WORKSPACE_GC_INTERVAL, Some("1s"), MIN_GC_INTERVAL),
+            Ok(Some(Duration::from_secs(1)))
+        );
+        assert_eq!(
+            duration_at_least(PERAGO_WORKSPACE_GC_INTERVAL, None, MIN_GC_INTERVAL),
+            Ok(None)
+        );
+    }
 
     #[test]
     fn require_lists_every_missing_name() {

@@ -33,10 +33,27 @@ fn kind(file_type: std::fs::FileType) -> &'static str {
 /// are checked on the open descriptor, and the read stops past the limit whatever the file
 /// claims.
 pub fn read_regular(path: &Path, max_bytes: u64) -> io::Result<String> {
+    read_regular_with(path, max_bytes, 0)
+}
+
+/// [`read_regular`], refusing a symlink at the last component of `path` instead of following
+/// it: for files a program writes itself (records, side files), where a symlink is never
+/// what it wrote.
+pub fn read_regular_nofollow(path: &Path, max_bytes: u64) -> io::Result<String> {
+    read_regular_with(path, max_bytes, libc::O_NOFOLLOW)
+}
+
+fn read_regular_with(path: &Path, max_bytes: u64, flags: libc::c_int) -> io::Result<String> {
     let file: File = OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | flags)
         .open(path)?;
+    read_open_regular(file, max_bytes)
+}
+
+/// The rule of [`read_regular`] for a file opened already (by `openat` in a held directory):
+/// only a regular file of at most `max_bytes` is read, as UTF-8 text.
+pub fn read_open_regular(file: File, max_bytes: u64) -> io::Result<String> {
     let meta = file.metadata()?;
     if !meta.file_type().is_file() {
         return Err(io::Error::new(
@@ -102,6 +119,19 @@ mod tests {
             read_regular(tmp.path(), 100).unwrap_err().to_string(),
             "a directory (only regular files are read)"
         );
+    }
+
+    #[test]
+    fn nofollow_refuses_a_symlink_and_reads_the_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("a.json");
+        std::fs::write(&path, "[]").unwrap();
+        assert_eq!(read_regular_nofollow(&path, 10).unwrap(), "[]");
+        let link = tmp.path().join("link.json");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert_eq!(read_regular(&link, 10).unwrap(), "[]");
+        let err = read_regular_nofollow(&link, 10).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{err}");
     }
 
     #[test]

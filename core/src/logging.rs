@@ -26,6 +26,8 @@ pub const PERAGO_LOG_MAX_BYTES: &str = "PERAGO_LOG_MAX_BYTES";
 pub const PERAGO_LOG_MAX_FILES: &str = "PERAGO_LOG_MAX_FILES";
 /// Default rotation size: 64 MiB.
 pub const DEFAULT_MAX_BYTES: u64 = 64 << 20;
+/// The least `PERAGO_LOG_MAX_BYTES`: a smaller file would rotate on every few lines.
+pub const MIN_MAX_BYTES: u64 = 1024;
 /// Default number of files kept: 5.
 pub const DEFAULT_MAX_FILES: usize = 5;
 const FILE_NAME: &str = "perago.jsonl";
@@ -36,6 +38,12 @@ pub enum LogConfigError {
     /// `PERAGO_LOG_MAX_BYTES` is not a byte size.
     #[error("{PERAGO_LOG_MAX_BYTES}: {0}")]
     MaxBytes(#[source] crate::units::ByteSizeError),
+    /// `PERAGO_LOG_MAX_BYTES` is below [`MIN_MAX_BYTES`] (it was raised to it silently).
+    #[error("{PERAGO_LOG_MAX_BYTES} {value:?}: must be at least 1KiB")]
+    MaxBytesTooSmall {
+        /// The value as given.
+        value: String,
+    },
     /// `PERAGO_LOG_MAX_FILES` is not a count of at least 1.
     #[error("{PERAGO_LOG_MAX_FILES}: expected a count of at least 1, got {value:?}")]
     MaxFiles {
@@ -89,9 +97,13 @@ impl JsonlConfig {
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, LogConfigError> {
         let max_bytes = match lookup(PERAGO_LOG_MAX_BYTES) {
-            Some(v) if !v.trim().is_empty() => crate::units::parse_byte_size(&v)
-                .map_err(LogConfigError::MaxBytes)?
-                .max(1024),
+            Some(v) if !v.trim().is_empty() => {
+                let bytes = crate::units::parse_byte_size(&v).map_err(LogConfigError::MaxBytes)?;
+                if bytes < MIN_MAX_BYTES {
+                    return Err(LogConfigError::MaxBytesTooSmall { value: v });
+                }
+                bytes
+            }
             _ => DEFAULT_MAX_BYTES,
         };
         let max_files = match lookup(PERAGO_LOG_MAX_FILES) {
@@ -498,6 +510,12 @@ mod tests {
             err.to_string()
                 .starts_with("PERAGO_LOG_MAX_BYTES: invalid byte size \"lots\"")
         );
+        let err = config(PERAGO_LOG_MAX_BYTES, "0").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"PERAGO_LOG_MAX_BYTES "0": must be at least 1KiB"#
+        );
+        assert!(config(PERAGO_LOG_MAX_BYTES, "1KiB").is_ok());
         let err = config(PERAGO_LOG_MAX_FILES, "0").unwrap_err();
         assert!(matches!(err, LogConfigError::MaxFiles { ref value } if value == "0"));
         assert_eq!(

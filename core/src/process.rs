@@ -28,7 +28,9 @@
 use std::{io, os::fd::RawFd};
 
 pub mod dirfd;
+mod dir;
 mod spawn;
+pub use dir::Dir;
 pub use spawn::{Child, Environment, Spawn};
 
 /// Makes the child the leader of its own process group and has the kernel send it

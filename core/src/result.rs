@@ -37,9 +37,30 @@ pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// `text` cut to at most `max` characters (at least 2) on character boundaries: its start and
+/// its end joined by `…`. A message names what was checked first and why it failed last (a
+/// path, then the cause), so both ends are kept and the middle is what goes.
+fn keep_both_ends(text: &str, max: usize) -> String {
+    let count = text.chars().count();
+    if count <= max {
+        return text.to_owned();
+    }
+    let head = (max - 1) / 2;
+    let tail = max - 1 - head;
+    let mut out: String = text.chars().take(head).collect();
+    out.push('…');
+    out.extend(text.chars().skip(count - tail));
+    out
+}
+
+/// The most of [`MAX_REASON_CHARS`] that the head of [`Reason::with_tail`] takes when there is
+/// a tail: the rest is left to the tail, the cause.
+const MAX_HEAD_WITH_TAIL_CHARS: usize = 300;
+
 impl Reason {
     /// A reason from one message; an over-long message keeps its start (the check and field
-    /// come first) and ends with `…`. Control characters are escaped.
+    /// come first) and its end (the cause comes last), joined by `…`. Control characters are
+    /// escaped.
     pub fn new(message: impl Into<String>) -> Self {
         let message = message.into();
         let message = escape_controls(&message);
@@ -47,29 +68,23 @@ impl Reason {
         if message.is_empty() {
             return Self("failed without a reason".to_owned());
         }
-        if message.chars().count() <= MAX_REASON_CHARS {
-            return Self(message.to_owned());
-        }
-        let mut cut: String = message.chars().take(MAX_REASON_CHARS - 1).collect();
-        cut.push('…');
-        Self(cut)
+        Self(keep_both_ends(message, MAX_REASON_CHARS))
     }
 
     /// A reason made of a head (which check failed, on which field) and a tail (such as the
-    /// end of the body's stderr). The head is kept whole as far as possible; the tail is cut
-    /// from its start so its last, most telling lines survive.
+    /// end of the body's stderr). The head is kept whole as far as possible (an over-long one
+    /// keeps both its ends, within [`MAX_HEAD_WITH_TAIL_CHARS`]); the tail is cut from its
+    /// start so its last, most telling lines survive.
     pub fn with_tail(head: &str, tail: &str) -> Self {
-        let head = Self::new(head).0;
         let tail = escape_controls(tail);
         let tail = tail.trim();
         if tail.is_empty() {
-            return Self(head);
+            return Self::new(head);
         }
+        let head = Self::new(head).0;
+        let head = keep_both_ends(&head, MAX_HEAD_WITH_TAIL_CHARS);
         let sep = ": ";
-        let room = MAX_REASON_CHARS.saturating_sub(head.chars().count() + sep.chars().count());
-        if room < 2 {
-            return Self(head);
-        }
+        let room = MAX_REASON_CHARS - (head.chars().count() + sep.chars().count());
         let tail_len = tail.chars().count();
         let tail = if tail_len <= room {
             tail.to_owned()
@@ -326,7 +341,33 @@ mod tests {
         let long = "é".repeat(800);
         let r = Reason::new(long);
         assert_eq!(r.as_str().chars().count(), MAX_REASON_CHARS);
-        assert!(r.as_str().ends_with('…'));
+        assert_eq!(r.as_str().chars().filter(|c| *c == '…').count(), 1);
+    }
+
+    /// A long path in the middle of a message goes; what was checked and why it failed stay.
+    #[test]
+    fn an_over_long_reason_keeps_its_start_and_its_cause() {
+        let path = format!("/w/attempts/e1/work/{}/out.txt", "deep/".repeat(200));
+        let message =
+            format!("publish failed: cannot upload {path}: permission denied (os error 13)");
+        let r = Reason::new(message);
+        assert_eq!(r.as_str().chars().count(), MAX_REASON_CHARS);
+        assert!(
+            r.as_str()
+                .starts_with("publish failed: cannot upload /w/attempts/e1/work/deep/"),
+            "{r}"
+        );
+        assert!(
+            r.as_str()
+                .ends_with("/out.txt: permission denied (os error 13)"),
+            "{r}"
+        );
+        assert!(r.as_str().contains('…'));
+        // Cut on character boundaries at both ends.
+        let wide = format!("{}{}", "é".repeat(400), "ü".repeat(400));
+        let r = Reason::new(wide);
+        assert_eq!(r.as_str().chars().count(), MAX_REASON_CHARS);
+        assert!(r.as_str().starts_with('é') && r.as_str().ends_with('ü'));
     }
 
     #[test]
@@ -345,12 +386,15 @@ mod tests {
             Reason::with_tail("check failed", "").as_str(),
             "check failed"
         );
-        // A head that fills the budget leaves no room for a tail.
-        let big = "x".repeat(600);
-        assert_eq!(
-            Reason::with_tail(&big, "tail").as_str().chars().count(),
-            500
-        );
+        // A head that would fill the budget keeps its ends and leaves room for the tail.
+        let big = format!("check {} failed", "x".repeat(600));
+        let r = Reason::with_tail(&big, "the cause");
+        assert!(r.as_str().chars().count() <= MAX_REASON_CHARS);
+        assert!(r.as_str().starts_with("check xxx"), "{r}");
+        assert!(r.as_str().ends_with("x failed: the cause"), "{r}");
+        let r = Reason::with_tail(&big, &"y".repeat(1000));
+        assert_eq!(r.as_str().chars().count(), MAX_REASON_CHARS);
+        assert!(r.as_str().ends_with("yyy"));
     }
 
     /// The body is the object the `json!` builder made before, member for member, and the

@@ -142,6 +142,11 @@ pub(crate) fn main_with(task: Option<Arc<dyn crate::task::Task>>) -> i32 {
     // A publication holds a descriptor on every folder of the workspace and on every file it
     // uploads, from the check to the upload (see `workspace::scan`).
     perago_core::process::raise_nofile_limit();
+    // No setting may fall back to its default because its value is not UTF-8.
+    if let Err(errors) = perago_core::env::check_process_environment() {
+        errors.iter().for_each(|e| eprintln!("error: {e}"));
+        return 2;
+    }
     let lookup = perago_core::env::secrets_then_env();
     let (identity, manifest_path) = match identity_from(&lookup) {
         Ok(v) => v,

@@ -2,7 +2,7 @@
 
 use crate::errors::ExpectedError;
 use perago_core::{
-    command::resolve_program,
+    command::{resolve_program, user_can_enter, user_can_execute},
     identity::WorkerPrefix,
     manifest::{BodyKind, Manifest, ManifestError},
 };
@@ -78,10 +78,15 @@ pub(crate) fn check(
         problems.push(format!("{prefix_text}: task.name: {e}"));
     }
     let prefix = prefix_text;
-    if let Some(user) = &manifest.body.user
-        && let Err(e) = perago_core::process::user_ids(user)
-    {
-        problems.push(format!("{prefix}: body.user: {e}"));
+    if let Some(user) = &manifest.body.user {
+        match perago_core::process::user_ids(user) {
+            Ok((uid, gid)) => problems.extend(
+                body_user_access(manifest, path_var, uid, gid)
+                    .into_iter()
+                    .map(|p| format!("{prefix}: {p}")),
+            ),
+            Err(e) => problems.push(format!("{prefix}: body.user: {e}")),
+        }
     }
     let mut body_line = String::new();
     match &manifest.body.kind {
@@ -167,6 +172,52 @@ pub(crate) fn check(
         );
     }
     Ok(report)
+}
+
+/// What `body.user` (uid `uid`, primary group `gid`, no other groups: as bodies run) could
+/// not reach, one problem each: the manifest's folder (bodies and guardrails run from it), and
+/// each command's program, resolved as the executor resolves it (a program that does not
+/// resolve is reported by the caller). Empty when the user can run everything.
+pub(crate) fn body_user_access(
+    manifest: &Manifest,
+    path_var: Option<&OsString>,
+    uid: u32,
+    gid: u32,
+) -> Vec<String> {
+    let user = manifest.body.user.as_deref().unwrap_or_default();
+    let mut problems = Vec::new();
+    if let Err(e) = user_can_enter(&manifest.dir, uid, gid) {
+        problems.push(format!(
+            "body.user: {user:?} cannot work in the manifest folder {}: {e}",
+            manifest.dir.display()
+        ));
+    }
+    let mut commands = Vec::new();
+    if let BodyKind::Command { argv, .. } = &manifest.body.kind {
+        commands.push(("body.command", argv));
+    }
+    for (key, argv) in [
+        ("guardrails.pre", &manifest.guardrails.pre),
+        ("guardrails.post", &manifest.guardrails.post),
+    ] {
+        if let Some(argv) = argv {
+            commands.push((key, argv));
+        }
+    }
+    for (key, argv) in commands {
+        let Ok(program) =
+            resolve_program(&argv[0], &manifest.dir, path_var.map(OsString::as_os_str))
+        else {
+            continue;
+        };
+        if let Err(e) = user_can_execute(&program, uid, gid) {
+            problems.push(format!(
+                "body.user: {user:?} cannot run {key} ({}): {e}",
+                program.display()
+            ));
+        }
+    }
+    problems
 }
 
 /// What to run to get the missing executor binary `path`: for a Cargo build output

@@ -39,9 +39,16 @@ pub fn run(bin_name: &'static str) -> i32 {
     if let Err(e) = perago_core::process::set_non_dumpable() {
         eprintln!("warning: cannot make the supervisor non-dumpable: {e}");
     }
-    let vars: BTreeMap<String, String> = std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .collect();
+    // A setting that is not UTF-8 is an error naming it, never a silent default.
+    let vars = match perago_core::env::utf8_environment(std::env::vars_os()) {
+        Ok(vars) => vars,
+        Err(errors) => {
+            for e in errors {
+                eprintln!("error: {e}");
+            }
+            return exit_codes::FAILURE;
+        }
+    };
     run_with(bin_name, std::env::args_os(), &vars)
 }
 
@@ -74,8 +81,9 @@ where
     match dispatch(cli, vars) {
         Ok(()) => exit_codes::OK,
         Err(e) => {
+            // A message may carry what a server answered: it must not drive the terminal.
             for line in e.to_string().lines() {
-                eprintln!("error: {line}");
+                eprintln!("error: {}", perago_core::result::escape_controls(line));
             }
             e.process_exit_code()
         }

@@ -246,6 +246,55 @@ pub(crate) fn sibling_binary(
         .unwrap_or_else(|| PathBuf::from(name))
 }
 
+/// Why the folder setting `name` = `value` cannot work, if it cannot: the nearest part of the
+/// path that exists must be a directory (`/dev/null/x` can never be created).
+pub(crate) fn folder_setting_problem(name: &str, value: &str) -> Option<String> {
+    let path = Path::new(value);
+    let existing = path
+        .ancestors()
+        .find(|p| std::fs::symlink_metadata(p).is_ok())?;
+    match std::fs::metadata(existing) {
+        Ok(meta) if meta.is_dir() => None,
+        Ok(_) => Some(format!(
+            "{name} {value:?}: {} is not a directory",
+            existing.display()
+        )),
+        Err(e) => Some(format!(
+            "{name} {value:?}: cannot use {}: {e}",
+            existing.display()
+        )),
+    }
+}
+
+/// Why the program setting `name` = `value` cannot work, if it cannot.
+pub(crate) fn program_setting_problem(name: &str, value: &str) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    match std::fs::metadata(value) {
+        Ok(meta) if meta.is_file() && meta.permissions().mode() & 0o111 != 0 => None,
+        Ok(_) => Some(format!("{name} {value:?}: not an executable file")),
+        Err(e) => Some(format!("{name} {value:?}: {e}")),
+    }
+}
+
+/// Every folder and program setting that is set but cannot work, naming it and why.
+pub(crate) fn path_setting_problems(vars: &BTreeMap<String, String>) -> Vec<String> {
+    let set = |name: &str| vars.get(name).filter(|v| !v.is_empty());
+    let folders = [
+        env::PERAGO_WORKSPACE_ROOT,
+        env::PERAGO_LOG_ROOT,
+        "XDG_STATE_HOME",
+        "XDG_RUNTIME_DIR",
+    ];
+    let programs = [env::PERAGO_BROKER_BIN, env::PERAGO_EXECUTOR_BIN];
+    let folder_problems = folders
+        .into_iter()
+        .filter_map(|name| folder_setting_problem(name, set(name)?));
+    let program_problems = programs
+        .into_iter()
+        .filter_map(|name| program_setting_problem(name, set(name)?));
+    folder_problems.chain(program_problems).collect()
+}
+
 /// One task type of a `start`, resolved.
 struct TaskPlan {
     manifest: Manifest,
@@ -286,10 +335,19 @@ pub(crate) fn start(
         let prefix = prefix_of(&manifest.task.name, vars, several)
             .map_err(|e| add(e.to_string()))
             .ok();
-        if let Some(user) = &manifest.body.user
-            && let Err(e) = perago_core::process::body_user(user)
-        {
-            add(e.to_string());
+        if let Some(user) = &manifest.body.user {
+            // The same checks as `check`: the user must be able to run what it is given.
+            match perago_core::process::body_user(user) {
+                Ok((uid, gid)) => {
+                    let path_var = vars.get("PATH").map(std::ffi::OsString::from);
+                    for problem in
+                        crate::check::body_user_access(&manifest, path_var.as_ref(), uid, gid)
+                    {
+                        add(format!("manifest {}: {problem}", path.display()));
+                    }
+                }
+                Err(e) => add(e.to_string()),
+            }
         }
         if let Some(prefix) = prefix {
             tasks.push(TaskPlan {
@@ -314,11 +372,27 @@ pub(crate) fn start(
         (env::PERAGO_ROOT_LOCK_WAIT, DEFAULT_ROOT_LOCK_WAIT),
     ];
     for (name, value) in &mut durations {
-        match env::duration_var(name, vars.get(*name).map(String::as_str)) {
+        // The GC walks the whole root each interval: a millisecond would be a busy loop.
+        let least = match *name {
+            env::PERAGO_WORKSPACE_GC_INTERVAL => env::MIN_GC_INTERVAL,
+            _ => Duration::ZERO,
+        };
+        match env::duration_at_least(name, vars.get(*name).map(String::as_str), least) {
             Ok(Some(d)) => *value = d,
             Ok(None) => {}
-            Err(e) => add(e.to_string()),
+            Err(e) => add(e),
         }
+    }
+    path_setting_problems(vars).into_iter().for_each(add);
+    // What the broker and executors read is checked here too, so a bad value stops `start`
+    // before anything starts instead of killing the first child.
+    if let Err(e) = env::poll_wait(vars.get(env::PERAGO_POLL_WAIT_MS).map(String::as_str)) {
+        add(e.to_string());
+    }
+    if let Err(e) = perago_core::logging::JsonlConfig::from_lookup(PathBuf::new(), "", "", |n| {
+        vars.get(n).cloned()
+    }) {
+        add(e.to_string());
     }
     let [(_, gc_interval), (_, gc_ttl), (_, lock_wait)] = durations;
     let conductor = ConductorClient::from_lookup(|name| vars.get(name).cloned())
@@ -326,21 +400,20 @@ pub(crate) fn start(
         .ok();
     // Several task types, several brokers, one address: the supervisor serves their merged
     // metrics itself (one broker serves its own).
-    let merged_metrics: Option<std::net::SocketAddr> = match vars
-        .get(env::PERAGO_METRICS_ADDR)
-        .filter(|v| several && !v.is_empty())
-    {
-        None => None,
-        Some(value) => value
-            .parse()
-            .map_err(|_| {
-                add(format!(
-                    "{} {value:?} is not an address such as 127.0.0.1:9464",
-                    env::PERAGO_METRICS_ADDR
-                ));
-            })
-            .ok(),
-    };
+    let metrics_addr: Option<std::net::SocketAddr> =
+        match vars.get(env::PERAGO_METRICS_ADDR).filter(|v| !v.is_empty()) {
+            None => None,
+            Some(value) => value
+                .parse()
+                .map_err(|_| {
+                    add(format!(
+                        "{} {value:?} is not an address such as 127.0.0.1:9464",
+                        env::PERAGO_METRICS_ADDR
+                    ));
+                })
+                .ok(),
+        };
+    let merged_metrics = metrics_addr.filter(|_| several);
     if !problems.borrow().is_empty() {
         return Err(ExpectedError::Config(problems.into_inner()));
     }
@@ -700,5 +773,34 @@ mod tests {
                 .to_string(),
             "invalid execution mode \"fork\" in PERAGO_EXECUTION_MODE: expected process or thread"
         );
+    }
+
+    #[test]
+    fn path_settings_that_cannot_work_are_named_with_why() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        let under_file = file.join("root");
+        let fine = tmp.path().join("not/yet/made");
+        let v = vars(&[
+            (env::PERAGO_WORKSPACE_ROOT, under_file.to_str().unwrap()),
+            (env::PERAGO_LOG_ROOT, fine.to_str().unwrap()),
+            ("XDG_STATE_HOME", file.to_str().unwrap()),
+            (env::PERAGO_BROKER_BIN, "/no/such/broker"),
+            (env::PERAGO_EXECUTOR_BIN, file.to_str().unwrap()),
+        ]);
+        let f = file.display();
+        assert_eq!(
+            path_setting_problems(&v),
+            [
+                format!("PERAGO_WORKSPACE_ROOT \"{f}/root\": {f} is not a directory"),
+                format!("XDG_STATE_HOME \"{f}\": {f} is not a directory"),
+                "PERAGO_BROKER_BIN \"/no/such/broker\": No such file or directory (os error 2)"
+                    .to_owned(),
+                format!("PERAGO_EXECUTOR_BIN \"{f}\": not an executable file"),
+            ]
+        );
+        assert!(path_setting_problems(&vars(&[])).is_empty());
+        assert!(path_setting_problems(&vars(&[(env::PERAGO_LOG_ROOT, "")])).is_empty());
     }
 }

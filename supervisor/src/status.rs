@@ -50,7 +50,7 @@ pub enum NoAnswer {
     #[error("{}", std::error::Error::source(.0).map_or_else(|| .0.to_string(), ToString::to_string))]
     Connect(#[source] tonic::transport::Error),
     /// The call failed; the text is the status's message.
-    #[error("{}", .0.message())]
+    #[error("{}", cell(.0.message(), 500))]
     Call(#[source] Box<tonic::Status>),
 }
 
@@ -65,8 +65,20 @@ fn sockets_of(
         return Ok(vec![socket.clone()]);
     }
     let registry_dir = crate::runtime::registry::dir(vars);
-    let running = crate::runtime::registry::running(&registry_dir);
+    let running = match crate::runtime::registry::running(&registry_dir) {
+        Ok(found) => {
+            for skipped in &found.skipped {
+                eprintln!(
+                    "warning: ignoring the supervisor record {}",
+                    cell(skipped, 500)
+                );
+            }
+            Ok(found.records)
+        }
+        Err(e) => Err(e),
+    };
     if args.manifests.is_empty() {
+        let running = running.map_err(|e| ExpectedError::Config(vec![e.to_string()]))?;
         let sockets: Vec<PathBuf> = running
             .into_iter()
             .flat_map(|r| r.runtimes.into_iter().map(|e| e.socket))
@@ -79,6 +91,12 @@ fn sockets_of(
         }
         return Ok(sockets);
     }
+    // With manifests the records only help find a supervisor of several task types: a folder
+    // that cannot be trusted is said, and the sockets are found through the roots alone.
+    let running = running.unwrap_or_else(|e| {
+        eprintln!("warning: {e}");
+        Vec::new()
+    });
     let several = args.manifests.len() > 1;
     let mut sockets = Vec::new();
     for path in &args.manifests {
@@ -99,6 +117,43 @@ fn sockets_of(
         });
     }
     Ok(sockets)
+}
+
+/// The widest a worker id, task id or phase column grows; longer values are cut with `…`.
+const MAX_CELL_CHARS: usize = 64;
+
+/// `text` for a terminal: every control character (newline and tab too, since a cell is one
+/// line) and every invisible reordering mark written out (`\x1b`, `\n`, `\u{202e}`), then cut
+/// to `max` characters with `…`. What a broker or Conductor sends cannot move the cursor,
+/// recolour or rewrite the operator's screen, or stretch a column past `max`.
+pub(crate) fn cell(text: &str, max: usize) -> String {
+    let invisible = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+    };
+    let mut out = String::new();
+    let mut count = 0;
+    for c in text.chars() {
+        let piece = match c {
+            '\n' => "\\n".to_owned(),
+            '\t' => "\\t".to_owned(),
+            '\r' => "\\r".to_owned(),
+            '\0' => "\\0".to_owned(),
+            c if invisible(c) && (c as u32) < 0x100 => format!("\\x{:02x}", c as u32),
+            c if invisible(c) => format!("\\u{{{:x}}}", c as u32),
+            c => c.to_string(),
+        };
+        out.push_str(&piece);
+        count += piece.chars().count();
+        if count > max {
+            break;
+        }
+    }
+    if count > max {
+        out = out.chars().take(max.saturating_sub(1)).collect();
+        out.push('…');
+    }
+    out
 }
 
 fn now_ms() -> i64 {
@@ -223,7 +278,7 @@ fn capacity_table(c: &Capacity) -> String {
     } else if c.admission_reason.is_empty() {
         "admission CLOSED".to_owned()
     } else {
-        format!("admission CLOSED: {}", c.admission_reason)
+        format!("admission CLOSED: {}", cell(&c.admission_reason, 200))
     });
     let _ = writeln!(out, "now: {}", live.join(", "));
     out
@@ -250,19 +305,25 @@ pub(crate) fn to_json(status: &StatusResponse) -> Value {
 /// The status as a table for a terminal.
 pub(crate) fn to_table(status: &StatusResponse) -> String {
     let now = now_ms();
-    let up = Duration::from_millis(u64::try_from(now - status.started_at_unix_ms).unwrap_or(0));
+    let up = Duration::from_millis(
+        u64::try_from(now.saturating_sub(status.started_at_unix_ms)).unwrap_or(0),
+    );
     let mut out = format!(
         "task {}  broker {} (pid {})  up {}  draining {}\n",
-        status.task_name,
-        status.broker_worker_id,
+        cell(&status.task_name, MAX_CELL_CHARS),
+        cell(&status.broker_worker_id, MAX_CELL_CHARS),
         status.broker_pid,
         human(up),
         if status.draining { "yes" } else { "no" }
     );
-    let width = status
+    let worker_ids: Vec<String> = status
         .slots
         .iter()
-        .map(|s| s.worker_id.len())
+        .map(|s| cell(&s.worker_id, MAX_CELL_CHARS))
+        .collect();
+    let width = worker_ids
+        .iter()
+        .map(|id| id.chars().count())
         .max()
         .unwrap_or(9)
         .max(9);
@@ -271,10 +332,10 @@ pub(crate) fn to_table(status: &StatusResponse) -> String {
         "SLOT  {:<width$}  GEN  PID      STATE     PHASE       BUSY     TASK ID / EXECUTION ID",
         "WORKER ID"
     );
-    for s in &status.slots {
+    for (s, worker_id) in status.slots.iter().zip(&worker_ids) {
         let busy = if s.busy_since_unix_ms > 0 {
             human(Duration::from_millis(
-                u64::try_from(now - s.busy_since_unix_ms).unwrap_or(0),
+                u64::try_from(now.saturating_sub(s.busy_since_unix_ms)).unwrap_or(0),
             ))
         } else {
             String::new()
@@ -282,17 +343,21 @@ pub(crate) fn to_table(status: &StatusResponse) -> String {
         let ids = if s.task_id.is_empty() {
             String::new()
         } else {
-            format!("{} / {}", s.task_id, s.execution_id)
+            format!(
+                "{} / {}",
+                cell(&s.task_id, MAX_CELL_CHARS),
+                cell(&s.execution_id, MAX_CELL_CHARS)
+            )
         };
         let _ = writeln!(
             out,
             "{:<4}  {:<width$}  {:<3}  {:<7}  {:<8}  {:<10}  {:<7}  {}",
             s.slot,
-            s.worker_id,
+            worker_id,
             s.generation,
             s.pid,
             state_name(s.state),
-            s.phase,
+            cell(&s.phase, MAX_CELL_CHARS),
             busy,
             ids
         );
@@ -312,13 +377,25 @@ pub(crate) fn to_table(status: &StatusResponse) -> String {
     out
 }
 
+/// The largest `staging-branches.json` read (thousands of entries).
+const MAX_LEFTOVERS_BYTES: u64 = 1024 * 1024;
+
 /// The staging branches the supervisor's GC could not delete yet (SPEC §9), from the file it
-/// keeps beside the broker socket; none when there is no such file.
-pub(crate) fn staging_left(socket: &std::path::Path) -> Vec<Value> {
-    std::fs::read_to_string(socket.with_file_name(crate::runtime::gc::LEFTOVERS_FILE))
-        .ok()
-        .and_then(|text| serde_json::from_str::<Vec<Value>>(&text).ok())
-        .unwrap_or_default()
+/// keeps beside the broker socket: none when there is no such file; an error naming the file
+/// when it is not a regular file (a symlink is not followed), is too big or is not the list.
+pub(crate) fn staging_left(socket: &std::path::Path) -> Result<Vec<Value>, String> {
+    let path = socket.with_file_name(crate::runtime::gc::LEFTOVERS_FILE);
+    let text = match perago_core::files::read_regular_nofollow(&path, MAX_LEFTOVERS_BYTES) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    serde_json::from_str::<Vec<Value>>(&text).map_err(|e| {
+        format!(
+            "cannot read {}: not a list of branches: {e}",
+            path.display()
+        )
+    })
 }
 
 /// The table lines for `left`: nothing when it is empty.
@@ -333,7 +410,7 @@ pub(crate) fn staging_table(left: &[Value]) -> String {
         left.len()
     );
     for entry in left {
-        let text = |name: &str| entry[name].as_str().unwrap_or_default().to_owned();
+        let text = |name: &str| cell(entry[name].as_str().unwrap_or_default(), 200);
         let _ = writeln!(
             out,
             "  {}/{}  ({})",
@@ -446,7 +523,10 @@ pub(crate) fn status(
                 continue;
             }
         };
-        let left = staging_left(socket);
+        let left = staging_left(socket).unwrap_or_else(|e| {
+            eprintln!("warning: {}", cell(&e, 1000));
+            Vec::new()
+        });
         if args.json {
             let mut json = to_json(&status);
             json["staging_branches_left"] = Value::from(left);
@@ -559,18 +639,131 @@ mod tests {
     fn staging_branches_left_are_read_beside_the_socket_and_listed() {
         let tmp = tempfile::tempdir().unwrap();
         let socket = tmp.path().join("broker.sock");
-        assert!(staging_left(&socket).is_empty(), "no file: nothing left");
+        assert!(
+            staging_left(&socket).unwrap().is_empty(),
+            "no file: nothing left"
+        );
         assert_eq!(staging_table(&[]), "");
         std::fs::write(
             tmp.path().join(crate::runtime::gc::LEFTOVERS_FILE),
             r#"[{"repository":"repo","branch":"perago-staging-e1","attempt_dir":"/r/attempts/e1"}]"#,
         )
         .unwrap();
-        let left = staging_left(&socket);
+        let left = staging_left(&socket).unwrap();
         assert_eq!(left.len(), 1);
         assert_eq!(
             staging_table(&left),
             "staging branches left by killed executors (1; the GC retries every interval):\n  repo/perago-staging-e1  (/r/attempts/e1)\n"
         );
+    }
+
+    /// The side file is read with the manifests' rule: a regular file within a size cap, opened
+    /// without blocking and without following a symlink.
+    #[test]
+    fn a_hostile_staging_file_is_refused_at_once_naming_why() {
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("broker.sock");
+        let file = tmp.path().join(crate::runtime::gc::LEFTOVERS_FILE);
+        // 300 MB (sparse): refused from its size, never read into memory.
+        std::fs::File::create(&file)
+            .unwrap()
+            .set_len(300_000_000)
+            .unwrap();
+        let err = staging_left(&socket).unwrap_err();
+        assert!(
+            err.ends_with("300000000 bytes is above the limit of 1048576 bytes"),
+            "{err}"
+        );
+        std::fs::remove_file(&file).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(&file)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let started = std::time::Instant::now();
+        let err = staging_left(&socket).unwrap_err();
+        assert!(
+            err.ends_with("a FIFO (only regular files are read)"),
+            "{err}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+        std::fs::remove_file(&file).unwrap();
+        let target = tmp.path().join("elsewhere.json");
+        std::fs::write(&target, "[]").unwrap();
+        std::os::unix::fs::symlink(&target, &file).unwrap();
+        assert!(staging_left(&socket).is_err(), "a symlink is not followed");
+        std::fs::remove_file(&file).unwrap();
+        std::fs::write(&file, "{}").unwrap();
+        let err = staging_left(&socket).unwrap_err();
+        assert!(err.contains("not a list of branches"), "{err}");
+        // Escape sequences in an entry are written out.
+        let entry =
+            json!({"repository": "r\u{1b}[2J", "branch": "b\nfake line", "attempt_dir": "a"});
+        let table = staging_table(&[entry]);
+        assert!(!table.contains('\u{1b}'), "{table:?}");
+        assert!(table.contains("r\\x1b[2J/b\\nfake line"), "{table:?}");
+    }
+
+    #[test]
+    fn cells_escape_controls_and_are_capped() {
+        assert_eq!(cell("plain", 10), "plain");
+        assert_eq!(cell("0123456789", 10), "0123456789");
+        assert_eq!(cell("0123456789a", 10), "012345678…");
+        assert_eq!(
+            cell("a\u{1b}[31mred\r\n\t\0\u{9b}\u{202e}z", 100),
+            "a\\x1b[31mred\\r\\n\\t\\0\\x9b\\u{202e}z"
+        );
+        assert_eq!(cell("é".repeat(100).as_str(), 5), "éééé…");
+        assert_eq!(cell("\u{1b}".repeat(100).as_str(), 6).chars().count(), 6);
+    }
+
+    /// What a hostile broker can put in a status answer: no panic (a 3 MiB worker id was a
+    /// formatting width panic), no raw escape sequence, bounded columns; the JSON stays exact.
+    #[test]
+    fn a_hostile_status_is_printed_safely_and_its_json_kept_exact() {
+        use perago_proto::admin::v1::SlotStatus;
+        let huge = "w".repeat(3 << 20);
+        let status = StatusResponse {
+            task_name: "t\u{1b}]0;owned\u{7}".into(),
+            broker_worker_id: "b\u{1b}[2J".into(),
+            broker_pid: 1,
+            started_at_unix_ms: i64::MIN,
+            slots: vec![SlotStatus {
+                slot: 1,
+                worker_id: huge.clone(),
+                state: 99,
+                task_id: "task\nFORGED".into(),
+                execution_id: "e".repeat(10_000),
+                busy_since_unix_ms: i64::MIN,
+                phase: "\u{1b}[1A".into(),
+                ..SlotStatus::default()
+            }],
+            capacity: Some(Capacity {
+                admission_reason: "\u{1b}[2Jreason".into(),
+                ..Capacity::default()
+            }),
+            ..StatusResponse::default()
+        };
+        let table = to_table(&status);
+        assert!(
+            !table.contains('\u{1b}') && !table.contains('\u{7}'),
+            "{table:?}"
+        );
+        assert!(
+            table.contains("task t\\x1b]0;owned\\x07  broker b\\x1b[2J"),
+            "{table:?}"
+        );
+        assert!(table.contains("task\\nFORGED / eee"), "{table:?}");
+        assert!(
+            table.contains("admission CLOSED: \\x1b[2Jreason"),
+            "{table:?}"
+        );
+        for line in table.lines() {
+            assert!(line.chars().count() < 400, "{} chars", line.chars().count());
+        }
+        let json = to_json(&status);
+        assert_eq!(json["slots"][0]["worker_id"], huge.as_str());
+        assert_eq!(json["task_name"], "t\u{1b}]0;owned\u{7}");
+        assert_eq!(json["slots"][0]["task_id"], "task\nFORGED");
     }
 }

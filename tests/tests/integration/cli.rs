@@ -909,3 +909,216 @@ fn dev_runs_several_task_types() {
         "{missing}"
     );
 }
+
+/// `[body] user`: `check` and `start`'s preflight verify that the user can run each command
+/// (every folder on the way, the file itself) and work in the manifest's folder, by the mode
+/// bits it would meet with its own uid and gid.
+#[test]
+fn check_and_start_refuse_a_body_user_that_cannot_run_the_command() {
+    use std::os::unix::fs::PermissionsExt as _;
+    if perago_core::process::euid() != 0 {
+        eprintln!("skipped: a body user needs root");
+        return;
+    }
+    let dir = manifest_dir(
+        "[task]\nname = \"t\"\nkind = \"workspace-free\"\ntimeout_seconds = 10\n\
+         [body]\ncommand = [\"./run.sh\"]\nuser = \"nobody\"\n",
+    );
+    let script = dir.path().join("run.sh");
+    fs::write(&script, "#!/bin/sh\necho '{}'\n").unwrap();
+    let root = fs::canonicalize(dir.path()).unwrap();
+    let set = |path: &Path, mode: u32| {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap()
+    };
+    // The folder is root's 0700 (as a temp folder is made) and the script root's 0700.
+    set(dir.path(), 0o700);
+    set(&script, 0o700);
+    let out = check_in(dir.path());
+    out.expect_code(1);
+    assert_eq!(
+        out.stderr,
+        format!(
+            "error: manifest task.toml: body.user: \"nobody\" cannot work in the manifest folder {root}: uid 65534 cannot pass through {root}: mode 0700, owner uid 0, group gid 0\n\
+             error: manifest task.toml: body.user: \"nobody\" cannot run body.command ({root}/run.sh): uid 65534 cannot pass through {root}: mode 0700, owner uid 0, group gid 0\n",
+            root = root.display()
+        )
+    );
+    // The folder opened: only the script is left.
+    set(dir.path(), 0o755);
+    let out = check_in(dir.path());
+    out.expect_code(1);
+    let script_problem = format!(
+        "body.user: \"nobody\" cannot run body.command ({root}/run.sh): uid 65534 cannot execute {root}/run.sh: mode 0700, owner uid 0, group gid 0",
+        root = root.display()
+    );
+    assert_eq!(
+        out.stderr,
+        format!("error: manifest task.toml: {script_problem}\n")
+    );
+    // `start` refuses it before anything runs (no Conductor answers on port 9).
+    let state = tempfile::tempdir().unwrap();
+    let out = Run::of(
+        supervisor(&["start", "task.toml"])
+            .current_dir(dir.path())
+            .env("CONDUCTOR_SERVER_URL", "http://127.0.0.1:9/api")
+            .env("PERAGO_WORKSPACE_ROOT", state.path().join("root")),
+    );
+    out.expect_code(1);
+    assert_eq!(
+        out.stderr,
+        format!("error: manifest task.toml: {script_problem}\n")
+    );
+    assert!(!state.path().join("root").exists(), "nothing was started");
+    // Executable but not readable: a script's interpreter could not open it.
+    set(&script, 0o711);
+    let out = check_in(dir.path());
+    out.expect_code(1);
+    assert!(out.stderr.contains("uid 65534 cannot read"), "{out}");
+    set(&script, 0o755);
+    check_in(dir.path()).expect_code(0);
+}
+
+/// `status` with no argument trusts only this user's own 0700 records folder, and a record
+/// that is not a regular file neither hangs it nor is used.
+#[test]
+fn status_refuses_a_records_folder_it_cannot_trust() {
+    let state = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    fs::create_dir_all(state.path().join("perago")).unwrap();
+    let folder = state.path().join("perago/supervisors");
+    std::os::unix::fs::symlink(elsewhere.path(), &folder).unwrap();
+    let status = || {
+        Run::of(
+            supervisor(&["status"])
+                .env("XDG_STATE_HOME", state.path())
+                .env_remove("XDG_RUNTIME_DIR"),
+        )
+    };
+    let out = status();
+    out.expect_code(1);
+    assert_eq!(
+        out.stderr,
+        format!(
+            "error: cannot use {} as the supervisors' records folder: it is a symlink, not a real directory\n",
+            folder.display()
+        )
+    );
+    fs::remove_file(&folder).unwrap();
+    fs::create_dir(&folder).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    fs::set_permissions(&folder, fs::Permissions::from_mode(0o755)).unwrap();
+    let out = status();
+    out.expect_code(1);
+    assert_eq!(
+        out.stderr,
+        format!(
+            "error: the supervisors' records folder {} has mode 0755, open to other users (it must be 0700): it is not used\n",
+            folder.display()
+        )
+    );
+    fs::set_permissions(&folder, fs::Permissions::from_mode(0o700)).unwrap();
+    let made = Command::new("mkfifo")
+        .arg(folder.join("1.json"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let out = status();
+    out.expect_code(1);
+    assert_eq!(
+        out.stderr,
+        format!(
+            "warning: ignoring the supervisor record {}/1.json: a FIFO (only regular files are read)\n\
+             error: no perago supervisor of this user is running (none is recorded in {}); give the task's MANIFEST or --socket PATH\n",
+            folder.display(),
+            folder.display()
+        )
+    );
+}
+
+/// A setting that is not UTF-8 is an error naming it (before, it was ignored and the default
+/// used), for `start` and every other command, before anything starts.
+#[test]
+fn a_setting_that_is_not_utf8_stops_start_naming_it() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let root = tempfile::tempdir().unwrap();
+    let mut bad = root.path().as_os_str().as_bytes().to_vec();
+    bad.extend_from_slice(b"/\xffroot");
+    let bad = std::ffi::OsStr::from_bytes(&bad);
+    let out = Run::of(
+        supervisor(&["start", "examples/greet/task.toml"])
+            .env("CONDUCTOR_SERVER_URL", "http://127.0.0.1:9/api")
+            .env("PERAGO_WORKSPACE_ROOT", bad)
+            .env("PERAGO_POLL_WAIT_MS", std::ffi::OsStr::from_bytes(b"5\xfe")),
+    );
+    out.expect_code(1);
+    let mut lines: Vec<&str> = out.stderr.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(
+        lines,
+        [
+            "error: PERAGO_POLL_WAIT_MS is not valid UTF-8 (5\\xfe); set it to UTF-8 text or unset it"
+                .to_owned(),
+            format!(
+                "error: PERAGO_WORKSPACE_ROOT is not valid UTF-8 ({}/\\xffroot); set it to UTF-8 text or unset it",
+                root.path().display()
+            ),
+        ],
+        "{out}"
+    );
+    assert_eq!(
+        fs::read_dir(root.path()).unwrap().count(),
+        0,
+        "nothing was created"
+    );
+    let out = Run::of(supervisor(&["check", "examples/greet/task.toml"]).env(
+        "LAKEFS_ENDPOINT",
+        std::ffi::OsStr::from_bytes(b"http://\xff"),
+    ));
+    out.expect_code(1);
+    assert_eq!(
+        out.stderr,
+        "error: LAKEFS_ENDPOINT is not valid UTF-8 (http://\\xff); set it to UTF-8 text or unset it\n"
+    );
+}
+
+/// Values that would spin, or that were silently raised, and folders and programs that can
+/// never work: every one named with why, before anything starts.
+#[test]
+fn start_refuses_values_that_would_spin_and_paths_that_cannot_work() {
+    let state = tempfile::tempdir().unwrap();
+    let out = Run::of(
+        supervisor(&["start", "examples/greet/task.toml"])
+            .env("CONDUCTOR_SERVER_URL", "http://127.0.0.1:9/api")
+            .env("PERAGO_POLL_WAIT_MS", "0")
+            .env("PERAGO_LOG_MAX_BYTES", "0")
+            .env("PERAGO_WORKSPACE_GC_INTERVAL", "1ms")
+            .env("PERAGO_WORKSPACE_ROOT", "/dev/null/root")
+            .env("PERAGO_BROKER_BIN", "/no/such/perago-broker")
+            .env("XDG_STATE_HOME", state.path()),
+    );
+    out.expect_code(1);
+    assert_eq!(
+        out.stderr,
+        "error: PERAGO_WORKSPACE_GC_INTERVAL: \"1ms\" is below the least allowed, 1000ms\n\
+         error: PERAGO_WORKSPACE_ROOT \"/dev/null/root\": /dev/null is not a directory\n\
+         error: PERAGO_BROKER_BIN \"/no/such/perago-broker\": No such file or directory (os error 2)\n\
+         error: PERAGO_POLL_WAIT_MS \"0\": must be at least 100 (a shorter long poll turns an empty queue into a loop of requests)\n\
+         error: PERAGO_LOG_MAX_BYTES \"0\": must be at least 1KiB\n",
+        "{out}"
+    );
+    assert_eq!(
+        fs::read_dir(state.path()).unwrap().count(),
+        0,
+        "nothing was created"
+    );
+}
+
+/// Errors can carry what a server or a file name says: they are printed with control
+/// characters written out, never as terminal escape sequences.
+#[test]
+fn error_lines_write_control_characters_out() {
+    let out = run(&["check", "no/such/\u{1b}[2Jtask.toml"]);
+    out.expect_code(1);
+    assert!(!out.stderr.contains('\u{1b}'), "{out}");
+    assert!(out.stderr.contains("\\x1b[2Jtask.toml"), "{out}");
+}

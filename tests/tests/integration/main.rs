@@ -20,6 +20,7 @@ mod poison;
 mod recycle;
 mod runtime;
 mod soft_limit;
+mod status_inputs;
 mod systemd;
 mod wire;
 mod workspace;
