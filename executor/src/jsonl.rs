@@ -7,9 +7,20 @@
 //!
 //! and reads one response line with the same execution id:
 //! `{"execution_id": "…", "result": …}` or
-//! `{"execution_id": "…", "error": {"message": "…", "terminal": false}}`.
+//! `{"execution_id": "…", "error": {"message": "…", "terminal": false}}` (`terminal` a boolean
+//! or absent; `result` with a non-null `error` is no answer).
 //! A process that exits, writes something else, or overruns the time limit fails the
 //! assignment; it is stopped (its whole process group) and started again for the next one.
+//!
+//! A fault is charged to the assignment that caused it, never to the next one. An answer that
+//! comes with more (a second line in the same read) fails its own assignment. Before each
+//! request the process must be alive, with its stdin open and nothing unread on its stdout:
+//! a process that exited after its answer, closed its stdin, or wrote a line after its answer
+//! was read, is replaced (logged against the execution it last answered, which has been
+//! reported already) and the request goes to a fresh one. A request the process never took
+//! (it exited, or closed its stdin, with every byte of the request still in the pipe) goes
+//! once to a fresh process; a repeat of the answer before, read while waiting for this
+//! one, is skipped, and the process replaced after this assignment.
 
 use crate::command::{CommandSpec, SoftLimit};
 use perago_core::{
@@ -69,6 +80,39 @@ struct Running {
     /// A second descriptor of the stderr pipe's read end, to see whether the reader has taken
     /// everything the body wrote (see [`JsonlBody::call`]).
     stderr_pending: std::os::fd::OwnedFd,
+    /// A second descriptor of the stdin pipe's write end, never written to: its error
+    /// readiness wakes the exchange when the body closes its stdin (every reader gone).
+    stdin_closed: tokio::net::unix::pipe::Sender,
+    /// The execution whose answer this process gave last.
+    answered: Option<String>,
+    /// The process wrote a line nobody asked for: replace it after this assignment.
+    suspect: bool,
+}
+
+impl Running {
+    /// Why this process cannot take a request now, if it cannot: it exited, closed its stdin
+    /// or its stdout, or left something unread on its stdout (a line after its answer).
+    fn unfit(&mut self) -> Option<String> {
+        use std::os::fd::AsRawFd as _;
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return Some(format!("exited ({status})"));
+        }
+        let stdout = self.stdout.get_ref().as_raw_fd();
+        let unread =
+            self.stdout.buffer().len() + process::readable_bytes(stdout).unwrap_or_default();
+        if unread > 0 {
+            return Some(format!(
+                "wrote {unread} bytes on its stdout that no request asked for"
+            ));
+        }
+        if process::pipe_state(stdout).is_ok_and(|s| s.hung_up) {
+            return Some("closed its stdout".to_owned());
+        }
+        if process::pipe_state(self.stdin.as_raw_fd()).is_ok_and(|s| s.broken) {
+            return Some("closed its stdin".to_owned());
+        }
+        None
+    }
 }
 
 /// The persistent body of one executor.
@@ -141,6 +185,10 @@ impl JsonlBody {
             use std::os::fd::AsFd as _;
             stderr.as_fd().try_clone_to_owned()?
         };
+        let stdin_closed = {
+            use std::os::fd::AsFd as _;
+            tokio::net::unix::pipe::Sender::from_owned_fd(stdin.as_fd().try_clone_to_owned()?)?
+        };
         let tail = Arc::clone(&self.stderr_tail);
         let log = Arc::clone(&self.stderr_log);
         // Stderr is drained for the whole life of the process: into the log (within each
@@ -180,6 +228,9 @@ impl JsonlBody {
             request: String::new(),
             line: String::new(),
             stderr_pending,
+            stdin_closed,
+            answered: None,
+            suspect: false,
         })
     }
 
@@ -235,25 +286,55 @@ impl JsonlBody {
         let mut guard = self.running.lock().await;
         // The body's stderr lines from now on belong to this assignment.
         self.stderr_log.lock().expect("not poisoned").follow();
-        if guard.is_none() {
-            self.stderr_tail.lock().expect("not poisoned").clear();
-            *guard = Some(self.start(env).map_err(|e| JsonlFailure::Broken {
-                reason: format!("body could not start: {e}"),
-                stderr_tail: String::new(),
-            })?);
+        // A process that cannot take the request now is replaced: what it did after its last
+        // answer is that assignment's doing (reported already), never this one's.
+        if let Some(running) = guard.as_mut()
+            && let Some(why) = running.unfit()
+        {
+            tracing::warn!(
+                answered = running.answered.as_deref().unwrap_or_default(),
+                "the jsonl body process {why} after its answer for execution {}; it is stopped and a fresh one takes execution {execution_id}",
+                running.answered.as_deref().unwrap_or("(none)"),
+            );
+            Self::discard(&mut guard).await;
         }
-        let outcome = {
+        let now = tokio::time::Instant::now();
+        let deadline = limit.map(|limit| now + limit);
+        let soft = soft.map(|soft| (soft, now + soft.after));
+        let mut retried = false;
+        let outcome = loop {
+            if guard.is_none() {
+                self.stderr_tail.lock().expect("not poisoned").clear();
+                *guard = Some(self.start(env).map_err(|e| JsonlFailure::Broken {
+                    reason: format!("body could not start: {e}"),
+                    stderr_tail: String::new(),
+                })?);
+            }
             let running = guard.as_mut().expect("started above");
             let exchange = exchange(running, execution_id, request, soft);
-            match limit {
-                None => exchange.await,
-                Some(limit) => match tokio::time::timeout(limit, exchange).await {
-                    Ok(r) => r,
-                    // The limit is what was left of task.timeout_seconds: whole seconds, up.
-                    Err(_) => Err(ProtocolError::TimedOut {
-                        seconds: limit.as_secs_f64().ceil(),
-                    }),
-                },
+            let outcome = match (deadline, limit) {
+                (Some(deadline), Some(limit)) => {
+                    match tokio::time::timeout_at(deadline, exchange).await {
+                        Ok(r) => r,
+                        // The limit is what was left of task.timeout_seconds: whole seconds, up.
+                        Err(_) => Err(ProtocolError::TimedOut {
+                            seconds: limit.as_secs_f64().ceil(),
+                        }),
+                    }
+                }
+                _ => exchange.await,
+            };
+            match outcome {
+                // It never took the request (it was on its way out, or closed its stdin): the
+                // request goes, once, to a fresh process.
+                Err(ProtocolError::NotTaken { why }) if !retried => {
+                    retried = true;
+                    tracing::warn!(
+                        "the jsonl body process {why} before it took execution {execution_id}; a fresh one takes it"
+                    );
+                    Self::discard(&mut guard).await;
+                }
+                outcome => break outcome,
             }
         };
         // What the body wrote to stderr before its answer belongs to this assignment: wait
@@ -264,18 +345,31 @@ impl JsonlBody {
         });
         self.finish_stderr(pending).await;
         match outcome {
-            Ok(Answer::Result(result)) => Ok(result),
-            Ok(Answer::Error(error)) => Err(JsonlFailure::Error {
-                message: error["message"]
-                    .as_str()
-                    .unwrap_or("the body reported an error without a message")
-                    .to_owned(),
-                terminal: error["terminal"].as_bool().unwrap_or(false),
-            }),
+            Ok(answer) => {
+                if let Some(running) = guard.as_mut() {
+                    running.answered = Some(execution_id.to_owned());
+                    if running.suspect {
+                        tracing::warn!(
+                            "the jsonl body process wrote a line nobody asked for while running execution {execution_id}; it is stopped and a fresh one takes the next"
+                        );
+                        Self::discard(&mut guard).await;
+                    }
+                }
+                match answer {
+                    Answer::Result(result) => Ok(result),
+                    Answer::Error { message, terminal } => {
+                        Err(JsonlFailure::Error { message, terminal })
+                    }
+                }
+            }
             Err(error) => {
                 let mut reason = error.to_string();
                 // Stdout closes a moment before the exit status is there to read.
-                let exiting = matches!(error, ProtocolError::StdoutClosed);
+                let (exiting, doing) = match error {
+                    ProtocolError::StdoutClosed => (true, "while running"),
+                    ProtocolError::NotTaken { .. } => (true, "before it took the request for"),
+                    _ => (false, "while running"),
+                };
                 if let Some(r) = guard.as_mut()
                     && let Ok(Some(status)) = if exiting {
                         tokio::time::timeout(EXIT_PATIENCE, r.child.wait())
@@ -285,9 +379,8 @@ impl JsonlBody {
                         r.child.try_wait()
                     }
                 {
-                    reason = format!(
-                        "body process exited ({status}) while running execution {execution_id}"
-                    );
+                    reason =
+                        format!("body process exited ({status}) {doing} execution {execution_id}");
                 }
                 Self::discard(&mut guard).await;
                 Err(JsonlFailure::Broken {
@@ -370,6 +463,28 @@ enum ProtocolError {
     /// The answer has no `result` and no `error` object.
     #[error("the body process answered with neither result nor error")]
     NoAnswer,
+    /// The answer has both.
+    #[error("the body process answered with both result and error")]
+    ResultAndError,
+    /// The error's `terminal` is there but not a boolean.
+    #[error("the body process answered with an error whose terminal is not true or false: {0}")]
+    BadTerminal(String),
+    /// More came with the answer: a second line, read with it.
+    #[error(
+        "the body process wrote more than its answer for execution {execution_id} ({bytes} bytes after it)"
+    )]
+    MoreThanTheAnswer {
+        /// The execution answered.
+        execution_id: String,
+        /// The bytes after the answer's line.
+        bytes: usize,
+    },
+    /// The process ended or closed its stdin with the whole request still unread.
+    #[error("the body process {why} before it took the request")]
+    NotTaken {
+        /// What it did: `exited`, `closed its stdin`.
+        why: &'static str,
+    },
     /// No answer within the assignment's time limit.
     #[error("body timed out after {seconds}s (task.timeout_seconds) and was stopped")]
     TimedOut {
@@ -383,70 +498,157 @@ enum ProtocolError {
 enum Answer {
     /// `result`, as the text the body wrote.
     Result(RawJson),
-    /// `error`, an object.
-    Error(Value),
+    /// `error`: its message, and whether it is terminal.
+    Error {
+        /// `message` (a default when there is none).
+        message: String,
+        /// `terminal` (false when there is none).
+        terminal: bool,
+    },
 }
 
 /// Writes the request line and reads the response line; any protocol break is an error. At
-/// the soft limit a `{"cancel": "<execution id>"}` line is written meanwhile.
+/// the soft limit (the instant given) a `{"cancel": "<execution id>"}` line is written
+/// meanwhile. A line that repeats the answer to the execution before is skipped (and the
+/// process marked suspect); more than one line read with the answer fails it.
 async fn exchange(
     running: &mut Running,
     execution_id: &str,
     request: &Request<'_>,
-    soft: Option<&SoftLimit>,
+    soft: Option<(&SoftLimit, tokio::time::Instant)>,
 ) -> Result<Answer, ProtocolError> {
     let Running {
         stdin,
         stdout,
         request: out,
         line,
+        stdin_closed,
+        answered,
+        suspect,
         ..
     } = running;
     out.clear();
     request.write(out);
-    let written = stdin.write_all(out.as_bytes()).await;
+    // Written here, counting, so that a request the process never took is known as such.
+    let mut written = 0;
+    let mut failed = None;
+    while written < out.len() {
+        match stdin.write(&out.as_bytes()[written..]).await {
+            Ok(0) => {
+                failed = Some(std::io::Error::from(std::io::ErrorKind::WriteZero));
+                break;
+            }
+            Ok(n) => written += n,
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
     keep_or_let_go(out);
-    if let Err(e) = written {
+    if let Some(e) = failed {
+        if took_none_of(stdin, written) {
+            return Err(ProtocolError::NotTaken {
+                why: "closed its stdin",
+            });
+        }
         return Err(ProtocolError::Write(e));
     }
     let _ = stdin.flush().await;
-    line.clear();
-    let next = stdout.read_line(line);
-    let mut next = std::pin::pin!(next);
-    let read = match soft {
-        None => next.await,
-        Some(soft) => {
-            let soft_at = tokio::time::Instant::now() + soft.after;
-            tokio::select! {
-                read = &mut next => read,
-                () = tokio::time::sleep_until(soft_at) => {
-                    soft.log("a cancel line");
-                    let mut cancel = json!({ "cancel": execution_id }).to_string();
-                    cancel.push('\n');
-                    // A body that stopped reading shows it in its answer (or its time limit).
-                    let _ = stdin.write_all(cancel.as_bytes()).await;
-                    let _ = stdin.flush().await;
-                    next.await
+    let mut soft = soft;
+    // Whether a closed stdin still matters: once the request is taken, it does not.
+    let mut watch_stdin = true;
+    loop {
+        line.clear();
+        let read = {
+            let mut next = std::pin::pin!(stdout.read_line(line));
+            loop {
+                tokio::select! {
+                    read = &mut next => break read,
+                    () = async {
+                        match soft {
+                            Some((_, at)) => tokio::time::sleep_until(at).await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        let (limit, _) = soft.take().expect("armed");
+                        limit.log("a cancel line");
+                        let mut cancel = json!({ "cancel": execution_id }).to_string();
+                        cancel.push('\n');
+                        // A body that stopped reading shows it in its answer (or its time limit).
+                        if stdin.write_all(cancel.as_bytes()).await.is_ok() {
+                            written += cancel.len();
+                        }
+                        let _ = stdin.flush().await;
+                    }
+                    ready = stdin_closed.ready(tokio::io::Interest::ERROR), if watch_stdin => {
+                        // Every reader of its stdin is gone: with the request all unread, it
+                        // never will be; taken, the answer may still come.
+                        if ready.is_ok() && took_none_of(stdin, written) {
+                            return Err(ProtocolError::NotTaken {
+                                why: "closed its stdin",
+                            });
+                        }
+                        watch_stdin = false;
+                    }
                 }
             }
-        }
-    };
-    let answered = match read {
-        Ok(0) => Err(ProtocolError::StdoutClosed),
-        Ok(_) => {
-            // As `lines()` gives it: without its `\n` or `\r\n`.
-            if line.ends_with('\n') {
-                line.pop();
-                if line.ends_with('\r') {
+        };
+        let got = match read {
+            Ok(0) => {
+                if took_none_of(stdin, written) {
+                    return Err(ProtocolError::NotTaken { why: "exited" });
+                }
+                Err(ProtocolError::StdoutClosed)
+            }
+            Ok(_) => {
+                // As `lines()` gives it: without its `\n` or `\r\n`.
+                if line.ends_with('\n') {
                     line.pop();
+                    if line.ends_with('\r') {
+                        line.pop();
+                    }
                 }
+                answer(line, execution_id)
             }
-            answer(line, execution_id)
+            Err(e) => Err(ProtocolError::Read(e)),
+        };
+        keep_or_let_go(line);
+        match got {
+            // A late repeat for the execution before: that one's doing, not this one's.
+            Err(ProtocolError::OtherExecution {
+                ref answered_for, ..
+            }) if answered
+                .as_deref()
+                .is_some_and(|a| *answered_for == json!(a)) =>
+            {
+                tracing::warn!(
+                    "the jsonl body process wrote another line for execution {answered_for} while running execution {execution_id}; skipped"
+                );
+                *suspect = true;
+            }
+            Ok(answer) => {
+                use std::os::fd::AsRawFd as _;
+                let more = stdout.buffer().len()
+                    + process::readable_bytes(stdout.get_ref().as_raw_fd()).unwrap_or_default();
+                if more > 0 {
+                    return Err(ProtocolError::MoreThanTheAnswer {
+                        execution_id: execution_id.to_owned(),
+                        bytes: more,
+                    });
+                }
+                return Ok(answer);
+            }
+            Err(e) => return Err(e),
         }
-        Err(e) => Err(ProtocolError::Read(e)),
-    };
-    keep_or_let_go(line);
-    answered
+    }
+}
+
+/// Whether the body has taken none of the `written` bytes on its stdin: they are all still
+/// in the pipe.
+fn took_none_of(stdin: &ChildStdin, written: usize) -> bool {
+    use std::os::fd::AsRawFd as _;
+    process::readable_bytes(stdin.as_raw_fd()).is_ok_and(|unread| unread == written)
 }
 
 /// Lets a line buffer go when it grew past [`KEPT_LINE_BYTES`].
@@ -479,15 +681,33 @@ fn answer(answer: &str, execution_id: &str) -> Result<Answer, ProtocolError> {
             execution_id: execution_id.to_owned(),
         });
     }
-    if let Some(result) = member("result") {
-        // Room for the output's `{"result":` and `}` around it (see `workspace_free_output`).
-        let mut text = String::with_capacity(result.len() + 16);
-        text.push_str(result);
-        return Ok(Answer::Result(RawJson::trusted(text)));
-    }
-    match member("error") {
-        Some(error) if perago_core::json::kind(error) == Kind::Object => {
-            Ok(Answer::Error(parsed(error)?))
+    let result = member("result");
+    // A null error beside a result is how some serializers write "no error".
+    let error = member("error").filter(|e| perago_core::json::kind(e) != Kind::Null);
+    match (result, error) {
+        (Some(_), Some(_)) => Err(ProtocolError::ResultAndError),
+        (Some(result), None) => {
+            // Room for the output's `{"result":` and `}` around it (see `workspace_free_output`).
+            let mut text = String::with_capacity(result.len() + 16);
+            text.push_str(result);
+            Ok(Answer::Result(RawJson::trusted(text)))
+        }
+        (None, Some(error)) if perago_core::json::kind(error) == Kind::Object => {
+            let error = parsed(error)?;
+            let terminal = match error.get("terminal") {
+                None => false,
+                Some(Value::Bool(terminal)) => *terminal,
+                Some(other) => {
+                    return Err(ProtocolError::BadTerminal(
+                        other.to_string().chars().take(120).collect(),
+                    ));
+                }
+            };
+            let message = error["message"]
+                .as_str()
+                .unwrap_or("the body reported an error without a message")
+                .to_owned();
+            Ok(Answer::Error { message, terminal })
         }
         _ => Err(ProtocolError::NoAnswer),
     }
@@ -571,11 +791,54 @@ mod tests {
             Ok(Answer::Result(raw)) if raw.as_str() == "null"
         ));
         match read(r#"{"execution_id": "e-1", "error": {"message": "no", "terminal": true}}"#) {
-            Ok(Answer::Error(error)) => {
-                assert_eq!(error, json!({"message": "no", "terminal": true}));
+            Ok(Answer::Error { message, terminal }) => {
+                assert_eq!((message.as_str(), terminal), ("no", true));
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// `result` with a (non-null) `error` is no answer; `terminal` is a boolean or absent.
+    #[test]
+    fn an_answer_is_a_result_or_an_error_with_a_boolean_terminal() {
+        assert!(matches!(
+            read(r#"{"execution_id": "e-1", "result": 1, "error": {"message": "x"}}"#),
+            Err(ProtocolError::ResultAndError)
+        ));
+        assert!(matches!(
+            read(r#"{"execution_id": "e-1", "result": null, "error": {}}"#),
+            Err(ProtocolError::ResultAndError)
+        ));
+        assert!(matches!(
+            read(r#"{"execution_id": "e-1", "result": 2, "error": null}"#),
+            Ok(Answer::Result(raw)) if raw.as_str() == "2"
+        ));
+        for terminal in [r#""yes""#, "1", "null", "[]", r#"{"a": 1}"#] {
+            let line = format!(
+                r#"{{"execution_id": "e-1", "error": {{"message": "m", "terminal": {terminal}}}}}"#
+            );
+            let e = read(&line).unwrap_err();
+            assert!(
+                matches!(e, ProtocolError::BadTerminal(_)),
+                "{terminal}: {e:?}"
+            );
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "the body process answered with an error whose terminal is not true or false: {}",
+                    perago_core::json::from_str(terminal).unwrap()
+                )
+            );
+        }
+        assert!(matches!(
+            read(r#"{"execution_id": "e-1", "error": {"message": "m"}}"#),
+            Ok(Answer::Error { ref message, terminal: false }) if message == "m"
+        ));
+        assert!(matches!(
+            read(r#"{"execution_id": "e-1", "error": {"terminal": false}}"#),
+            Ok(Answer::Error { ref message, terminal: false })
+                if message == "the body reported an error without a message"
+        ));
     }
 
     /// Lines that are not JSON, too deep, or not an answer for this execution fail with the
