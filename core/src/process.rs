@@ -26,6 +26,7 @@
 
 use std::{io, os::fd::RawFd};
 
+pub mod secrets;
 mod spawn;
 pub use spawn::{Child, Environment, Spawn};
 
@@ -238,34 +239,6 @@ pub fn set_non_dumpable() -> io::Result<()> {
 pub fn is_dumpable() -> bool {
     // SAFETY: prctl(PR_GET_DUMPABLE) reads a flag of this process.
     unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) == 1 }
-}
-
-/// A pipe holding `bytes`, written and closed: the returned read end (close-on-exec) yields
-/// them, then end of file. How secrets reach a child without its environment, which
-/// `/proc/<pid>/environ` shows for the process's whole life. `bytes` must fit the pipe's
-/// buffer (64 KiB), so the write never waits for a reader.
-pub fn filled_pipe(bytes: &[u8]) -> io::Result<std::os::fd::OwnedFd> {
-    use std::io::Write as _;
-    use std::os::fd::FromRawFd as _;
-    if bytes.len() > 60 * 1024 {
-        return Err(io::Error::other("more than a pipe buffer holds"));
-    }
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: pipe2 fills the two-element array it is given.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: both descriptors were just created and are owned here alone.
-    let (read, write) = unsafe {
-        (
-            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
-            std::fs::File::from_raw_fd(fds[1]),
-        )
-    };
-    let mut write = write;
-    write.write_all(bytes)?;
-    drop(write);
-    Ok(read)
 }
 
 /// A user that bodies cannot run as.

@@ -20,6 +20,7 @@ mod ops;
 mod poison;
 mod recycle;
 mod runtime;
+mod secrets_channel;
 mod soft_limit;
 mod systemd;
 mod wire;
