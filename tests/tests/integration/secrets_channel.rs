@@ -117,3 +117,66 @@ async fn a_same_user_process_cannot_read_a_starting_childs_secrets() {
         sup.log_text()
     );
 }
+
+/// An executor that never says it is ready gets no secrets: after the hand-over's timeout the
+/// supervisor stops it (logged) and starts the slot again; once the next generation says
+/// ready, it attaches and runs the task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_never_says_ready_gets_nothing_and_is_stopped() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("e2e.neverready", "echo '{\"ok\": true}'\n", "");
+    let hold = task.dir.path().join("hold");
+    std::fs::create_dir(&hold).unwrap();
+    let executor = holding_wrapper(task.dir.path(), &hold, "executor", EXECUTOR);
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(
+        &task,
+        &conductor,
+        1,
+        &[
+            ("PERAGO_EXECUTION_MODE", "process"),
+            ("PERAGO_EXECUTOR_BIN", &executor),
+            ("LAKEFS_SECRET_ACCESS_KEY", "lakefs-secret-value"),
+        ],
+    );
+    let first = crate::harness::eventually(
+        "the executor wrapper holds",
+        Duration::from_secs(30),
+        || {
+            let note = hold.join("executor");
+            async move { std::fs::read_to_string(&note).ok() }
+        },
+    )
+    .await;
+    crate::harness::eventually(
+        "the supervisor stops the child that never said ready",
+        Duration::from_secs(40),
+        || {
+            let log = sup.log_text();
+            async move {
+                log.contains("the child got no secrets; it is stopped")
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    let pid: u32 = first.split_whitespace().next().unwrap().parse().unwrap();
+    assert!(
+        crate::harness::eventually(
+            "the held child is gone",
+            Duration::from_secs(10),
+            || async move { (!crate::harness::alive(pid)).then_some(true) }
+        )
+        .await
+    );
+    assert!(
+        sup.log_text()
+            .contains("the child did not say it was ready for its secrets within 10s"),
+        "{}",
+        sup.log_text()
+    );
+    std::fs::write(hold.join("executor.go"), "").unwrap();
+    let id = conductor.start_workflow(&task, json!({})).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(60)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf}\n{}", sup.log_text());
+}
