@@ -118,7 +118,8 @@ pub fn main() -> i32 {
             .as_deref(),
     );
     // It holds the control token and the Conductor credentials: no other process of this
-    // user may read its memory or /proc/<pid>/environ. The secrets came over a pipe.
+    // user may read its memory or /proc/<pid>/environ. Its secrets come over a socket, asked for
+    // only after.
     if let Err(e) = perago_core::process::set_non_dumpable() {
         eprintln!("warning: cannot make the broker non-dumpable: {e}");
     }

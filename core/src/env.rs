@@ -98,16 +98,28 @@ pub const SECRET_VARS: [&str; 6] = [
 
 /// The lookup a runtime child (broker, executor) reads its configuration with: the secrets the
 /// supervisor handed over on [`PERAGO_SECRETS_FD`] (read once, here), then the environment.
-/// A descriptor that is missing or unreadable leaves only the environment.
+/// Receiving turns this process non-dumpable first, then asks for the secrets (see
+/// [`crate::process::secrets`]). A channel that is missing, not a socket or broken leaves only
+/// the environment, with a warning on stderr when one was named.
 pub fn secrets_then_env() -> impl Fn(&str) -> Option<String> + use<> {
     let secrets: std::collections::BTreeMap<String, String> = std::env::var(PERAGO_SECRETS_FD)
         .ok()
-        .and_then(|fd| fd.parse().ok())
-        .and_then(crate::process::adopt_fd)
-        .and_then(|mut file| {
-            let mut text = String::new();
-            std::io::Read::read_to_string(&mut file, &mut text).ok()?;
-            serde_json::from_str(&text).ok()
+        .and_then(|fd| {
+            let received = fd
+                .trim()
+                .parse()
+                .map_err(|_| format!("{PERAGO_SECRETS_FD} is not a descriptor number: {fd:?}"))
+                .and_then(|fd| {
+                    crate::process::secrets::receive(fd)
+                        .map_err(|e| format!("cannot take the secrets on descriptor {fd}: {e}"))
+                })
+                .and_then(|bytes| {
+                    serde_json::from_slice(&bytes)
+                        .map_err(|e| format!("the secrets are not a JSON object of strings: {e}"))
+                });
+            received
+                .map_err(|message| eprintln!("warning: {message}"))
+                .ok()
         })
         .unwrap_or_default();
     move |name| {

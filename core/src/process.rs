@@ -29,6 +29,7 @@ use std::{io, os::fd::RawFd};
 
 pub mod dirfd;
 mod dir;
+pub mod secrets;
 mod spawn;
 pub use dir::Dir;
 pub use spawn::{Child, Environment, Spawn};
@@ -193,6 +194,39 @@ pub fn readable_bytes(fd: RawFd) -> io::Result<usize> {
     Ok(usize::try_from(n).unwrap_or(0))
 }
 
+/// What `poll(2)` says, without waiting, about one end of a pipe (or a socket).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PipeState {
+    /// There is something to read (`POLLIN`).
+    pub readable: bool,
+    /// A read end whose every writer is gone (`POLLHUP`): what is left is all there will be.
+    pub hung_up: bool,
+    /// A write end whose every reader is gone (`POLLERR`): a write would fail with `EPIPE`.
+    pub broken: bool,
+}
+
+/// Polls `fd` once, without waiting (see [`PipeState`]).
+pub fn pipe_state(fd: RawFd) -> io::Result<PipeState> {
+    let mut pollfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll(2) reads and writes the one pollfd it is given, which lives on this stack;
+    // a zero timeout never waits.
+    if unsafe { libc::poll(&mut pollfd, 1, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pollfd.revents & libc::POLLNVAL != 0 {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    Ok(PipeState {
+        readable: pollfd.revents & libc::POLLIN != 0,
+        hung_up: pollfd.revents & libc::POLLHUP != 0,
+        broken: pollfd.revents & libc::POLLERR != 0,
+    })
+}
+
 /// Makes this process non-dumpable: another process of the same user can then no longer read
 /// its memory, its `/proc/<pid>/environ` or its open descriptors (only root can). Runtime
 /// processes hold the slot tokens, the control token and the Conductor and lakeFS secrets;
@@ -209,34 +243,6 @@ pub fn set_non_dumpable() -> io::Result<()> {
 pub fn is_dumpable() -> bool {
     // SAFETY: prctl(PR_GET_DUMPABLE) reads a flag of this process.
     unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) == 1 }
-}
-
-/// A pipe holding `bytes`, written and closed: the returned read end (close-on-exec) yields
-/// them, then end of file. How secrets reach a child without its environment, which
-/// `/proc/<pid>/environ` shows for the process's whole life. `bytes` must fit the pipe's
-/// buffer (64 KiB), so the write never waits for a reader.
-pub fn filled_pipe(bytes: &[u8]) -> io::Result<std::os::fd::OwnedFd> {
-    use std::io::Write as _;
-    use std::os::fd::FromRawFd as _;
-    if bytes.len() > 60 * 1024 {
-        return Err(io::Error::other("more than a pipe buffer holds"));
-    }
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: pipe2 fills the two-element array it is given.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: both descriptors were just created and are owned here alone.
-    let (read, write) = unsafe {
-        (
-            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
-            std::fs::File::from_raw_fd(fds[1]),
-        )
-    };
-    let mut write = write;
-    write.write_all(bytes)?;
-    drop(write);
-    Ok(read)
 }
 
 /// A user that bodies cannot run as.
@@ -919,6 +925,32 @@ mod tests {
         cmd.args(["-c", &format!("test -e /proc/self/fd/{fd}")]);
         setup(&mut cmd);
         cmd.status().await.unwrap().success()
+    }
+
+    /// A pipe end tells, without waiting, whether something is unread, whether its writers
+    /// are gone (read end) and whether its readers are gone (write end).
+    #[test]
+    fn pipe_state_tells_unread_bytes_and_closed_ends() {
+        use std::io::Write as _;
+        let (read, write) = std::io::pipe().unwrap();
+        let (r, w) = (read.as_raw_fd(), write.as_raw_fd());
+        assert_eq!(pipe_state(r).unwrap(), PipeState::default());
+        assert_eq!(pipe_state(w).unwrap(), PipeState::default());
+        (&write).write_all(b"x").unwrap();
+        assert_eq!(
+            pipe_state(r).unwrap(),
+            PipeState {
+                readable: true,
+                ..PipeState::default()
+            }
+        );
+        // The bytes a write end holds that no reader took are counted on that end too.
+        assert_eq!(readable_bytes(w).unwrap(), 1);
+        drop(read);
+        assert!(pipe_state(w).unwrap().broken);
+        let (read, write) = std::io::pipe().unwrap();
+        drop(write);
+        assert!(pipe_state(read.as_raw_fd()).unwrap().hung_up);
     }
 
     #[test]

@@ -135,7 +135,7 @@ pub(crate) fn main_with(task: Option<Arc<dyn crate::task::Task>>) -> i32 {
             .as_deref(),
     );
     // It holds its slot token and the lakeFS credentials: no body of the same user may read
-    // its memory or /proc/<pid>/environ. The secrets came over a pipe.
+    // its memory or /proc/<pid>/environ. Its secrets come over a socket, asked for only after.
     if let Err(e) = perago_core::process::set_non_dumpable() {
         eprintln!("warning: cannot make the executor non-dumpable: {e}");
     }

@@ -7,25 +7,35 @@
 //!
 //! and reads one response line with the same execution id:
 //! `{"execution_id": "…", "result": …}` or
-//! `{"execution_id": "…", "error": {"message": "…", "terminal": false}}`.
+//! `{"execution_id": "…", "error": {"message": "…", "terminal": false}}` (`terminal` a boolean
+//! or absent; `result` with a non-null `error` is no answer).
 //! A process that exits, writes something else, or overruns the time limit fails the
 //! assignment; it is stopped (its whole process group) and started again for the next one.
+//!
+//! A fault is charged to the assignment that caused it, never to the next one. An answer that
+//! comes with more (a second line in the same read) fails its own assignment. Before each
+//! request the process must be alive, with its stdin open and nothing unread on its stdout:
+//! a process that exited after its answer, closed its stdin, or wrote a line after its answer
+//! was read, is replaced (logged against the execution it last answered, which has been
+//! reported already) and the request goes to a fresh one. A request the process never took
+//! (it exited, or closed its stdin, with every byte of the request still in the pipe) goes
+//! once to a fresh process; a repeat of the answer before, read while waiting for this
+//! one, is skipped, and the process replaced after this assignment.
+
+mod line;
+
+pub(crate) use line::Request;
+use line::{Answer, ProtocolError, answer};
 
 use crate::command::{CommandSpec, SoftLimit};
-use perago_core::{
-    json::{Kind, RawJson},
-    process,
-};
-use serde_json::{Value, json};
+use perago_core::{json::RawJson, process};
+use serde_json::json;
 use std::{collections::VecDeque, process::Stdio, sync::Arc, time::Duration};
 use tokio::{
     io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader},
     process::{Child, ChildStdin, ChildStdout},
     sync::Mutex,
 };
-
-/// The failure when the process closed its stdout (usually: it is exiting).
-const STDOUT_CLOSED: &str = "the body process closed its stdout";
 
 /// How long a process that closed its stdout gets to show its exit status, for the reason.
 const EXIT_PATIENCE: Duration = Duration::from_millis(500);
@@ -69,6 +79,39 @@ struct Running {
     /// A second descriptor of the stderr pipe's read end, to see whether the reader has taken
     /// everything the body wrote (see [`JsonlBody::call`]).
     stderr_pending: std::os::fd::OwnedFd,
+    /// A second descriptor of the stdin pipe's write end, never written to: its error
+    /// readiness wakes the exchange when the body closes its stdin (every reader gone).
+    stdin_closed: tokio::net::unix::pipe::Sender,
+    /// The execution whose answer this process gave last.
+    answered: Option<String>,
+    /// The process wrote a line nobody asked for: replace it after this assignment.
+    suspect: bool,
+}
+
+impl Running {
+    /// Why this process cannot take a request now, if it cannot: it exited, closed its stdin
+    /// or its stdout, or left something unread on its stdout (a line after its answer).
+    fn unfit(&mut self) -> Option<String> {
+        use std::os::fd::AsRawFd as _;
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return Some(format!("exited ({status})"));
+        }
+        let stdout = self.stdout.get_ref().as_raw_fd();
+        let unread =
+            self.stdout.buffer().len() + process::readable_bytes(stdout).unwrap_or_default();
+        if unread > 0 {
+            return Some(format!(
+                "wrote {unread} bytes on its stdout that no request asked for"
+            ));
+        }
+        if process::pipe_state(stdout).is_ok_and(|s| s.hung_up) {
+            return Some("closed its stdout".to_owned());
+        }
+        if process::pipe_state(self.stdin.as_raw_fd()).is_ok_and(|s| s.broken) {
+            return Some("closed its stdin".to_owned());
+        }
+        None
+    }
 }
 
 /// The persistent body of one executor.
@@ -141,6 +184,10 @@ impl JsonlBody {
             use std::os::fd::AsFd as _;
             stderr.as_fd().try_clone_to_owned()?
         };
+        let stdin_closed = {
+            use std::os::fd::AsFd as _;
+            tokio::net::unix::pipe::Sender::from_owned_fd(stdin.as_fd().try_clone_to_owned()?)?
+        };
         let tail = Arc::clone(&self.stderr_tail);
         let log = Arc::clone(&self.stderr_log);
         // Stderr is drained for the whole life of the process: into the log (within each
@@ -180,6 +227,9 @@ impl JsonlBody {
             request: String::new(),
             line: String::new(),
             stderr_pending,
+            stdin_closed,
+            answered: None,
+            suspect: false,
         })
     }
 
@@ -235,25 +285,55 @@ impl JsonlBody {
         let mut guard = self.running.lock().await;
         // The body's stderr lines from now on belong to this assignment.
         self.stderr_log.lock().expect("not poisoned").follow();
-        if guard.is_none() {
-            self.stderr_tail.lock().expect("not poisoned").clear();
-            *guard = Some(self.start(env).map_err(|e| JsonlFailure::Broken {
-                reason: format!("body could not start: {e}"),
-                stderr_tail: String::new(),
-            })?);
+        // A process that cannot take the request now is replaced: what it did after its last
+        // answer is that assignment's doing (reported already), never this one's.
+        if let Some(running) = guard.as_mut()
+            && let Some(why) = running.unfit()
+        {
+            tracing::warn!(
+                answered = running.answered.as_deref().unwrap_or_default(),
+                "the jsonl body process {why} after its answer for execution {}; it is stopped and a fresh one takes execution {execution_id}",
+                running.answered.as_deref().unwrap_or("(none)"),
+            );
+            Self::discard(&mut guard).await;
         }
-        let outcome = {
+        let now = tokio::time::Instant::now();
+        let deadline = limit.map(|limit| now + limit);
+        let soft = soft.map(|soft| (soft, now + soft.after));
+        let mut retried = false;
+        let outcome = loop {
+            if guard.is_none() {
+                self.stderr_tail.lock().expect("not poisoned").clear();
+                *guard = Some(self.start(env).map_err(|e| JsonlFailure::Broken {
+                    reason: format!("body could not start: {e}"),
+                    stderr_tail: String::new(),
+                })?);
+            }
             let running = guard.as_mut().expect("started above");
             let exchange = exchange(running, execution_id, request, soft);
-            match limit {
-                None => exchange.await,
-                Some(limit) => match tokio::time::timeout(limit, exchange).await {
-                    Ok(r) => r,
-                    // The limit is what was left of task.timeout_seconds: whole seconds, up.
-                    Err(_) => Err(ProtocolError::TimedOut {
-                        seconds: limit.as_secs_f64().ceil(),
-                    }),
-                },
+            let outcome = match (deadline, limit) {
+                (Some(deadline), Some(limit)) => {
+                    match tokio::time::timeout_at(deadline, exchange).await {
+                        Ok(r) => r,
+                        // The limit is what was left of task.timeout_seconds: whole seconds, up.
+                        Err(_) => Err(ProtocolError::TimedOut {
+                            seconds: limit.as_secs_f64().ceil(),
+                        }),
+                    }
+                }
+                _ => exchange.await,
+            };
+            match outcome {
+                // It never took the request (it was on its way out, or closed its stdin): the
+                // request goes, once, to a fresh process.
+                Err(ProtocolError::NotTaken { why }) if !retried => {
+                    retried = true;
+                    tracing::warn!(
+                        "the jsonl body process {why} before it took execution {execution_id}; a fresh one takes it"
+                    );
+                    Self::discard(&mut guard).await;
+                }
+                outcome => break outcome,
             }
         };
         // What the body wrote to stderr before its answer belongs to this assignment: wait
@@ -264,18 +344,31 @@ impl JsonlBody {
         });
         self.finish_stderr(pending).await;
         match outcome {
-            Ok(Answer::Result(result)) => Ok(result),
-            Ok(Answer::Error(error)) => Err(JsonlFailure::Error {
-                message: error["message"]
-                    .as_str()
-                    .unwrap_or("the body reported an error without a message")
-                    .to_owned(),
-                terminal: error["terminal"].as_bool().unwrap_or(false),
-            }),
+            Ok(answer) => {
+                if let Some(running) = guard.as_mut() {
+                    running.answered = Some(execution_id.to_owned());
+                    if running.suspect {
+                        tracing::warn!(
+                            "the jsonl body process wrote a line nobody asked for while running execution {execution_id}; it is stopped and a fresh one takes the next"
+                        );
+                        Self::discard(&mut guard).await;
+                    }
+                }
+                match answer {
+                    Answer::Result(result) => Ok(result),
+                    Answer::Error { message, terminal } => {
+                        Err(JsonlFailure::Error { message, terminal })
+                    }
+                }
+            }
             Err(error) => {
                 let mut reason = error.to_string();
                 // Stdout closes a moment before the exit status is there to read.
-                let exiting = matches!(error, ProtocolError::StdoutClosed);
+                let (exiting, doing) = match error {
+                    ProtocolError::StdoutClosed => (true, "while running"),
+                    ProtocolError::NotTaken { .. } => (true, "before it took the request for"),
+                    _ => (false, "while running"),
+                };
                 if let Some(r) = guard.as_mut()
                     && let Ok(Some(status)) = if exiting {
                         tokio::time::timeout(EXIT_PATIENCE, r.child.wait())
@@ -285,9 +378,8 @@ impl JsonlBody {
                         r.child.try_wait()
                     }
                 {
-                    reason = format!(
-                        "body process exited ({status}) while running execution {execution_id}"
-                    );
+                    reason =
+                        format!("body process exited ({status}) {doing} execution {execution_id}");
                 }
                 Self::discard(&mut guard).await;
                 Err(JsonlFailure::Broken {
@@ -299,346 +391,153 @@ impl JsonlBody {
     }
 }
 
-/// What the request line of one assignment carries.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Request<'a> {
-    pub(crate) execution_id: &'a str,
-    pub(crate) task_id: &'a str,
-    pub(crate) workflow_id: &'a str,
-    pub(crate) worker_id: &'a str,
-    /// A JSON object's text, written in as it is.
-    pub(crate) params: &'a str,
-    pub(crate) workspace_dir: Option<&'a str>,
-}
-
-impl Request<'_> {
-    /// Writes the request line into `line`, newline included:
-    /// `{"execution_id": …, "task_id": …, "workflow_id": …, "worker_id": …, "params": …,
-    /// "workspace_dir": …}` (members in this order), `params` as the text it is.
-    fn write(&self, line: &mut String) {
-        use perago_core::json::push_string;
-        line.reserve(self.params.len() + 256);
-        line.push_str("{\"execution_id\":");
-        push_string(line, self.execution_id);
-        line.push_str(",\"task_id\":");
-        push_string(line, self.task_id);
-        line.push_str(",\"workflow_id\":");
-        push_string(line, self.workflow_id);
-        line.push_str(",\"worker_id\":");
-        push_string(line, self.worker_id);
-        line.push_str(",\"params\":");
-        line.push_str(self.params);
-        line.push_str(",\"workspace_dir\":");
-        match self.workspace_dir {
-            Some(dir) => push_string(line, dir),
-            None => line.push_str("null"),
-        }
-        line.push_str("}\n");
-    }
-}
-
-/// A break of the line protocol: the body process cannot be talked to, or answered with a
-/// line that is not an answer for this execution.
-#[derive(Debug, thiserror::Error)]
-enum ProtocolError {
-    /// The request line cannot be written.
-    #[error("cannot write to the body process: {0}")]
-    Write(#[source] std::io::Error),
-    /// The body closed its stdout (it is exiting, as a rule).
-    #[error("{STDOUT_CLOSED}")]
-    StdoutClosed,
-    /// The answer line cannot be read.
-    #[error("cannot read from the body process: {0}")]
-    Read(#[source] std::io::Error),
-    /// The line is not JSON (or too deep, or a number out of range).
-    #[error("the body process wrote a line that is not JSON ({source}): {start}")]
-    NotJson {
-        /// The parser's error.
-        #[source]
-        source: perago_core::json::JsonError,
-        /// The line's first 120 characters.
-        start: String,
-    },
-    /// The answer names another execution.
-    #[error("the body process answered for execution {answered_for}, not {execution_id}")]
-    OtherExecution {
-        /// The line's `execution_id` (null when it has none).
-        answered_for: Value,
-        /// The execution asked for.
-        execution_id: String,
-    },
-    /// The answer has no `result` and no `error` object.
-    #[error("the body process answered with neither result nor error")]
-    NoAnswer,
-    /// No answer within the assignment's time limit.
-    #[error("body timed out after {seconds}s (task.timeout_seconds) and was stopped")]
-    TimedOut {
-        /// The limit, whole seconds rounded up.
-        seconds: f64,
-    },
-}
-
-/// A well-formed answer.
-#[derive(Debug)]
-enum Answer {
-    /// `result`, as the text the body wrote.
-    Result(RawJson),
-    /// `error`, an object.
-    Error(Value),
-}
-
 /// Writes the request line and reads the response line; any protocol break is an error. At
-/// the soft limit a `{"cancel": "<execution id>"}` line is written meanwhile.
+/// the soft limit (the instant given) a `{"cancel": "<execution id>"}` line is written
+/// meanwhile. A line that repeats the answer to the execution before is skipped (and the
+/// process marked suspect); more than one line read with the answer fails it.
 async fn exchange(
     running: &mut Running,
     execution_id: &str,
     request: &Request<'_>,
-    soft: Option<&SoftLimit>,
+    soft: Option<(&SoftLimit, tokio::time::Instant)>,
 ) -> Result<Answer, ProtocolError> {
     let Running {
         stdin,
         stdout,
         request: out,
         line,
+        stdin_closed,
+        answered,
+        suspect,
         ..
     } = running;
     out.clear();
     request.write(out);
-    let written = stdin.write_all(out.as_bytes()).await;
+    // Written here, counting, so that a request the process never took is known as such.
+    let mut written = 0;
+    let mut failed = None;
+    while written < out.len() {
+        match stdin.write(&out.as_bytes()[written..]).await {
+            Ok(0) => {
+                failed = Some(std::io::Error::from(std::io::ErrorKind::WriteZero));
+                break;
+            }
+            Ok(n) => written += n,
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
     keep_or_let_go(out);
-    if let Err(e) = written {
+    if let Some(e) = failed {
+        if took_none_of(stdin, written) {
+            return Err(ProtocolError::NotTaken {
+                why: "closed its stdin",
+            });
+        }
         return Err(ProtocolError::Write(e));
     }
     let _ = stdin.flush().await;
-    line.clear();
-    let next = stdout.read_line(line);
-    let mut next = std::pin::pin!(next);
-    let read = match soft {
-        None => next.await,
-        Some(soft) => {
-            let soft_at = tokio::time::Instant::now() + soft.after;
-            tokio::select! {
-                read = &mut next => read,
-                () = tokio::time::sleep_until(soft_at) => {
-                    soft.log("a cancel line");
-                    let mut cancel = json!({ "cancel": execution_id }).to_string();
-                    cancel.push('\n');
-                    // A body that stopped reading shows it in its answer (or its time limit).
-                    let _ = stdin.write_all(cancel.as_bytes()).await;
-                    let _ = stdin.flush().await;
-                    next.await
+    let mut soft = soft;
+    // Whether a closed stdin still matters: once the request is taken, it does not.
+    let mut watch_stdin = true;
+    loop {
+        line.clear();
+        let read = {
+            let mut next = std::pin::pin!(stdout.read_line(line));
+            loop {
+                tokio::select! {
+                    read = &mut next => break read,
+                    () = async {
+                        match soft {
+                            Some((_, at)) => tokio::time::sleep_until(at).await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        let (limit, _) = soft.take().expect("armed");
+                        limit.log("a cancel line");
+                        let mut cancel = json!({ "cancel": execution_id }).to_string();
+                        cancel.push('\n');
+                        // A body that stopped reading shows it in its answer (or its time limit).
+                        if stdin.write_all(cancel.as_bytes()).await.is_ok() {
+                            written += cancel.len();
+                        }
+                        let _ = stdin.flush().await;
+                    }
+                    ready = stdin_closed.ready(tokio::io::Interest::ERROR), if watch_stdin => {
+                        // Every reader of its stdin is gone: with the request all unread, it
+                        // never will be; taken, the answer may still come.
+                        if ready.is_ok() && took_none_of(stdin, written) {
+                            return Err(ProtocolError::NotTaken {
+                                why: "closed its stdin",
+                            });
+                        }
+                        watch_stdin = false;
+                    }
                 }
             }
-        }
-    };
-    let answered = match read {
-        Ok(0) => Err(ProtocolError::StdoutClosed),
-        Ok(_) => {
-            // As `lines()` gives it: without its `\n` or `\r\n`.
-            if line.ends_with('\n') {
-                line.pop();
-                if line.ends_with('\r') {
+        };
+        let got = match read {
+            Ok(0) => {
+                if took_none_of(stdin, written) {
+                    return Err(ProtocolError::NotTaken { why: "exited" });
+                }
+                Err(ProtocolError::StdoutClosed)
+            }
+            Ok(_) => {
+                // As `lines()` gives it: without its `\n` or `\r\n`.
+                if line.ends_with('\n') {
                     line.pop();
+                    if line.ends_with('\r') {
+                        line.pop();
+                    }
                 }
+                answer(line, execution_id)
             }
-            answer(line, execution_id)
+            Err(e) => Err(ProtocolError::Read(e)),
+        };
+        keep_or_let_go(line);
+        match got {
+            // A late repeat for the execution before: that one's doing, not this one's.
+            Err(ProtocolError::OtherExecution {
+                ref answered_for, ..
+            }) if answered
+                .as_deref()
+                .is_some_and(|a| *answered_for == json!(a)) =>
+            {
+                tracing::warn!(
+                    "the jsonl body process wrote another line for execution {answered_for} while running execution {execution_id}; skipped"
+                );
+                *suspect = true;
+            }
+            Ok(answer) => {
+                use std::os::fd::AsRawFd as _;
+                let more = stdout.buffer().len()
+                    + process::readable_bytes(stdout.get_ref().as_raw_fd()).unwrap_or_default();
+                if more > 0 {
+                    return Err(ProtocolError::MoreThanTheAnswer {
+                        execution_id: execution_id.to_owned(),
+                        bytes: more,
+                    });
+                }
+                return Ok(answer);
+            }
+            Err(e) => return Err(e),
         }
-        Err(e) => Err(ProtocolError::Read(e)),
-    };
-    keep_or_let_go(line);
-    answered
+    }
+}
+
+/// Whether the body has taken none of the `written` bytes on its stdin: they are all still
+/// in the pipe.
+fn took_none_of(stdin: &ChildStdin, written: usize) -> bool {
+    use std::os::fd::AsRawFd as _;
+    process::readable_bytes(stdin.as_raw_fd()).is_ok_and(|unread| unread == written)
 }
 
 /// Lets a line buffer go when it grew past [`KEPT_LINE_BYTES`].
 fn keep_or_let_go(buffer: &mut String) {
     if buffer.capacity() > KEPT_LINE_BYTES {
         *buffer = String::new();
-    }
-}
-
-/// Checks the response line read for `execution_id`: whole, as it would be parsed (depth,
-/// syntax, numbers: the same errors), then only its top level is read; `result` is kept as
-/// the text it is.
-fn answer(answer: &str, execution_id: &str) -> Result<Answer, ProtocolError> {
-    let not_json = |source: perago_core::json::JsonError| ProtocolError::NotJson {
-        source,
-        start: answer.chars().take(120).collect(),
-    };
-    perago_core::json::check(answer).map_err(not_json)?;
-    // Anything but an object has no members (its `execution_id` reads as null).
-    let members = match perago_core::json::kind(answer) {
-        Kind::Object => perago_core::json::members(answer).map_err(not_json)?,
-        _ => Vec::new(),
-    };
-    let member = |key: &str| members.iter().find(|(k, _)| k == key).map(|(_, v)| *v);
-    let parsed = |text: &str| perago_core::json::from_str(text).map_err(not_json);
-    let answered_for = member("execution_id").map_or(Ok(Value::Null), parsed)?;
-    if answered_for != json!(execution_id) {
-        return Err(ProtocolError::OtherExecution {
-            answered_for,
-            execution_id: execution_id.to_owned(),
-        });
-    }
-    if let Some(result) = member("result") {
-        // Room for the output's `{"result":` and `}` around it (see `workspace_free_output`).
-        let mut text = String::with_capacity(result.len() + 16);
-        text.push_str(result);
-        return Ok(Answer::Result(RawJson::trusted(text)));
-    }
-    match member("error") {
-        Some(error) if perago_core::json::kind(error) == Kind::Object => {
-            Ok(Answer::Error(parsed(error)?))
-        }
-        _ => Err(ProtocolError::NoAnswer),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn request_line(
-        execution_id: &str,
-        task_id: &str,
-        workflow_id: &str,
-        worker_id: &str,
-        params: &str,
-        workspace_dir: Option<&str>,
-    ) -> String {
-        let mut line = String::new();
-        Request {
-            execution_id,
-            task_id,
-            workflow_id,
-            worker_id,
-            params,
-            workspace_dir,
-        }
-        .write(&mut line);
-        line
-    }
-
-    /// The request line is the object the `json!` builder made before, member for member,
-    /// with the params in it as the text they came as.
-    #[test]
-    fn the_request_line_carries_the_params_as_they_came() {
-        let params = r#"{"x": 1.0e2, "s": "\u00e9", "big": 123456789012345678901234567890}"#;
-        for dir in [None, Some("/w/\"dir\"")] {
-            let line = request_line("e-1", "t-1", "wf-1", "w\n1", params, dir);
-            assert!(line.ends_with('\n'));
-            assert!(line.contains(&format!(r#","params":{params},"#)), "{line}");
-            let expected = json!({
-                "execution_id": "e-1",
-                "task_id": "t-1",
-                "workflow_id": "wf-1",
-                "worker_id": "w\n1",
-                "params": perago_core::json::from_str(params).unwrap(),
-                "workspace_dir": dir,
-            });
-            let parsed = perago_core::json::from_str(line.trim_end()).unwrap();
-            assert_eq!(parsed, expected);
-            assert_eq!(
-                serde_json::to_string(&parsed).unwrap(),
-                serde_json::to_string(&expected).unwrap(),
-                "the members in the same order"
-            );
-        }
-        // Compact params give the very line `json!` gave.
-        let line = request_line("e", "t", "wf", "w", r#"{"n":[1,"a"]}"#, None);
-        let before = json!({
-            "execution_id": "e", "task_id": "t", "workflow_id": "wf", "worker_id": "w",
-            "params": {"n": [1, "a"]}, "workspace_dir": Value::Null,
-        });
-        assert_eq!(line, format!("{before}\n"));
-    }
-
-    fn read(line: &str) -> Result<Answer, ProtocolError> {
-        answer(line, "e-1")
-    }
-
-    /// The result is kept as the body wrote it, byte for byte.
-    #[test]
-    fn a_result_is_kept_as_the_body_wrote_it() {
-        let result = r#"{"x": 1.0e2, "s": "\u00e9", "big": 123456789012345678901234567890}"#;
-        let line = format!(r#"{{"execution_id": "e-1", "result": {result}, "extra": 1}}"#);
-        match read(&line) {
-            Ok(Answer::Result(raw)) => assert_eq!(raw.as_str(), result),
-            other => panic!("{other:?}"),
-        }
-        // A null result is a result.
-        assert!(matches!(
-            read(r#"{"execution_id": "e-1", "result": null}"#),
-            Ok(Answer::Result(raw)) if raw.as_str() == "null"
-        ));
-        match read(r#"{"execution_id": "e-1", "error": {"message": "no", "terminal": true}}"#) {
-            Ok(Answer::Error(error)) => {
-                assert_eq!(error, json!({"message": "no", "terminal": true}));
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-
-    /// Lines that are not JSON, too deep, or not an answer for this execution fail with the
-    /// messages they failed with before.
-    #[test]
-    fn a_bad_answer_fails_as_before() {
-        let deep = format!(
-            r#"{{"execution_id": "e-1", "result": {}1{}}}"#,
-            "[".repeat(1000),
-            "]".repeat(1000)
-        );
-        for line in [
-            deep.as_str(),
-            "this is not json",
-            r#"{"result": 1e400}"#,
-            "[1,",
-        ] {
-            let e = perago_core::json::from_str(line).unwrap_err();
-            assert_eq!(
-                read(line).unwrap_err().to_string(),
-                format!(
-                    "the body process wrote a line that is not JSON ({e}): {}",
-                    line.chars().take(120).collect::<String>()
-                )
-            );
-        }
-        assert_eq!(
-            read(r#"{"execution_id": "e-2", "result": 1}"#)
-                .unwrap_err()
-                .to_string(),
-            "the body process answered for execution \"e-2\", not e-1"
-        );
-        assert_eq!(
-            read(r#"{"execution_id": {"a": [1, 2]}, "result": 1}"#)
-                .unwrap_err()
-                .to_string(),
-            r#"the body process answered for execution {"a":[1,2]}, not e-1"#
-        );
-        assert_eq!(
-            read("[1]").unwrap_err().to_string(),
-            "the body process answered for execution null, not e-1"
-        );
-        assert_eq!(
-            read(r#"{"result": 1}"#).unwrap_err().to_string(),
-            "the body process answered for execution null, not e-1"
-        );
-        for line in [
-            r#"{"execution_id": "e-1"}"#,
-            r#"{"execution_id": "e-1", "error": "no"}"#,
-        ] {
-            assert_eq!(
-                read(line).unwrap_err().to_string(),
-                "the body process answered with neither result nor error"
-            );
-            assert!(matches!(answer(line, "e-1"), Err(ProtocolError::NoAnswer)));
-        }
-        assert!(matches!(
-            answer("[1,", "e-1"),
-            Err(ProtocolError::NotJson { .. })
-        ));
-        assert!(matches!(
-            answer(r#"{"execution_id": "e-2", "result": 1}"#, "e-1"),
-            Err(ProtocolError::OtherExecution { ref answered_for, .. }) if *answered_for == json!("e-2")
-        ));
     }
 }

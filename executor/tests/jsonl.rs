@@ -280,3 +280,217 @@ async fn the_bodys_stderr_lines_carry_the_ids_of_their_assignment() {
         assert_eq!(line["task_id"], format!("task-{id}"), "{line}");
     }
 }
+
+/// A runner of the `jsonl` body `script` (Python), with a time limit of `timeout` seconds.
+fn runner_of(script: &str, timeout: u64) -> (tempfile::TempDir, AssignmentRunner) {
+    let (dir, runner) = runner(timeout);
+    fs::write(dir.path().join("body.py"), script).unwrap();
+    (dir, runner)
+}
+
+/// The pid in a result, for bodies that answer `{"pid": …}`.
+async fn pid_of(runner: &AssignmentRunner, id: &str, params: Value) -> Value {
+    let r = run(runner, id, params).await;
+    result(&r)["pid"].clone()
+}
+
+/// A body that exits after each answer: the process is gone before the next request, which a
+/// fresh one takes; no assignment fails for it (today every other one did: its request went
+/// to the process that was exiting).
+#[tokio::test]
+async fn a_body_that_exits_after_each_answer_fails_nothing() {
+    let (_dir, runner) = runner_of(
+        r#"
+import json, os, sys
+req = json.loads(sys.stdin.readline())
+print(json.dumps({"execution_id": req["execution_id"], "result": {"pid": os.getpid()}}), flush=True)
+"#,
+        10,
+    );
+    let mut pids = Vec::new();
+    for n in 0..6 {
+        pids.push(pid_of(&runner, &format!("e{n}"), json!({})).await);
+    }
+    pids.dedup();
+    assert_eq!(pids.len(), 6, "a fresh process for each: {pids:?}");
+}
+
+/// The same, when the process is still on its way out as the next request is written: the
+/// request it never read goes to a fresh process.
+#[tokio::test]
+async fn a_body_exiting_slowly_after_its_answer_fails_nothing() {
+    let (_dir, runner) = runner_of(
+        r#"
+import json, os, sys, time
+req = json.loads(sys.stdin.readline())
+print(json.dumps({"execution_id": req["execution_id"], "result": {"pid": os.getpid()}}), flush=True)
+time.sleep(0.2)
+"#,
+        10,
+    );
+    for n in 0..4 {
+        pid_of(&runner, &format!("e{n}"), json!({})).await;
+    }
+}
+
+/// A body that closes its stdin and lives on: the next request goes to a fresh process, also
+/// when the stdin closes only after the next request was written.
+#[tokio::test]
+async fn a_body_that_closes_its_stdin_is_replaced_without_failing_the_next() {
+    let (_dir, runner) = runner_of(
+        r#"
+import json, os, sys, time
+req = json.loads(sys.stdin.readline())
+late = req["params"].get("late")
+if not late:
+    os.close(0)
+print(json.dumps({"execution_id": req["execution_id"], "result": {"pid": os.getpid()}}), flush=True)
+if late:
+    time.sleep(0.2)
+    os.close(0)
+time.sleep(60)
+"#,
+        10,
+    );
+    let first = pid_of(&runner, "e1", json!({})).await;
+    let second = pid_of(&runner, "e2", json!({"late": true})).await;
+    let third = pid_of(&runner, "e3", json!({})).await;
+    assert_ne!(first, second);
+    assert_ne!(second, third);
+}
+
+/// Answers as asked, and for `{"poison": true}` writes a second line with its answer (in the
+/// same write); for `{"late": true}` writes a duplicate of its answer later, then touches
+/// `late.done`; for `{"dup_before": …}` first repeats its answer to the execution before.
+const EXTRA_LINES: &str = r#"
+import json, os, sys, time
+last = None
+for line in sys.stdin:
+    req = json.loads(line)
+    p = req["params"]
+    eid = req["execution_id"]
+    out = json.dumps({"execution_id": eid, "result": {"pid": os.getpid()}})
+    if p.get("dup_before") and last:
+        print(last, flush=True)
+    if p.get("other"):
+        print(json.dumps({"execution_id": "someone-else", "result": 1}), flush=True)
+        continue
+    if p.get("poison"):
+        sys.stdout.write(out + "\n" + out + "\n")
+        sys.stdout.flush()
+    else:
+        print(out, flush=True)
+    if p.get("late"):
+        time.sleep(0.1)
+        print(out, flush=True)
+        open("late.done", "w").close()
+    last = out
+"#;
+
+/// An extra line that came with the answer fails the assignment it came with; the next one
+/// gets a fresh process and completes.
+#[tokio::test]
+async fn an_extra_line_fails_only_the_assignment_it_came_with() {
+    let (_dir, runner) = runner_of(EXTRA_LINES, 10);
+    let first = pid_of(&runner, "e1", json!({})).await;
+    let r = run(&runner, "e2", json!({"poison": true})).await;
+    let text = reason(&r, ResultStatus::Failed);
+    assert!(
+        text.starts_with("the body process wrote more than its answer for execution e2"),
+        "{text}"
+    );
+    let next = pid_of(&runner, "e3", json!({})).await;
+    assert_ne!(first, next, "the process that wrote it was replaced");
+}
+
+/// A line written after an answer was read (a stale or duplicate line) is never read as the
+/// next assignment's answer: found before the next request, the process is replaced; arriving
+/// after it (a repeat of the answer before), it is skipped. The next assignment completes.
+#[tokio::test]
+async fn a_stale_line_is_never_charged_to_the_next_assignment() {
+    let (dir, runner) = runner_of(EXTRA_LINES, 10);
+    let first = pid_of(&runner, "e1", json!({"late": true})).await;
+    let done = dir.path().join("late.done");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the body never wrote its late line"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let second = pid_of(&runner, "e2", json!({})).await;
+    assert_ne!(first, second, "the process with a stale line was replaced");
+    // A repeat of e2's answer comes before e3's.
+    let third = pid_of(&runner, "e3", json!({"dup_before": true})).await;
+    assert_eq!(
+        second, third,
+        "the repeat was skipped, e3's own answer taken"
+    );
+    let fourth = pid_of(&runner, "e4", json!({})).await;
+    assert_ne!(
+        third, fourth,
+        "the process that repeated itself was replaced after"
+    );
+    // An answer for an execution that is neither is this assignment's failure.
+    let r = run(&runner, "e5", json!({"other": true})).await;
+    assert_eq!(
+        reason(&r, ResultStatus::Failed),
+        "the body process answered for execution \"someone-else\", not e5"
+    );
+}
+
+/// `result` together with `error` is no answer, and `terminal` is a boolean or nothing.
+#[tokio::test]
+async fn an_answer_with_result_and_error_or_a_bad_terminal_fails() {
+    let (_dir, runner) = runner_of(
+        r#"
+import json, sys
+for line in sys.stdin:
+    req = json.loads(line)
+    out = dict(req["params"]["answer"])
+    out["execution_id"] = req["execution_id"]
+    print(json.dumps(out), flush=True)
+"#,
+        10,
+    );
+    let r = run(
+        &runner,
+        "e1",
+        json!({"answer": {"result": 1, "error": {"message": "no", "terminal": true}}}),
+    )
+    .await;
+    assert_eq!(
+        reason(&r, ResultStatus::Failed),
+        "the body process answered with both result and error"
+    );
+    for terminal in [json!("yes"), json!(1), json!(null)] {
+        let r = run(
+            &runner,
+            "e2",
+            json!({"answer": {"error": {"message": "no", "terminal": terminal}}}),
+        )
+        .await;
+        assert_eq!(
+            reason(&r, ResultStatus::Failed),
+            format!(
+                "the body process answered with an error whose terminal is not true or false: {terminal}"
+            )
+        );
+    }
+    // A null error beside a result is no error; an error without terminal is not terminal.
+    let r = run(
+        &runner,
+        "e3",
+        json!({"answer": {"result": 7, "error": null}}),
+    )
+    .await;
+    assert_eq!(result(&r), json!(7));
+    let r = run(
+        &runner,
+        "e4",
+        json!({"answer": {"error": {"message": "no"}}}),
+    )
+    .await;
+    assert_eq!(reason(&r, ResultStatus::Failed), "no");
+}

@@ -22,6 +22,7 @@ use std::{
     sync::{Arc, atomic::AtomicBool},
 };
 use tokio::{process::Command, sync::mpsc};
+use tracing::Instrument as _;
 
 /// Which child ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,8 +214,9 @@ impl Launcher {
             cmd.env(process::ROOT_LOCK_FD, fd.to_string());
         }
         // Secrets never travel in a child's environment (which /proc/<pid>/environ shows for
-        // its whole life): each child gets the ones it needs over a pipe, and no other. Only
-        // the broker talks to Conductor; only executors talk to lakeFS.
+        // its whole life): each child gets the ones it needs over a socket of its own, once it
+        // has said it is non-dumpable, and no other. Only the broker talks to Conductor; only
+        // executors talk to lakeFS.
         let wanted: &[&str] = match kind {
             ChildKind::Broker => &[
                 perago_core::env::PERAGO_CONTROL_TOKEN,
@@ -241,25 +243,44 @@ impl Launcher {
             }
         }
         let secrets = serde_json::to_vec(&secrets).expect("strings always serialize");
-        // Kept open until the child is spawned (it inherits its own copy).
-        let secrets_pipe = process::filled_pipe(&secrets)?;
-        let secrets_fd = std::os::fd::AsRawFd::as_raw_fd(&secrets_pipe);
+        let (ours, theirs) = process::secrets::channel()?;
+        let secrets_fd = std::os::fd::AsRawFd::as_raw_fd(&theirs);
         process::inherit_fd(&mut cmd, secrets_fd);
         cmd.env(perago_core::env::PERAGO_SECRETS_FD, secrets_fd.to_string());
         process::isolate(&mut cmd, process::SIGTERM);
         let (mut child, managed) = process::spawn(&mut cmd)?;
-        drop(secrets_pipe);
+        // The child has its own copy: its end closes with the child.
+        drop(theirs);
         let pid = managed.pid();
         let exits = exits.clone();
-        tokio::spawn(async move {
-            let status = child.wait().await;
+        let task = async move {
+            // The secrets go once the child says it is non-dumpable; one that does not, in
+            // time, gets nothing and is stopped (a failed start). The exit is watched
+            // meanwhile, so the group is signalled only while its leader is unreaped.
+            let hand_over = process::secrets::hand_over(ours, &secrets, process::secrets::TIMEOUT);
+            let status = tokio::select! {
+                status = child.wait() => Some(status),
+                handed = hand_over => match handed {
+                    Ok(()) => None,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the child got no secrets; it is stopped");
+                        let _ = process::signal_group(pid, process::SIGKILL);
+                        None
+                    }
+                },
+            };
+            let status = match status {
+                Some(status) => status,
+                None => child.wait().await,
+            };
             drop(managed);
             let _ = exits.send(ChildExit {
                 kind,
                 pid,
                 ended: Ended::Process(status),
             });
-        });
+        };
+        tokio::spawn(task.instrument(tracing::info_span!("child", pid, kind = ?kind)));
         Ok(Child::Process(pid))
     }
 

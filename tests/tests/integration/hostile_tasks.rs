@@ -248,7 +248,7 @@ async fn stderr_flood_in(mode: &str) {
 /// A body hunting for secrets finds none: not in its environment, not in any
 /// `/proc/<pid>/environ` it can read. The runtime runs as an unprivileged user (as a body of
 /// the same user would find it): its processes are non-dumpable, so their environ files are
-/// closed to the body, and secrets reach the broker and the executors over a pipe anyway.
+/// closed to the body, and secrets reach the broker and the executors over a socket anyway.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_finds_no_secret_in_any_environment_it_can_read() {
     // SAFETY-free check: only root can start the runtime as another user.
