@@ -27,9 +27,58 @@ pub enum Polled {
     Undecodable {
         /// `taskId` and `workflowInstanceId`, if readable.
         ids: Option<TaskRef>,
+        /// What the task says its type is, as far as it can be read.
+        types: TaskTypes,
         /// What is wrong.
         problem: String,
     },
+}
+
+/// What a polled task says its type is: its `taskDefName` and its `taskType`, each when it
+/// is there and not empty (a value that is no string is kept as its JSON text, so it can
+/// match no name). For a SIMPLE task Conductor makes both the task definition's name.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TaskTypes {
+    /// `taskDefName`.
+    pub task_def_name: Option<String>,
+    /// `taskType`.
+    pub task_type: Option<String>,
+}
+
+impl TaskTypes {
+    /// The types named by a task's top-level fields.
+    pub fn of(fields: &serde_json::Map<String, Value>) -> Self {
+        let get = |field: &str| match fields.get(field) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if s.is_empty() => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(other) => Some(other.to_string()),
+        };
+        Self {
+            task_def_name: get("taskDefName"),
+            task_type: get("taskType"),
+        }
+    }
+
+    /// Whether the task is of type `name`: it names a type, and every name it gives is `name`.
+    /// A task that names none cannot be told apart from another type's.
+    pub fn is(&self, name: &str) -> bool {
+        let names = [&self.task_def_name, &self.task_type];
+        names.iter().any(|n| n.is_some())
+            && names.iter().all(|n| n.as_deref().is_none_or(|n| n == name))
+    }
+}
+
+impl fmt::Display for TaskTypes {
+    /// `taskDefName "a", taskType "b"`, or what is missing.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.task_def_name, &self.task_type) {
+            (None, None) => f.write_str("no taskDefName or taskType"),
+            (Some(d), None) => write!(f, "taskDefName {d:?} and no taskType"),
+            (None, Some(t)) => write!(f, "taskType {t:?} and no taskDefName"),
+            (Some(d), Some(t)) => write!(f, "taskDefName {d:?}, taskType {t:?}"),
+        }
+    }
 }
 
 impl Polled {
@@ -81,6 +130,7 @@ impl Polled {
     fn not_an_object() -> Self {
         Self::Undecodable {
             ids: None,
+            types: TaskTypes::default(),
             problem: "a polled task is not a JSON object".to_owned(),
         }
     }
@@ -92,11 +142,27 @@ impl Polled {
             task_id: String,
             workflow_instance_id: String,
         }
+        /// Read apart from the ids: a type that is not a string leaves the ids readable.
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Types {
+            #[serde(default)]
+            task_def_name: Option<String>,
+            #[serde(default)]
+            task_type: Option<String>,
+        }
+        let types = serde_json::from_str::<Types>(text)
+            .map(|t| TaskTypes {
+                task_def_name: t.task_def_name.filter(|s| !s.is_empty()),
+                task_type: t.task_type.filter(|s| !s.is_empty()),
+            })
+            .unwrap_or_default();
         Self::Undecodable {
             ids: serde_json::from_str::<Ids>(text).ok().map(|ids| TaskRef {
                 task_id: ids.task_id,
                 workflow_instance_id: ids.workflow_instance_id,
             }),
+            types,
             problem: e.to_string(),
         }
     }
@@ -830,6 +896,7 @@ mod tests {
                 Polled::decode(&text),
                 Polled::Undecodable {
                     ids: ids.clone(),
+                    types: TaskTypes::default(),
                     problem: crate::json::from_str(&text).unwrap_err().to_string(),
                 },
                 "{}",
@@ -873,6 +940,7 @@ mod tests {
             Polled::decode("[1]"),
             Polled::Undecodable {
                 ids: None,
+                types: TaskTypes::default(),
                 problem: "a polled task is not a JSON object".to_owned(),
             }
         );
