@@ -4,7 +4,7 @@
 //! decide with [`ConductorError::is_retryable`] — except the one retry after the server
 //! rejects the auth token (see [`Credentials`]).
 
-use super::auth::{self, Credentials, CredentialsError, TokenState};
+use super::auth::{self, Credentials, CredentialsError, TokenOutage, TokenState};
 use super::errors::ConductorError;
 use crate::attempt::{PolledTask, TaskRef};
 use crate::result::TaskResultBody;
@@ -301,7 +301,9 @@ impl ConductorClient {
     /// require: a token from `POST {base}/token`, fetched before the first request and sent as
     /// `X-Authorization` on every request, refreshed before it expires and once more when the
     /// server rejects it (401/403 `EXPIRED_TOKEN`/`INVALID_TOKEN`, then the request is sent
-    /// again once). A server without `/token` (404, Conductor OSS) is used without auth.
+    /// again once). A server whose `/token` answers 404 before it has issued any token
+    /// (Conductor OSS) is used without auth until it refuses a request as unauthenticated;
+    /// a 404 after a token was issued is an outage ([`ConductorError::TokenUnavailable`]).
     pub fn with_auth(
         base_url: &str,
         credentials: Option<Credentials>,
@@ -371,7 +373,24 @@ impl ConductorClient {
             return self.send_once(method, &request, None).await;
         };
         let Some((token, number)) = self.token(auth).await? else {
-            return self.send_once(method, &request, None).await;
+            let answer = self.send_once(method.clone(), &request, None).await;
+            return match answer {
+                // Taken to have no auth, the server asks for it: fetch a token, send again.
+                Err(ConductorError::Status {
+                    status, ref body, ..
+                }) if auth::token_rejected(status, body)
+                    && auth.state.lock().await.refused_without_token() =>
+                {
+                    tracing::warn!(
+                        status,
+                        path,
+                        "Conductor, taken to have no auth, refused a request without a token; fetching one and retrying once"
+                    );
+                    let token = self.token(auth).await?.map(|(token, _)| token);
+                    self.send_once(method, &request, token.as_ref()).await
+                }
+                other => other,
+            };
         };
         let first = self.send_once(method.clone(), &request, Some(&token)).await;
         match first {
@@ -429,13 +448,22 @@ impl ConductorClient {
                 Ok(Some((token, generation)))
             }
             None => {
+                let url = format!("{}/token", self.base);
+                if let Err(TokenOutage) =
+                    state.token_route_missing(auth.fetched.load(Ordering::Relaxed))
+                {
+                    tracing::warn!(%url, "the Conductor token endpoint answered 404 after issuing tokens; taking it as an outage and retrying");
+                    return Err(ConductorError::TokenUnavailable {
+                        method: "POST",
+                        url,
+                    });
+                }
                 if !auth.logged_disabled.swap(true, Ordering::Relaxed) {
                     tracing::info!(
-                        url = %format!("{}/token", self.base),
+                        %url,
                         "Conductor has no /token route (no auth on this server); continuing without credentials"
                     );
                 }
-                *state = TokenState::Disabled;
                 Ok(None)
             }
         }

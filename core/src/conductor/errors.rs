@@ -44,6 +44,17 @@ pub enum ConductorError {
         /// The response body, cut short.
         body: String,
     },
+    /// `POST /token` answered 404 after it had issued tokens: taken as an outage (a proxy
+    /// answering for a restarting server), not as a server without auth; retried.
+    #[error(
+        "{method} {url}: HTTP 404 from the token endpoint, which issued tokens before: taken as an outage, not as a server without auth"
+    )]
+    TokenUnavailable {
+        /// HTTP method.
+        method: &'static str,
+        /// The token URL.
+        url: String,
+    },
     /// The answer is larger than perago reads into memory for this request: refused unread
     /// past the limit (memory stays bounded whatever the server declares or sends).
     #[error(
@@ -101,7 +112,7 @@ impl ConductorError {
     pub fn is_retryable(&self) -> bool {
         match self {
             // A proxy or a server in trouble may answer properly next time.
-            Self::Transport { .. } | Self::TooLarge { .. } => true,
+            Self::Transport { .. } | Self::TooLarge { .. } | Self::TokenUnavailable { .. } => true,
             Self::Status { status, .. } => *status >= 500 || *status == 429,
             Self::Credentials { .. } | Self::Decode { .. } => false,
         }
@@ -130,6 +141,7 @@ impl ConductorError {
             Self::Status { status, .. } => format!("HTTP {status}"),
             Self::Credentials { .. } => "Credentials".to_owned(),
             Self::TooLarge { .. } => "TooLarge".to_owned(),
+            Self::TokenUnavailable { .. } => "TokenUnavailable".to_owned(),
             Self::Decode { .. } => "Decode".to_owned(),
         }
     }
