@@ -675,7 +675,10 @@ impl ConductorClient {
         })
     }
 
-    /// `GET /metadata/taskdefs/{name}`: `None` when the server says it does not exist.
+    /// `GET /metadata/taskdefs/{name}`: `None` when the server says it does not exist (404,
+    /// 204 or an empty answer). Anything else but a JSON object whose `name` is `name`
+    /// (`null`, `[]`, another task's TaskDef) is no TaskDef of this task: an error saying
+    /// what came, never a registration.
     pub async fn get_task_def(&self, name: &str) -> Result<Option<Value>, ConductorError> {
         let path = format!("/metadata/taskdefs/{}", segment(name));
         match self
@@ -691,7 +694,25 @@ impl ConductorClient {
         {
             Ok((StatusCode::NO_CONTENT, _)) => Ok(None),
             Ok((_, text)) if text.trim().is_empty() => Ok(None),
-            Ok((_, text)) => Self::decode("GET", &path, &self.base, &text).map(Some),
+            Ok((_, text)) => {
+                let def = Self::decode("GET", &path, &self.base, &text)?;
+                let found = match &def {
+                    Value::Object(fields) => match fields.get("name") {
+                        Some(Value::String(n)) if n == name => return Ok(Some(def)),
+                        Some(Value::String(n)) => format!("the TaskDef of {n:?}"),
+                        Some(other) => format!("an object whose name is {other}"),
+                        None => "an object without a name".to_owned(),
+                    },
+                    Value::Null => "null".to_owned(),
+                    Value::Array(_) => "an array".to_owned(),
+                    other => format!("{other}"),
+                };
+                Err(ConductorError::Decode {
+                    method: "GET",
+                    url: format!("{}{path}", self.base),
+                    message: format!("expected the TaskDef of {name:?}, got {found}"),
+                })
+            }
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
         }
@@ -1226,6 +1247,44 @@ mod tests {
                 );
             }
             other => panic!("{other:?}"),
+        }
+    }
+
+    /// Only an object named as the task is its TaskDef; `null`, `[]` or another task's
+    /// TaskDef are errors saying what came (before, each counted as registered).
+    #[tokio::test]
+    async fn only_an_object_with_the_tasks_name_is_its_task_def() {
+        let answers = [
+            (r#"{"name": "t", "retryCount": 0}"#, None),
+            ("null", Some("got null")),
+            ("[]", Some("got an array")),
+            (r#"[{"name": "t"}]"#, Some("got an array")),
+            (
+                r#"{"name": "other"}"#,
+                Some(r#"got the TaskDef of "other""#),
+            ),
+            (r#"{"name": 5}"#, Some("got an object whose name is 5")),
+            ("{}", Some("got an object without a name")),
+            (r#""t""#, Some(r#"got "t""#)),
+        ];
+        let base = raw_server(move |_, n| response("200 OK", answers[n % answers.len()].0)).await;
+        let client = ConductorClient::new(&base).unwrap();
+        for (answer, problem) in answers {
+            let got = client.get_task_def("t").await;
+            match problem {
+                None => assert_eq!(got.unwrap().unwrap()["name"], "t"),
+                Some(problem) => {
+                    let err = got.unwrap_err();
+                    assert_eq!(
+                        err.to_string(),
+                        format!(
+                            "GET {base}/metadata/taskdefs/t: unexpected response: expected the TaskDef of \"t\", {problem}"
+                        ),
+                        "{answer}"
+                    );
+                    assert!(!err.is_retryable());
+                }
+            }
         }
     }
 
