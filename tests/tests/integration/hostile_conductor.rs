@@ -2,13 +2,15 @@
 //! devstack, on a loopback port, rewrites the first non-empty poll answer of the runtime's task
 //! type into one that holds its task twice and, after it, a task of another type (another
 //! team's, polled from devstack by the proxy). The broker must run its task once and hand the
-//! other type's back untouched, for that type's own worker to take.
+//! other type's back untouched, for that type's own worker to take. Another mode of the proxy
+//! answers the polls with an endless body: the broker refuses each at its limit, keeps its
+//! memory, backs off and polls on.
 
-use crate::harness::{Conductor, SupervisorProc, TaskFixture, eventually};
+use crate::harness::{Conductor, SupervisorProc, TaskFixture, child_named, eventually};
 use serde_json::{Value, json};
 use std::sync::{
     Arc,
-    atomic::{AtomicBool, Ordering},
+    atomic::{AtomicBool, AtomicUsize, Ordering},
 };
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
@@ -75,48 +77,51 @@ async fn forward(upstream: &str, request: &Request) -> (String, Vec<u8>) {
     (lines[0].clone(), answer[split..].to_vec())
 }
 
-/// The proxy: serves `upstream` (devstack's `host:port`) and rewrites the first non-empty
-/// poll answer for `ours` as described above. Returns its base URL and whether it did.
-async fn hostile_proxy(upstream: String, ours: &str, other: &str) -> (String, Arc<AtomicBool>) {
+/// What the proxy does to the polls of the runtime's type.
+#[derive(Clone)]
+enum Mischief {
+    /// Rewrites the first non-empty answer into [ours, ours, theirs], `theirs` polled from
+    /// the queue of this type; sets the flag once done.
+    Rewrite {
+        other: String,
+        done: Arc<AtomicBool>,
+    },
+    /// While the flag is set, answers each poll with a chunked body of `[` that goes on for
+    /// 1 GiB (or until the client hangs up), counting them.
+    Flood {
+        on: Arc<AtomicBool>,
+        floods: Arc<AtomicUsize>,
+    },
+}
+
+/// The proxy: serves `upstream` (devstack's `host:port`), doing `mischief` to the polls for
+/// `ours`. Returns its base URL.
+async fn hostile_proxy(upstream: String, ours: &str, mischief: Mischief) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}/api", listener.local_addr().unwrap());
-    let rewritten = Arc::new(AtomicBool::new(false));
-    let done = Arc::clone(&rewritten);
     let poll_ours = format!("GET /api/tasks/poll/batch/{ours}?");
-    let other = other.to_owned();
     tokio::spawn(async move {
         while let Ok((conn, _)) = listener.accept().await {
-            let (upstream, poll_ours, other, done) = (
-                upstream.clone(),
-                poll_ours.clone(),
-                other.clone(),
-                Arc::clone(&done),
-            );
+            let (upstream, poll_ours, mischief) =
+                (upstream.clone(), poll_ours.clone(), mischief.clone());
             tokio::spawn(async move {
                 let mut conn = BufReader::new(conn);
                 while let Some(request) = read_request(&mut conn).await {
+                    let poll = request.lines[0].starts_with(&poll_ours);
+                    if let Mischief::Flood { on, floods } = &mischief
+                        && poll
+                        && on.load(Ordering::SeqCst)
+                    {
+                        floods.fetch_add(1, Ordering::SeqCst);
+                        flood(conn.get_mut()).await;
+                        return;
+                    }
                     let (status, mut body) = forward(&upstream, &request).await;
-                    if request.lines[0].starts_with(&poll_ours) && !done.load(Ordering::SeqCst) {
-                        let mut tasks: Vec<Value> = serde_json::from_slice(&body).unwrap();
-                        if !tasks.is_empty() {
-                            // Another team's task, polled as the intruder the proxy is.
-                            let steal = Request {
-                                lines: vec![
-                                    format!(
-                                        "GET /api/tasks/poll/batch/{other}?workerid=intruder&count=1&timeout=100 HTTP/1.1"
-                                    ),
-                                    format!("host: {upstream}"),
-                                ],
-                                body: Vec::new(),
-                            };
-                            let (_, stolen) = forward(&upstream, &steal).await;
-                            let stolen: Vec<Value> = serde_json::from_slice(&stolen).unwrap();
-                            assert_eq!(stolen.len(), 1, "the other type's task is queued");
-                            tasks.push(tasks[0].clone());
-                            tasks.extend(stolen);
-                            body = serde_json::to_vec(&tasks).unwrap();
-                            done.store(true, Ordering::SeqCst);
-                        }
+                    if let Mischief::Rewrite { other, done } = &mischief
+                        && poll
+                        && !done.load(Ordering::SeqCst)
+                    {
+                        body = rewrite(&upstream, other, body, done).await;
                     }
                     let status = status
                         .split_once(' ')
@@ -136,7 +141,48 @@ async fn hostile_proxy(upstream: String, ours: &str, other: &str) -> (String, Ar
             });
         }
     });
-    (base, rewritten)
+    base
+}
+
+/// A poll answer of 1 GiB, chunked (no length), unless the client hangs up first.
+async fn flood(conn: &mut TcpStream) {
+    let head =
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
+    if conn.write_all(head.as_bytes()).await.is_err() {
+        return;
+    }
+    let chunk = format!("{:x}\r\n{}\r\n", 1 << 20, "[".repeat(1 << 20));
+    for _ in 0..1024 {
+        if conn.write_all(chunk.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+    let _ = conn.write_all(b"0\r\n\r\n").await;
+}
+
+/// [ours…, ours[0], theirs] for a non-empty `body`, `theirs` polled from `other`'s queue.
+async fn rewrite(upstream: &str, other: &str, body: Vec<u8>, done: &AtomicBool) -> Vec<u8> {
+    let mut tasks: Vec<Value> = serde_json::from_slice(&body).unwrap();
+    if tasks.is_empty() {
+        return body;
+    }
+    // Another team's task, polled as the intruder the proxy is.
+    let steal = Request {
+        lines: vec![
+            format!(
+                "GET /api/tasks/poll/batch/{other}?workerid=intruder&count=1&timeout=100 HTTP/1.1"
+            ),
+            format!("host: {upstream}"),
+        ],
+        body: Vec::new(),
+    };
+    let (_, stolen) = forward(upstream, &steal).await;
+    let stolen: Vec<Value> = serde_json::from_slice(&stolen).unwrap();
+    assert_eq!(stolen.len(), 1, "the other type's task is queued");
+    tasks.push(tasks[0].clone());
+    tasks.extend(stolen);
+    done.store(true, Ordering::SeqCst);
+    serde_json::to_vec(&tasks).unwrap()
 }
 
 /// A poll answer with the runtime's task twice and another type's task after it: the task
@@ -162,7 +208,12 @@ async fn a_poll_answer_with_a_duplicate_and_another_types_task() {
         .trim_start_matches("http://")
         .trim_end_matches("/api")
         .to_owned();
-    let (proxy, rewritten) = hostile_proxy(upstream, &task.name, &other.name).await;
+    let rewritten = Arc::new(AtomicBool::new(false));
+    let mischief = Mischief::Rewrite {
+        other: other.name.clone(),
+        done: Arc::clone(&rewritten),
+    };
+    let proxy = hostile_proxy(upstream, &task.name, mischief).await;
     // Their task waits in their queue before ours is even scheduled.
     let theirs = conductor.start_workflow(&other, json!({"team": "b"})).await;
     // Three slots: before, all three tasks of the answer ran at once.
@@ -231,4 +282,68 @@ async fn a_poll_answer_with_a_duplicate_and_another_types_task() {
         .wait_terminal(&theirs, Duration::from_secs(10))
         .await;
     assert_eq!(wf_theirs["status"], "COMPLETED", "{wf_theirs}");
+}
+
+/// The peak resident memory (`VmHWM`) of a process, in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmHWM in /proc/<pid>/status")
+        * 1024
+}
+
+/// Poll answers of 1 GiB with no length (before, the broker read each whole: 3.2 GB at its
+/// peak, 1 GB kept): each is refused at the poll's limit, logged, retried with backoff, and
+/// the broker's memory stays far below the answer; once the answers are sane again, tasks run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endless_poll_answers_are_refused_at_their_limit() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new(
+        "e2e.hostile.flood",
+        "read params\nprintf '{\"ok\": true}'\n",
+        "",
+    );
+    conductor.register(&task).await;
+    let upstream = conductor
+        .server
+        .base_url()
+        .trim_start_matches("http://")
+        .trim_end_matches("/api")
+        .to_owned();
+    let on = Arc::new(AtomicBool::new(true));
+    let floods = Arc::new(AtomicUsize::new(0));
+    let mischief = Mischief::Flood {
+        on: Arc::clone(&on),
+        floods: Arc::clone(&floods),
+    };
+    let proxy = hostile_proxy(upstream, &task.name, mischief).await;
+    let sup = SupervisorProc::start(&task, &conductor, 1, &[("CONDUCTOR_SERVER_URL", &proxy)]);
+    eventually(
+        "three refused poll answers",
+        Duration::from_secs(30),
+        || async { (floods.load(Ordering::SeqCst) >= 3).then_some(()) },
+    )
+    .await;
+    // In thread mode the broker is a thread of the supervisor: its memory is the process's.
+    let broker = child_named(sup.pid(), "perago-broker").map_or(sup.pid(), |p| p.pid);
+    let peak = peak_rss(broker);
+    // One poll for one task reads at most 48 MiB; a 1 GiB answer never gets near memory.
+    assert!(
+        peak < 256 << 20,
+        "the broker peaked at {peak} bytes\n{}",
+        sup.log_text()
+    );
+    let log = sup.log_text();
+    assert!(
+        log.contains("poll failed; backing off")
+            && log.contains("the answer is larger than 50331648 bytes"),
+        "{log}"
+    );
+    on.store(false, Ordering::SeqCst);
+    let id = conductor.start_workflow(&task, json!({})).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(60)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf}\n{}", sup.log_text());
 }
