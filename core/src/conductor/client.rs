@@ -270,6 +270,9 @@ struct Auth {
     fetched: AtomicU64,
     /// Whether "no auth on this server" was logged.
     logged_disabled: AtomicBool,
+    /// Whether the token endpoint's outage (a 404 after tokens were issued) was logged; reset
+    /// when a token is fetched again, so each outage is logged once, at its start and end.
+    logged_outage: AtomicBool,
 }
 
 impl fmt::Debug for Auth {
@@ -329,6 +332,7 @@ impl ConductorClient {
                 state: tokio::sync::Mutex::new(TokenState::Unknown),
                 fetched: AtomicU64::new(0),
                 logged_disabled: AtomicBool::new(false),
+                logged_outage: AtomicBool::new(false),
             })
         });
         Ok(Self {
@@ -433,6 +437,12 @@ impl ConductorClient {
         match self.fetch_token(&auth.credentials).await? {
             Some(token) => {
                 let generation = auth.fetched.fetch_add(1, Ordering::Relaxed) + 1;
+                if auth.logged_outage.swap(false, Ordering::Relaxed) {
+                    tracing::info!(
+                        generation,
+                        "the Conductor token endpoint issues tokens again"
+                    );
+                }
                 let refresh_in = auth::refresh_after(token.to_str().unwrap_or_default());
                 tracing::debug!(
                     key_id = %auth.credentials.key_id,
@@ -452,7 +462,9 @@ impl ConductorClient {
                 if let Err(TokenOutage) =
                     state.token_route_missing(auth.fetched.load(Ordering::Relaxed))
                 {
-                    tracing::warn!(%url, "the Conductor token endpoint answered 404 after issuing tokens; taking it as an outage and retrying");
+                    if !auth.logged_outage.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(%url, "the Conductor token endpoint answered 404 after issuing tokens; taking it as an outage and retrying");
+                    }
                     return Err(ConductorError::TokenUnavailable {
                         method: "POST",
                         url,
