@@ -4,7 +4,7 @@
 //! team's, polled from devstack by the proxy). The broker must run its task once and hand the
 //! other type's back untouched, for that type's own worker to take. Another mode of the proxy
 //! answers the polls with an endless body: the broker refuses each at its limit, keeps its
-//! memory, backs off and polls on.
+//! memory, backs off and polls on. A third forges TaskDef answers for `start`'s preflight.
 
 use crate::harness::{Conductor, SupervisorProc, TaskFixture, child_named, eventually};
 use serde_json::{Value, json};
@@ -92,6 +92,8 @@ enum Mischief {
         on: Arc<AtomicBool>,
         floods: Arc<AtomicUsize>,
     },
+    /// Answers `GET /api/metadata/taskdefs/{name}` with 200 and what this gives for `name`.
+    TaskDefs(fn(&str) -> String),
 }
 
 /// The proxy: serves `upstream` (devstack's `host:port`), doing `mischief` to the polls for
@@ -108,6 +110,13 @@ async fn hostile_proxy(upstream: String, ours: &str, mischief: Mischief) -> Stri
                 let mut conn = BufReader::new(conn);
                 while let Some(request) = read_request(&mut conn).await {
                     let poll = request.lines[0].starts_with(&poll_ours);
+                    let forged = match &mischief {
+                        Mischief::TaskDefs(answer) => request.lines[0]
+                            .strip_prefix("GET /api/metadata/taskdefs/")
+                            .and_then(|rest| rest.split_once(' '))
+                            .map(|(name, _)| answer(name)),
+                        _ => None,
+                    };
                     if let Mischief::Flood { on, floods } = &mischief
                         && poll
                         && on.load(Ordering::SeqCst)
@@ -116,7 +125,10 @@ async fn hostile_proxy(upstream: String, ours: &str, mischief: Mischief) -> Stri
                         flood(conn.get_mut()).await;
                         return;
                     }
-                    let (status, mut body) = forward(&upstream, &request).await;
+                    let (status, mut body) = match forged {
+                        Some(body) => ("HTTP/1.1 200 OK".to_owned(), body.into_bytes()),
+                        None => forward(&upstream, &request).await,
+                    };
                     if let Mischief::Rewrite { other, done } = &mischief
                         && poll
                         && !done.load(Ordering::SeqCst)
@@ -346,4 +358,52 @@ async fn endless_poll_answers_are_refused_at_their_limit() {
     let id = conductor.start_workflow(&task, json!({})).await;
     let wf = conductor.wait_terminal(&id, Duration::from_secs(60)).await;
     assert_eq!(wf["status"], "COMPLETED", "{wf}\n{}", sup.log_text());
+}
+
+/// `start`'s preflight takes only a JSON object named as the task for its TaskDef: a server
+/// answering `null`, `[]` or another task's TaskDef starts nothing, every problem named
+/// (before, each counted as registered and the runtime started).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preflight_takes_only_the_tasks_own_task_def() {
+    let conductor = Conductor::start().await;
+    let tasks: Vec<TaskFixture> = ["a", "b", "c"]
+        .iter()
+        .map(|n| TaskFixture::new(&format!("e2e.taskdef.{n}"), "read params\necho '{}'\n", ""))
+        .collect();
+    for task in &tasks {
+        conductor.register(task).await;
+    }
+    let upstream = conductor
+        .server
+        .base_url()
+        .trim_start_matches("http://")
+        .trim_end_matches("/api")
+        .to_owned();
+    let answer: fn(&str) -> String = |name| match name.rsplit('.').next() {
+        Some("a") => "null".to_owned(),
+        Some("b") => "[]".to_owned(),
+        _ => r#"{"name": "someone.else", "retryCount": 0}"#.to_owned(),
+    };
+    let proxy = hostile_proxy(upstream, "none", Mischief::TaskDefs(answer)).await;
+    let refs: Vec<&TaskFixture> = tasks.iter().collect();
+    let mut sup = SupervisorProc::start_many(
+        &refs,
+        &conductor,
+        &["1"],
+        &[("CONDUCTOR_SERVER_URL", &proxy)],
+    );
+    let exit = sup.wait_exit(Duration::from_secs(20)).await;
+    let log = sup.log_text();
+    assert_eq!(exit.code(), Some(1), "{log}");
+    for (name, got) in [
+        ("a", "got null".to_owned()),
+        ("b", "got an array".to_owned()),
+        ("c", r#"got the TaskDef of "someone.else""#.to_owned()),
+    ] {
+        let expected = format!(
+            "error: cannot check TaskDef 'e2e.taskdef.{name}' at {proxy}: GET {proxy}/metadata/taskdefs/e2e.taskdef.{name}: unexpected response: expected the TaskDef of \"e2e.taskdef.{name}\", {got}"
+        );
+        assert!(log.contains(&expected), "{expected}\n{log}");
+    }
+    assert!(!log.contains("broker started"), "{log}");
 }
