@@ -17,6 +17,10 @@
 //! executors. Hand-backs remain only where nothing can run the task (more tasks than asked
 //! for, or every executor gone during a drain): Conductor keeps the attempt's `startTime`, so
 //! its `timeoutSeconds` keeps running (see docs/runtime.md).
+//!
+//! What arrives is not believed blindly: a task of another type is handed back untouched
+//! (never run, failed or completed here), and a task id already running, held or reported
+//! lately is dropped, so one task never runs twice at once (see `receive`).
 
 use crate::{
     counters::Counters,
