@@ -322,9 +322,9 @@ impl Actor {
                 };
                 self.reporter.spawn(update, self.events.clone(), span);
             }
-            Effect::HandBack(ids) => {
+            Effect::HandBack(hand_back) => {
                 self.reporter.spawn_hand_back(
-                    ids,
+                    hand_back,
                     self.machine.broker_id().to_owned(),
                     self.events.clone(),
                 );

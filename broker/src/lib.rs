@@ -15,6 +15,7 @@ mod incoming;
 pub mod metrics;
 mod poison;
 mod poller;
+mod recent;
 mod report;
 mod service;
 mod socket;

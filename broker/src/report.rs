@@ -6,10 +6,10 @@ use crate::{
     actor::Event,
     counters::{Counters, Gauges, exception, outcome},
     health::{Health, Waker},
-    state::Input,
+    state::{HandBack, Input},
 };
 use perago_core::{
-    attempt::{AttemptSnapshot, TaskRef, TaskStatus},
+    attempt::{AttemptSnapshot, TaskStatus},
     backoff::Backoff,
     conductor::{ConductorClient, ConductorError, JsonBody, Polled},
     result::{ResultStatus, RuntimeResult},
@@ -52,6 +52,18 @@ pub(crate) struct Reporter {
     gauges: Arc<Gauges>,
     backoff: Backoff,
     health: Health,
+}
+
+/// How often the lease of an attempt with this `responseTimeoutSeconds` is extended: at half
+/// of it, at least every 250 ms; `None` without a response timeout (0 or absent: nothing to
+/// extend). Computed in saturating arithmetic: a timeout near `u64::MAX` seconds (Conductor
+/// sends whatever its TaskDef holds) means "rarely", where `rto * 1000` used to wrap to a
+/// period of a few hundred milliseconds.
+fn lease_period(response_timeout_seconds: Option<u64>) -> Option<Duration> {
+    let rto = response_timeout_seconds.filter(|&s| s > 0)?;
+    Some(Duration::from_millis(
+        (rto.saturating_mul(1000) / 2).max(250),
+    ))
 }
 
 fn now_ms() -> i64 {
@@ -230,22 +242,26 @@ impl Reporter {
     /// Gives a polled task back to the queue without spending a retry.
     pub(crate) fn spawn_hand_back(
         &self,
-        ids: TaskRef,
+        hand_back: HandBack,
         broker_id: String,
         events: mpsc::Sender<Event>,
     ) {
+        let HandBack { ids, output } = hand_back;
         let this = self.clone();
         // The task has no execution here: its lines carry its task id only.
         let span = tracing::error_span!(parent: None, "hand_back", task_id = %ids.task_id);
         tokio::spawn(
             async move {
-                let body = json!({
+                let mut body = json!({
                     "workflowInstanceId": ids.workflow_instance_id,
                     "taskId": ids.task_id,
                     "workerId": broker_id,
                     "status": "IN_PROGRESS",
                     "callbackAfterSeconds": 0,
                 });
+                if let Some(output) = output {
+                    body["outputData"] = output;
+                }
                 this.send_with_retries((&body).into(), false, None).await;
                 let _ = events
                     .send(Event::Slot(Input::UpdateDone {
@@ -271,8 +287,7 @@ impl Reporter {
         events: mpsc::Sender<Event>,
         span: Span,
     ) -> Option<AbortHandle> {
-        let rto = attempt.response_timeout_seconds.filter(|&s| s > 0)?;
-        let every = Duration::from_millis((rto * 1000 / 2).max(250));
+        let every = lease_period(attempt.response_timeout_seconds)?;
         let this = self.clone();
         let workflow = attempt.workflow_instance_id.clone();
         let task_id = attempt.task_id.clone();
@@ -343,5 +358,39 @@ impl Reporter {
             .instrument(span),
         );
         Some(handle.abort_handle())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_periods_are_half_the_response_timeout_and_saturate() {
+        assert_eq!(lease_period(None), None);
+        assert_eq!(lease_period(Some(0)), None);
+        assert_eq!(lease_period(Some(1)), Some(Duration::from_millis(500)));
+        assert_eq!(lease_period(Some(10)), Some(Duration::from_secs(5)));
+        // Near u64::MAX seconds the period is as long as a Duration of milliseconds gets,
+        // never the 384 ms that `rto * 1000` wrapped to.
+        for rto in [
+            u64::MAX,
+            u64::MAX - 1,
+            u64::MAX / 1000 + 1,
+            18_446_744_073_709_552,
+        ] {
+            let every = lease_period(Some(rto)).unwrap();
+            assert!(
+                every >= Duration::from_secs(u64::MAX / 1000 / 2 - 1),
+                "{rto}: {every:?}"
+            );
+        }
+        // Monotonic: a longer timeout never extends more often.
+        let mut last = Duration::ZERO;
+        for rto in (0..64).map(|b| 1u64 << b).chain([u64::MAX]) {
+            let every = lease_period(Some(rto)).unwrap();
+            assert!(every >= last, "{rto}");
+            last = every;
+        }
     }
 }

@@ -17,17 +17,22 @@
 //! executors. Hand-backs remain only where nothing can run the task (more tasks than asked
 //! for, or every executor gone during a drain): Conductor keeps the attempt's `startTime`, so
 //! its `timeoutSeconds` keeps running (see docs/runtime.md).
+//!
+//! What arrives is not believed blindly: a task of another type is handed back untouched
+//! (never run, failed or completed here), and a task id already running, held or reported
+//! lately is dropped, so one task never runs twice at once (see `receive`).
 
 use crate::{
     counters::Counters,
     counters::Gauges,
     poison::{CrashLedger, WorkflowTask},
+    recent::RecentlyReported,
     wire,
 };
 use perago_core::{
     attempt::{AttemptError, AttemptSnapshot, TaskRef},
     capacity::{Capacity, PERAGO_MIN_FREE_MEMORY},
-    conductor::Polled,
+    conductor::{Polled, TaskTypes},
     identity::{Slot as SlotNumber, WorkerPrefix},
     memory::format_bytes,
     result::{Reason, RuntimeResult},
@@ -154,7 +159,7 @@ pub(crate) enum Effect {
     /// Deliver a result (the lease of `execution_id` stops once it is acknowledged).
     Report(Box<Report>),
     /// Give a task back to Conductor (IN_PROGRESS, `callbackAfterSeconds: 0`, v1).
-    HandBack(TaskRef),
+    HandBack(HandBack),
     /// Feed back [`Input::StreamGraceOver`] after a short grace.
     ArmExitGrace { slot: u32, generation: u64 },
     /// Answer the waiting poller: poll for this many tasks (0: stop polling).
@@ -166,6 +171,16 @@ pub(crate) enum Effect {
     /// Read the task type's queue depth from Conductor after `after`, and feed back
     /// [`Input::QueueDepth`] (run once and the adaptive executor count only).
     ReadQueueDepth { after: Duration },
+}
+
+/// A task to give back to Conductor without running it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct HandBack {
+    pub(crate) ids: TaskRef,
+    /// The task's `outputData` as it was polled, sent back with it: Conductor replaces a
+    /// task's output with every update's, so a task of another type keeps what it had.
+    /// `None` for the broker's own tasks, whose output it did not keep.
+    pub(crate) output: Option<serde_json::Value>,
 }
 
 /// What the actor needs to know of a dispatch: the assignment's ids, and what the
@@ -254,6 +269,8 @@ pub(crate) struct Machine {
     queue_depth: Option<u64>,
     /// Executor crashes per workflow task (poison detection, `PERAGO_POISON_AFTER`).
     crashes: CrashLedger,
+    /// Task ids reported lately: a poll that returns one again is not believed.
+    reported: RecentlyReported,
     /// Available memory when last measured (memory admission).
     available_memory: Option<u64>,
     /// The waiting poll request has been counted as withheld by memory admission.
@@ -348,6 +365,7 @@ impl Machine {
             admission_open: true,
             queue_depth: None,
             crashes: CrashLedger::default(),
+            reported: RecentlyReported::default(),
             available_memory: None,
             poll_withheld: false,
             depth_reads: 0,
@@ -857,6 +875,7 @@ impl Machine {
 
     fn report(&mut self, slot: Option<u32>, run: Running, result: RuntimeResult, v2: bool) {
         self.updates_in_flight += 1;
+        self.reported.insert(&run.attempt.task_id);
         self.effects.push(Effect::Report(Box::new(Report {
             workflow_instance_id: run.attempt.workflow_instance_id,
             task_id: run.attempt.task_id,
@@ -872,7 +891,42 @@ impl Machine {
     fn hand_back(&mut self, ids: TaskRef, why: &str) {
         tracing::warn!(task_id = %ids.task_id, "handing a task back to Conductor: {why}; its timeout keeps running from its first start");
         self.updates_in_flight += 1;
-        self.effects.push(Effect::HandBack(ids));
+        self.effects
+            .push(Effect::HandBack(HandBack { ids, output: None }));
+    }
+
+    /// Hands back, untouched, a task of another type than the broker's: it is not run, failed
+    /// or completed here. Conductor re-queues it in its own type's queue, for its own workers.
+    fn hand_back_foreign(
+        &mut self,
+        ids: TaskRef,
+        types: &TaskTypes,
+        output: Option<serde_json::Value>,
+    ) {
+        tracing::warn!(task_id = %ids.task_id, workflow_instance_id = %ids.workflow_instance_id, "handing back a task of another type without running it: this broker runs {:?}, the task has {types}", self.task_name);
+        self.updates_in_flight += 1;
+        self.effects
+            .push(Effect::HandBack(HandBack { ids, output }));
+    }
+
+    /// Why a task arriving now must not run: it is running or held here already, or a result
+    /// for it was reported lately (each report is terminal: Conductor does not hand such a
+    /// task out again, so one that does is not believed).
+    fn already_here(&self, task_id: &str) -> Option<String> {
+        if let Some(slot) = self
+            .slots
+            .iter()
+            .find(|s| matches!(&s.work, Work::Busy(run) if run.attempt.task_id == task_id))
+        {
+            return Some(format!("it is running on slot {}", slot.number));
+        }
+        if self.held.iter().any(|h| h.attempt.task_id == task_id) {
+            return Some("it is held here already, waiting for a slot".to_owned());
+        }
+        if self.reported.contains(task_id) {
+            return Some("a result for it was reported moments ago".to_owned());
+        }
+        None
     }
 
     /// Tasks received or held now, free slots excluded.
@@ -890,6 +944,7 @@ impl Machine {
         tracing::warn!(task_id = %ids.task_id, "failing a task that cannot be run: {problem}");
         let result = RuntimeResult::failed_terminal(self.broker_id.clone(), Reason::new(problem));
         self.updates_in_flight += 1;
+        self.reported.insert(&ids.task_id);
         self.effects.push(Effect::Report(Box::new(Report {
             workflow_instance_id: ids.workflow_instance_id,
             task_id: ids.task_id,
@@ -900,26 +955,54 @@ impl Machine {
         })));
     }
 
-    /// A task arrived (from a poll or update-v2): run it on a free slot (`preferred` first),
-    /// else hold it while fewer than N tasks are held, else hand it back.
+    /// A task arrived (from a poll or update-v2): checked first, then run on a free slot
+    /// (`preferred` first), else held while fewer than N tasks are held, else handed back.
+    /// Checked: a task without ids is dropped (nothing can be told about it); one already
+    /// running, held or lately reported here is dropped (the same task id twice in one answer
+    /// would run twice at once); one of another type is handed back as it came; one that
+    /// cannot be decoded or mapped is failed for good.
     fn receive(&mut self, task: Polled, preferred: Option<u32>) {
-        let task = match task {
-            Polled::Task(task) => task,
+        let (ids, types) = match &task {
+            Polled::Task(task) => match task.task_ref() {
+                Ok(ids) => (ids, TaskTypes::of(&task.fields)),
+                Err(e) => {
+                    tracing::error!("dropped a polled task that cannot be identified: {e}");
+                    return;
+                }
+            },
             Polled::Undecodable {
                 ids: Some(ids),
-                problem,
+                types,
+                ..
+            } => (ids.clone(), types.clone()),
+            Polled::Undecodable {
+                ids: None, problem, ..
             } => {
-                self.fail_unmappable(ids, &format!("the task cannot be decoded: {problem}"));
-                return;
-            }
-            Polled::Undecodable { ids: None, problem } => {
                 tracing::error!(
                     "dropped a polled task that cannot be decoded or identified: {problem}"
                 );
                 return;
             }
         };
-        let ids = task.task_ref().ok();
+        if let Some(why) = self.already_here(&ids.task_id) {
+            tracing::warn!(task_id = %ids.task_id, workflow_instance_id = %ids.workflow_instance_id, "dropped a task Conductor handed out again: {why}");
+            return;
+        }
+        if !types.is(&self.task_name) {
+            let output = match &task {
+                Polled::Task(task) => task.fields.get("outputData").cloned(),
+                Polled::Undecodable { .. } => None,
+            };
+            self.hand_back_foreign(ids, &types, output);
+            return;
+        }
+        let task = match task {
+            Polled::Task(task) => task,
+            Polled::Undecodable { problem, .. } => {
+                self.fail_unmappable(ids, &format!("the task cannot be decoded: {problem}"));
+                return;
+            }
+        };
         let attempt = match AttemptSnapshot::from_polled(task) {
             Ok(a) => a,
             Err(AttemptError::Unidentifiable { field }) => {
@@ -930,7 +1013,6 @@ impl Machine {
                 return;
             }
             Err(e) => {
-                let ids = ids.expect("identifiable: checked by from_conductor");
                 self.fail_unmappable(ids, &e.to_string());
                 return;
             }

@@ -246,7 +246,7 @@ fn hand_backs(effects: &[Effect]) -> Vec<String> {
     effects
         .iter()
         .filter_map(|e| match e {
-            Effect::HandBack(ids) => Some(ids.task_id.clone()),
+            Effect::HandBack(h) => Some(h.ids.task_id.clone()),
             _ => None,
         })
         .collect()
@@ -927,7 +927,7 @@ fn an_undecodable_task_fails_alone_and_its_batch_runs() {
     let mut h = Harness::new(2, true);
     h.up(2);
     let deep = format!(
-        r#"{{"taskId": "deep", "workflowInstanceId": "wf-deep", "inputData": {{"params": {{"x": {}1{}}}}}}}"#,
+        r#"{{"taskId": "deep", "workflowInstanceId": "wf-deep", "taskType": "t", "inputData": {{"params": {{"x": {}1{}}}}}}}"#,
         "[".repeat(5000),
         "]".repeat(5000)
     );
@@ -960,10 +960,210 @@ fn an_undecodable_task_fails_alone_and_its_batch_runs() {
         slot: None,
         next_task: Some(Polled::Undecodable {
             ids: None,
+            types: TaskTypes::default(),
             problem: "x".into(),
         }),
     });
     assert!(reports(&effects).is_empty() && assignments(&effects).is_empty());
+}
+
+fn hand_back_effects(effects: &[Effect]) -> Vec<HandBack> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::HandBack(h) => Some(h.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn typed_task(id: &str, def_name: Option<&str>, task_type: Option<&str>) -> Polled {
+    let mut raw = raw_task(id);
+    let fields = raw.as_object_mut().unwrap();
+    fields.remove("taskDefName");
+    fields.remove("taskType");
+    if let Some(name) = def_name {
+        fields.insert("taskDefName".into(), name.into());
+    }
+    if let Some(name) = task_type {
+        fields.insert("taskType".into(), name.into());
+    }
+    fields.insert("outputData".into(), json!({"saved": "by its own worker"}));
+    Polled::Task(PolledTask::from_value(raw))
+}
+
+/// A poll that returns another type's task (or one naming no type) does not run, fail or
+/// complete it: it is handed back as it came, its output sent back with it, and the tasks of
+/// the broker's own type in the same answer run.
+#[test]
+fn a_task_of_another_type_is_handed_back_untouched() {
+    let mut h = Harness::new(2, true);
+    h.up(2);
+    for (def_name, task_type) in [
+        (Some("other"), Some("other")),
+        (Some("other"), None),
+        (None, Some("other")),
+        (Some("t"), Some("other")),
+        (Some("other"), Some("t")),
+        (None, None),
+        (Some(""), Some("")),
+    ] {
+        let granted = h.poll().unwrap();
+        let effects = h.go(Input::Polled {
+            tasks: vec![typed_task("foreign", def_name, task_type)],
+            reserved: granted,
+        });
+        let what = format!("{def_name:?} {task_type:?}");
+        assert!(assignments(&effects).is_empty(), "{what}: {effects:?}");
+        assert!(reports(&effects).is_empty(), "{what}: {effects:?}");
+        assert!(
+            !effects
+                .iter()
+                .any(|e| matches!(e, Effect::StartLease { .. })),
+            "{what}"
+        );
+        assert_eq!(
+            hand_back_effects(&effects),
+            vec![HandBack {
+                ids: TaskRef {
+                    task_id: "foreign".into(),
+                    workflow_instance_id: "wf-foreign".into(),
+                },
+                output: Some(json!({"saved": "by its own worker"})),
+            }],
+            "{what}"
+        );
+        h.go(Input::UpdateDone {
+            slot: None,
+            next_task: None,
+        });
+    }
+    // Its own type, named either way, runs; in a batch with a foreign one, only it runs.
+    let granted = h.poll().unwrap();
+    let effects = h.go(Input::Polled {
+        tasks: vec![
+            typed_task("x", Some("other"), Some("other")),
+            typed_task("a", Some("t"), None),
+            typed_task("b", None, Some("t")),
+        ],
+        reserved: granted,
+    });
+    let sent: Vec<_> = assignments(&effects).into_iter().map(|a| a.2).collect();
+    assert_eq!(sent, ["a", "b"]);
+    assert_eq!(hand_backs(&effects), ["x"]);
+    // update-v2's next task is checked the same way.
+    let (_, execution, _) = assignments(&effects).remove(0);
+    h.complete(1, 1, "a", &execution);
+    let effects = h.go(Input::UpdateDone {
+        slot: Some(1),
+        next_task: Some(typed_task("y", Some("other"), Some("other"))),
+    });
+    assert_eq!(hand_backs(&effects), ["y"]);
+    assert!(assignments(&effects).is_empty());
+    assert_eq!(h.poll(), Some(1), "the slot update-v2 kept is free again");
+}
+
+/// Another type's task that cannot be decoded is handed back too, never failed here.
+#[test]
+fn an_undecodable_task_of_another_type_is_handed_back_not_failed() {
+    let mut h = Harness::new(1, true);
+    h.up(1);
+    let deep = format!(
+        r#"{{"taskId": "deep", "workflowInstanceId": "wf-deep", "taskType": "other", "inputData": {{"x": {}1{}}}}}"#,
+        "[".repeat(5000),
+        "]".repeat(5000)
+    );
+    let polled = Polled::decode(&deep);
+    let granted = h.poll().unwrap();
+    let effects = h.go(Input::Polled {
+        tasks: vec![polled],
+        reserved: granted,
+    });
+    assert!(reports(&effects).is_empty(), "{effects:?}");
+    assert_eq!(hand_backs(&effects), ["deep"]);
+    assert_eq!(hand_back_effects(&effects)[0].output, None);
+}
+
+/// The same task id twice in one answer runs once: the second is dropped, not run on another
+/// slot, failed or handed back.
+#[test]
+fn the_same_task_twice_in_one_answer_runs_once() {
+    let mut h = Harness::new(3, true);
+    h.up(3);
+    let effects = h.deliver(&["a", "a", "b"]);
+    let sent: Vec<_> = assignments(&effects).into_iter().map(|a| a.2).collect();
+    assert_eq!(sent, ["a", "b"]);
+    assert!(reports(&effects).is_empty() && hand_backs(&effects).is_empty());
+    let leases = effects
+        .iter()
+        .filter(|e| matches!(e, Effect::StartLease { .. }))
+        .count();
+    assert_eq!(leases, 2);
+    assert_eq!(h.poll(), Some(1), "the third slot is still free");
+}
+
+/// A task already running, held, or reported lately is dropped when a later answer hands it
+/// out again, whether from a poll or from update-v2.
+#[test]
+fn a_task_running_held_or_just_reported_is_not_run_again() {
+    let mut h = Harness::new(1, true);
+    h.up(1);
+    let (_, execution, _) = assignments(&h.deliver(&["a"])).remove(0);
+    // Running: a second answer with it changes nothing.
+    let effects = h.go(Input::UpdateDone {
+        slot: None,
+        next_task: Some(task("a")),
+    });
+    assert!(effects.is_empty(), "{effects:?}");
+    // Held: update-v2 of slot 1 returns "b" after its executor died, then "b" comes again.
+    let mut h2 = Harness::new(1, true);
+    h2.up(1);
+    let effects = h2.next_task_for_a_dead_slot("killed");
+    assert!(
+        effects
+            .iter()
+            .any(|e| matches!(e, Effect::StartLease { .. })),
+        "b is held: {effects:?}"
+    );
+    let effects = h2.go(Input::UpdateDone {
+        slot: None,
+        next_task: Some(task("b")),
+    });
+    assert!(effects.is_empty(), "{effects:?}");
+    // Reported: the completion of "a" goes out; update-v2 answers with "a" again.
+    let effects = h.complete(1, 1, "a", &execution);
+    assert_eq!(reports(&effects).len(), 1);
+    let effects = h.go(Input::UpdateDone {
+        slot: Some(1),
+        next_task: Some(task("a")),
+    });
+    assert!(assignments(&effects).is_empty() && reports(&effects).is_empty());
+    assert!(hand_backs(&effects).is_empty());
+    // And a later poll returning it: dropped, the slot stays free for the rest.
+    let granted = h.poll().unwrap();
+    let effects = h.go(Input::Polled {
+        tasks: vec![task("a"), task("c")],
+        reserved: granted,
+    });
+    let sent: Vec<_> = assignments(&effects).into_iter().map(|a| a.2).collect();
+    assert_eq!(sent, ["c"]);
+    // A task the broker failed itself is remembered too.
+    let mut h3 = Harness::new(1, true);
+    h3.up(1);
+    let mut bad = raw_task("m");
+    bad.as_object_mut().unwrap().remove("seq");
+    let granted = h3.poll().unwrap();
+    let effects = h3.go(Input::Polled {
+        tasks: vec![Polled::Task(PolledTask::from_value(bad.clone()))],
+        reserved: granted,
+    });
+    assert_eq!(reports(&effects).len(), 1);
+    let granted = h3.poll().unwrap();
+    let effects = h3.go(Input::Polled {
+        tasks: vec![Polled::Task(PolledTask::from_value(bad))],
+        reserved: granted,
+    });
+    assert!(reports(&effects).is_empty(), "{effects:?}");
 }
 
 #[test]

@@ -1,7 +1,11 @@
 //! Orkes-style Conductor authentication: a key id and secret traded at `POST /token` for a JWT
 //! sent as `X-Authorization` (no "Bearer"). The token is fetched lazily, refreshed before its
 //! `exp` claim (or after 45 minutes without one, as the Python SDK does), and once more when
-//! the server rejects it. A server without `/token` (404, Conductor OSS) runs without auth.
+//! the server rejects it. A server without `/token` (404, Conductor OSS) runs without auth, as
+//! the SDKs take it, but only when that is the first answer `/token` gives: once it has issued
+//! a token, a 404 is an outage (a proxy answering for a restarting server), retried. And a
+//! server taken to have no auth that refuses a request as unauthenticated has auth after all:
+//! a token is fetched then.
 //!
 //! Neither the secret nor the token is ever logged or printed by `Debug`.
 
@@ -96,8 +100,39 @@ pub(crate) enum TokenState {
         refresh_at: Instant,
         generation: u64,
     },
-    /// The server has no `/token` route: no header, for the life of the client.
+    /// The server has no `/token` route: no header, until a request is refused as
+    /// unauthenticated (see [`TokenState::refused_without_token`]).
     Disabled,
+}
+
+/// `/token` answered 404 after it had issued a token: an outage, not a server without auth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TokenOutage;
+
+impl TokenState {
+    /// `/token` answered 404. Before any token was issued (`tokens_fetched` 0) the server has
+    /// no auth (Conductor OSS): [`TokenState::Disabled`]. After, the route exists and is
+    /// down for now: the state is kept (a token not yet expired goes on being refreshed) and
+    /// the caller gets an outage to retry.
+    pub(crate) fn token_route_missing(&mut self, tokens_fetched: u64) -> Result<(), TokenOutage> {
+        if tokens_fetched > 0 {
+            return Err(TokenOutage);
+        }
+        *self = Self::Disabled;
+        Ok(())
+    }
+
+    /// A request sent without a token was refused as unauthenticated (401/403 about the
+    /// token): a server taken to have no auth has it after all (the first `/token` answer
+    /// was not the server's). From [`TokenState::Disabled`] back to [`TokenState::Unknown`],
+    /// so the next request fetches a token; `true` if that changed anything.
+    pub(crate) fn refused_without_token(&mut self) -> bool {
+        if matches!(self, Self::Disabled) {
+            *self = Self::Unknown;
+            return true;
+        }
+        false
+    }
 }
 
 impl fmt::Debug for TokenState {
@@ -271,6 +306,33 @@ mod tests {
         );
         let short = refresh_after(&jwt(&format!(r#"{{"exp":{}}}"#, now.as_secs() + 10)));
         assert!(short <= Duration::from_secs(9), "{short:?}");
+    }
+
+    /// "No auth" is decided only by the first answer of `/token`; a later 404 keeps the
+    /// token state and is an outage; a refusal without a token undoes "no auth".
+    #[test]
+    fn a_token_404_disables_auth_only_before_the_first_token() {
+        let mut state = TokenState::Unknown;
+        assert_eq!(state.token_route_missing(0), Ok(()));
+        assert!(matches!(state, TokenState::Disabled));
+        // The server refuses a request without a token: auth is on after all.
+        assert!(state.refused_without_token());
+        assert!(matches!(state, TokenState::Unknown));
+        assert!(!state.refused_without_token(), "only once per change");
+        // A token was issued; the refresh meets a 404: an outage, the token kept.
+        let mut state = TokenState::Valid {
+            token: HeaderValue::from_static("tok3n"),
+            refresh_at: Instant::now(),
+            generation: 1,
+        };
+        assert_eq!(state.token_route_missing(1), Err(TokenOutage));
+        assert!(matches!(state, TokenState::Valid { generation: 1, .. }));
+        assert!(!state.refused_without_token());
+        assert!(matches!(state, TokenState::Valid { .. }));
+        // Dropped after a rejection (Unknown), with tokens issued before: still an outage.
+        let mut state = TokenState::Unknown;
+        assert_eq!(state.token_route_missing(3), Err(TokenOutage));
+        assert!(matches!(state, TokenState::Unknown));
     }
 
     #[test]

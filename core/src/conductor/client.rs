@@ -4,7 +4,7 @@
 //! decide with [`ConductorError::is_retryable`] — except the one retry after the server
 //! rejects the auth token (see [`Credentials`]).
 
-use super::auth::{self, Credentials, CredentialsError, TokenState};
+use super::auth::{self, Credentials, CredentialsError, TokenOutage, TokenState};
 use super::errors::ConductorError;
 use crate::attempt::{PolledTask, TaskRef};
 use crate::result::TaskResultBody;
@@ -27,9 +27,58 @@ pub enum Polled {
     Undecodable {
         /// `taskId` and `workflowInstanceId`, if readable.
         ids: Option<TaskRef>,
+        /// What the task says its type is, as far as it can be read.
+        types: TaskTypes,
         /// What is wrong.
         problem: String,
     },
+}
+
+/// What a polled task says its type is: its `taskDefName` and its `taskType`, each when it
+/// is there and not empty (a value that is no string is kept as its JSON text, so it can
+/// match no name). For a SIMPLE task Conductor makes both the task definition's name.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TaskTypes {
+    /// `taskDefName`.
+    pub task_def_name: Option<String>,
+    /// `taskType`.
+    pub task_type: Option<String>,
+}
+
+impl TaskTypes {
+    /// The types named by a task's top-level fields.
+    pub fn of(fields: &serde_json::Map<String, Value>) -> Self {
+        let get = |field: &str| match fields.get(field) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if s.is_empty() => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(other) => Some(other.to_string()),
+        };
+        Self {
+            task_def_name: get("taskDefName"),
+            task_type: get("taskType"),
+        }
+    }
+
+    /// Whether the task is of type `name`: it names a type, and every name it gives is `name`.
+    /// A task that names none cannot be told apart from another type's.
+    pub fn is(&self, name: &str) -> bool {
+        let names = [&self.task_def_name, &self.task_type];
+        names.iter().any(|n| n.is_some())
+            && names.iter().all(|n| n.as_deref().is_none_or(|n| n == name))
+    }
+}
+
+impl fmt::Display for TaskTypes {
+    /// `taskDefName "a", taskType "b"`, or what is missing.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.task_def_name, &self.task_type) {
+            (None, None) => f.write_str("no taskDefName or taskType"),
+            (Some(d), None) => write!(f, "taskDefName {d:?} and no taskType"),
+            (None, Some(t)) => write!(f, "taskType {t:?} and no taskDefName"),
+            (Some(d), Some(t)) => write!(f, "taskDefName {d:?}, taskType {t:?}"),
+        }
+    }
 }
 
 impl Polled {
@@ -81,6 +130,7 @@ impl Polled {
     fn not_an_object() -> Self {
         Self::Undecodable {
             ids: None,
+            types: TaskTypes::default(),
             problem: "a polled task is not a JSON object".to_owned(),
         }
     }
@@ -92,11 +142,27 @@ impl Polled {
             task_id: String,
             workflow_instance_id: String,
         }
+        /// Read apart from the ids: a type that is not a string leaves the ids readable.
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Types {
+            #[serde(default)]
+            task_def_name: Option<String>,
+            #[serde(default)]
+            task_type: Option<String>,
+        }
+        let types = serde_json::from_str::<Types>(text)
+            .map(|t| TaskTypes {
+                task_def_name: t.task_def_name.filter(|s| !s.is_empty()),
+                task_type: t.task_type.filter(|s| !s.is_empty()),
+            })
+            .unwrap_or_default();
         Self::Undecodable {
             ids: serde_json::from_str::<Ids>(text).ok().map(|ids| TaskRef {
                 task_id: ids.task_id,
                 workflow_instance_id: ids.workflow_instance_id,
             }),
+            types,
             problem: e.to_string(),
         }
     }
@@ -129,6 +195,31 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Kept of an error body for messages.
 const MAX_ERROR_BODY: usize = 512;
+/// Read of an error answer at most; the rest is not read (the connection is closed).
+const MAX_ERROR_READ: usize = 64 << 10;
+/// Conductor's largest payload, of a task's input or of its output (the default
+/// `conductor.app.max{Task,Workflow}{Input,Output}PayloadSizeThreshold`, 10240 KB): above
+/// it Conductor refuses the payload instead of sending it.
+const MAX_PAYLOAD: usize = 10 << 20;
+/// The most one task's JSON can legitimately take (a poll's element, update-v2's next task,
+/// `GET /tasks/{id}`): its input and its output, each at Conductor's largest payload, and
+/// 4 MiB for the rest (the workflow task with its definition and input parameters).
+pub const MAX_TASK_ANSWER: usize = 2 * MAX_PAYLOAD + (4 << 20);
+/// The most a TaskDef answer takes (its input template included).
+const MAX_TASK_DEF_ANSWER: usize = 4 << 20;
+/// The most a small answer takes: a token, queue sizes, a task or workflow id, an empty 200.
+const MAX_SMALL_ANSWER: usize = 1 << 20;
+/// The most a workflow with its tasks takes (`dev` only).
+const MAX_WORKFLOW_ANSWER: usize = 256 << 20;
+
+/// The most a batch poll for `count` tasks reads: that many tasks at [`MAX_TASK_ANSWER`],
+/// and one more (Conductor can return more tasks than asked for, conductor-oss/conductor#369).
+pub fn max_poll_answer(count: u32) -> usize {
+    usize::try_from(count.max(1))
+        .unwrap_or(usize::MAX)
+        .saturating_add(1)
+        .saturating_mul(MAX_TASK_ANSWER)
+}
 /// The auth header (Orkes): the bare token, no "Bearer".
 const AUTH_HEADER: &str = "X-Authorization";
 /// `CONDUCTOR_SERVER_URL`, as [`ConductorClient::from_lookup`] reads it.
@@ -158,7 +249,9 @@ pub enum ClientConfigError {
 /// A client for one Conductor server. Clones share the connection pool and the auth token.
 #[derive(Debug, Clone)]
 pub struct ConductorClient {
-    http: reqwest::Client,
+    /// The connection pool, shared by clones; replaced (every pooled connection dropped)
+    /// after an answer that leaves a connection out of step (see [`declares_a_body`]).
+    http: Arc<std::sync::Mutex<reqwest::Client>>,
     /// The API base including `/api`, without a trailing `/`.
     base: String,
     /// `base` parsed once: each request's URL is this with its path extended, so the host
@@ -177,6 +270,9 @@ struct Auth {
     fetched: AtomicU64,
     /// Whether "no auth on this server" was logged.
     logged_disabled: AtomicBool,
+    /// Whether the token endpoint's outage (a 404 after tokens were issued) was logged; reset
+    /// when a token is fetched again, so each outage is logged once, at its start and end.
+    logged_outage: AtomicBool,
 }
 
 impl fmt::Debug for Auth {
@@ -208,7 +304,9 @@ impl ConductorClient {
     /// require: a token from `POST {base}/token`, fetched before the first request and sent as
     /// `X-Authorization` on every request, refreshed before it expires and once more when the
     /// server rejects it (401/403 `EXPIRED_TOKEN`/`INVALID_TOKEN`, then the request is sent
-    /// again once). A server without `/token` (404, Conductor OSS) is used without auth.
+    /// again once). A server whose `/token` answers 404 before it has issued any token
+    /// (Conductor OSS) is used without auth until it refuses a request as unauthenticated;
+    /// a 404 after a token was issued is an outage ([`ConductorError::TokenUnavailable`]).
     pub fn with_auth(
         base_url: &str,
         credentials: Option<Credentials>,
@@ -227,22 +325,18 @@ impl ConductorClient {
         if rest.is_empty() || rest.starts_with('/') {
             return Err(err("the URL has no host"));
         }
-        let http = crate::http::client_builder(base)
-            .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(REQUEST_TIMEOUT)
-            .pool_max_idle_per_host(16)
-            .build()
-            .map_err(|_| err("cannot build an HTTP client"))?;
+        let http = build_http(base).map_err(|_| err("cannot build an HTTP client"))?;
         let auth = credentials.map(|credentials| {
             Arc::new(Auth {
                 credentials,
                 state: tokio::sync::Mutex::new(TokenState::Unknown),
                 fetched: AtomicU64::new(0),
                 logged_disabled: AtomicBool::new(false),
+                logged_outage: AtomicBool::new(false),
             })
         });
         Ok(Self {
-            http,
+            http: Arc::new(std::sync::Mutex::new(http)),
             base: base.to_owned(),
             base_parsed: reqwest::Url::parse(base).ok(),
             auth,
@@ -270,20 +364,39 @@ impl ConductorClient {
         query: &[(&str, String)],
         payload: Option<JsonBody<'_>>,
         timeout: Duration,
+        limit: usize,
     ) -> Result<(StatusCode, String), ConductorError> {
+        let request = Request {
+            path,
+            query,
+            body: payload,
+            timeout,
+            limit,
+        };
         let Some(auth) = &self.auth else {
-            return self
-                .send_once(method, path, query, payload, timeout, None)
-                .await;
+            return self.send_once(method, &request, None).await;
         };
         let Some((token, number)) = self.token(auth).await? else {
-            return self
-                .send_once(method, path, query, payload, timeout, None)
-                .await;
+            let answer = self.send_once(method.clone(), &request, None).await;
+            return match answer {
+                // Taken to have no auth, the server asks for it: fetch a token, send again.
+                Err(ConductorError::Status {
+                    status, ref body, ..
+                }) if auth::token_rejected(status, body)
+                    && auth.state.lock().await.refused_without_token() =>
+                {
+                    tracing::warn!(
+                        status,
+                        path,
+                        "Conductor, taken to have no auth, refused a request without a token; fetching one and retrying once"
+                    );
+                    let token = self.token(auth).await?.map(|(token, _)| token);
+                    self.send_once(method, &request, token.as_ref()).await
+                }
+                other => other,
+            };
         };
-        let first = self
-            .send_once(method.clone(), path, query, payload, timeout, Some(&token))
-            .await;
+        let first = self.send_once(method.clone(), &request, Some(&token)).await;
         match first {
             Err(ConductorError::Status {
                 status, ref body, ..
@@ -301,8 +414,7 @@ impl ConductorClient {
                     }
                 }
                 let token = self.token(auth).await?.map(|(token, _)| token);
-                self.send_once(method, path, query, payload, timeout, token.as_ref())
-                    .await
+                self.send_once(method, &request, token.as_ref()).await
             }
             other => other,
         }
@@ -325,6 +437,12 @@ impl ConductorClient {
         match self.fetch_token(&auth.credentials).await? {
             Some(token) => {
                 let generation = auth.fetched.fetch_add(1, Ordering::Relaxed) + 1;
+                if auth.logged_outage.swap(false, Ordering::Relaxed) {
+                    tracing::info!(
+                        generation,
+                        "the Conductor token endpoint issues tokens again"
+                    );
+                }
                 let refresh_in = auth::refresh_after(token.to_str().unwrap_or_default());
                 tracing::debug!(
                     key_id = %auth.credentials.key_id,
@@ -340,13 +458,24 @@ impl ConductorClient {
                 Ok(Some((token, generation)))
             }
             None => {
+                let url = format!("{}/token", self.base);
+                if let Err(TokenOutage) =
+                    state.token_route_missing(auth.fetched.load(Ordering::Relaxed))
+                {
+                    if !auth.logged_outage.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(%url, "the Conductor token endpoint answered 404 after issuing tokens; taking it as an outage and retrying");
+                    }
+                    return Err(ConductorError::TokenUnavailable {
+                        method: "POST",
+                        url,
+                    });
+                }
                 if !auth.logged_disabled.swap(true, Ordering::Relaxed) {
                     tracing::info!(
-                        url = %format!("{}/token", self.base),
+                        %url,
                         "Conductor has no /token route (no auth on this server); continuing without credentials"
                     );
                 }
-                *state = TokenState::Disabled;
                 Ok(None)
             }
         }
@@ -363,17 +492,14 @@ impl ConductorClient {
             "keyId": credentials.key_id,
             "keySecret": credentials.key_secret,
         });
-        let text = match self
-            .send_once(
-                Method::POST,
-                path,
-                &[],
-                Some((&body).into()),
-                REQUEST_TIMEOUT,
-                None,
-            )
-            .await
-        {
+        let request = Request {
+            path,
+            query: &[],
+            body: Some((&body).into()),
+            timeout: REQUEST_TIMEOUT,
+            limit: MAX_SMALL_ANSWER,
+        };
+        let text = match self.send_once(Method::POST, &request, None).await {
             Ok((_, text)) => text,
             Err(e) if e.is_not_found() => return Ok(None),
             Err(ConductorError::Status {
@@ -419,16 +545,23 @@ impl ConductorClient {
         &self.base
     }
 
-    /// One request; `token`, if any, goes in `X-Authorization`.
+    /// One request; `token`, if any, goes in `X-Authorization`. The answer is read as it
+    /// comes, up to the request's limit: one declared or found larger is refused
+    /// ([`ConductorError::TooLarge`]) without reading the rest, so a server that lies about
+    /// its `Content-Length`, or sends none, cannot make the client hold more.
     async fn send_once(
         &self,
         method: Method,
-        path: &str,
-        query: &[(&str, String)],
-        body: Option<JsonBody<'_>>,
-        timeout: Duration,
+        request: &Request<'_, '_>,
         token: Option<&HeaderValue>,
     ) -> Result<(StatusCode, String), ConductorError> {
+        let Request {
+            path,
+            query,
+            body,
+            timeout,
+            limit,
+        } = *request;
         let url = format!("{}{path}", self.base);
         let method_name = match method {
             Method::GET => "GET",
@@ -437,9 +570,10 @@ impl ConductorClient {
             Method::DELETE => "DELETE",
             _ => "HTTP",
         };
+        let http = self.http();
         let mut req = match &self.base_parsed {
-            Some(base) => self.http.request(method, request_url(base, path)),
-            None => self.http.request(method, &url),
+            Some(base) => http.request(method, request_url(base, path)),
+            None => http.request(method, &url),
         }
         .timeout(timeout);
         if !query.is_empty() {
@@ -468,14 +602,35 @@ impl ConductorClient {
         };
         let resp = req.send().await.map_err(transport)?;
         let status = resp.status();
+        if declares_a_body(status, resp.headers()) {
+            // HTTP gives a 204 no body, so what the server sent as one is still on the
+            // connection, where it would be read as the answer to the next request: the
+            // pool (that connection with it) is dropped before any other request is sent.
+            tracing::warn!(
+                %url,
+                "Conductor answered 204 No Content declaring a body; dropping every pooled connection so none reads it as the next answer"
+            );
+            self.renew_pool();
+        }
+        let failed = status.is_client_error() || status.is_server_error();
+        let (bytes, complete) = read_capped(resp, if failed { MAX_ERROR_READ } else { limit })
+            .await
+            .map_err(transport)?;
+        if !complete && !failed {
+            return Err(ConductorError::TooLarge {
+                method: method_name,
+                url,
+                status: status.as_u16(),
+                limit,
+            });
+        }
         // UTF-8 checked in one fast pass; `text()` would decode through a lossy converter
         // (charset sniffing, chunk by chunk), which costs milliseconds on a megabyte.
-        let bytes = resp.bytes().await.map_err(transport)?;
-        let text = match String::from_utf8(bytes.into()) {
+        let text = match String::from_utf8(bytes) {
             Ok(text) => text,
             Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
         };
-        if status.is_client_error() || status.is_server_error() {
+        if failed {
             let mut body = text;
             if body.len() > MAX_ERROR_BODY {
                 let mut cut = MAX_ERROR_BODY;
@@ -495,6 +650,30 @@ impl ConductorClient {
         Ok((status, text))
     }
 
+    /// The connection pool now (a cheap handle).
+    fn http(&self) -> reqwest::Client {
+        self.http
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replaces the connection pool with a new, empty one; requests under way keep the old
+    /// one until they end, then it is dropped with its connections.
+    fn renew_pool(&self) {
+        match build_http(&self.base) {
+            Ok(http) => {
+                *self
+                    .http
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = http;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot build a new HTTP client; keeping the old one")
+            }
+        }
+    }
+
     fn decode(
         method: &'static str,
         path: &str,
@@ -508,16 +687,44 @@ impl ConductorClient {
         })
     }
 
-    /// `GET /metadata/taskdefs/{name}`: `None` when the server says it does not exist.
+    /// `GET /metadata/taskdefs/{name}`: `None` when the server says it does not exist (404,
+    /// 204 or an empty answer). Anything else but a JSON object whose `name` is `name`
+    /// (`null`, `[]`, another task's TaskDef) is no TaskDef of this task: an error saying
+    /// what came, never a registration.
     pub async fn get_task_def(&self, name: &str) -> Result<Option<Value>, ConductorError> {
         let path = format!("/metadata/taskdefs/{}", segment(name));
         match self
-            .send(Method::GET, &path, &[], None, REQUEST_TIMEOUT)
+            .send(
+                Method::GET,
+                &path,
+                &[],
+                None,
+                REQUEST_TIMEOUT,
+                MAX_TASK_DEF_ANSWER,
+            )
             .await
         {
             Ok((StatusCode::NO_CONTENT, _)) => Ok(None),
             Ok((_, text)) if text.trim().is_empty() => Ok(None),
-            Ok((_, text)) => Self::decode("GET", &path, &self.base, &text).map(Some),
+            Ok((_, text)) => {
+                let def = Self::decode("GET", &path, &self.base, &text)?;
+                let found = match &def {
+                    Value::Object(fields) => match fields.get("name") {
+                        Some(Value::String(n)) if n == name => return Ok(Some(def)),
+                        Some(Value::String(n)) => format!("the TaskDef of {n:?}"),
+                        Some(other) => format!("an object whose name is {other}"),
+                        None => "an object without a name".to_owned(),
+                    },
+                    Value::Null => "null".to_owned(),
+                    Value::Array(_) => "an array".to_owned(),
+                    other => format!("{other}"),
+                };
+                Err(ConductorError::Decode {
+                    method: "GET",
+                    url: format!("{}{path}", self.base),
+                    message: format!("expected the TaskDef of {name:?}, got {found}"),
+                })
+            }
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
         }
@@ -540,7 +747,14 @@ impl ConductorClient {
             ("timeout", wait.as_millis().to_string()),
         ];
         let (status, text) = self
-            .send(Method::GET, &path, &query, None, wait + REQUEST_TIMEOUT)
+            .send(
+                Method::GET,
+                &path,
+                &query,
+                None,
+                wait + REQUEST_TIMEOUT,
+                max_poll_answer(count),
+            )
             .await?;
         if status == StatusCode::NO_CONTENT || text.trim().is_empty() {
             return Ok(Vec::new());
@@ -569,7 +783,14 @@ impl ConductorClient {
         let query = [("taskType", task_type.to_owned())];
         // Read every second: a slow answer is dropped rather than waited for.
         let (_, text) = self
-            .send(Method::GET, path, &query, None, Duration::from_secs(5))
+            .send(
+                Method::GET,
+                path,
+                &query,
+                None,
+                Duration::from_secs(5),
+                MAX_SMALL_ANSWER,
+            )
             .await?;
         let value = Self::decode("GET", path, &self.base, &text)?;
         value
@@ -584,19 +805,30 @@ impl ConductorClient {
 
     /// `POST /tasks` (update v1). A 200 does not prove the update was applied: Conductor
     /// silently ignores updates to terminal tasks.
+    /// Its answer (the task id) is not used: one too large to read still means the update
+    /// was applied.
     pub async fn update_task<'a>(
         &self,
         result: impl Into<JsonBody<'a>>,
     ) -> Result<(), ConductorError> {
-        self.send(
-            Method::POST,
-            "/tasks",
-            &[],
-            Some(result.into()),
-            REQUEST_TIMEOUT,
-        )
-        .await
-        .map(drop)
+        match self
+            .send(
+                Method::POST,
+                "/tasks",
+                &[],
+                Some(result.into()),
+                REQUEST_TIMEOUT,
+                MAX_SMALL_ANSWER,
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e @ ConductorError::TooLarge { .. }) if e.status().is_some_and(|s| s < 300) => {
+                tracing::warn!(error = %e, "the update was applied; its answer is not read");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// `POST /tasks/update-v2`: the update, then the next task of the same type for the same
@@ -608,15 +840,29 @@ impl ConductorClient {
         result: impl Into<JsonBody<'a>>,
     ) -> Result<Option<Polled>, ConductorError> {
         let path = "/tasks/update-v2";
-        let (status, text) = self
+        let (status, text) = match self
             .send(
                 Method::POST,
                 path,
                 &[],
                 Some(result.into()),
                 REQUEST_TIMEOUT,
+                MAX_TASK_ANSWER,
             )
-            .await?;
+            .await
+        {
+            Ok(answer) => answer,
+            // Applied; the next task it brings is too large to read (and cannot be told
+            // about: its ids are in what was not read).
+            Err(e @ ConductorError::TooLarge { .. }) if e.status().is_some_and(|s| s < 300) => {
+                return Ok(Some(Polled::Undecodable {
+                    ids: None,
+                    types: TaskTypes::default(),
+                    problem: e.to_string(),
+                }));
+            }
+            Err(e) => return Err(e),
+        };
         if status == StatusCode::NO_CONTENT || text.trim().is_empty() {
             return Ok(None);
         }
@@ -628,7 +874,14 @@ impl ConductorClient {
     pub async fn get_task(&self, task_id: &str) -> Result<Value, ConductorError> {
         let path = format!("/tasks/{}", segment(task_id));
         let (status, text) = self
-            .send(Method::GET, &path, &[], None, REQUEST_TIMEOUT)
+            .send(
+                Method::GET,
+                &path,
+                &[],
+                None,
+                REQUEST_TIMEOUT,
+                MAX_TASK_ANSWER,
+            )
             .await?;
         if status == StatusCode::NO_CONTENT || text.trim().is_empty() {
             return Err(ConductorError::Status {
@@ -650,6 +903,7 @@ impl ConductorClient {
             &[],
             Some((&body).into()),
             REQUEST_TIMEOUT,
+            MAX_SMALL_ANSWER,
         )
         .await
         .map(drop)
@@ -664,6 +918,7 @@ impl ConductorClient {
             &[],
             Some((&body).into()),
             REQUEST_TIMEOUT,
+            MAX_SMALL_ANSWER,
         )
         .await
         .map(drop)
@@ -683,6 +938,7 @@ impl ConductorClient {
                 &[],
                 Some(input.into()),
                 REQUEST_TIMEOUT,
+                MAX_SMALL_ANSWER,
             )
             .await?;
         Ok(text.trim().trim_matches('"').to_owned())
@@ -698,10 +954,68 @@ impl ConductorClient {
                 &[("includeTasks", "true".into())],
                 None,
                 REQUEST_TIMEOUT,
+                MAX_WORKFLOW_ANSWER,
             )
             .await?;
         Self::decode("GET", &path, &self.base, &text)
     }
+}
+
+/// One request's parts.
+#[derive(Clone, Copy)]
+struct Request<'a, 'q> {
+    path: &'a str,
+    query: &'a [(&'q str, String)],
+    body: Option<JsonBody<'a>>,
+    timeout: Duration,
+    /// The most of a successful answer that is read.
+    limit: usize,
+}
+
+/// The HTTP client of a Conductor client for `base`.
+fn build_http(base: &str) -> Result<reqwest::Client, reqwest::Error> {
+    crate::http::client_builder(base)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(REQUEST_TIMEOUT)
+        .pool_max_idle_per_host(16)
+        .build()
+}
+
+/// Whether an answer that has no body by HTTP's rules (204) declares one anyway
+/// (`Content-Length` other than 0, or `Transfer-Encoding`): the bytes the server sends as
+/// its body are left on the connection.
+fn declares_a_body(status: StatusCode, headers: &reqwest::header::HeaderMap) -> bool {
+    status == StatusCode::NO_CONTENT
+        && (headers.contains_key(reqwest::header::TRANSFER_ENCODING)
+            || headers
+                .get_all(reqwest::header::CONTENT_LENGTH)
+                .iter()
+                .any(|v| v.as_bytes().iter().any(|&b| b != b'0')))
+}
+
+/// Reads an answer's body as it comes, at most `limit` bytes: the bytes, and whether that is
+/// all of it. An answer whose `Content-Length` is above `limit` is not read at all; nothing
+/// is allocated from what the server declares.
+async fn read_capped(
+    mut resp: reqwest::Response,
+    limit: usize,
+) -> Result<(Vec<u8>, bool), reqwest::Error> {
+    if resp
+        .content_length()
+        .is_some_and(|len| len > u64::try_from(limit).unwrap_or(u64::MAX))
+    {
+        return Ok((Vec::new(), false));
+    }
+    let mut bytes = Vec::new();
+    while let Some(chunk) = resp.chunk().await? {
+        if chunk.len() > limit - bytes.len() {
+            let room = limit - bytes.len();
+            bytes.extend_from_slice(&chunk[..room]);
+            return Ok((bytes, false));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok((bytes, true))
 }
 
 /// `base` (parsed) with `path` (its segments already percent-encoded) appended to its path:
@@ -715,6 +1029,291 @@ fn request_url(base: &reqwest::Url, path: &str) -> reqwest::Url {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// Reads one request (head and `Content-Length` body) from `conn`; `None` at EOF.
+    async fn read_request(conn: &mut TcpStream) -> Option<String> {
+        let mut buf = Vec::new();
+        let mut byte = [0u8; 1];
+        while !buf.ends_with(b"\r\n\r\n") {
+            if conn.read(&mut byte).await.ok()? == 0 {
+                return None;
+            }
+            buf.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&buf).into_owned();
+        let len = head
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse::<usize>().ok())?
+            })
+            .unwrap_or(0);
+        let mut body = vec![0u8; len];
+        conn.read_exact(&mut body).await.ok()?;
+        Some(head.lines().next().unwrap_or_default().to_owned())
+    }
+
+    /// A raw loopback HTTP server: each connection's requests are answered in turn by
+    /// `answer(request_line, n)`, `n` counting requests over all connections; the raw bytes
+    /// are written as they are. Returns the base URL.
+    async fn raw_server(answer: impl Fn(&str, usize) -> Vec<u8> + Send + Sync + 'static) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let answer = Arc::new(answer);
+        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let answer = Arc::clone(&answer);
+                let count = Arc::clone(&count);
+                tokio::spawn(async move {
+                    while let Some(line) = read_request(&mut conn).await {
+                        let n = count.fetch_add(1, Ordering::SeqCst);
+                        let out = answer(&line, n);
+                        // The head first, the rest a moment later (as its own segment): the
+                        // client has the whole answer the head announces before the rest.
+                        let split = out
+                            .windows(4)
+                            .position(|w| w == b"\r\n\r\n")
+                            .map_or(out.len(), |at| at + 4);
+                        if conn.write_all(&out[..split]).await.is_err() {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        if conn.write_all(&out[split..]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        format!("http://{addr}/api")
+    }
+
+    fn response(status: &str, body: &str) -> Vec<u8> {
+        format!(
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    }
+
+    /// A 204 that carries a body (which HTTP forbids) must not leave that body on the
+    /// connection to be read as the answer to the next request: here the body is a whole
+    /// forged answer with a task in it.
+    #[tokio::test]
+    async fn a_204_with_a_body_does_not_desynchronise_the_next_answer() {
+        let forged = response(
+            "200 OK",
+            r#"[{"taskId":"forged","workflowInstanceId":"wf","taskType":"t"}]"#,
+        );
+        let base = raw_server(move |line, _| {
+            if line.starts_with("POST") {
+                let mut out = format!(
+                    "HTTP/1.1 204 No Content\r\nContent-Length: {}\r\n\r\n",
+                    forged.len()
+                )
+                .into_bytes();
+                out.extend_from_slice(&forged);
+                out
+            } else {
+                response("200 OK", "[]")
+            }
+        })
+        .await;
+        let client = ConductorClient::new(&base).unwrap();
+        for _ in 0..20 {
+            let next = client
+                .update_task_v2(&json_result())
+                .await
+                .expect("a 204 is no next task");
+            assert_eq!(next, None);
+            let polled = client
+                .batch_poll("t", "w", 1, Duration::from_millis(1))
+                .await;
+            assert!(
+                matches!(&polled, Ok(tasks) if tasks.is_empty()),
+                "the poll read the forged answer: {polled:?}"
+            );
+        }
+    }
+
+    /// A loopback server that answers every request with `head` and then, unless `head`
+    /// has a `Content-Length`, an endless chunked body of `[`; returns the base URL and how
+    /// many body bytes it managed to write.
+    async fn flooding_server(head: &'static str) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let written = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let total = Arc::clone(&written);
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let written = Arc::clone(&total);
+                tokio::spawn(async move {
+                    if read_request(&mut conn).await.is_some() {
+                        if conn.write_all(head.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        let chunk = format!("{:x}\r\n{}\r\n", 64 << 10, "[".repeat(64 << 10));
+                        loop {
+                            if conn.write_all(chunk.as_bytes()).await.is_err() {
+                                return;
+                            }
+                            written.fetch_add(64 << 10, Ordering::SeqCst);
+                        }
+                    }
+                });
+            }
+        });
+        (format!("http://{addr}/api"), written)
+    }
+
+    /// An answer without `Content-Length` that never ends is read up to the request's
+    /// limit and refused, naming the request and the limit; the server is cut off there.
+    #[tokio::test]
+    async fn an_endless_answer_is_refused_at_its_limit() {
+        let (base, written) = flooding_server(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
+        )
+        .await;
+        let client = ConductorClient::new(&base).unwrap();
+        let err = client.queue_size("t").await.unwrap_err();
+        assert!(
+            matches!(err, ConductorError::TooLarge { limit, .. } if limit == MAX_SMALL_ANSWER),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "GET {base}/tasks/queue/sizes: HTTP 200: the answer is larger than 1048576 bytes, the most read for this request; refused"
+            )
+        );
+        assert!(err.is_retryable());
+        let err = client
+            .batch_poll("t", "w", 1, Duration::from_millis(1))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, ConductorError::TooLarge { limit, .. } if limit == max_poll_answer(1)),
+            "{err:?}"
+        );
+        // What the server wrote past the limit is what the sockets buffered, no more.
+        let sent = written.load(Ordering::SeqCst);
+        assert!(
+            sent < MAX_SMALL_ANSWER + max_poll_answer(1) + (32 << 20),
+            "the server wrote {sent} bytes"
+        );
+        // An update-v2 whose next task is too large was applied: no error, an undecodable
+        // next task naming the limit.
+        match client.update_task_v2(&json_result()).await {
+            Ok(Some(Polled::Undecodable {
+                ids: None, problem, ..
+            })) => {
+                assert!(problem.contains(&MAX_TASK_ANSWER.to_string()), "{problem}");
+            }
+            other => panic!("{other:?}"),
+        }
+        client
+            .update_task(&json_result())
+            .await
+            .expect("a v1 update was applied");
+    }
+
+    /// An answer declaring a length above the limit is refused before any of it is read.
+    #[tokio::test]
+    async fn an_answer_declared_too_large_is_refused_unread() {
+        let (base, _) = flooding_server(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1073741824\r\n\r\n",
+        )
+        .await;
+        let client = ConductorClient::new(&base).unwrap();
+        let started = Instant::now();
+        for _ in 0..3 {
+            let err = client.get_task("t-1").await.unwrap_err();
+            assert!(
+                matches!(err, ConductorError::TooLarge { limit, .. } if limit == MAX_TASK_ANSWER),
+                "{err:?}"
+            );
+        }
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // An error answer is cut short, not refused: its status is what counts.
+        let (base, _) = flooding_server(
+            "HTTP/1.1 500 Internal Server Error\r\nTransfer-Encoding: chunked\r\n\r\n",
+        )
+        .await;
+        let err = ConductorClient::new(&base)
+            .unwrap()
+            .get_task("t-1")
+            .await
+            .unwrap_err();
+        match &err {
+            ConductorError::Status {
+                status: 500, body, ..
+            } => {
+                assert!(
+                    body.len() <= MAX_ERROR_BODY + '…'.len_utf8(),
+                    "{}",
+                    body.len()
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Only an object named as the task is its TaskDef; `null`, `[]` or another task's
+    /// TaskDef are errors saying what came (before, each counted as registered).
+    #[tokio::test]
+    async fn only_an_object_with_the_tasks_name_is_its_task_def() {
+        let answers = [
+            (r#"{"name": "t", "retryCount": 0}"#, None),
+            ("null", Some("got null")),
+            ("[]", Some("got an array")),
+            (r#"[{"name": "t"}]"#, Some("got an array")),
+            (
+                r#"{"name": "other"}"#,
+                Some(r#"got the TaskDef of "other""#),
+            ),
+            (r#"{"name": 5}"#, Some("got an object whose name is 5")),
+            ("{}", Some("got an object without a name")),
+            (r#""t""#, Some(r#"got "t""#)),
+        ];
+        let base = raw_server(move |_, n| response("200 OK", answers[n % answers.len()].0)).await;
+        let client = ConductorClient::new(&base).unwrap();
+        for (answer, problem) in answers {
+            let got = client.get_task_def("t").await;
+            match problem {
+                None => assert_eq!(got.unwrap().unwrap()["name"], "t"),
+                Some(problem) => {
+                    let err = got.unwrap_err();
+                    assert_eq!(
+                        err.to_string(),
+                        format!(
+                            "GET {base}/metadata/taskdefs/t: unexpected response: expected the TaskDef of \"t\", {problem}"
+                        ),
+                        "{answer}"
+                    );
+                    assert!(!err.is_retryable());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn poll_limits_grow_with_the_count_and_saturate() {
+        assert_eq!(max_poll_answer(0), 2 * MAX_TASK_ANSWER);
+        assert_eq!(max_poll_answer(1), 2 * MAX_TASK_ANSWER);
+        assert_eq!(max_poll_answer(4), 5 * MAX_TASK_ANSWER);
+        assert_eq!(
+            max_poll_answer(u32::MAX),
+            (usize::try_from(u32::MAX).unwrap() + 1).saturating_mul(MAX_TASK_ANSWER)
+        );
+    }
+
+    fn json_result() -> Value {
+        serde_json::json!({"taskId": "t-1", "workflowInstanceId": "wf-1", "status": "COMPLETED"})
+    }
 
     #[test]
     fn request_urls_are_what_parsing_the_whole_text_gives() {
@@ -830,6 +1429,7 @@ mod tests {
                 Polled::decode(&text),
                 Polled::Undecodable {
                     ids: ids.clone(),
+                    types: TaskTypes::default(),
                     problem: crate::json::from_str(&text).unwrap_err().to_string(),
                 },
                 "{}",
@@ -873,6 +1473,7 @@ mod tests {
             Polled::decode("[1]"),
             Polled::Undecodable {
                 ids: None,
+                types: TaskTypes::default(),
                 problem: "a polled task is not a JSON object".to_owned(),
             }
         );

@@ -44,6 +44,32 @@ pub enum ConductorError {
         /// The response body, cut short.
         body: String,
     },
+    /// `POST /token` answered 404 after it had issued tokens: taken as an outage (a proxy
+    /// answering for a restarting server), not as a server without auth; retried.
+    #[error(
+        "{method} {url}: HTTP 404 from the token endpoint, which issued tokens before: taken as an outage, not as a server without auth"
+    )]
+    TokenUnavailable {
+        /// HTTP method.
+        method: &'static str,
+        /// The token URL.
+        url: String,
+    },
+    /// The answer is larger than perago reads into memory for this request: refused unread
+    /// past the limit (memory stays bounded whatever the server declares or sends).
+    #[error(
+        "{method} {url}: HTTP {status}: the answer is larger than {limit} bytes, the most read for this request; refused"
+    )]
+    TooLarge {
+        /// HTTP method.
+        method: &'static str,
+        /// Request URL.
+        url: String,
+        /// The status code of the answer.
+        status: u16,
+        /// The most that is read.
+        limit: usize,
+    },
     /// The answer was not what the API promises.
     #[error("{method} {url}: unexpected response: {message}")]
     Decode {
@@ -85,7 +111,8 @@ impl ConductorError {
     /// means the request itself is wrong or the task is gone.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Self::Transport { .. } => true,
+            // A proxy or a server in trouble may answer properly next time.
+            Self::Transport { .. } | Self::TooLarge { .. } | Self::TokenUnavailable { .. } => true,
             Self::Status { status, .. } => *status >= 500 || *status == 429,
             Self::Credentials { .. } | Self::Decode { .. } => false,
         }
@@ -94,7 +121,9 @@ impl ConductorError {
     /// The HTTP status, if the server answered.
     pub fn status(&self) -> Option<u16> {
         match self {
-            Self::Status { status, .. } | Self::Credentials { status, .. } => Some(*status),
+            Self::Status { status, .. }
+            | Self::Credentials { status, .. }
+            | Self::TooLarge { status, .. } => Some(*status),
             _ => None,
         }
     }
@@ -111,6 +140,8 @@ impl ConductorError {
             Self::Transport { .. } => "Transport".to_owned(),
             Self::Status { status, .. } => format!("HTTP {status}"),
             Self::Credentials { .. } => "Credentials".to_owned(),
+            Self::TooLarge { .. } => "TooLarge".to_owned(),
+            Self::TokenUnavailable { .. } => "TokenUnavailable".to_owned(),
             Self::Decode { .. } => "Decode".to_owned(),
         }
     }

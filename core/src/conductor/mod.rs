@@ -6,6 +6,7 @@ mod errors;
 
 pub use auth::{AUTH_KEY_VAR, AUTH_SECRET_VAR, Credentials, CredentialsError};
 pub use client::{
-    BaseUrlError, ClientConfigError, ConductorClient, JsonBody, MAX_LONG_POLL, Polled,
+    BaseUrlError, ClientConfigError, ConductorClient, JsonBody, MAX_LONG_POLL, MAX_TASK_ANSWER,
+    Polled, TaskTypes, max_poll_answer,
 };
 pub use errors::ConductorError;

@@ -231,6 +231,120 @@ async fn a_failing_token_route_is_a_retryable_error() {
     assert_eq!(server.tokens_issued(), 1);
 }
 
+fn token_404(count: Option<u64>) -> FaultSpec {
+    FaultSpec {
+        method: Some("POST".into()),
+        path: "/api/token".into(),
+        status: Some(404),
+        count,
+        ..FaultSpec::default()
+    }
+}
+
+/// Once `/token` has issued a token, a 404 from it (a proxy answering for a restarting
+/// server) is an outage to retry, not the end of auth: nothing is sent without a token, and
+/// requests go on with a fresh one once the route is back.
+#[tokio::test]
+async fn a_token_404_after_a_token_was_issued_is_an_outage() {
+    let server = server(true, Duration::from_secs(1)).await;
+    let client = client(&server, Some(SECRET));
+    assert!(client.get_task_def("auth.none").await.unwrap().is_none());
+    let fault = server.faults().add(token_404(None)).unwrap();
+    // Once the token is due for renewal, requests meet the 404.
+    let err = eventually(
+        "the renewal to meet the 404",
+        Duration::from_secs(15),
+        || async { client.get_task_def("auth.none").await.err() },
+    )
+    .await;
+    assert!(
+        matches!(err, ConductorError::TokenUnavailable { .. }),
+        "{err:?}"
+    );
+    assert!(err.is_retryable() && !err.is_not_found(), "{err:?}");
+    assert!(err.to_string().contains("/api/token"), "{err}");
+    for _ in 0..3 {
+        let again = client.get_task_def("auth.none").await.unwrap_err();
+        assert!(
+            matches!(again, ConductorError::TokenUnavailable { .. }),
+            "{again:?}"
+        );
+    }
+    assert_eq!(
+        server.tokens_refused(),
+        0,
+        "nothing was sent without a token"
+    );
+    assert!(server.faults().hits(fault).unwrap() >= 4);
+    server.faults().remove(fault);
+    assert!(client.get_task_def("auth.none").await.unwrap().is_none());
+    assert_eq!(server.tokens_issued(), 2);
+}
+
+/// A 404 at the very first fetch means no auth, as the SDKs take it; but when the server
+/// then refuses a request for want of a token, it has auth after all: a token is fetched and
+/// the request sent again.
+#[tokio::test]
+async fn a_first_token_404_from_a_server_with_auth_is_undone_by_its_refusal() {
+    let server = server(true, Duration::from_secs(600)).await;
+    server.faults().add(token_404(Some(1))).unwrap();
+    let client = client(&server, Some(SECRET));
+    assert!(client.get_task_def("auth.none").await.unwrap().is_none());
+    assert_eq!(server.tokens_issued(), 1);
+    assert!(client.get_task_def("auth.none").await.unwrap().is_none());
+    assert_eq!(client.tokens_fetched(), 1);
+}
+
+/// The runtime against a Conductor with auth whose `/token` answers 404 for a while after the
+/// runtime has its token: polling stops for the outage and resumes with a fresh token once
+/// the route is back (before, the broker dropped auth for good and polled unauthenticated,
+/// refused, until restarted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runtime_rides_out_a_token_route_answering_404() {
+    let server = server(true, Duration::from_secs(2)).await;
+    let client = client(&server, Some(SECRET));
+    let conductor = Conductor { server, client };
+    let task = TaskFixture::new("e2e.auth404", ECHO, "");
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(
+        &task,
+        &conductor,
+        1,
+        &[
+            ("CONDUCTOR_AUTH_KEY", KEY),
+            ("CONDUCTOR_AUTH_SECRET", SECRET),
+        ],
+    );
+    let id = conductor.start_workflow(&task, json!({"n": 1})).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf}\n{}", sup.log_text());
+    let fault = conductor.server.faults().add(token_404(None)).unwrap();
+    // The runtime's token expires under the fault: it meets the 404.
+    eventually(
+        "the runtime to meet the 404",
+        Duration::from_secs(20),
+        || async { (conductor.server.faults().hits(fault).unwrap_or(0) >= 1).then_some(()) },
+    )
+    .await;
+    let refused = conductor.server.tokens_refused();
+    conductor.server.faults().remove(fault);
+    let id = conductor.start_workflow(&task, json!({"n": 2})).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf}\n{}", sup.log_text());
+    assert_eq!(wf["output"]["result"]["echo"]["n"], 2, "{wf}");
+    assert_eq!(
+        refused, 0,
+        "the runtime sent nothing without a token during the outage"
+    );
+    // Logged once at its start, once at its end.
+    let log = sup.log_text();
+    assert_eq!(log.matches("taking it as an outage").count(), 1, "{log}");
+    assert!(
+        log.contains("the Conductor token endpoint issues tokens again"),
+        "{log}"
+    );
+}
+
 /// Echoes its params.
 const ECHO: &str = r#"read params
 printf '{"echo": %s}' "$params"

@@ -11,6 +11,7 @@ mod cli;
 mod deploy;
 mod descendants;
 mod harness;
+mod hostile_conductor;
 mod hostile_tasks;
 mod jsonl_faults;
 mod metrics;
