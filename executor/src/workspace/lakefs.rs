@@ -111,6 +111,18 @@ pub enum LakefsError {
         /// The server's `message`.
         message: String,
     },
+    /// A 3xx answer: no client follows a redirect (`perago_core::http`).
+    #[error(
+        "lakeFS {op}: the server answered HTTP {status} redirecting to {location}; perago follows no redirects"
+    )]
+    Redirect {
+        /// What was being done.
+        op: String,
+        /// The 3xx status.
+        status: u16,
+        /// The `Location`, or `(no Location)`.
+        location: String,
+    },
     /// A merge conflict (409).
     #[error("lakeFS {op}: merge conflict")]
     Conflict {
@@ -310,10 +322,31 @@ impl LakefsClient {
             op: op.to_owned(),
             source,
         };
-        let resp = req.send().await.map_err(transport)?;
+        let resp =
+            req.send().await.map_err(|source| {
+                match perago_core::http::redirect_refused(&source) {
+                    Some(refused) => LakefsError::Redirect {
+                        op: op.to_owned(),
+                        status: refused.status,
+                        location: refused.location.clone(),
+                    },
+                    None => transport(source),
+                }
+            })?;
         let status = resp.status();
-        if status.is_success() || status.is_informational() || status.is_redirection() {
+        if status.is_success() {
             return Ok(resp);
+        }
+        if status.is_redirection() {
+            // A 3xx the client did not try to follow (no `Location`, 300, 304): not an answer.
+            return Err(LakefsError::Redirect {
+                op: op.to_owned(),
+                status: status.as_u16(),
+                location: resp.headers().get(reqwest::header::LOCATION).map_or_else(
+                    || "(no Location)".to_owned(),
+                    |l| String::from_utf8_lossy(l.as_bytes()).into_owned(),
+                ),
+            });
         }
         let bytes = resp.bytes().await.map_err(transport)?.to_vec();
         let message = serde_json::from_slice::<Value>(&bytes)
