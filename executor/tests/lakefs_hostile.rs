@@ -6,7 +6,10 @@ use perago_executor::workspace::lakefs::{LakefsClient, LakefsConfig, LakefsError
 use serde_json::Map;
 use std::{
     net::SocketAddr,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -22,6 +25,9 @@ struct Hit {
 enum Reply {
     /// A whole answer.
     Text(String),
+    /// `head` (status line and headers), then `total` zero bytes, written until the client
+    /// stops reading.
+    Stream { head: String, total: u64 },
 }
 
 /// A loopback HTTP/1.1 server answering each request with what `answer` makes of its head;
@@ -29,6 +35,8 @@ enum Reply {
 struct Server {
     addr: SocketAddr,
     hits: Arc<Mutex<Vec<Hit>>>,
+    /// Body bytes of `Stream` answers the client accepted.
+    streamed: Arc<AtomicU64>,
 }
 
 impl Server {
@@ -36,10 +44,12 @@ impl Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let hits = Arc::new(Mutex::new(Vec::new()));
-        let (answer, seen) = (Arc::new(answer), Arc::clone(&hits));
+        let streamed = Arc::new(AtomicU64::new(0));
+        let (answer, seen, sent) = (Arc::new(answer), Arc::clone(&hits), Arc::clone(&streamed));
         tokio::spawn(async move {
             while let Ok((mut conn, _)) = listener.accept().await {
-                let (answer, seen) = (Arc::clone(&answer), Arc::clone(&seen));
+                let (answer, seen, sent) =
+                    (Arc::clone(&answer), Arc::clone(&seen), Arc::clone(&sent));
                 tokio::spawn(async move {
                     let Some(hit) = read_request(&mut conn).await else {
                         return;
@@ -50,12 +60,31 @@ impl Server {
                         Reply::Text(text) => {
                             let _ = conn.write_all(text.as_bytes()).await;
                         }
+                        Reply::Stream { head, total } => {
+                            if conn.write_all(head.as_bytes()).await.is_err() {
+                                return;
+                            }
+                            let chunk = vec![b'0'; 64 * 1024];
+                            let mut left = total;
+                            while left > 0 {
+                                let n = left.min(chunk.len() as u64) as usize;
+                                if conn.write_all(&chunk[..n]).await.is_err() {
+                                    return;
+                                }
+                                sent.fetch_add(n as u64, Ordering::Relaxed);
+                                left -= n as u64;
+                            }
+                        }
                     }
                     let _ = conn.shutdown().await;
                 });
             }
         });
-        Self { addr, hits }
+        Self {
+            addr,
+            hits,
+            streamed,
+        }
     }
 
     fn hits(&self) -> Vec<Hit> {
@@ -128,7 +157,10 @@ async fn redirects_are_refused_and_nothing_reaches_the_other_host() {
         let location = format!("http://{to}/api/v1/stolen");
         let is_refused = |e: &LakefsError| matches!(e, LakefsError::Redirect { status: s, location: l, .. } if *s == status && *l == location);
 
-        let listed = client.list_objects("repo", "main", "p/").await.unwrap_err();
+        let listed = client
+            .list_objects("repo", "main", "p/", 10)
+            .await
+            .unwrap_err();
         assert!(is_refused(&listed), "{listed}");
         assert_eq!(
             listed.to_string(),
@@ -189,4 +221,312 @@ async fn a_redirect_status_without_location_is_not_a_success() {
             "{error}"
         );
     }
+}
+
+const GIB: u64 = 1 << 30;
+
+/// A 200 whose body is `total` bytes, announced (`Content-Length`) or not (read to the close).
+fn huge(status: u16, total: u64, announced: bool) -> Reply {
+    let length = if announced {
+        format!("Content-Length: {total}\r\n")
+    } else {
+        String::new()
+    };
+    Reply::Stream {
+        head: format!(
+            "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n{length}Connection: close\r\n\r\n"
+        ),
+        total,
+    }
+}
+
+#[tokio::test]
+async fn a_1_gib_answer_is_refused_at_the_cap_without_being_read() {
+    use perago_executor::workspace::lakefs::MAX_JSON_ANSWER;
+    for announced in [true, false] {
+        let server = Server::start(move |_| huge(200, GIB, announced)).await;
+        let error = server
+            .client()
+            .list_objects("repo", "main", "p/", 1000)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, LakefsError::TooLarge { limit, .. } if limit == MAX_JSON_ANSWER),
+            "{error}"
+        );
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "lakeFS list repo@main/p/: the answer is larger than {MAX_JSON_ANSWER} bytes, the most perago reads; refused"
+            )
+        );
+        assert!(!error.is_retryable());
+        // Refused at the cap: what the server got out is the cap and the socket buffers.
+        let streamed = server.streamed.load(Ordering::Relaxed);
+        assert!(streamed < 64 << 20, "{streamed} bytes were taken");
+        assert_eq!(server.hits().len(), 1, "not retried");
+    }
+    // An error answer is read only as far as its message needs.
+    let server = Server::start(|_| huge(400, GIB, false)).await;
+    let error = server
+        .client()
+        .create_branch("repo", "b", "main")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, LakefsError::Status { status: 400, ref message, .. } if message.len() <= 300),
+        "{error}"
+    );
+    let streamed = server.streamed.load(Ordering::Relaxed);
+    assert!(streamed < 64 << 20, "{streamed} bytes were taken");
+}
+
+/// A listing page of `keys`, saying `has_more` with `next`.
+fn page(keys: &[&str], has_more: bool, next: &str) -> Reply {
+    let results: Vec<_> = keys
+        .iter()
+        .map(|k| serde_json::json!({"path": k, "path_type": "object", "physical_address": "x", "checksum": "c", "mtime": 0, "size_bytes": 1}))
+        .collect();
+    let body = serde_json::json!({
+        "pagination": {"has_more": has_more, "next_offset": next, "results": keys.len(), "max_per_page": 1000},
+        "results": results,
+    });
+    json(200, &body.to_string())
+}
+
+#[tokio::test]
+async fn a_listing_that_does_not_advance_is_refused() {
+    let cases: [(Vec<&str>, &str, &str); 5] = [
+        // The same page again and again: the second repeats a key at or before `after`.
+        (
+            vec!["p/a"],
+            "p/a",
+            "key \"p/a\" does not come after \"p/a\"",
+        ),
+        // More, but no offset to go on from.
+        (
+            vec!["p/a"],
+            "",
+            "next_offset \"\" does not advance past \"\"",
+        ),
+        // An offset before the last key returned: the next page would repeat keys.
+        (
+            vec!["p/a", "p/b"],
+            "p/a",
+            "next_offset \"p/a\" is before the last key returned, \"p/b\"",
+        ),
+        // Keys out of order.
+        (
+            vec!["p/b", "p/a"],
+            "p/b",
+            "key \"p/a\" does not come after \"p/b\"",
+        ),
+        // More, with nothing in the page.
+        (vec![], "p/z", "a page with has_more but no results"),
+    ];
+    for (keys, next, why) in cases {
+        let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
+        let next = next.to_owned();
+        let server = Server::start(move |_| {
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            page(&keys, true, &next)
+        })
+        .await;
+        let error = server
+            .client()
+            .list_objects("repo", "main", "p/", 100_000)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            format!("lakeFS list repo@main/p/: bad pagination: {why}; refused")
+        );
+        assert!(server.hits().len() <= 2, "{}", server.hits().len());
+    }
+}
+
+#[tokio::test]
+async fn a_listing_holds_at_most_the_entries_allowed() {
+    // Pages that advance for ever: each has 1000 new keys.
+    let pages = Arc::new(AtomicU64::new(0));
+    let served = Arc::clone(&pages);
+    let server = Server::start(move |_| {
+        let n = served.fetch_add(1, Ordering::Relaxed);
+        let keys: Vec<String> = (0..1000).map(|i| format!("p/{n:08}/{i:04}")).collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        page(&keys, true, keys[999])
+    })
+    .await;
+    let error = server
+        .client()
+        .list_objects("repo", "main", "p/", 2500)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, LakefsError::TooMany { max: 2500, .. }),
+        "{error}"
+    );
+    assert_eq!(pages.load(Ordering::Relaxed), 3);
+}
+
+#[tokio::test]
+async fn a_download_receives_exactly_the_listed_size() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("f");
+    // Announced longer than listed: refused before a byte is written.
+    let server = Server::start(|_| huge(200, GIB, true)).await;
+    let error = server
+        .client()
+        .get_object_to_file("repo", "c", "p/f", &file, 10)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "lakeFS get repo@c/p/f: the server sent more than the 10 bytes the listing gives the object; refused"
+    );
+    // Not announced: cut off past the listed size.
+    let server = Server::start(|_| huge(200, GIB, false)).await;
+    let error = server
+        .client()
+        .get_object_to_file("repo", "c", "p/f", &file, 10)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, LakefsError::LongerThanListed { listed: 10, .. }),
+        "{error}"
+    );
+    assert!(std::fs::metadata(&file).unwrap().len() <= 10);
+    let streamed = server.streamed.load(Ordering::Relaxed);
+    assert!(streamed < 64 << 20, "{streamed} bytes were taken");
+    assert_eq!(server.hits().len(), 1, "not retried");
+    // Shorter than listed.
+    let server = Server::start(|_| {
+        Reply::Text(
+            "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nshort".to_owned(),
+        )
+    })
+    .await;
+    let error = server
+        .client()
+        .get_object_to_file("repo", "c", "p/f", &file, 10)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "lakeFS get repo@c/p/f: the server sent 5 bytes, but the listing gives the object 10; refused"
+    );
+    // Exactly the size: fine.
+    server
+        .client()
+        .get_object_to_file("repo", "c", "p/f", &file, 5)
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(&file).unwrap(), b"short");
+}
+
+#[tokio::test]
+async fn a_merge_answer_that_is_not_a_commit_id_is_refused() {
+    for reference in ["", "made-up", "ABCDEF", &"a".repeat(63), &"g".repeat(64)] {
+        let body = serde_json::json!({ "reference": reference }).to_string();
+        let server = Server::start(move |_| json(200, &body)).await;
+        let error = server
+            .client()
+            .merge(
+                "repo",
+                "staging",
+                "main",
+                "m",
+                &Map::new(),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "lakeFS merge repo/staging into main: unexpected response: {reference:?} is not a commit id (64 lowercase hex characters)"
+            )
+        );
+    }
+    let id = "0123456789abcdef".repeat(4);
+    let body = serde_json::json!({ "reference": id }).to_string();
+    let server = Server::start(move |_| json(200, &body)).await;
+    let answered = server
+        .client()
+        .merge(
+            "repo",
+            "staging",
+            "main",
+            "m",
+            &Map::new(),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answered, id, "well-formed: the flow then checks the branch");
+    // A branch that points at no commit id is refused too.
+    let server = Server::start(|_| json(200, r#"{"id": "main", "commit_id": "../x"}"#)).await;
+    let error = server
+        .client()
+        .resolve_commit("repo", "main")
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("is not a commit id"), "{error}");
+}
+
+#[tokio::test]
+async fn the_listing_and_the_downloads_count_against_the_task_time() {
+    use perago_executor::workspace::flow::{Attempt, DownloadLimits, Owner, WorkspaceFailure};
+    let commit = "ab".repeat(32);
+    let pages = Arc::new(AtomicU64::new(0));
+    let served = Arc::clone(&pages);
+    // The branch resolves; then pages that advance, slowly, for ever (each within every
+    // request timeout).
+    let branch = format!(r#"{{"id": "main", "commit_id": "{commit}"}}"#);
+    let server = Server::start(move |head| {
+        if head.contains("/branches/main ") {
+            return json(200, &branch);
+        }
+        let n = served.fetch_add(1, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(20));
+        let key = format!("p/{n:08}");
+        page(&[&key], true, &key)
+    })
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let input = perago_core::shape::WorkspaceInput {
+        repository: "repo".to_owned(),
+        branch: "main".to_owned(),
+        prefix: "p/".to_owned(),
+        source_ref: None,
+    };
+    let started = std::time::Instant::now();
+    let failure = Attempt::prepare_within(
+        server.client(),
+        tmp.path(),
+        "exec-1",
+        Owner {
+            slot: 1,
+            generation: 1,
+        },
+        input,
+        DownloadLimits {
+            budget: None,
+            time_left: Some(Duration::from_millis(500)),
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(failure, WorkspaceFailure::DownloadTimedOut { .. }),
+        "{failure}"
+    );
+    assert_eq!(
+        failure.to_string(),
+        "workspace download failed: not done in the 500ms the task had left (task.timeout_seconds); the body was not run"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(pages.load(Ordering::Relaxed) > 1);
+    // Nothing is left behind.
+    assert!(!tmp.path().join("attempts/exec-1").exists());
 }

@@ -12,6 +12,7 @@ mod deploy;
 mod descendants;
 mod harness;
 mod hostile_tasks;
+mod lakefs_answers;
 mod metrics;
 mod multi_task;
 mod once;
