@@ -530,3 +530,156 @@ async fn the_listing_and_the_downloads_count_against_the_task_time() {
     // Nothing is left behind.
     assert!(!tmp.path().join("attempts/exec-1").exists());
 }
+
+/// A lakeFS that serves one attempt's whole flow (branch `main` at commit `c…`, one object
+/// `p/a.txt` = "a"), whose merge answers `merge` and whose branch log shows `log`.
+async fn one_attempt_server(merge: Reply, log: serde_json::Value) -> Server {
+    let source = "c".repeat(64);
+    let staged = "5".repeat(64);
+    let merge = Arc::new(Mutex::new(Some(merge)));
+    Server::start(move |head| {
+        let line = head.lines().next().unwrap_or_default().to_owned();
+        if line.starts_with("GET /api/v1/repositories/repo/branches/main ") {
+            json(200, &format!(r#"{{"id": "main", "commit_id": "{source}"}}"#))
+        } else if line.contains("/objects/ls?") {
+            let body = serde_json::json!({
+                "pagination": {"has_more": false, "next_offset": "", "results": 1, "max_per_page": 1000},
+                "results": [{"path": "p/a.txt", "path_type": "object", "physical_address": "x",
+                             "checksum": "0cc175b9c0f1b6a831c399e269772661", "mtime": 0, "size_bytes": 1}],
+            });
+            json(200, &body.to_string())
+        } else if line.starts_with("GET ") && line.contains("/objects?path=") {
+            Reply::Text("HTTP/1.1 200 OK\r\nContent-Length: 1\r\nConnection: close\r\n\r\na".to_owned())
+        } else if line.contains("/commits ") && line.starts_with("POST ") {
+            json(
+                201,
+                &format!(r#"{{"id": "{staged}", "parents": ["{source}"], "metadata": {{}}}}"#),
+            )
+        } else if line.contains("/merge/main ") {
+            merge
+                .lock()
+                .unwrap()
+                .take()
+                .unwrap_or_else(|| json(500, r#"{"message": "merged twice"}"#))
+        } else if line.starts_with("GET /api/v1/repositories/repo/refs/main/commits?") {
+            let body = serde_json::json!({
+                "pagination": {"has_more": false, "next_offset": "", "results": 1, "max_per_page": 1000},
+                "results": log,
+            });
+            json(200, &body.to_string())
+        } else if line.starts_with("DELETE ") {
+            Reply::Text("HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n".to_owned())
+        } else {
+            json(201, "{}")
+        }
+    })
+    .await
+}
+
+struct InProgress;
+
+impl perago_executor::workspace::flow::Fence for InProgress {
+    fn reload(
+        &self,
+    ) -> std::pin::Pin<
+        Box<dyn Future<Output = perago_executor::workspace::flow::FenceRead> + Send + '_>,
+    > {
+        Box::pin(async { perago_executor::workspace::flow::FenceRead::Fresh(Box::new(snapshot())) })
+    }
+}
+
+fn snapshot() -> perago_core::attempt::AttemptSnapshot {
+    perago_core::attempt::AttemptSnapshot::from_conductor(&serde_json::json!({
+        "taskId": "task-1", "workflowInstanceId": "wf-1", "retryCount": 0,
+        "taskDefName": "t", "referenceTaskName": "ref", "seq": 1,
+        "status": "IN_PROGRESS", "inputData": {}
+    }))
+    .unwrap()
+}
+
+/// Runs one attempt that edits `p/a.txt` and publishes it; the publish's outcome.
+async fn publish_once(
+    server: &Server,
+) -> Result<serde_json::Value, perago_executor::workspace::flow::WorkspaceFailure> {
+    use perago_executor::workspace::flow::{Attempt, Owner};
+    let tmp = tempfile::tempdir().unwrap();
+    let input = perago_core::shape::WorkspaceInput {
+        repository: "repo".to_owned(),
+        branch: "main".to_owned(),
+        prefix: "p/".to_owned(),
+        source_ref: None,
+    };
+    let owner = Owner {
+        slot: 1,
+        generation: 1,
+    };
+    let mut ws = Attempt::prepare(server.client(), tmp.path(), "exec-1", owner, input)
+        .await
+        .unwrap();
+    std::fs::write(ws.work_dir().join("a.txt"), "edited").unwrap();
+    let changes = ws.changes().unwrap();
+    let spec = perago_core::manifest::WorkspaceSpec {
+        prefix: String::new(),
+        merge_timeout_seconds: 5,
+        publish_budget: None,
+        download_budget: None,
+    };
+    let published = ws
+        .publish(
+            &changes,
+            &spec,
+            &InProgress,
+            &snapshot(),
+            "exec-1",
+            Map::new(),
+            &|| {},
+        )
+        .await;
+    ws.cleanup().await;
+    published
+}
+
+#[tokio::test]
+async fn a_merge_counts_only_when_the_branch_shows_it_merging_the_staged_commit() {
+    let (source, staged, merged) = ("c".repeat(64), "5".repeat(64), "e".repeat(64));
+    let made_up = "0123456789abcdef".repeat(4);
+    let on_branch = serde_json::json!([{"id": merged, "parents": [source, staged]}]);
+    let merge_ok = |id: &str| json(200, &serde_json::json!({ "reference": id }).to_string());
+
+    // The answer is the branch's merge commit: published.
+    let server = one_attempt_server(merge_ok(&merged), on_branch.clone()).await;
+    assert_eq!(publish_once(&server).await.unwrap()["commit_id"], merged);
+
+    // A made-up (well-formed) id: FAILED, whatever the branch shows.
+    for log in [
+        on_branch.clone(),
+        serde_json::json!([{"id": source, "parents": []}]),
+    ] {
+        let server = one_attempt_server(merge_ok(&made_up), log).await;
+        let failure = publish_once(&server).await.unwrap_err();
+        assert_eq!(
+            failure.to_string(),
+            format!(
+                "publish failed: the merge answered commit {made_up}, but main shows no such commit merging staging commit {staged}; not reported as published"
+            )
+        );
+    }
+
+    // A merge that answered 5xx is checked the same way: published if the branch shows it...
+    let server = one_attempt_server(json(503, r#"{"message": "timeout"}"#), on_branch).await;
+    assert_eq!(publish_once(&server).await.unwrap()["commit_id"], merged);
+    // ...not if the commit that claims to merge it has no commit id, or does not merge it.
+    for log in [
+        serde_json::json!([{"id": "not-a-commit", "parents": [source, staged]}]),
+        serde_json::json!([{"id": merged, "parents": [source]}]),
+    ] {
+        let server = one_attempt_server(json(503, r#"{"message": "timeout"}"#), log).await;
+        let failure = publish_once(&server).await.unwrap_err();
+        assert!(
+            failure.to_string().starts_with(
+                "publish failed: lakeFS merge repo/perago-staging-exec-1 into main: HTTP 503"
+            ),
+            "{failure}"
+        );
+    }
+}
