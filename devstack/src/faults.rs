@@ -3,7 +3,8 @@
 //!
 //! A rule matches requests by optional method, path prefix and body substring, and does, in order: wait
 //! `latencyMs`, then either answer `status` with an `ErrorResponse` body (or with `body`, a JSON
-//! text sent as it is: a forged success such as `{"reference": ""}` for a merge), drop the connection
+//! text sent as it is: a forged success such as `{"reference": ""}` for a merge; and with
+//! `location`, a `Location` header: a redirect), drop the connection
 //! without answering (`drop: true`), or pass the request on. `count` limits how many requests
 //! the rule applies to (absent: until deleted). The first matching rule with budget left wins.
 //!
@@ -59,6 +60,9 @@ pub struct FaultSpec {
     /// `ErrorResponse`, e.g. a forged success.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body: Option<String>,
+    /// With `status`: send this `Location` header too (a redirect, with a 3xx status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
     /// Wait this long before acting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<u64>,
@@ -112,6 +116,7 @@ struct Action {
     latency: Option<Duration>,
     status: Option<StatusCode>,
     body: Option<String>,
+    location: Option<String>,
     drop: bool,
 }
 
@@ -136,6 +141,16 @@ impl Faults {
     pub fn add(&self, spec: FaultSpec) -> Result<u64, InvalidFault> {
         if spec.body.is_some() && spec.status.is_none() {
             return Err(InvalidFault("body needs a status".to_owned()));
+        }
+        if let Some(location) = &spec.location {
+            if spec.status.is_none() {
+                return Err(InvalidFault("location needs a status".to_owned()));
+            }
+            if axum::http::HeaderValue::from_str(location).is_err() {
+                return Err(InvalidFault(format!(
+                    "location {location:?} is not a header value"
+                )));
+            }
         }
         if spec.status.is_none() && spec.latency_ms.is_none() && !spec.drop {
             return Err(InvalidFault(
@@ -220,6 +235,7 @@ impl Faults {
             latency: rule.spec.latency_ms.map(Duration::from_millis),
             status: rule.spec.status.and_then(|s| StatusCode::from_u16(s).ok()),
             body: rule.spec.body.clone(),
+            location: rule.spec.location.clone(),
             drop: rule.spec.drop,
         })
     }
@@ -261,7 +277,7 @@ pub(crate) async fn inject(State(faults): State<Faults>, request: Request, next:
             None => tracing::warn!("drop fault on a connection that cannot be dropped"),
         }
     }
-    match (action.status, action.body) {
+    let mut response = match (action.status, action.body) {
         (Some(status), Some(body)) => (
             status,
             [(axum::http::header::CONTENT_TYPE, "application/json")],
@@ -269,8 +285,17 @@ pub(crate) async fn inject(State(faults): State<Faults>, request: Request, next:
         )
             .into_response(),
         (Some(status), None) => error_body(status, "fault injected by devstack"),
-        (None, _) => next.run(request).await,
+        (None, _) => return next.run(request).await,
+    };
+    if let Some(location) = action
+        .location
+        .and_then(|l| axum::http::HeaderValue::from_str(&l).ok())
+    {
+        response
+            .headers_mut()
+            .insert(axum::http::header::LOCATION, location);
     }
+    response
 }
 
 fn error_body(status: StatusCode, message: &str) -> Response {
