@@ -5,17 +5,58 @@
 //! certificates (it never speaks TLS; an https redirect fails instead of connecting
 //! unverified); one for an `https://` URL verifies the server against the system's roots,
 //! read only then.
+//!
+//! No client follows a redirect, to another origin or to its own: a 3xx answer with a
+//! `Location` fails the request with [`RedirectRefused`], naming the status and the target.
+//! reqwest's default policy follows up to 10 redirects to any host and resends every header but
+//! `Authorization` (so `X-Authorization`, the Conductor token) and, on 307/308, the body (task
+//! results, object uploads): a server, or anything that can answer in its name, could send
+//! credentials and data wherever it liked. Conductor and lakeFS never redirect their API
+//! calls. The one place a cross-host URL is the point is Conductor's external payload storage
+//! (not supported yet, issue #24): its client will be built for the storage's own URL, not by
+//! following a redirect.
 
 use std::sync::Arc;
 
-/// A client builder for a server at `url`.
+/// A client builder for a server at `url`; it follows no redirect.
 pub fn client_builder(url: &str) -> reqwest::ClientBuilder {
     let roots = if url.starts_with("https://") {
         system_roots()
     } else {
         rustls::RootCertStore::empty()
     };
-    reqwest::Client::builder().tls_backend_preconfigured(tls_config(roots))
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(tls_config(roots))
+        .redirect(reqwest::redirect::Policy::custom(|attempt| {
+            let refused = RedirectRefused {
+                status: attempt.status().as_u16(),
+                location: attempt.url().to_string(),
+            };
+            attempt.error(refused)
+        }))
+}
+
+/// A redirect a client was asked to follow; the request fails with this as its cause
+/// (reqwest's error says `error following redirect`, [`reqwest::Error::is_redirect`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the server answered HTTP {status} redirecting to {location}; perago follows no redirects")]
+pub struct RedirectRefused {
+    /// The 3xx status.
+    pub status: u16,
+    /// The `Location`, resolved against the request's URL.
+    pub location: String,
+}
+
+/// The refused redirect behind `error`, if a redirect is what failed it.
+pub fn redirect_refused(error: &reqwest::Error) -> Option<&RedirectRefused> {
+    let mut source = std::error::Error::source(error);
+    while let Some(e) = source {
+        if let Some(refused) = e.downcast_ref::<RedirectRefused>() {
+            return Some(refused);
+        }
+        source = e.source();
+    }
+    None
 }
 
 fn tls_config(roots: rustls::RootCertStore) -> rustls::ClientConfig {

@@ -27,8 +27,8 @@
 
 use std::{io, os::fd::RawFd};
 
-pub mod dirfd;
 mod dir;
+pub mod dirfd;
 pub mod secrets;
 mod spawn;
 pub use dir::Dir;

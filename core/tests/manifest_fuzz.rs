@@ -32,6 +32,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
         "workspace.publish_budget",
         &["max_objects", "max_bytes", "seconds"],
     ),
+    ("workspace.download_budget", &["max_objects", "max_bytes"]),
     ("dev", &["seed"]),
     ("mystery", &["x"]),
 ];

@@ -2,13 +2,16 @@
 //! middleware in front of the served API (never in front of the admin routes themselves).
 //!
 //! A rule matches requests by optional method, path prefix and body substring, and does, in order: wait
-//! `latencyMs`, then either answer `status` with an `ErrorResponse` body, drop the connection
+//! `latencyMs`, then either answer `status` with an `ErrorResponse` body (or with `body`, a JSON
+//! text sent as it is: a forged success such as `{"reference": ""}` for a merge; and with
+//! `location`, a `Location` header: a redirect), drop the connection
 //! without answering (`drop: true`), or pass the request on. `count` limits how many requests
 //! the rule applies to (absent: until deleted). The first matching rule with budget left wins.
 //!
 //! ```text
 //! POST   /__devstack/faults        {"method":"POST","path":"/api/tasks","status":503,"count":2}
 //! POST   /__devstack/faults        {"path":"/api/tasks","bodyContains":"\"extendLease\":true","status":503}
+//! POST   /__devstack/faults        {"method":"POST","path":"/api/v1/repositories/r/refs/","status":200,"body":"{\"reference\":\"\"}"}
 //! GET    /__devstack/faults        -> [{"id":1,...,"remaining":2,"hits":0}]
 //! DELETE /__devstack/faults/{id}   remove one rule
 //! DELETE /__devstack/faults        remove all
@@ -53,6 +56,13 @@ pub struct FaultSpec {
     /// Answer this status instead of serving the request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
+    /// With `status`: answer this text (as `application/json`, sent as it is) instead of an
+    /// `ErrorResponse`, e.g. a forged success.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+    /// With `status`: send this `Location` header too (a redirect, with a 3xx status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
     /// Wait this long before acting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<u64>,
@@ -101,10 +111,12 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 }
 
 /// What to do with one request.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Action {
     latency: Option<Duration>,
     status: Option<StatusCode>,
+    body: Option<String>,
+    location: Option<String>,
     drop: bool,
 }
 
@@ -127,6 +139,19 @@ impl Faults {
 
     /// Adds a rule and returns its id.
     pub fn add(&self, spec: FaultSpec) -> Result<u64, InvalidFault> {
+        if spec.body.is_some() && spec.status.is_none() {
+            return Err(InvalidFault("body needs a status".to_owned()));
+        }
+        if let Some(location) = &spec.location {
+            if spec.status.is_none() {
+                return Err(InvalidFault("location needs a status".to_owned()));
+            }
+            if axum::http::HeaderValue::from_str(location).is_err() {
+                return Err(InvalidFault(format!(
+                    "location {location:?} is not a header value"
+                )));
+            }
+        }
         if spec.status.is_none() && spec.latency_ms.is_none() && !spec.drop {
             return Err(InvalidFault(
                 "a fault needs status, latencyMs or drop".to_owned(),
@@ -209,6 +234,8 @@ impl Faults {
         Some(Action {
             latency: rule.spec.latency_ms.map(Duration::from_millis),
             status: rule.spec.status.and_then(|s| StatusCode::from_u16(s).ok()),
+            body: rule.spec.body.clone(),
+            location: rule.spec.location.clone(),
             drop: rule.spec.drop,
         })
     }
@@ -250,10 +277,25 @@ pub(crate) async fn inject(State(faults): State<Faults>, request: Request, next:
             None => tracing::warn!("drop fault on a connection that cannot be dropped"),
         }
     }
-    match action.status {
-        Some(status) => error_body(status, "fault injected by devstack"),
-        None => next.run(request).await,
+    let mut response = match (action.status, action.body) {
+        (Some(status), Some(body)) => (
+            status,
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response(),
+        (Some(status), None) => error_body(status, "fault injected by devstack"),
+        (None, _) => return next.run(request).await,
+    };
+    if let Some(location) = action
+        .location
+        .and_then(|l| axum::http::HeaderValue::from_str(&l).ok())
+    {
+        response
+            .headers_mut()
+            .insert(axum::http::header::LOCATION, location);
     }
+    response
 }
 
 fn error_body(status: StatusCode, message: &str) -> Response {

@@ -7,7 +7,7 @@ use crate::{
     jsonl::{JsonlBody, JsonlFailure},
     task::{Task, TaskContext, TaskError},
     workspace::{
-        flow::{Attempt, Fence, Owner},
+        flow::{Attempt, DownloadLimits, Fence, Owner},
         lakefs::{LakefsClient, LakefsConfigError},
     },
 };
@@ -370,12 +370,22 @@ impl AssignmentRunner {
             .fence
             .ok_or_else(|| failed("no attempt fence is available to this executor".to_owned()))?;
         io.phase(Phase::Downloading);
-        let mut ws = Attempt::prepare(
+        // The listing and the downloads count against the task's time, as the body does.
+        let limits = DownloadLimits {
+            budget: self
+                .manifest
+                .workspace
+                .as_ref()
+                .and_then(|w| w.download_budget),
+            time_left: budget.left(),
+        };
+        let mut ws = Attempt::prepare_within(
             client,
             &runtime.root,
             execution_id,
             runtime.owner,
             workspace_input,
+            limits,
         )
         .await
         .map_err(|e| failed(e.to_string()))?;

@@ -139,6 +139,7 @@ fn read_manifest(p: &mut Problems, path: &Path, dir: &Path, root: &Table) -> Opt
             prefix: String::new(),
             merge_timeout_seconds: DEFAULT_MERGE_TIMEOUT_SECONDS,
             publish_budget: None,
+            download_budget: None,
         }),
         (TaskKind::WorkspaceFree, Some(_)) => {
             p.add(
@@ -480,47 +481,22 @@ fn read_workspace(p: &mut Problems, mut s: Section<'_>) -> Option<WorkspaceSpec>
     let merge_timeout = s.integer(p, "merge_timeout_seconds", 1, MAX_SECONDS);
     let budget = s.table(p, "publish_budget").map(|mut b| {
         let max_objects = b.integer(p, "max_objects", 1, i64::MAX).map(|n| n as u64);
-        let max_bytes = match b.get("max_bytes") {
-            None => None,
-            Some(Value::Integer(n)) if *n >= 1 => Some(*n as u64),
-            Some(Value::Integer(n)) => {
-                p.add(
-                    "workspace.publish_budget.max_bytes",
-                    format!("must be at least 1, found {n}"),
-                );
-                None
-            }
-            Some(Value::String(text)) => match parse_byte_size(text) {
-                Ok(0) => {
-                    p.add(
-                        "workspace.publish_budget.max_bytes",
-                        "must be at least 1 byte",
-                    );
-                    None
-                }
-                Ok(n) => Some(n),
-                Err(e) => {
-                    p.add("workspace.publish_budget.max_bytes", e.to_string());
-                    None
-                }
-            },
-            Some(other) => {
-                p.add(
-                    "workspace.publish_budget.max_bytes",
-                    format!(
-                        "expected a byte count or a size such as \"2GiB\", found {}",
-                        type_name(other)
-                    ),
-                );
-                None
-            }
-        };
+        let max_bytes = byte_size(p, &mut b, "workspace.publish_budget.max_bytes");
         let seconds = b.integer(p, "seconds", 1, MAX_SECONDS).map(|n| n as u64);
         b.finish(p);
         PublishBudget {
             max_objects,
             max_bytes,
             seconds,
+        }
+    });
+    let download_budget = s.table(p, "download_budget").map(|mut b| {
+        let max_objects = b.integer(p, "max_objects", 1, i64::MAX).map(|n| n as u64);
+        let max_bytes = byte_size(p, &mut b, "workspace.download_budget.max_bytes");
+        b.finish(p);
+        DownloadBudget {
+            max_objects,
+            max_bytes,
         }
     });
     s.finish(p);
@@ -536,5 +512,40 @@ fn read_workspace(p: &mut Problems, mut s: Section<'_>) -> Option<WorkspaceSpec>
         prefix,
         merge_timeout_seconds,
         publish_budget: budget,
+        download_budget,
     })
+}
+
+/// `max_bytes` of a budget table (`key` is its dotted path): a positive byte count or a size
+/// such as `"2GiB"`.
+fn byte_size(p: &mut Problems, b: &mut Section<'_>, key: &str) -> Option<u64> {
+    match b.get("max_bytes") {
+        None => None,
+        Some(Value::Integer(n)) if *n >= 1 => Some(*n as u64),
+        Some(Value::Integer(n)) => {
+            p.add(key, format!("must be at least 1, found {n}"));
+            None
+        }
+        Some(Value::String(text)) => match parse_byte_size(text) {
+            Ok(0) => {
+                p.add(key, "must be at least 1 byte");
+                None
+            }
+            Ok(n) => Some(n),
+            Err(e) => {
+                p.add(key, e.to_string());
+                None
+            }
+        },
+        Some(other) => {
+            p.add(
+                key,
+                format!(
+                    "expected a byte count or a size such as \"2GiB\", found {}",
+                    type_name(other)
+                ),
+            );
+            None
+        }
+    }
 }

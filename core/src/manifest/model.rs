@@ -239,6 +239,18 @@ pub struct WorkspaceSpec {
     pub merge_timeout_seconds: u64,
     /// Limits on what one attempt may publish.
     pub publish_budget: Option<PublishBudget>,
+    /// Limits on what one attempt may download.
+    pub download_budget: Option<DownloadBudget>,
+}
+
+/// The `[workspace.download_budget]` table: checked against the listing before anything is
+/// downloaded, and on the bytes received.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DownloadBudget {
+    /// Most objects one attempt may download (the listing may hold no more).
+    pub max_objects: Option<u64>,
+    /// Most bytes one attempt may download.
+    pub max_bytes: Option<u64>,
 }
 
 /// The `[workspace.publish_budget]` table.

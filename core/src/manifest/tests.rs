@@ -110,6 +110,10 @@ prefix = "features"
 max_objects = 10000
 max_bytes = "2GiB"
 seconds = 300
+
+[workspace.download_budget]
+max_objects = 50000
+max_bytes = "8GiB"
 "#;
     let m = parse(text).unwrap();
     assert_eq!(m.task.kind, TaskKind::Workspace);
@@ -142,6 +146,10 @@ seconds = 300
                 max_bytes: Some(2 << 30),
                 seconds: Some(300),
             }),
+            download_budget: Some(DownloadBudget {
+                max_objects: Some(50_000),
+                max_bytes: Some(8 << 30),
+            }),
         })
     );
 }
@@ -155,6 +163,7 @@ fn workspace_defaults_without_a_workspace_table() {
             prefix: String::new(),
             merge_timeout_seconds: DEFAULT_MERGE_TIMEOUT_SECONDS,
             publish_budget: None,
+            download_budget: None,
         })
     );
 }
@@ -493,7 +502,7 @@ fn workspace_rules() {
         ),
         (
             "[workspace]\nrepo = \"x\"",
-            "workspace.repo: unknown key (keys of [workspace]: merge_timeout_seconds, prefix, publish_budget)",
+            "workspace.repo: unknown key (keys of [workspace]: download_budget, merge_timeout_seconds, prefix, publish_budget)",
         ),
         (
             "[workspace.publish_budget]\nmax_objects = 0",
@@ -523,6 +532,30 @@ fn workspace_rules() {
             "[workspace.publish_budget]\nmax_files = 3",
             "workspace.publish_budget.max_files: unknown key (keys of [workspace.publish_budget]: max_bytes, max_objects, seconds)",
         ),
+        (
+            "[workspace.download_budget]\nmax_objects = 0",
+            "workspace.download_budget.max_objects: must be at least 1, found 0",
+        ),
+        (
+            "[workspace.download_budget]\nmax_bytes = \"0GiB\"",
+            "workspace.download_budget.max_bytes: must be at least 1 byte",
+        ),
+        (
+            "[workspace.download_budget]\nmax_bytes = \"lots\"",
+            "workspace.download_budget.max_bytes: invalid byte size \"lots\": expected a number, optionally followed by a unit such as MiB or GB",
+        ),
+        (
+            "[workspace.download_budget]\nmax_bytes = -1",
+            "workspace.download_budget.max_bytes: must be at least 1, found -1",
+        ),
+        (
+            "[workspace.download_budget]\nseconds = 30",
+            "workspace.download_budget.seconds: unknown key (keys of [workspace.download_budget]: max_bytes, max_objects)",
+        ),
+        (
+            "[workspace]\ndownload_budget = 5",
+            "workspace.download_budget: expected a table, found an integer",
+        ),
     ];
     for (table, expected) in cases {
         assert_eq!(one_problem(&format!("{ws}{table}\n")), expected, "{table}");
@@ -534,6 +567,7 @@ fn workspace_rules() {
     let w = m.workspace.unwrap();
     assert_eq!(w.merge_timeout_seconds, 90);
     assert_eq!(w.publish_budget.unwrap().max_bytes, Some(4096));
+    assert_eq!(w.download_budget, None);
 }
 
 #[test]

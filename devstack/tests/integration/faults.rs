@@ -175,3 +175,57 @@ async fn a_body_contains_rule_matches_only_requests_whose_body_has_the_text() {
     assert_eq!(listed[1]["hits"], 0);
     assert_eq!(dev.server.faults().hits(999), None);
 }
+
+#[tokio::test]
+async fn a_body_fault_answers_its_text_instead_of_serving() {
+    let dev = Dev::start().await;
+    let rule = json!({"path": "/api/tasks/poll/", "status": 200, "body": "{\"forged\": true}", "count": 1});
+    let added = dev.send(dev.http.post(admin(&dev)).json(&rule)).await;
+    assert_eq!(added.status, StatusCode::OK, "{}", added.text);
+    let forged = dev.get("/tasks/poll/batch/t?timeout=0").await;
+    assert_eq!(forged.status, StatusCode::OK);
+    assert_eq!(forged.json(), json!({"forged": true}));
+    // A body needs a status to answer with.
+    let refused = dev
+        .send(
+            dev.http
+                .post(admin(&dev))
+                .json(&json!({"path": "/api/tasks", "body": "{}"})),
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    assert!(
+        refused.text.contains("body needs a status"),
+        "{}",
+        refused.text
+    );
+}
+
+#[tokio::test]
+async fn a_location_fault_answers_a_redirect() {
+    let dev = Dev::start().await;
+    let rule = json!({"path": "/api/tasks/poll/", "status": 307, "location": "http://127.0.0.1:9/x", "count": 1});
+    let added = dev.send(dev.http.post(admin(&dev)).json(&rule)).await;
+    assert_eq!(added.status, StatusCode::OK, "{}", added.text);
+    let url = format!("{}/api/tasks/poll/batch/t?timeout=0", dev.server.root_url());
+    let plain = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let answer = plain.get(url).send().await.unwrap();
+    assert_eq!(answer.status(), StatusCode::TEMPORARY_REDIRECT);
+    assert_eq!(answer.headers()["location"], "http://127.0.0.1:9/x");
+    let refused = dev
+        .send(
+            dev.http
+                .post(admin(&dev))
+                .json(&json!({"path": "/api/tasks", "location": "http://x/", "latencyMs": 1})),
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    assert!(
+        refused.text.contains("location needs a status"),
+        "{}",
+        refused.text
+    );
+}

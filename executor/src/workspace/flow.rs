@@ -5,13 +5,13 @@
 //! branch and the attempt directory are removed on every path.
 
 use super::{
-    lakefs::{LakefsClient, LakefsError},
+    lakefs::{LakefsClient, LakefsError, is_commit_id},
     paths::{PathError, key_to_relative},
     scan::{Changes, Rules, ScanError, Snapshot},
 };
 use perago_core::{
     attempt::{AttemptSnapshot, FenceError},
-    manifest::{PublishBudget, WorkspaceSpec},
+    manifest::{DownloadBudget, PublishBudget, WorkspaceSpec},
     process::dirfd::{Dir, fstat},
     shape::WorkspaceInput,
 };
@@ -30,6 +30,20 @@ use tokio::{sync::Semaphore, task::JoinSet};
 const TRANSFER_CONCURRENCY: usize = 8;
 /// How long the fence keeps trying when the broker cannot read the task.
 const FENCE_PATIENCE: Duration = Duration::from_secs(10);
+/// The most objects an attempt lists and downloads without
+/// `[workspace.download_budget] max_objects`.
+pub const DEFAULT_MAX_DOWNLOAD_OBJECTS: u64 = 100_000;
+/// The newest commits of the branch read to confirm a merge.
+const MERGE_LOG_DEPTH: u32 = 100;
+
+/// What one download may take.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DownloadLimits {
+    /// `[workspace.download_budget]`, if the manifest sets one.
+    pub budget: Option<DownloadBudget>,
+    /// The time the task has left (`None`: no limit); the listing and the transfers count.
+    pub time_left: Option<Duration>,
+}
 
 /// A fresh read of the attempt through the broker.
 #[derive(Debug)]
@@ -94,6 +108,38 @@ pub enum WorkspaceFailure {
     /// A lakeFS call of the download failed.
     #[error("workspace download failed: {0}")]
     Download(#[source] LakefsError),
+    /// The listing and the transfers took longer than the task had left.
+    #[error(
+        "workspace download failed: not done in the {left:?} the task had left (task.timeout_seconds); the body was not run"
+    )]
+    DownloadTimedOut {
+        /// The time the task had left when the download began.
+        left: Duration,
+    },
+    /// More objects under the prefix than the download budget allows.
+    #[error(
+        "download budget exceeded: more than {max} objects under prefix {prefix:?}, {why}; nothing was downloaded"
+    )]
+    TooManyDownloadObjects {
+        /// The input prefix.
+        prefix: String,
+        /// The most an attempt lists.
+        max: u64,
+        /// Where the limit comes from.
+        why: &'static str,
+    },
+    /// More bytes listed than the download budget allows.
+    #[error(
+        "download budget exceeded: {bytes} bytes listed under prefix {prefix:?}, max_bytes is {max}; nothing was downloaded"
+    )]
+    TooManyDownloadBytes {
+        /// The input prefix.
+        prefix: String,
+        /// The listed sizes' sum.
+        bytes: u64,
+        /// The budget.
+        max: u64,
+    },
     /// An object key cannot be a path under the workspace.
     #[error(transparent)]
     UnsafeKey(#[from] PathError),
@@ -167,6 +213,32 @@ pub enum WorkspaceFailure {
     /// The merge failed otherwise (and was not applied).
     #[error("publish failed: {0}")]
     Publish(#[source] LakefsError),
+    /// The merge answered success, but the branch does not show that commit merging the
+    /// staging commit.
+    #[error(
+        "publish failed: the merge answered commit {answered}, but {branch} shows no such commit merging staging commit {staged}; not reported as published"
+    )]
+    MergeNotOnBranch {
+        /// The target branch.
+        branch: String,
+        /// The commit id the merge answered.
+        answered: String,
+        /// The staging commit.
+        staged: String,
+    },
+    /// The merge answered success, but the branch cannot be read to confirm it.
+    #[error(
+        "publish failed: the merge answered commit {answered}, but {branch} cannot be read to confirm it: {source}"
+    )]
+    MergeUnconfirmed {
+        /// The target branch.
+        branch: String,
+        /// The commit id the merge answered.
+        answered: String,
+        /// Why the branch cannot be read.
+        #[source]
+        source: LakefsError,
+    },
     /// The fence read the attempt and it is no longer this one, running.
     #[error("{source} ({when}); nothing was published")]
     Fence {
@@ -414,13 +486,33 @@ impl AttemptDir {
 
 impl Attempt {
     /// Creates the attempt directory with its owner file and downloads the input prefix at
-    /// the commit the input ref points to now.
+    /// the commit the input ref points to now, within the default limits.
     pub async fn prepare(
         client: LakefsClient,
         root: &Path,
         execution_id: &str,
         owner: Owner,
         input: WorkspaceInput,
+    ) -> Result<Self, WorkspaceFailure> {
+        Self::prepare_within(
+            client,
+            root,
+            execution_id,
+            owner,
+            input,
+            DownloadLimits::default(),
+        )
+        .await
+    }
+
+    /// [`prepare`](Self::prepare) within `limits`.
+    pub async fn prepare_within(
+        client: LakefsClient,
+        root: &Path,
+        execution_id: &str,
+        owner: Owner,
+        input: WorkspaceInput,
+        limits: DownloadLimits,
     ) -> Result<Self, WorkspaceFailure> {
         let dir = AttemptDir::create(root, execution_id, owner)?;
         let mut attempt = Self {
@@ -432,7 +524,13 @@ impl Attempt {
             downloaded: BTreeMap::new(),
             staging: None,
         };
-        if let Err(e) = attempt.download().await {
+        let downloaded = match limits.time_left {
+            Some(left) => tokio::time::timeout(left, attempt.download(limits.budget))
+                .await
+                .unwrap_or(Err(WorkspaceFailure::DownloadTimedOut { left })),
+            None => attempt.download(limits.budget).await,
+        };
+        if let Err(e) = downloaded {
             // Nothing ran yet: the attempt leaves nothing behind.
             attempt.cleanup().await;
             return Err(e);
@@ -445,7 +543,7 @@ impl Attempt {
         &self.work
     }
 
-    async fn download(&mut self) -> Result<(), WorkspaceFailure> {
+    async fn download(&mut self, budget: Option<DownloadBudget>) -> Result<(), WorkspaceFailure> {
         let WorkspaceInput {
             repository,
             branch,
@@ -458,18 +556,54 @@ impl Attempt {
             .resolve_commit(repository, reference)
             .await
             .map_err(WorkspaceFailure::Download)?;
+        let budget = budget.unwrap_or_default();
+        let (max_objects, why) = match budget.max_objects {
+            Some(max) => (max, "max_objects is that"),
+            None => (
+                DEFAULT_MAX_DOWNLOAD_OBJECTS,
+                "the most an attempt downloads without [workspace.download_budget] max_objects",
+            ),
+        };
         let objects = self
             .client
-            .list_objects(repository, &commit, prefix)
+            .list_objects(
+                repository,
+                &commit,
+                prefix,
+                usize::try_from(max_objects).unwrap_or(usize::MAX),
+            )
             .await
-            .map_err(WorkspaceFailure::Download)?;
+            .map_err(|e| match e {
+                LakefsError::TooMany { .. } => WorkspaceFailure::TooManyDownloadObjects {
+                    prefix: prefix.clone(),
+                    max: max_objects,
+                    why,
+                },
+                other => WorkspaceFailure::Download(other),
+            })?;
         // Every key is checked before anything is written.
         let plan = plan_download(prefix, objects, &self.work)?;
+        // Each transfer receives exactly its listed size, so the listing bounds the whole.
+        let bytes = plan.iter().fold(0u64, |sum, p| sum.saturating_add(p.size));
+        if let Some(max) = budget.max_bytes
+            && bytes > max
+        {
+            return Err(WorkspaceFailure::TooManyDownloadBytes {
+                prefix: prefix.clone(),
+                bytes,
+                max,
+            });
+        }
         let limit = Arc::new(Semaphore::new(TRANSFER_CONCURRENCY));
         let mut transfers = JoinSet::new();
-        for (key, _, target) in &plan {
+        for planned in &plan {
             let (client, repo, commit) = (self.client.clone(), repository.clone(), commit.clone());
-            let (key, target, limit) = (key.clone(), target.clone(), Arc::clone(&limit));
+            let (key, target, size, limit) = (
+                planned.key.clone(),
+                planned.file.clone(),
+                planned.size,
+                Arc::clone(&limit),
+            );
             transfers.spawn(async move {
                 let _permit = limit.acquire_owned().await.expect("never closed");
                 if let Some(parent) = target.parent() {
@@ -481,7 +615,7 @@ impl Attempt {
                     })?;
                 }
                 client
-                    .get_object_to_file(&repo, &commit, &key, &target)
+                    .get_object_to_file(&repo, &commit, &key, &target, size)
                     .await
                     .map_err(WorkspaceFailure::Download)
             });
@@ -492,7 +626,7 @@ impl Attempt {
                 source,
             })??;
         }
-        self.downloaded = plan.into_iter().map(|(k, sum, _)| (k, sum)).collect();
+        self.downloaded = plan.into_iter().map(|p| (p.key, p.checksum)).collect();
         tracing::info!(repository = %repository, commit = %commit, prefix = %prefix, files = self.downloaded.len(), "workspace downloaded");
         self.source_commit = commit;
         Ok(())
@@ -619,7 +753,24 @@ impl Attempt {
             )
             .await
         {
-            Ok(commit) => commit,
+            // An answer is not proof: the branch must show that commit merging the staged one.
+            Ok(answered) => match self.merged(&repo, &staged.id).await {
+                Ok(Some(commit)) if commit == answered => commit,
+                Ok(_) => {
+                    return Err(WorkspaceFailure::MergeNotOnBranch {
+                        branch: self.input.branch.clone(),
+                        answered,
+                        staged: staged.id.clone(),
+                    });
+                }
+                Err(source) => {
+                    return Err(WorkspaceFailure::MergeUnconfirmed {
+                        branch: self.input.branch.clone(),
+                        answered,
+                        source,
+                    });
+                }
+            },
             Err(LakefsError::Conflict { .. }) => {
                 return Err(WorkspaceFailure::MergeConflict {
                     branch: self.input.branch.clone(),
@@ -628,7 +779,7 @@ impl Attempt {
             }
             Err(e) if e.is_retryable() => {
                 // A merge that timed out or answered 5xx may still have been applied.
-                match self.find_merge(&repo, &staged.id).await {
+                match self.merged(&repo, &staged.id).await.ok().flatten() {
                     Some(commit) => {
                         tracing::warn!(error = %e, commit = %commit, "the merge answered with an error but was applied");
                         commit
@@ -671,12 +822,19 @@ impl Attempt {
         Ok(())
     }
 
-    /// The target branch's commit that merged `staged`, if any of its newest commits did.
-    async fn find_merge(&self, repo: &str, staged: &str) -> Option<String> {
-        let log = self.client.log(repo, &self.input.branch, 100).await.ok()?;
-        log.into_iter()
-            .find(|c| c.parents.iter().any(|p| p == staged))
-            .map(|c| c.id)
+    /// The target branch's commit that merged `staged`, if one of its newest commits did:
+    /// a well-formed commit id with `staged` among its parents. The one check of a merge,
+    /// whether it answered success (the answer must be this commit) or an error that may
+    /// hide a merge applied all the same.
+    async fn merged(&self, repo: &str, staged: &str) -> Result<Option<String>, LakefsError> {
+        let log = self
+            .client
+            .log(repo, &self.input.branch, MERGE_LOG_DEPTH)
+            .await?;
+        Ok(log
+            .into_iter()
+            .find(|c| is_commit_id(&c.id) && c.parents.iter().any(|p| p == staged))
+            .map(|c| c.id))
     }
 
     /// Deletes the staging branch and the attempt directory. Best effort: failures are
@@ -725,7 +883,20 @@ fn check_budget(budget: PublishBudget, objects: u64, bytes: u64) -> Result<(), W
     Ok(())
 }
 
-/// Where each listed object is written: `(key, checksum, file)`. Folder markers (keys ending
+/// One object to download.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Planned {
+    /// The key.
+    pub(crate) key: String,
+    /// Its checksum as listed.
+    pub(crate) checksum: String,
+    /// Its size as listed: the transfer must receive exactly this.
+    pub(crate) size: u64,
+    /// Where it is written.
+    pub(crate) file: PathBuf,
+}
+
+/// Where each listed object is written. Folder markers (keys ending
 /// in `/`, as S3 tools make them) are skipped: they hold no file, and are left alone on publish.
 /// A key that is also a folder of another key (`x` and `x/y`) cannot be laid out as files: the
 /// error names both. Nothing is written before every key is checked.
@@ -733,7 +904,7 @@ pub(crate) fn plan_download(
     prefix: &str,
     objects: Vec<super::lakefs::ObjectStats>,
     work: &Path,
-) -> Result<Vec<(String, String, PathBuf)>, WorkspaceFailure> {
+) -> Result<Vec<Planned>, WorkspaceFailure> {
     let mut plan = Vec::with_capacity(objects.len());
     let mut files = BTreeMap::new();
     for object in objects {
@@ -743,7 +914,12 @@ pub(crate) fn plan_download(
         }
         let relative = key_to_relative(prefix, &object.path)?;
         files.insert(relative.clone(), object.path.clone());
-        plan.push((object.path, object.checksum, work.join(relative)));
+        plan.push(Planned {
+            size: object.size_bytes.unwrap_or(0),
+            file: work.join(relative),
+            key: object.path,
+            checksum: object.checksum,
+        });
     }
     for (relative, key) in &files {
         if let Some(folder) = relative.ancestors().skip(1).find_map(|a| files.get(a)) {
@@ -983,6 +1159,7 @@ mod tests {
             prefix: String::new(),
             merge_timeout_seconds: 5,
             publish_budget: None,
+            download_budget: None,
         }
     }
 
@@ -1048,7 +1225,7 @@ mod tests {
         .unwrap();
         let files: Vec<_> = plan
             .iter()
-            .map(|(k, _, f)| (k.as_str(), f.clone()))
+            .map(|p| (p.key.as_str(), p.file.clone()))
             .collect();
         assert_eq!(
             files,

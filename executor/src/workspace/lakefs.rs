@@ -2,6 +2,12 @@
 //! read objects at a commit, cut a staging branch, upload, delete, commit, merge, clean up.
 //! Every request has a timeout; idempotent reads are retried on transport errors, 5xx and 429.
 //! The secret key never appears in `Debug` output or in error messages.
+//!
+//! Nothing a server answers is taken on its word: every answer read into memory has a cap
+//! ([`MAX_JSON_ANSWER`], error bodies [`MAX_ERROR_ANSWER`]); a listing's keys must come in
+//! order after `after`, its `next_offset` must advance (lakeFS's is the last key returned) and
+//! it holds at most the entries the caller allows; a download receives exactly the size the
+//! listing gave; commit ids must be commit ids (64 lowercase hex characters).
 
 use perago_core::{backoff::Backoff, url::encode_segment as segment};
 use reqwest::{Method, StatusCode};
@@ -21,6 +27,20 @@ const READ_TIMEOUT: Duration = Duration::from_secs(60);
 const READ_ATTEMPTS: u32 = 5;
 /// lakeFS pages at most 1000 entries.
 pub const MAX_PAGE: u32 = 1000;
+/// The largest JSON answer read: a page of 1000 entries with 1024-byte keys and their stats
+/// is a few MiB at most.
+pub const MAX_JSON_ANSWER: usize = 8 << 20;
+/// The most of an error answer read (its message is cut to 300 characters anyway).
+pub const MAX_ERROR_ANSWER: usize = 64 << 10;
+/// The largest object [`LakefsClient::get_object`] reads into memory (tests, `dev`).
+pub const MAX_OBJECT_IN_MEMORY: usize = 64 << 20;
+/// lakeFS keys (and so branch ids and paths listed) are at most 1024 bytes.
+pub const MAX_KEY_BYTES: usize = 1024;
+/// The longest object checksum kept (an MD5 is 32 hex characters, an S3 multipart ETag a few
+/// more).
+pub const MAX_CHECKSUM_BYTES: usize = 128;
+/// The most entries a diff or a branch listing holds.
+pub const MAX_LISTED: usize = 100_000;
 
 /// Where and as whom to reach lakeFS.
 #[derive(Clone)]
@@ -110,6 +130,65 @@ pub enum LakefsError {
         status: u16,
         /// The server's `message`.
         message: String,
+    },
+    /// A 3xx answer: no client follows a redirect (`perago_core::http`).
+    #[error(
+        "lakeFS {op}: the server answered HTTP {status} redirecting to {location}; perago follows no redirects"
+    )]
+    Redirect {
+        /// What was being done.
+        op: String,
+        /// The 3xx status.
+        status: u16,
+        /// The `Location`, or `(no Location)`.
+        location: String,
+    },
+    /// An answer longer than perago reads into memory.
+    #[error("lakeFS {op}: the answer is larger than {limit} bytes, the most perago reads; refused")]
+    TooLarge {
+        /// What was being done.
+        op: String,
+        /// The cap.
+        limit: usize,
+    },
+    /// A listing page that does not continue the listing (keys out of order, a `next_offset`
+    /// that does not advance).
+    #[error("lakeFS {op}: bad pagination: {message}; refused")]
+    Pagination {
+        /// What was being done.
+        op: String,
+        /// What was wrong.
+        message: String,
+    },
+    /// A listing with more entries than the caller holds.
+    #[error("lakeFS {op}: more than {max} entries listed")]
+    TooMany {
+        /// What was being done.
+        op: String,
+        /// The most the caller holds.
+        max: usize,
+    },
+    /// An object whose content is longer than its listing gave: the transfer was cut there.
+    #[error(
+        "lakeFS {op}: the server sent more than the {listed} bytes the listing gives the object; refused"
+    )]
+    LongerThanListed {
+        /// What was being done.
+        op: String,
+        /// The size listed.
+        listed: u64,
+    },
+    /// An object whose content is shorter than its listing gave.
+    #[error(
+        "lakeFS {op}: the server sent {received} bytes, but the listing gives the object {listed}; refused"
+    )]
+    ShorterThanListed {
+        /// What was being done.
+        op: String,
+        /// The size listed.
+        listed: u64,
+        /// The bytes received.
+        received: u64,
     },
     /// A merge conflict (409).
     #[error("lakeFS {op}: merge conflict")]
@@ -255,16 +334,28 @@ impl LakefsClient {
         body: Option<Body>,
         timeout: Duration,
     ) -> Result<(StatusCode, Vec<u8>), LakefsError> {
+        self.send_limited(op, method, path, query, body, timeout, MAX_JSON_ANSWER)
+            .await
+    }
+
+    /// [`send`](Self::send), reading at most `limit` bytes of the answer.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "send's arguments and the cap on what it reads"
+    )]
+    async fn send_limited(
+        &self,
+        op: &str,
+        method: Method,
+        path: &str,
+        query: &[(&str, &str)],
+        body: Option<Body>,
+        timeout: Duration,
+        limit: usize,
+    ) -> Result<(StatusCode, Vec<u8>), LakefsError> {
         let resp = self.respond(op, method, path, query, body, timeout).await?;
         let status = resp.status();
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|source| LakefsError::Transport {
-                op: op.to_owned(),
-                source,
-            })?;
-        Ok((status, bytes.to_vec()))
+        Ok((status, read_capped(op, resp, limit).await?))
     }
 
     /// One request; an error status is read (its body is small) and returned as an error, a
@@ -308,12 +399,35 @@ impl LakefsClient {
             op: op.to_owned(),
             source,
         };
-        let resp = req.send().await.map_err(transport)?;
+        let resp =
+            req.send().await.map_err(|source| {
+                match perago_core::http::redirect_refused(&source) {
+                    Some(refused) => LakefsError::Redirect {
+                        op: op.to_owned(),
+                        status: refused.status,
+                        location: refused.location.clone(),
+                    },
+                    None => transport(source),
+                }
+            })?;
         let status = resp.status();
-        if status.is_success() || status.is_informational() || status.is_redirection() {
+        if status.is_success() {
             return Ok(resp);
         }
-        let bytes = resp.bytes().await.map_err(transport)?.to_vec();
+        if status.is_redirection() {
+            // A 3xx the client did not try to follow (no `Location`, 300, 304): not an answer.
+            return Err(LakefsError::Redirect {
+                op: op.to_owned(),
+                status: status.as_u16(),
+                location: resp.headers().get(reqwest::header::LOCATION).map_or_else(
+                    || "(no Location)".to_owned(),
+                    |l| String::from_utf8_lossy(l.as_bytes()).into_owned(),
+                ),
+            });
+        }
+        let bytes = read_prefix(resp, MAX_ERROR_ANSWER)
+            .await
+            .map_err(transport)?;
         let message = serde_json::from_slice::<Value>(&bytes)
             .ok()
             .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_owned))
@@ -333,10 +447,31 @@ impl LakefsClient {
         path: &str,
         query: &[(&str, &str)],
     ) -> Result<Vec<u8>, LakefsError> {
+        self.read_limited(op, method, path, query, MAX_JSON_ANSWER)
+            .await
+    }
+
+    /// [`read`](Self::read), reading at most `limit` bytes of the answer.
+    async fn read_limited(
+        &self,
+        op: &str,
+        method: Method,
+        path: &str,
+        query: &[(&str, &str)],
+        limit: usize,
+    ) -> Result<Vec<u8>, LakefsError> {
         let mut attempt = 0;
         loop {
             match self
-                .send(op, method.clone(), path, query, None, REQUEST_TIMEOUT)
+                .send_limited(
+                    op,
+                    method.clone(),
+                    path,
+                    query,
+                    None,
+                    REQUEST_TIMEOUT,
+                    limit,
+                )
                 .await
             {
                 Ok((_, bytes)) => return Ok(bytes),
@@ -361,23 +496,33 @@ impl LakefsClient {
     pub async fn resolve_commit(&self, repo: &str, reference: &str) -> Result<String, LakefsError> {
         let op = format!("resolve {repo}@{reference}");
         let branch = format!("{}/branches/{}", Self::repo_path(repo), segment(reference));
-        match self.read(&op, Method::GET, &branch, &[]).await {
-            Ok(bytes) => Ok(Self::decode::<Ref>(&op, &bytes)?.commit_id),
-            Err(e) if e.is_not_found() => {
-                let commit = format!("{}/commits/{}", Self::repo_path(repo), segment(reference));
-                let bytes = self.read(&op, Method::GET, &commit, &[]).await?;
-                Ok(Self::decode::<Commit>(&op, &bytes)?.id)
-            }
-            Err(e) => Err(e),
-        }
+        let id = match self.read(&op, Method::GET, &branch, &[]).await {
+            Ok(bytes) => Self::decode::<Ref>(&op, &bytes)?.commit_id,
+            Err(e) if e.is_not_found() => self.get_commit(repo, reference).await?.id,
+            Err(e) => return Err(e),
+        };
+        commit_id(&op, id)
     }
 
-    /// Every object under `prefix` at `reference`, following pagination.
+    /// The commit `reference` names (`GET /commits/{ref}`); its id is checked.
+    pub async fn get_commit(&self, repo: &str, reference: &str) -> Result<Commit, LakefsError> {
+        let op = format!("get commit {repo}@{reference}");
+        let path = format!("{}/commits/{}", Self::repo_path(repo), segment(reference));
+        let bytes = self.read(&op, Method::GET, &path, &[]).await?;
+        let commit = Self::decode::<Commit>(&op, &bytes)?;
+        commit_id(&op, commit.id.clone())?;
+        Ok(commit)
+    }
+
+    /// Every object under `prefix` at `reference`, following pagination; more than `max`
+    /// entries is [`LakefsError::TooMany`], a page that does not continue the listing is
+    /// [`LakefsError::Pagination`]. Keys, checksums and sizes are checked as they arrive.
     pub async fn list_objects(
         &self,
         repo: &str,
         reference: &str,
         prefix: &str,
+        max: usize,
     ) -> Result<Vec<ObjectStats>, LakefsError> {
         let op = format!("list {repo}@{reference}/{prefix}");
         let path = format!(
@@ -388,6 +533,7 @@ impl LakefsClient {
         let amount = MAX_PAGE.to_string();
         let mut after = String::new();
         let mut out = Vec::new();
+        let mut listed = 0usize;
         loop {
             let query = [
                 ("prefix", prefix),
@@ -397,11 +543,25 @@ impl LakefsClient {
             ];
             let bytes = self.read(&op, Method::GET, &path, &query).await?;
             let page: Page<ObjectStats> = Self::decode(&op, &bytes)?;
-            out.extend(page.results.into_iter().filter(|o| o.path_type == "object"));
-            if !page.pagination.has_more || page.pagination.next_offset.is_empty() {
-                return Ok(out);
+            drop(bytes);
+            for object in &page.results {
+                check_object(&op, object)?;
             }
-            after = page.pagination.next_offset;
+            let next = next_page(
+                &op,
+                &after,
+                page.results.iter().map(|o| o.path.as_str()),
+                &page.pagination,
+            )?;
+            listed += page.results.len();
+            if listed > max {
+                return Err(LakefsError::TooMany { op, max });
+            }
+            out.extend(page.results.into_iter().filter(|o| o.path_type == "object"));
+            match next {
+                Some(next) => after = next,
+                None => return Ok(out),
+            }
         }
     }
 
@@ -418,17 +578,27 @@ impl LakefsClient {
             Self::repo_path(repo),
             segment(reference)
         );
-        self.read(&op, Method::GET, &path, &[("path", key)]).await
+        self.read_limited(
+            &op,
+            Method::GET,
+            &path,
+            &[("path", key)],
+            MAX_OBJECT_IN_MEMORY,
+        )
+        .await
     }
 
     /// Streams one object into `file` (created or truncated), never holding more than one
     /// response chunk in memory; transport errors, 5xx and 429 are retried from the start.
+    /// The object must be `size` bytes (its listed size): a server that sends more is cut
+    /// off there, and fewer is an error too.
     pub async fn get_object_to_file(
         &self,
         repo: &str,
         reference: &str,
         key: &str,
         file: &Path,
+        size: u64,
     ) -> Result<(), LakefsError> {
         let op = format!("get {repo}@{reference}/{key}");
         let path = format!(
@@ -438,7 +608,7 @@ impl LakefsClient {
         );
         let mut attempt = 0;
         loop {
-            match self.stream_to_file(&op, &path, key, file).await {
+            match self.stream_to_file(&op, &path, key, file, size).await {
                 Ok(()) => return Ok(()),
                 Err(e) if e.is_retryable() && attempt + 1 < READ_ATTEMPTS => {
                     tracing::debug!(error = %e, attempt, "retrying a lakeFS download");
@@ -456,6 +626,7 @@ impl LakefsClient {
         path: &str,
         key: &str,
         file: &Path,
+        size: u64,
     ) -> Result<(), LakefsError> {
         use tokio::io::AsyncWriteExt as _;
         let local = |source| LakefsError::Local {
@@ -473,6 +644,16 @@ impl LakefsClient {
                 TRANSFER_TIMEOUT,
             )
             .await?;
+        let longer = || LakefsError::LongerThanListed {
+            op: op.to_owned(),
+            listed: size,
+        };
+        if resp
+            .content_length()
+            .is_some_and(|announced| announced > size)
+        {
+            return Err(longer());
+        }
         // Only the executor (and, once handed over, the body's user) may read the workspace.
         let mut out = tokio::fs::OpenOptions::new()
             .write(true)
@@ -482,6 +663,7 @@ impl LakefsClient {
             .open(file)
             .await
             .map_err(local)?;
+        let mut received = 0u64;
         while let Some(chunk) = resp
             .chunk()
             .await
@@ -490,7 +672,18 @@ impl LakefsClient {
                 source,
             })?
         {
+            received += chunk.len() as u64;
+            if received > size {
+                return Err(longer());
+            }
             out.write_all(&chunk).await.map_err(local)?;
+        }
+        if received != size {
+            return Err(LakefsError::ShorterThanListed {
+                op: op.to_owned(),
+                listed: size,
+                received,
+            });
         }
         out.flush().await.map_err(local)
     }
@@ -647,7 +840,9 @@ impl LakefsClient {
         let (_, bytes) = self
             .send(&op, Method::POST, &path, &[], Some(body), REQUEST_TIMEOUT)
             .await?;
-        Self::decode(&op, &bytes)
+        let commit: Commit = Self::decode(&op, &bytes)?;
+        commit_id(&op, commit.id.clone())?;
+        Ok(commit)
     }
 
     /// Merges `source` into `destination` within `timeout`; returns the merge commit id.
@@ -679,13 +874,13 @@ impl LakefsClient {
                 other => other,
             })?;
         let answer: Value = Self::decode(&op, &bytes)?;
-        answer["reference"]
+        let reference = answer["reference"]
             .as_str()
-            .map(str::to_owned)
             .ok_or_else(|| LakefsError::Decode {
-                op,
+                op: op.clone(),
                 message: "no reference in the merge result".into(),
-            })
+            })?;
+        commit_id(&op, reference.to_owned())
     }
 
     /// The newest commits of `reference`, newest first.
@@ -766,11 +961,23 @@ impl LakefsClient {
             ];
             let bytes = self.read(&op, Method::GET, &path, &query).await?;
             let page: Page<Entry> = Self::decode(&op, &bytes)?;
-            out.extend(page.results.into_iter().map(|e| (e.kind, e.path)));
-            if !page.pagination.has_more || page.pagination.next_offset.is_empty() {
-                return Ok(out);
+            let next = next_page(
+                &op,
+                &after,
+                page.results.iter().map(|e| e.path.as_str()),
+                &page.pagination,
+            )?;
+            if out.len() + page.results.len() > MAX_LISTED {
+                return Err(LakefsError::TooMany {
+                    op,
+                    max: MAX_LISTED,
+                });
             }
-            after = page.pagination.next_offset;
+            out.extend(page.results.into_iter().map(|e| (e.kind, e.path)));
+            match next {
+                Some(next) => after = next,
+                None => return Ok(out),
+            }
         }
     }
 
@@ -789,11 +996,23 @@ impl LakefsClient {
             let query = [("after", after.as_str()), ("amount", amount.as_str())];
             let bytes = self.read(&op, Method::GET, &path, &query).await?;
             let page: Page<Named> = Self::decode(&op, &bytes)?;
-            out.extend(page.results.into_iter().map(|b| b.id));
-            if !page.pagination.has_more || page.pagination.next_offset.is_empty() {
-                return Ok(out);
+            let next = next_page(
+                &op,
+                &after,
+                page.results.iter().map(|b| b.id.as_str()),
+                &page.pagination,
+            )?;
+            if out.len() + page.results.len() > MAX_LISTED {
+                return Err(LakefsError::TooMany {
+                    op,
+                    max: MAX_LISTED,
+                });
             }
-            after = page.pagination.next_offset;
+            out.extend(page.results.into_iter().map(|b| b.id));
+            match next {
+                Some(next) => after = next,
+                None => return Ok(out),
+            }
         }
     }
 
@@ -806,6 +1025,153 @@ impl LakefsClient {
             other => other.map(drop),
         }
     }
+}
+
+/// Whether `id` is a lakeFS commit id: 64 lowercase hex characters (a SHA-256).
+pub fn is_commit_id(id: &str) -> bool {
+    id.len() == 64 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// `id`, if it is a commit id.
+fn commit_id(op: &str, id: String) -> Result<String, LakefsError> {
+    if is_commit_id(&id) {
+        return Ok(id);
+    }
+    let shown: String = id.chars().take(80).collect();
+    Err(LakefsError::Decode {
+        op: op.to_owned(),
+        message: format!("{shown:?} is not a commit id (64 lowercase hex characters)"),
+    })
+}
+
+/// The whole body of `resp`, refused past `limit` bytes (announced or received) without
+/// reading further.
+async fn read_capped(
+    op: &str,
+    mut resp: reqwest::Response,
+    limit: usize,
+) -> Result<Vec<u8>, LakefsError> {
+    let too_large = || LakefsError::TooLarge {
+        op: op.to_owned(),
+        limit,
+    };
+    if resp
+        .content_length()
+        .is_some_and(|announced| announced > limit as u64)
+    {
+        return Err(too_large());
+    }
+    let mut out = Vec::new();
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|source| LakefsError::Transport {
+            op: op.to_owned(),
+            source,
+        })?
+    {
+        if out.len() + chunk.len() > limit {
+            return Err(too_large());
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+}
+
+/// At most the first `limit` bytes of the body of `resp` (an error answer: the rest is not read).
+async fn read_prefix(mut resp: reqwest::Response, limit: usize) -> Result<Vec<u8>, reqwest::Error> {
+    let mut out = Vec::new();
+    while out.len() < limit
+        && let Some(chunk) = resp.chunk().await?
+    {
+        out.extend_from_slice(&chunk[..chunk.len().min(limit - out.len())]);
+    }
+    Ok(out)
+}
+
+/// A listed object whose key, checksum or size cannot be right.
+fn check_object(op: &str, object: &ObjectStats) -> Result<(), LakefsError> {
+    let bad = |message: String| {
+        Err(LakefsError::Decode {
+            op: op.to_owned(),
+            message,
+        })
+    };
+    if object.checksum.len() > MAX_CHECKSUM_BYTES {
+        return bad(format!(
+            "object {:?} has a checksum of {} bytes; at most {MAX_CHECKSUM_BYTES} are kept",
+            object.path,
+            object.checksum.len()
+        ));
+    }
+    if object.path_type == "object" && object.size_bytes.is_none() {
+        return bad(format!(
+            "object {:?} is listed without size_bytes",
+            object.path
+        ));
+    }
+    Ok(())
+}
+
+/// Checks one page of a listing and returns where the next one starts (`None`: this was the
+/// last). lakeFS lists keys in byte order strictly after `after`, and a page that says
+/// `has_more` has results and gives the last one's key as `next_offset`
+/// (`paginationFor` in its controller): anything else could loop or skip, and is refused.
+fn next_page<'a>(
+    op: &str,
+    after: &str,
+    keys: impl IntoIterator<Item = &'a str>,
+    pagination: &Pagination,
+) -> Result<Option<String>, LakefsError> {
+    let refuse = |message: String| {
+        Err(LakefsError::Pagination {
+            op: op.to_owned(),
+            message,
+        })
+    };
+    let short = |key: &str| key.chars().take(80).collect::<String>();
+    let mut last: Option<&str> = None;
+    for key in keys {
+        if key.len() > MAX_KEY_BYTES {
+            return refuse(format!(
+                "a key of {} bytes (lakeFS keys are at most {MAX_KEY_BYTES})",
+                key.len()
+            ));
+        }
+        if key <= last.unwrap_or(after) {
+            return refuse(format!(
+                "key {:?} does not come after {:?}",
+                short(key),
+                short(last.unwrap_or(after))
+            ));
+        }
+        last = Some(key);
+    }
+    if !pagination.has_more {
+        return Ok(None);
+    }
+    let next = pagination.next_offset.as_str();
+    let Some(last) = last else {
+        return refuse("a page with has_more but no results".to_owned());
+    };
+    if next.len() > MAX_KEY_BYTES {
+        return refuse(format!("a next_offset of {} bytes", next.len()));
+    }
+    if next <= after {
+        return refuse(format!(
+            "next_offset {:?} does not advance past {:?}",
+            short(next),
+            short(after)
+        ));
+    }
+    if next < last {
+        return refuse(format!(
+            "next_offset {:?} is before the last key returned, {:?}",
+            short(next),
+            short(last)
+        ));
+    }
+    Ok(Some(next.to_owned()))
 }
 
 enum Body {

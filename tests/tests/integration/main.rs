@@ -12,6 +12,7 @@ mod deploy;
 mod descendants;
 mod harness;
 mod hostile_conductor;
+mod hostile_servers;
 mod hostile_tasks;
 mod jsonl_faults;
 mod metrics;

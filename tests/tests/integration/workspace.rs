@@ -828,6 +828,7 @@ async fn the_second_fence_stops_a_staged_change_before_it_is_published() {
         prefix: String::new(),
         merge_timeout_seconds: 10,
         publish_budget: None,
+        download_budget: None,
     };
     // The phase turns "publishing" once the change is staged: after the fence before
     // staging, before the one before publishing (fence reads left in the script then: 1).
@@ -1130,7 +1131,7 @@ echo '{{}}'
     // main holds exactly the three new files, with lakeFS's MD5 checksums.
     let objects = lakefs
         .client
-        .list_objects(REPO, "main", "big/")
+        .list_objects(REPO, "main", "big/", 1000)
         .await
         .unwrap();
     let listed: Vec<_> = objects
@@ -1194,7 +1195,7 @@ echo '{}'
     assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
     let keys: Vec<_> = lakefs
         .client
-        .list_objects(REPO, "main", "mk/")
+        .list_objects(REPO, "main", "mk/", 1000)
         .await
         .unwrap()
         .into_iter()
@@ -1682,7 +1683,12 @@ async fn bodies_of_one_user_cannot_make_the_executor_publish_a_swapped_in_file()
     assert_eq!(report["saw_the_scan"], true, "{report}");
 
     // Never the root-only file, anywhere on the branch.
-    for object in lakefs.client.list_objects(REPO, "main", "").await.unwrap() {
+    for object in lakefs
+        .client
+        .list_objects(REPO, "main", "", 1000)
+        .await
+        .unwrap()
+    {
         let content = lakefs.read(REPO, &object.path).await.unwrap_or_default();
         assert!(
             !content.contains("root-only secret"),
