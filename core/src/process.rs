@@ -27,11 +27,9 @@
 
 use std::{io, os::fd::RawFd};
 
-mod dir;
 pub mod dirfd;
 pub mod secrets;
 mod spawn;
-pub use dir::Dir;
 pub use spawn::{Child, Environment, Spawn};
 
 /// Makes the child the leader of its own process group and has the kernel send it

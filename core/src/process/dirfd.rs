@@ -3,7 +3,7 @@
 //! checked once is never resolved again through a path, and a symlink swapped in for a file or
 //! a folder is refused instead of followed. The executor uses it to hand a workspace to
 //! `[body] user` and to take it back, scan it and publish it (see `docs/runtime.md`, "Trust
-//! model").
+//! model"); the supervisor keeps its records folder this way.
 
 use std::{
     ffi::{CString, OsStr, OsString},
@@ -170,7 +170,9 @@ impl Dir {
         Ok(EntryStat::of(&st))
     }
 
-    fn open_at(&self, name: &OsStr, flags: libc::c_int) -> io::Result<OwnedFd> {
+    /// Opens `name` in this folder with `flags` (`O_NOFOLLOW | O_CLOEXEC` are always added;
+    /// `mode` is used when creating).
+    fn open_at(&self, name: &OsStr, flags: libc::c_int, mode: u32) -> io::Result<OwnedFd> {
         let name = c_name(name)?;
         // SAFETY: openat(2) reads the NUL-terminated name; it returns a new descriptor we own.
         let fd = check(unsafe {
@@ -178,6 +180,7 @@ impl Dir {
                 self.fd.as_raw_fd(),
                 name.as_ptr(),
                 flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                mode as libc::c_uint,
             )
         })?;
         // SAFETY: `fd` was just returned by openat(2) and is owned by nobody else.
@@ -186,15 +189,37 @@ impl Dir {
 
     /// Opens the folder `name` in this one; a symlink is refused (`ELOOP`/`ENOTDIR`).
     pub fn open_dir(&self, name: &OsStr) -> io::Result<Self> {
-        let fd = self.open_at(name, libc::O_RDONLY | libc::O_DIRECTORY)?;
+        let fd = self.open_at(name, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
         Ok(Self { fd })
     }
 
     /// Opens the entry `name` for reading without following a symlink and without blocking
     /// (a FIFO opens at once and reads nothing); the caller checks what it is with [`fstat`].
     pub fn open_file(&self, name: &OsStr) -> io::Result<File> {
-        let fd = self.open_at(name, libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY)?;
+        let fd = self.open_at(name, libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY, 0)?;
         Ok(File::from(fd))
+    }
+
+    /// Creates the file `name` for writing with `mode`; an existing file or symlink there is
+    /// an error (`O_CREAT | O_EXCL`).
+    pub fn create_new(&self, name: &OsStr, mode: u32) -> io::Result<File> {
+        let fd = self.open_at(name, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, mode)?;
+        Ok(File::from(fd))
+    }
+
+    /// Removes the file `name` of this folder (a symlink itself, never what it points to).
+    pub fn unlink_at(&self, name: &OsStr) -> io::Result<()> {
+        let name = c_name(name)?;
+        // SAFETY: unlinkat(2) reads the NUL-terminated name; no other memory is involved.
+        check(unsafe { libc::unlinkat(self.fd.as_raw_fd(), name.as_ptr(), 0) }).map(drop)
+    }
+
+    /// Renames `from` to `to`, both in this folder.
+    pub fn rename_at(&self, from: &OsStr, to: &OsStr) -> io::Result<()> {
+        let (from, to) = (c_name(from)?, c_name(to)?);
+        let fd = self.fd.as_raw_fd();
+        // SAFETY: renameat(2) within one held folder, with NUL-terminated names.
+        check(unsafe { libc::renameat(fd, from.as_ptr(), fd, to.as_ptr()) }).map(drop)
     }
 
     /// The target of the symlink `name`, as written in it.
@@ -325,5 +350,50 @@ mod tests {
         std::fs::remove_file(tmp.path()).unwrap();
         std::fs::rename(tmp.path().with_extension("moved"), tmp.path()).unwrap();
         assert!(Dir::open(&tmp.path().join("link")).is_err());
+    }
+
+    #[test]
+    fn files_are_created_renamed_and_removed_through_the_held_folder() {
+        use std::io::{Read as _, Write as _};
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("d");
+        std::fs::create_dir(&dir).unwrap();
+        let held = Dir::open(&dir).unwrap();
+        assert_eq!(held.stat().unwrap().kind, EntryKind::Dir);
+        let mut file = held.create_new("a.tmp".as_ref(), 0o600).unwrap();
+        assert!(held.create_new("a.tmp".as_ref(), 0o600).is_err());
+        file.write_all(b"hi").unwrap();
+        held.rename_at("a.tmp".as_ref(), "a".as_ref()).unwrap();
+        // The folder is moved away and a new one put in its place: the held one is still used.
+        std::fs::rename(&dir, tmp.path().join("moved")).unwrap();
+        std::fs::create_dir(&dir).unwrap();
+        let mut text = String::new();
+        held.open_file("a".as_ref())
+            .unwrap()
+            .read_to_string(&mut text)
+            .unwrap();
+        assert_eq!(text, "hi");
+        assert_eq!(held.entries().unwrap(), [OsString::from("a")]);
+        // Unlinking a symlink removes the link, not its target.
+        symlink(tmp.path().join("moved/a"), tmp.path().join("moved/alias")).unwrap();
+        held.unlink_at("alias".as_ref()).unwrap();
+        held.unlink_at("a".as_ref()).unwrap();
+        assert!(held.entries().unwrap().is_empty());
+        assert!(held.open_file("../x".as_ref()).is_err());
+        assert!(held.rename_at("..".as_ref(), "x".as_ref()).is_err());
+        // A symlink or a file where a folder is expected: ENOTDIR, never followed.
+        let link = tmp.path().join("link");
+        symlink(&dir, &link).unwrap();
+        assert_eq!(
+            Dir::open(&link).unwrap_err().raw_os_error(),
+            Some(libc::ENOTDIR)
+        );
+        std::fs::write(tmp.path().join("file"), "").unwrap();
+        assert_eq!(
+            Dir::open(&tmp.path().join("file"))
+                .unwrap_err()
+                .raw_os_error(),
+            Some(libc::ENOTDIR)
+        );
     }
 }

@@ -10,7 +10,7 @@
 //! is a regular file of this user, at most [`MAX_RECORD_BYTES`]: another user's file could
 //! point `status --probe` at a socket of theirs.
 
-use perago_core::process::{Dir, euid};
+use perago_core::process::{dirfd::Dir, euid};
 use serde::{Deserialize, Serialize};
 use std::{
     collections::BTreeMap,
@@ -92,7 +92,7 @@ impl RecordsDir {
     /// without following a symlink, then checked by `fstat` on the descriptor. `Ok(None)`
     /// when it does not exist.
     pub(crate) fn open(path: &Path) -> Result<Option<Self>, FolderError> {
-        let dir = match Dir::open_nofollow(path) {
+        let dir = match Dir::open(path) {
             Ok(dir) => dir,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => {
@@ -109,22 +109,22 @@ impl RecordsDir {
                 });
             }
         };
-        let meta = dir.metadata().map_err(|e| FolderError::Open {
+        let meta = dir.stat().map_err(|e| FolderError::Open {
             dir: path.to_owned(),
             cause: e.to_string(),
         })?;
         let me = euid();
-        if meta.uid() != me {
+        if meta.uid != me {
             return Err(FolderError::NotOwned {
                 dir: path.to_owned(),
-                owner: meta.uid(),
+                owner: meta.uid,
                 me,
             });
         }
-        if meta.mode() & 0o077 != 0 {
+        if meta.mode & 0o077 != 0 {
             return Err(FolderError::OpenToOthers {
                 dir: path.to_owned(),
-                mode: meta.mode() & 0o7777,
+                mode: meta.mode,
             });
         }
         Ok(Some(Self {
@@ -219,7 +219,7 @@ pub(crate) struct Found {
 
 /// Reads one record of `dir`: a regular file of this user within [`MAX_RECORD_BYTES`].
 fn read_record(dir: &Dir, name: &OsStr) -> Result<Record, String> {
-    let file = dir.open_read(name).map_err(|e| e.to_string())?;
+    let file = dir.open_file(name).map_err(|e| e.to_string())?;
     let meta = file.metadata().map_err(|e| e.to_string())?;
     if meta.is_file() && meta.uid() != euid() {
         return Err(format!(
@@ -241,7 +241,7 @@ pub(crate) fn running(path: &Path) -> Result<Found, FolderError> {
         return Ok(Found::default());
     };
     let mut found = Found::default();
-    let Ok(names) = dir.dir.names() else {
+    let Ok(names) = dir.dir.entries() else {
         return Ok(found);
     };
     for name in names {
