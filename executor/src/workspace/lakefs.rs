@@ -530,39 +530,21 @@ impl LakefsClient {
             Self::repo_path(repo),
             segment(reference)
         );
-        let amount = MAX_PAGE.to_string();
-        let mut after = String::new();
-        let mut out = Vec::new();
-        let mut listed = 0usize;
-        loop {
-            let query = [
-                ("prefix", prefix),
-                ("after", after.as_str()),
-                ("amount", amount.as_str()),
-                ("user_metadata", "false"),
-            ];
-            let bytes = self.read(&op, Method::GET, &path, &query).await?;
-            let page: Page<ObjectStats> = Self::decode(&op, &bytes)?;
-            drop(bytes);
-            for object in &page.results {
-                check_object(&op, object)?;
-            }
-            let next = next_page(
+        let query = [("prefix", prefix), ("user_metadata", "false")];
+        let listed: Vec<ObjectStats> = self
+            .list_pages(
                 &op,
-                &after,
-                page.results.iter().map(|o| o.path.as_str()),
-                &page.pagination,
-            )?;
-            listed += page.results.len();
-            if listed > max {
-                return Err(LakefsError::TooMany { op, max });
-            }
-            out.extend(page.results.into_iter().filter(|o| o.path_type == "object"));
-            match next {
-                Some(next) => after = next,
-                None => return Ok(out),
-            }
-        }
+                &path,
+                &query,
+                max,
+                |o: &ObjectStats| &o.path,
+                |o| check_object(&op, o),
+            )
+            .await?;
+        Ok(listed
+            .into_iter()
+            .filter(|o| o.path_type == "object")
+            .collect())
     }
 
     /// The content of one object.
@@ -950,35 +932,17 @@ impl LakefsClient {
             segment(left),
             segment(right)
         );
-        let amount = MAX_PAGE.to_string();
-        let mut after = String::new();
-        let mut out = Vec::new();
-        loop {
-            let query = [
-                ("after", after.as_str()),
-                ("amount", amount.as_str()),
-                ("type", "two_dot"),
-            ];
-            let bytes = self.read(&op, Method::GET, &path, &query).await?;
-            let page: Page<Entry> = Self::decode(&op, &bytes)?;
-            let next = next_page(
+        let entries: Vec<Entry> = self
+            .list_pages(
                 &op,
-                &after,
-                page.results.iter().map(|e| e.path.as_str()),
-                &page.pagination,
-            )?;
-            if out.len() + page.results.len() > MAX_LISTED {
-                return Err(LakefsError::TooMany {
-                    op,
-                    max: MAX_LISTED,
-                });
-            }
-            out.extend(page.results.into_iter().map(|e| (e.kind, e.path)));
-            match next {
-                Some(next) => after = next,
-                None => return Ok(out),
-            }
-        }
+                &path,
+                &[("type", "two_dot")],
+                MAX_LISTED,
+                |e: &Entry| &e.path,
+                |_| Ok(()),
+            )
+            .await?;
+        Ok(entries.into_iter().map(|e| (e.kind, e.path)).collect())
     }
 
     /// Every branch name of `repo`.
@@ -989,26 +953,43 @@ impl LakefsClient {
         }
         let op = format!("list branches of {repo}");
         let path = format!("{}/branches", Self::repo_path(repo));
+        let branches: Vec<Named> = self
+            .list_pages(&op, &path, &[], MAX_LISTED, |b: &Named| &b.id, |_| Ok(()))
+            .await?;
+        Ok(branches.into_iter().map(|b| b.id).collect())
+    }
+
+    /// Every entry of the paginated listing at `path` (with `query` besides `after` and
+    /// `amount`), each checked by `check` as its page arrives; each page must continue the
+    /// listing ([`next_page`], by the entries' `key`), and more than `max` entries is
+    /// [`LakefsError::TooMany`].
+    async fn list_pages<T: serde::de::DeserializeOwned>(
+        &self,
+        op: &str,
+        path: &str,
+        query: &[(&str, &str)],
+        max: usize,
+        key: impl Fn(&T) -> &str,
+        check: impl Fn(&T) -> Result<(), LakefsError>,
+    ) -> Result<Vec<T>, LakefsError> {
         let amount = MAX_PAGE.to_string();
         let mut after = String::new();
         let mut out = Vec::new();
         loop {
-            let query = [("after", after.as_str()), ("amount", amount.as_str())];
-            let bytes = self.read(&op, Method::GET, &path, &query).await?;
-            let page: Page<Named> = Self::decode(&op, &bytes)?;
-            let next = next_page(
-                &op,
-                &after,
-                page.results.iter().map(|b| b.id.as_str()),
-                &page.pagination,
-            )?;
-            if out.len() + page.results.len() > MAX_LISTED {
+            let mut page_query = query.to_vec();
+            page_query.extend([("after", after.as_str()), ("amount", amount.as_str())]);
+            let bytes = self.read(op, Method::GET, path, &page_query).await?;
+            let page: Page<T> = Self::decode(op, &bytes)?;
+            drop(bytes);
+            page.results.iter().try_for_each(&check)?;
+            let next = next_page(op, &after, page.results.iter().map(&key), &page.pagination)?;
+            if out.len() + page.results.len() > max {
                 return Err(LakefsError::TooMany {
-                    op,
-                    max: MAX_LISTED,
+                    op: op.to_owned(),
+                    max,
                 });
             }
-            out.extend(page.results.into_iter().map(|b| b.id));
+            out.extend(page.results);
             match next {
                 Some(next) => after = next,
                 None => return Ok(out),
