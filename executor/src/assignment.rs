@@ -426,6 +426,8 @@ impl AssignmentRunner {
             )
             .map(|(k, v)| (k.to_owned(), Value::String(v)))
             .collect();
+            // A merge that does not answer is settled within the task's time left.
+            ws.set_time_left(budget.left());
             // Still staging while files upload; publishing from the merge on.
             let published = ws
                 .publish(

@@ -5,9 +5,13 @@
 //! branch and the attempt directory are removed on every path.
 
 use super::{
-    lakefs::{LakefsClient, LakefsError, is_commit_id},
+    lakefs::{LakefsClient, LakefsError},
     paths::{PathError, key_to_relative},
     scan::{Changes, Rules, ScanError, Snapshot},
+    settle::{
+        EXECUTION_ID_KEY, Earlier, MergeAnswer, RETRY_KEY, Settled, TASK_ID_KEY, WorkflowTask,
+        earlier_publication, merges, scan_log, settle, settle_window,
+    },
 };
 use perago_core::{
     attempt::{AttemptSnapshot, FenceError},
@@ -33,8 +37,6 @@ const FENCE_PATIENCE: Duration = Duration::from_secs(10);
 /// The most objects an attempt lists and downloads without
 /// `[workspace.download_budget] max_objects`.
 pub const DEFAULT_MAX_DOWNLOAD_OBJECTS: u64 = 100_000;
-/// The newest commits of the branch read to confirm a merge.
-const MERGE_LOG_DEPTH: u32 = 100;
 
 /// What one download may take.
 #[derive(Debug, Clone, Copy, Default)]
@@ -226,19 +228,6 @@ pub enum WorkspaceFailure {
         /// The staging commit.
         staged: String,
     },
-    /// The merge answered success, but the branch cannot be read to confirm it.
-    #[error(
-        "publish failed: the merge answered commit {answered}, but {branch} cannot be read to confirm it: {source}"
-    )]
-    MergeUnconfirmed {
-        /// The target branch.
-        branch: String,
-        /// The commit id the merge answered.
-        answered: String,
-        /// Why the branch cannot be read.
-        #[source]
-        source: LakefsError,
-    },
     /// The fence read the attempt and it is no longer this one, running.
     #[error("{source} ({when}); nothing was published")]
     Fence {
@@ -263,6 +252,35 @@ pub enum WorkspaceFailure {
     FenceUnavailable {
         /// The last read's error.
         cause: String,
+    },
+    /// The merge may have landed, but the branch did not show it within the settle window.
+    #[error(
+        "publication unknown: the merge of staging commit {staged} into {branch} {what}, and {branch} did not show it within {waited:?} ({last}); it may still land"
+    )]
+    PublicationUnknown {
+        /// The target branch.
+        branch: String,
+        /// The staging commit.
+        staged: String,
+        /// What the merge answered (`answered commit …`, or its error).
+        what: String,
+        /// How long the branch was read.
+        waited: Duration,
+        /// The last read's outcome.
+        last: String,
+    },
+    /// A retry cannot read the branch to learn whether an earlier attempt already published.
+    #[error(
+        "publication unknown: cannot read {branch} to learn whether an earlier attempt of this workflow task published ({when}): {source}; nothing was published"
+    )]
+    EarlierUnknown {
+        /// The target branch.
+        branch: String,
+        /// `before staging`, `before publishing`.
+        when: &'static str,
+        /// Why the branch cannot be read.
+        #[source]
+        source: LakefsError,
     },
 }
 
@@ -335,6 +353,9 @@ pub struct Attempt {
     /// key → MD5 as downloaded.
     downloaded: BTreeMap<String, String>,
     staging: Option<String>,
+    /// When the task's `timeoutSeconds` ends (`None`: no limit), bounding how long a merge
+    /// that did not answer is settled.
+    task_deadline: Option<tokio::time::Instant>,
 }
 
 /// Seconds since the epoch.
@@ -523,6 +544,7 @@ impl Attempt {
             source_commit: String::new(),
             downloaded: BTreeMap::new(),
             staging: None,
+            task_deadline: None,
         };
         let downloaded = match limits.time_left {
             Some(left) => tokio::time::timeout(left, attempt.download(limits.budget))
@@ -536,6 +558,13 @@ impl Attempt {
             return Err(e);
         }
         Ok(attempt)
+    }
+
+    /// The time the task has left from now (`None`: no limit): a merge that did not answer is
+    /// settled for at most that long (and never longer than
+    /// [`MERGE_SETTLE_LIMIT`](super::settle::MERGE_SETTLE_LIMIT)).
+    pub fn set_time_left(&mut self, left: Option<Duration>) {
+        self.task_deadline = left.map(|left| tokio::time::Instant::now() + left);
     }
 
     /// The folder the body works in (`PERAGO_WORKSPACE_DIR`).
@@ -697,9 +726,30 @@ impl Attempt {
                 "changed": changes.changed.len(), "removed": changes.removed.len(),
             })
         };
+        // Every publication names its workflow task and what it changed: a retry finds it by
+        // these (see `settle`), and reports the counts of the one that landed.
+        let task = WorkflowTask::of(polled);
+        let mut metadata = metadata;
+        let named = task.metadata().into_iter().chain([
+            (RETRY_KEY, polled.retry_count.to_string()),
+            (TASK_ID_KEY, polled.task_id.clone()),
+            (EXECUTION_ID_KEY, execution_id.to_owned()),
+            ("added", changes.added.len().to_string()),
+            ("changed", changes.changed.len().to_string()),
+            ("removed", changes.removed.len().to_string()),
+        ]);
+        for (key, value) in named {
+            metadata.insert(key.to_owned(), Value::String(value));
+        }
         // The fence runs whatever the body did: an attempt Conductor has given up on is FAILED,
         // also when it has nothing to publish.
         check_fence(fence, polled, "before staging").await?;
+        if let Some(earlier) = self
+            .earlier(&task, polled.retry_count, "before staging")
+            .await?
+        {
+            return Ok(self.already_published(&earlier));
+        }
         if changes.is_empty() {
             tracing::info!("the body changed nothing; nothing to publish");
             return Ok(counts(&self.source_commit.clone()));
@@ -740,57 +790,168 @@ impl Attempt {
 
         publishing();
         check_fence(fence, polled, "before publishing").await?;
-        let timeout = Duration::from_secs(spec.merge_timeout_seconds);
-        let merged = match self
-            .client
-            .merge(
-                &repo,
-                &staging,
-                &self.input.branch,
-                &message,
-                &metadata,
-                timeout,
-            )
-            .await
+        // An earlier attempt's merge may have landed while this one staged.
+        if let Some(earlier) = self
+            .earlier(&task, polled.retry_count, "before publishing")
+            .await?
         {
-            // An answer is not proof: the branch must show that commit merging the staged one.
-            Ok(answered) => match self.merged(&repo, &staged.id).await {
-                Ok(Some(commit)) if commit == answered => commit,
-                Ok(_) => {
-                    return Err(WorkspaceFailure::MergeNotOnBranch {
-                        branch: self.input.branch.clone(),
-                        answered,
-                        staged: staged.id.clone(),
-                    });
-                }
-                Err(source) => {
-                    return Err(WorkspaceFailure::MergeUnconfirmed {
-                        branch: self.input.branch.clone(),
-                        answered,
-                        source,
-                    });
-                }
-            },
-            Err(LakefsError::Conflict { .. }) => {
-                return Err(WorkspaceFailure::MergeConflict {
-                    branch: self.input.branch.clone(),
-                    source_commit: self.source_commit.clone(),
-                });
-            }
-            Err(e) if e.is_retryable() => {
-                // A merge that timed out or answered 5xx may still have been applied.
-                match self.merged(&repo, &staged.id).await.ok().flatten() {
-                    Some(commit) => {
-                        tracing::warn!(error = %e, commit = %commit, "the merge answered with an error but was applied");
-                        commit
-                    }
-                    None => return Err(WorkspaceFailure::Publish(e)),
-                }
-            }
-            Err(e) => return Err(WorkspaceFailure::Publish(e)),
-        };
+            return Ok(self.already_published(&earlier));
+        }
+        let timeout = Duration::from_secs(spec.merge_timeout_seconds);
+        let answer = MergeAnswer::of(
+            self.client
+                .merge(
+                    &repo,
+                    &staging,
+                    &self.input.branch,
+                    &message,
+                    &metadata,
+                    timeout,
+                )
+                .await,
+        );
+        let merged = self.settle_merge(answer, &staged.id).await?;
         tracing::info!(repository = %repo, branch = %self.input.branch, commit = %merged, "workspace published");
         Ok(counts(&merged))
+    }
+
+    /// The merge commit, once the branch shows it: what is known after the merge `answer`.
+    /// An answer is not proof (the branch must show that commit merging the staged one); an
+    /// error the server answered may still hide a merge applied (the branch is read once); a
+    /// merge that did not answer may land later, so the branch is read with backoff for the
+    /// settle window before the attempt reports "publication unknown".
+    async fn settle_merge(
+        &self,
+        answer: MergeAnswer,
+        staged: &str,
+    ) -> Result<String, WorkspaceFailure> {
+        let branch = || self.input.branch.clone();
+        let window = settle_window(
+            self.task_deadline
+                .map(|d| d.saturating_duration_since(tokio::time::Instant::now())),
+        );
+        let unknown = |what: String, waited, last| WorkspaceFailure::PublicationUnknown {
+            branch: branch(),
+            staged: staged.to_owned(),
+            what,
+            waited,
+            last,
+        };
+        match answer {
+            MergeAnswer::Answered(answered) => {
+                let shown = match self.merged(staged).await {
+                    Ok(shown) => shown,
+                    // The branch cannot be read: read it again until it can.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read the branch to confirm the merge; retrying");
+                        match settle(tokio::time::Instant::now() + window, || async {
+                            // Readable now: what it shows is the answer, shown or not.
+                            self.merged(staged)
+                                .await
+                                .map(|shown| Some(shown.unwrap_or_default()))
+                        })
+                        .await
+                        {
+                            Settled::Merged(shown) => Some(shown).filter(|s| !s.is_empty()),
+                            Settled::Unknown { waited, last } => {
+                                return Err(unknown(
+                                    format!("answered commit {answered}"),
+                                    waited,
+                                    last,
+                                ));
+                            }
+                        }
+                    }
+                };
+                match shown {
+                    Some(commit) if commit == answered => Ok(commit),
+                    _ => Err(WorkspaceFailure::MergeNotOnBranch {
+                        branch: branch(),
+                        answered,
+                        staged: staged.to_owned(),
+                    }),
+                }
+            }
+            MergeAnswer::Conflict => Err(WorkspaceFailure::MergeConflict {
+                branch: branch(),
+                source_commit: self.source_commit.clone(),
+            }),
+            MergeAnswer::NotSent(e) => Err(WorkspaceFailure::Publish(e)),
+            MergeAnswer::Refused(e) => match self.merged(staged).await.ok().flatten() {
+                Some(commit) => {
+                    tracing::warn!(error = %e, commit = %commit, "the merge answered with an error but was applied");
+                    Ok(commit)
+                }
+                None => Err(WorkspaceFailure::Publish(e)),
+            },
+            MergeAnswer::MayLand(e) => {
+                tracing::warn!(error = %e, window = ?window, "the merge did not answer; reading the branch until it shows whether it landed");
+                match settle(tokio::time::Instant::now() + window, || self.merged(staged)).await {
+                    Settled::Merged(commit) => {
+                        tracing::warn!(error = %e, commit = %commit, "the merge did not answer but landed");
+                        Ok(commit)
+                    }
+                    Settled::Unknown { waited, last } => {
+                        Err(unknown(format!("did not answer ({e})"), waited, last))
+                    }
+                }
+            }
+        }
+    }
+
+    /// An earlier attempt's publication of `task` on the branch, for a retry (`retry_count` >
+    /// 0); a first attempt has none to look for.
+    async fn earlier(
+        &self,
+        task: &WorkflowTask,
+        retry_count: u32,
+        when: &'static str,
+    ) -> Result<Option<Earlier>, WorkspaceFailure> {
+        if retry_count == 0 {
+            return Ok(None);
+        }
+        scan_log(
+            &self.client,
+            &self.input.repository,
+            &self.input.branch,
+            None,
+            |commit| earlier_publication(commit, task, retry_count),
+        )
+        .await
+        .map_err(|source| WorkspaceFailure::EarlierUnknown {
+            branch: self.input.branch.clone(),
+            when,
+            source,
+        })
+    }
+
+    /// The `workspace` output of a retry whose workflow task an earlier attempt published: the
+    /// earlier merge commit and its counts, and who published it; nothing is published again.
+    fn already_published(&self, earlier: &Earlier) -> Value {
+        let count = |key: &str| {
+            earlier
+                .get(key)
+                .and_then(|v| v.parse::<u64>().ok())
+                .map_or(Value::Null, Value::from)
+        };
+        tracing::warn!(
+            commit = %earlier.commit,
+            task_id = earlier.get(TASK_ID_KEY).unwrap_or_default(),
+            retry_count = earlier.retry_count,
+            "an earlier attempt of this workflow task already published its change as commit {}; not publishing again",
+            earlier.commit
+        );
+        json!({
+            "repository": self.input.repository, "branch": self.input.branch,
+            "prefix": self.input.prefix, "source_commit_id": self.source_commit,
+            "commit_id": earlier.commit, "added": count("added"),
+            "changed": count("changed"), "removed": count("removed"),
+            "already_published_by": {
+                "task_id": earlier.get(TASK_ID_KEY),
+                "execution_id": earlier.get(EXECUTION_ID_KEY),
+                "retry_count": earlier.retry_count,
+            },
+        })
     }
 
     async fn upload(
@@ -822,19 +983,19 @@ impl Attempt {
         Ok(())
     }
 
-    /// The target branch's commit that merged `staged`, if one of its newest commits did:
-    /// a well-formed commit id with `staged` among its parents. The one check of a merge,
-    /// whether it answered success (the answer must be this commit) or an error that may
-    /// hide a merge applied all the same.
-    async fn merged(&self, repo: &str, staged: &str) -> Result<Option<String>, LakefsError> {
-        let log = self
-            .client
-            .log(repo, &self.input.branch, MERGE_LOG_DEPTH)
-            .await?;
-        Ok(log
-            .into_iter()
-            .find(|c| is_commit_id(&c.id) && c.parents.iter().any(|p| p == staged))
-            .map(|c| c.id))
+    /// The target branch's commit that merged `staged`, if its first-parent line shows one
+    /// newer than the commit the attempt read (at most
+    /// [`LOG_SCAN_COMMITS`](super::settle::LOG_SCAN_COMMITS) commits): a well-formed commit id
+    /// with `staged` among its parents.
+    async fn merged(&self, staged: &str) -> Result<Option<String>, LakefsError> {
+        scan_log(
+            &self.client,
+            &self.input.repository,
+            &self.input.branch,
+            Some(&self.source_commit),
+            |c| merges(c, staged).then(|| c.id.clone()),
+        )
+        .await
     }
 
     /// Deletes the staging branch and the attempt directory. Best effort: failures are
@@ -1151,6 +1312,7 @@ mod tests {
             source_commit: "c0".to_owned(),
             downloaded,
             staging: None,
+            task_deadline: None,
         }
     }
 

@@ -266,16 +266,22 @@ pub struct Commit {
     pub metadata: Option<Map<String, Value>>,
 }
 
+/// A page's `pagination`.
 #[derive(Debug, Deserialize)]
-struct Pagination {
-    has_more: bool,
-    next_offset: String,
+pub struct Pagination {
+    /// More pages follow.
+    pub has_more: bool,
+    /// Where the next page starts.
+    pub next_offset: String,
 }
 
+/// A page of a listing as lakeFS sends it.
 #[derive(Debug, Deserialize)]
-struct Page<T> {
-    pagination: Pagination,
-    results: Vec<T>,
+pub struct Page<T> {
+    /// Its pagination.
+    pub pagination: Pagination,
+    /// Its entries.
+    pub results: Vec<T>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -885,6 +891,38 @@ impl LakefsClient {
         Ok(Self::decode::<Page<Commit>>(&op, &bytes)?.results)
     }
 
+    /// One page of the log of `reference`, newest first: at most `amount` commits after commit
+    /// `after` (empty: from the head), following first parents only when `first_parent`. The
+    /// page is checked by [`check_log_page`] before anything in it is used.
+    pub async fn log_page(
+        &self,
+        repo: &str,
+        reference: &str,
+        after: &str,
+        amount: u32,
+        first_parent: bool,
+    ) -> Result<LogPage, LakefsError> {
+        let op = format!("log {repo}@{reference}");
+        let path = format!(
+            "{}/refs/{}/commits",
+            Self::repo_path(repo),
+            segment(reference)
+        );
+        let amount = amount.clamp(1, MAX_PAGE);
+        let amount_text = amount.to_string();
+        let mut query = vec![("amount", amount_text.as_str())];
+        if !after.is_empty() {
+            query.push(("after", after));
+        }
+        if first_parent {
+            query.push(("first_parent", "true"));
+        }
+        let bytes = self.read(&op, Method::GET, &path, &query).await?;
+        let page: Page<Commit> = Self::decode(&op, &bytes)?;
+        drop(bytes);
+        check_log_page(&op, after, amount, page)
+    }
+
     /// Creates a repository (for `dev` and tests); an existing one is left as it is.
     pub async fn ensure_repository(
         &self,
@@ -1004,6 +1042,69 @@ impl LakefsClient {
         match self.read(&op, Method::DELETE, &path, &[]).await {
             Err(e) if e.is_not_found() => Ok(()),
             other => other.map(drop),
+        }
+    }
+}
+
+/// One checked page of a branch log.
+#[derive(Debug, Clone)]
+pub struct LogPage {
+    /// The commits, newest first; every id is a commit id.
+    pub commits: Vec<Commit>,
+    /// The `after` of the next page (the last commit's id), `None` on the last page.
+    pub next: Option<String>,
+}
+
+/// A log page as lakeFS sends it (`LogCommits` in its controller): at most `amount` commits, each
+/// with a commit id, none of them `after` itself, and, when `has_more`, results whose last id is
+/// the `next_offset`. Anything else could loop or skip, and is refused.
+pub fn check_log_page(
+    op: &str,
+    after: &str,
+    amount: u32,
+    page: Page<Commit>,
+) -> Result<LogPage, LakefsError> {
+    let refuse = |message: String| {
+        Err(LakefsError::Pagination {
+            op: op.to_owned(),
+            message,
+        })
+    };
+    if page.results.len() > amount as usize {
+        return refuse(format!(
+            "{} commits in a page of at most {amount}",
+            page.results.len()
+        ));
+    }
+    for commit in &page.results {
+        commit_id(op, commit.id.clone())?;
+        if commit.id == after {
+            return refuse(format!("commit {after} listed again after itself"));
+        }
+    }
+    if !page.pagination.has_more {
+        return Ok(LogPage {
+            commits: page.results,
+            next: None,
+        });
+    }
+    match page.results.last() {
+        None => refuse("a page with has_more but no commits".to_owned()),
+        Some(last) if last.id != page.pagination.next_offset => refuse(format!(
+            "next_offset {:?} is not the last commit listed, {}",
+            page.pagination
+                .next_offset
+                .chars()
+                .take(80)
+                .collect::<String>(),
+            last.id
+        )),
+        Some(last) => {
+            let next = Some(last.id.clone());
+            Ok(LogPage {
+                commits: page.results,
+                next,
+            })
         }
     }
 }
@@ -1165,6 +1266,48 @@ enum Body {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn log_page(ids: &[&str], has_more: bool, next: &str) -> Page<Commit> {
+        serde_json::from_value(json!({
+            "pagination": {"has_more": has_more, "next_offset": next},
+            "results": ids.iter().map(|id| json!({"id": id, "parents": []})).collect::<Vec<_>>(),
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_log_page_must_continue_the_log() {
+        let (a, b, c) = ("a".repeat(64), "b".repeat(64), "c".repeat(64));
+        let page = check_log_page("log", "", 2, log_page(&[&b, &a], true, &a)).unwrap();
+        assert_eq!(page.next.as_deref(), Some(a.as_str()));
+        assert_eq!(page.commits.len(), 2);
+        let last = check_log_page("log", &a, 2, log_page(&[&c], false, "")).unwrap();
+        assert!(last.next.is_none());
+        let refused = |page, after: &str, amount| {
+            check_log_page("log", after, amount, page)
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            refused(log_page(&[&b, &a, &c], false, ""), "", 2),
+            "lakeFS log: bad pagination: 3 commits in a page of at most 2; refused"
+        );
+        assert_eq!(
+            refused(log_page(&[&b, &a], true, &b), "", 2),
+            format!(
+                "lakeFS log: bad pagination: next_offset \"{b}\" is not the last commit listed, {a}; refused"
+            )
+        );
+        assert_eq!(
+            refused(log_page(&[], true, &a), "", 2),
+            "lakeFS log: bad pagination: a page with has_more but no commits; refused"
+        );
+        assert_eq!(
+            refused(log_page(&[&a], false, ""), &a, 2),
+            format!("lakeFS log: bad pagination: commit {a} listed again after itself; refused")
+        );
+        assert!(refused(log_page(&["HEAD"], false, ""), "", 2).contains("is not a commit id"));
+    }
 
     #[test]
     fn bad_settings_are_named_by_their_variant() {

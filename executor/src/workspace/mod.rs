@@ -4,3 +4,4 @@ pub mod flow;
 pub mod lakefs;
 pub mod paths;
 pub mod scan;
+pub mod settle;
