@@ -8,10 +8,17 @@
 //! without answering (`drop: true`), or pass the request on. `count` limits how many requests
 //! the rule applies to (absent: until deleted). The first matching rule with budget left wins.
 //!
+//! With `detached: true` (and `latencyMs`, no `status`, no `drop`) the request is served late in
+//! a task of its own, as a server goes on with a slow merge: it waits `latencyMs` there and is
+//! then served, and a client that hangs up meanwhile cancels nothing. With `holdPath` (and
+//! `holdMethod`), the requests it names wait until the detached one has been served, as lakeFS
+//! deletes a branch only after a merge reading it has landed.
+//!
 //! ```text
 //! POST   /__devstack/faults        {"method":"POST","path":"/api/tasks","status":503,"count":2}
 //! POST   /__devstack/faults        {"path":"/api/tasks","bodyContains":"\"extendLease\":true","status":503}
 //! POST   /__devstack/faults        {"method":"POST","path":"/api/v1/repositories/r/refs/","status":200,"body":"{\"reference\":\"\"}"}
+//! POST   /__devstack/faults        {"method":"POST","path":"/api/v1/repositories/r/refs/","latencyMs":6000,"detached":true,"holdMethod":"DELETE","holdPath":"/api/v1/repositories/r/branches/","count":1}
 //! GET    /__devstack/faults        -> [{"id":1,...,"remaining":2,"hits":0}]
 //! DELETE /__devstack/faults/{id}   remove one rule
 //! DELETE /__devstack/faults        remove all
@@ -72,6 +79,18 @@ pub struct FaultSpec {
     /// Apply to this many matching requests, then stop; forever when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
+    /// With `latencyMs` (and neither `status` nor `drop`): serve the request in a task of its
+    /// own, `latencyMs` late; a client that hangs up meanwhile does not cancel it (a slow lakeFS
+    /// merge lands all the same).
+    #[serde(default)]
+    pub detached: bool,
+    /// With `detached`: requests whose path starts with this wait until the detached request
+    /// has been served (e.g. the staging branch's delete after a slow merge).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_path: Option<String>,
+    /// With `holdPath`: only requests of this method wait (any when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_method: Option<String>,
 }
 
 /// A rule that cannot be applied.
@@ -118,6 +137,17 @@ struct Action {
     body: Option<String>,
     location: Option<String>,
     drop: bool,
+    detached: bool,
+    hold: Option<(Option<String>, String)>,
+}
+
+/// Requests held until a detached request has been served.
+#[derive(Debug)]
+struct Hold {
+    id: u64,
+    method: Option<String>,
+    path: String,
+    served: tokio::sync::watch::Receiver<bool>,
 }
 
 /// The rule set, shared by the admin routes and the middleware.
@@ -130,6 +160,7 @@ pub struct Faults {
 struct FaultTable {
     next_id: u64,
     rules: Vec<FaultRule>,
+    holds: Vec<Hold>,
 }
 
 impl Faults {
@@ -169,10 +200,24 @@ impl Faults {
                 "status {status} is not an HTTP status"
             )));
         }
-        if let Some(method) = &spec.method
-            && Method::from_bytes(method.as_bytes()).is_err()
+        if let Some(method) = spec
+            .method
+            .iter()
+            .chain(&spec.hold_method)
+            .find(|m| Method::from_bytes(m.as_bytes()).is_err())
         {
             return Err(InvalidFault(format!("{method} is not an HTTP method")));
+        }
+        if spec.detached && (spec.latency_ms.is_none() || spec.status.is_some() || spec.drop) {
+            return Err(InvalidFault(
+                "detached needs latencyMs, and neither status nor drop".to_owned(),
+            ));
+        }
+        if (spec.hold_path.is_some() || spec.hold_method.is_some()) && !spec.detached {
+            return Err(InvalidFault("holdPath needs detached".to_owned()));
+        }
+        if spec.hold_method.is_some() && spec.hold_path.is_none() {
+            return Err(InvalidFault("holdMethod needs holdPath".to_owned()));
         }
         let mut table = self.table();
         table.next_id += 1;
@@ -237,12 +282,60 @@ impl Faults {
             body: rule.spec.body.clone(),
             location: rule.spec.location.clone(),
             drop: rule.spec.drop,
+            detached: rule.spec.detached,
+            hold: rule
+                .spec
+                .hold_path
+                .clone()
+                .map(|path| (rule.spec.hold_method.clone(), path)),
         })
+    }
+
+    /// Holds the requests `hold` names until `served` turns true; the hold's id.
+    fn hold(
+        &self,
+        (method, path): (Option<String>, String),
+        served: tokio::sync::watch::Receiver<bool>,
+    ) -> u64 {
+        let mut table = self.table();
+        table.next_id += 1;
+        let id = table.next_id;
+        table.holds.push(Hold {
+            id,
+            method,
+            path,
+            served,
+        });
+        id
+    }
+
+    fn release(&self, id: u64) {
+        self.table().holds.retain(|h| h.id != id);
+    }
+
+    /// What this request must wait for first.
+    fn holding(&self, method: &Method, path: &str) -> Vec<tokio::sync::watch::Receiver<bool>> {
+        self.table()
+            .holds
+            .iter()
+            .filter(|h| {
+                path.starts_with(&h.path)
+                    && h.method
+                        .as_deref()
+                        .is_none_or(|m| m.eq_ignore_ascii_case(method.as_str()))
+            })
+            .map(|h| h.served.clone())
+            .collect()
     }
 }
 
 /// The middleware: applies the first matching rule, if any.
 pub(crate) async fn inject(State(faults): State<Faults>, request: Request, next: Next) -> Response {
+    for mut served in faults.holding(request.method(), request.uri().path()) {
+        tracing::info!(method = %request.method(), path = request.uri().path(), "held until a detached request has been served");
+        // A sender dropped without sending (the task gone) releases the hold too.
+        let _ = served.wait_for(|served| *served).await;
+    }
     let (request, body) = if faults.needs_body(request.method(), request.uri().path()) {
         let (parts, body) = request.into_parts();
         match axum::body::to_bytes(body, MAX_MATCHED_BODY).await {
@@ -264,6 +357,9 @@ pub(crate) async fn inject(State(faults): State<Faults>, request: Request, next:
         return next.run(request).await;
     };
     tracing::info!(method = %request.method(), path = request.uri().path(), ?action, "fault injected");
+    if action.detached {
+        return detached(faults, action, request, next).await;
+    }
     if let Some(latency) = action.latency {
         tokio::time::sleep(latency).await;
     }
@@ -296,6 +392,44 @@ pub(crate) async fn inject(State(faults): State<Faults>, request: Request, next:
             .insert(axum::http::header::LOCATION, location);
     }
     response
+}
+
+/// Serves `request` `action.latency` late in a task of its own: the client hanging up does not
+/// cancel it. The requests `action.hold` names wait until it has been served.
+async fn detached(faults: Faults, action: Action, request: Request, next: Next) -> Response {
+    let (parts, body) = request.into_parts();
+    // Read now: once the client has hung up, its body could not be.
+    let body = match axum::body::to_bytes(body, MAX_MATCHED_BODY).await {
+        Ok(bytes) => bytes,
+        Err(error) => {
+            return error_body(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("cannot read the body for a detached fault: {error}"),
+            );
+        }
+    };
+    let request = Request::from_parts(parts, Body::from(body));
+    let (served_tx, served) = tokio::sync::watch::channel(false);
+    let hold = action.hold.map(|hold| faults.hold(hold, served));
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    let latency = action.latency.unwrap_or_default();
+    tokio::spawn(async move {
+        tokio::time::sleep(latency).await;
+        let response = next.run(request).await;
+        tracing::info!(status = %response.status(), "detached request served");
+        let _ = served_tx.send(true);
+        if let Some(id) = hold {
+            faults.release(id);
+        }
+        // The client may be gone: the request was served all the same.
+        let _ = answer.send(response);
+    });
+    answered.await.unwrap_or_else(|_| {
+        error_body(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the detached request was lost",
+        )
+    })
 }
 
 fn error_body(status: StatusCode, message: &str) -> Response {

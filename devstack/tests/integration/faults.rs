@@ -96,6 +96,11 @@ async fn invalid_fault_rules_are_refused() {
         json!({"path": "/api"}),
         json!({"path": "/api", "status": 503, "drop": true}),
         json!({"nope": 1}),
+        json!({"path": "/api", "detached": true}),
+        json!({"path": "/api", "detached": true, "latencyMs": 10, "status": 503}),
+        json!({"path": "/api", "latencyMs": 10, "holdPath": "/api/x"}),
+        json!({"path": "/api", "latencyMs": 10, "detached": true, "holdMethod": "DELETE"}),
+        json!({"path": "/api", "latencyMs": 10, "detached": true, "holdPath": "/a", "holdMethod": "BAD METHOD"}),
     ] {
         let reply = dev.send(dev.http.post(admin(&dev)).json(&rule)).await;
         assert_eq!(

@@ -264,3 +264,57 @@ async fn merge_all(lake: &Lake, sources: impl Iterator<Item = String>) -> Vec<u1
     }
     merges.join_all().await
 }
+
+/// The `detached` fault serves a merge late and lands it even when the client hangs up, and
+/// holds the source branch's delete until it has landed (as the real server orders them).
+#[tokio::test]
+async fn a_detached_merge_lands_after_its_client_hung_up_and_holds_the_delete() {
+    use perago_devstack::faults::FaultSpec;
+    use std::time::{Duration, Instant};
+    let (lake, base) = with_task_branch().await;
+    lake.upload("repo", "task", "a", "task").await;
+    lake.commit("repo", "task", "task").await;
+    lake.server
+        .faults()
+        .add(FaultSpec {
+            method: Some("POST".into()),
+            path: "/api/v1/repositories/repo/refs/task/merge/".into(),
+            latency_ms: Some(1500),
+            detached: true,
+            hold_method: Some("DELETE".into()),
+            hold_path: "/api/v1/repositories/repo/branches/task".to_owned().into(),
+            count: Some(1),
+            ..FaultSpec::default()
+        })
+        .unwrap();
+    let started = Instant::now();
+    let hung_up = lake
+        .request(
+            reqwest::Method::POST,
+            "/repositories/repo/refs/task/merge/main",
+        )
+        .json(&json!({"message": "late"}))
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(hung_up.is_err_and(|e| e.is_timeout()));
+    assert_eq!(lake.head("repo", "main").await, base, "not landed yet");
+    // The delete waits for the merge, which lands although its client is gone.
+    lake.send(lake.request(reqwest::Method::DELETE, "/repositories/repo/branches/task"))
+        .await
+        .assert_status(204);
+    assert!(started.elapsed() >= Duration::from_millis(1500));
+    let head = lake.head("repo", "main").await;
+    let commit = lake
+        .get(&format!("/repositories/repo/commits/{head}"))
+        .await
+        .json();
+    assert_eq!(commit["message"], "late");
+    assert_eq!(lake.read("repo", "main", "a").await.unwrap(), "task");
+    // Once: the next merge and delete are not held.
+    let started = Instant::now();
+    lake.send(lake.request(reqwest::Method::DELETE, "/repositories/repo/branches/nope"))
+        .await
+        .assert_status(404);
+    assert!(started.elapsed() < Duration::from_millis(1000));
+}
