@@ -20,6 +20,7 @@ mod multi_task;
 mod once;
 mod ops;
 mod poison;
+mod publish_once;
 mod recycle;
 mod runtime;
 mod secrets_channel;
