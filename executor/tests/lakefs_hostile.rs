@@ -601,6 +601,14 @@ fn snapshot() -> perago_core::attempt::AttemptSnapshot {
 async fn publish_once(
     server: &Server,
 ) -> Result<serde_json::Value, perago_executor::workspace::flow::WorkspaceFailure> {
+    publish_within(server, None).await
+}
+
+/// [`publish_once`] with the task's time left set to `time_left`.
+async fn publish_within(
+    server: &Server,
+    time_left: Option<Duration>,
+) -> Result<serde_json::Value, perago_executor::workspace::flow::WorkspaceFailure> {
     use perago_executor::workspace::flow::{Attempt, Owner};
     let tmp = tempfile::tempdir().unwrap();
     let input = perago_core::shape::WorkspaceInput {
@@ -618,6 +626,7 @@ async fn publish_once(
         .unwrap();
     std::fs::write(ws.work_dir().join("a.txt"), "edited").unwrap();
     let changes = ws.changes(None, None).unwrap();
+    ws.set_time_left(time_left);
     let spec = perago_core::manifest::WorkspaceSpec {
         prefix: String::new(),
         merge_timeout_seconds: 5,
@@ -682,4 +691,48 @@ async fn a_merge_counts_only_when_the_branch_shows_it_merging_the_staged_commit(
             "{failure}"
         );
     }
+}
+
+/// A merge that did not answer (here a gateway's 504) is settled: the branch is read until it
+/// shows the merge, and when it never does (or its log cannot be read) the attempt reports
+/// "publication unknown" once the window (the task's time left) ends.
+#[tokio::test]
+async fn a_merge_that_did_not_answer_is_settled_or_reported_as_publication_unknown() {
+    let (source, staged, merged) = ("c".repeat(64), "5".repeat(64), "e".repeat(64));
+    let gateway = || json(504, r#"{"message": "gateway timeout"}"#);
+    let server = one_attempt_server(
+        gateway(),
+        serde_json::json!([{"id": merged, "parents": [source, staged]}]),
+    )
+    .await;
+    let published = publish_within(&server, Some(Duration::from_secs(30))).await;
+    assert_eq!(published.unwrap()["commit_id"], merged);
+
+    let server = one_attempt_server(
+        gateway(),
+        serde_json::json!([{"id": source, "parents": []}]),
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let failure = publish_within(&server, Some(Duration::from_secs(1)))
+        .await
+        .unwrap_err();
+    let reason = failure.to_string();
+    assert!(
+        reason.starts_with(&format!(
+            "publication unknown: the merge of staging commit {staged} into main did not answer (lakeFS merge repo/perago-staging-exec-1 into main: HTTP 504: gateway timeout), and main did not show it within "
+        )),
+        "{reason}"
+    );
+    assert!(
+        reason.ends_with(" s (the branch does not show it); it may still land"),
+        "{reason}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let log_reads = server
+        .hits()
+        .iter()
+        .filter(|h| h.head.contains("/refs/main/commits?"))
+        .count();
+    assert!(log_reads >= 3, "{log_reads} reads of the log");
 }

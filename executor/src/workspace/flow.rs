@@ -255,7 +255,8 @@ pub enum WorkspaceFailure {
     },
     /// The merge may have landed, but the branch did not show it within the settle window.
     #[error(
-        "publication unknown: the merge of staging commit {staged} into {branch} {what}, and {branch} did not show it within {waited:?} ({last}); it may still land"
+        "publication unknown: the merge of staging commit {staged} into {branch} {what}, and {branch} did not show it within {:.1} s ({last}); it may still land",
+        .waited.as_secs_f64()
     )]
     PublicationUnknown {
         /// The target branch.
