@@ -915,7 +915,6 @@ impl Attempt {
             &self.client,
             &self.input.repository,
             &self.input.branch,
-            None,
             |commit| earlier_publication(commit, task, retry_count),
         )
         .await
@@ -985,7 +984,7 @@ impl Attempt {
     }
 
     /// The target branch's commit that merged `staged`, if its first-parent line shows one
-    /// newer than the commit the attempt read (at most
+    /// among its newest commits (at most
     /// [`LOG_SCAN_COMMITS`](super::settle::LOG_SCAN_COMMITS) commits): a well-formed commit id
     /// with `staged` among its parents.
     async fn merged(&self, staged: &str) -> Result<Option<String>, LakefsError> {
@@ -993,7 +992,6 @@ impl Attempt {
             &self.client,
             &self.input.repository,
             &self.input.branch,
-            Some(&self.source_commit),
             |c| merges(c, staged).then(|| c.id.clone()),
         )
         .await

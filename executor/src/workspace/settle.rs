@@ -171,14 +171,14 @@ fn transport_not_sent(e: &LakefsError) -> bool {
     matches!(e, LakefsError::Transport { source, .. } if source.is_connect())
 }
 
-/// Reads `branch`'s first-parent log, newest first, until `find` answers, `stop_at` (a commit
-/// older than anything sought) is reached, or [`LOG_SCAN_COMMITS`] commits or
-/// [`LOG_SCAN_PAGES`] pages were read.
+/// Reads `branch`'s first-parent log, newest first, until `find` answers or
+/// [`LOG_SCAN_COMMITS`] commits or [`LOG_SCAN_PAGES`] pages were read. (It does not stop at the
+/// commit the attempt read: a log ordered by creation date may list a commit before a child
+/// made in the same second.)
 pub async fn scan_log<T>(
     client: &LakefsClient,
     repo: &str,
     branch: &str,
-    stop_at: Option<&str>,
     mut find: impl FnMut(&Commit) -> Option<T>,
 ) -> Result<Option<T>, LakefsError> {
     let mut after = String::new();
@@ -191,9 +191,6 @@ pub async fn scan_log<T>(
         for commit in &page.commits {
             if let Some(found) = find(commit) {
                 return Ok(Some(found));
-            }
-            if stop_at == Some(commit.id.as_str()) {
-                return Ok(None);
             }
         }
         match page.next {
