@@ -169,6 +169,39 @@ impl Repo {
         out
     }
 
+    /// The log of `id` in lakeFS's order (graveler's commit iterator): a walk that always takes
+    /// the queued commit of latest creation date (ties: larger id first) and queues its
+    /// parents (only the first with `first_parent`) once each. A commit never comes before a
+    /// child of it, even one made in the same second.
+    pub(crate) fn log(&self, id: &str, first_parent: bool) -> Vec<Arc<Commit>> {
+        let mut queued = HashSet::new();
+        let mut heap = std::collections::BinaryHeap::new();
+        let mut out = Vec::new();
+        if let Some(commit) = self.commits.get(id) {
+            queued.insert(commit.id.clone());
+            heap.push((commit.creation_date, commit.id.clone()));
+        }
+        while let Some((_, id)) = heap.pop() {
+            let Some(commit) = self.commits.get(&id) else {
+                continue;
+            };
+            let parents = if first_parent {
+                &commit.parents[..commit.parents.len().min(1)]
+            } else {
+                &commit.parents[..]
+            };
+            for parent in parents {
+                if let Some(p) = self.commits.get(parent)
+                    && queued.insert(p.id.clone())
+                {
+                    heap.push((p.creation_date, p.id.clone()));
+                }
+            }
+            out.push(Arc::clone(commit));
+        }
+        out
+    }
+
     /// The entry at `path` as a resolved ref shows it, without building the whole view.
     pub(crate) fn entry(&self, resolved: &Resolved, path: &str) -> Option<Arc<Entry>> {
         let staged = resolved

@@ -54,7 +54,8 @@ pub(super) async fn get(
     Ok(Json(model::commit(&commit)))
 }
 
-/// Every ancestor, newest first (ties: larger id first); `after` is a commit id.
+/// Every ancestor in lakeFS's walk order (newest queued first, ties: larger id first; a
+/// parent never before its child); `after` is a commit id.
 pub(super) async fn log(
     state: Shared,
     Path((repository, reference)): Path<(String, String)>,
@@ -65,12 +66,7 @@ pub(super) async fn log(
     let lakefs = state.state();
     let repo = lakefs.repo(&repository)?;
     let head = repo.resolve_commit(&reference)?;
-    let mut commits = repo.ancestors(&head.id, first_parent);
-    commits.sort_by(|a, b| {
-        b.creation_date
-            .cmp(&a.creation_date)
-            .then_with(|| b.id.cmp(&a.id))
-    });
+    let commits = repo.log(&head.id, first_parent);
     let after = params.str("after");
     let start = commits
         .iter()

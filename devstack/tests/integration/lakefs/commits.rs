@@ -243,3 +243,43 @@ async fn diffs_show_uncommitted_changes_and_changes_between_refs() {
         .await
         .assert_message(404, "not found");
 }
+
+/// As lakeFS's commit iterator: the log walks from the head, so a commit never comes before a
+/// child of it, even when they share a creation date (or the child's is older).
+#[tokio::test]
+async fn the_log_never_lists_a_commit_before_its_child() {
+    let lake = Lake::start().await;
+    lake.repo("repo").await;
+    let mut made = Vec::new();
+    for (n, date) in [1_700_000_000, 1_700_000_000, 1_700_000_000, 1_600_000_000]
+        .into_iter()
+        .enumerate()
+    {
+        let commit = lake
+            .post(
+                "/repositories/repo/branches/main/commits",
+                &json!({"message": format!("c{n}"), "date": date, "allow_empty": true}),
+            )
+            .await
+            .assert_status(201)
+            .json();
+        made.push(commit["id"].as_str().unwrap().to_owned());
+    }
+    made.reverse();
+    for query in ["", "&first_parent=true"] {
+        let log = lake
+            .get(&format!(
+                "/repositories/repo/refs/main/commits?amount=4{query}"
+            ))
+            .await
+            .assert_status(200)
+            .json();
+        let ids: Vec<_> = log["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["id"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(ids, made, "{query}");
+    }
+}
