@@ -14,9 +14,15 @@ use crate::{
 };
 use perago_core::conductor::{ConductorClient, ConductorError};
 use serde_json::Value;
+use std::time::Duration;
 
 /// Earlier attempts read at most for one crash.
 pub(crate) const MAX_READS: usize = 10;
+
+/// The longest a walk may take, all reads together: the crash's result waits for it (and a
+/// drain with it), and a Conductor that answers slowly must not hold it for 10 × the client's
+/// request timeout.
+pub(crate) const MAX_WALK_TIME: Duration = Duration::from_secs(15);
 
 /// Why the history could not be read: the crash is then counted on the broker's own count.
 #[derive(Debug, thiserror::Error)]
@@ -45,20 +51,24 @@ pub(crate) enum HistoryError {
     Cycle { task_id: String },
     #[error("no perago crash count in the last {MAX_READS} earlier attempts")]
     TooLong,
+    #[error("reading the earlier attempts took longer than {}s", MAX_WALK_TIME.as_secs())]
+    TimedOut,
 }
 
-/// Reads through `client`.
+/// Reads through `client`, within [`MAX_WALK_TIME`].
 pub(crate) async fn counted_before(
     client: &ConductorClient,
     read: &HistoryRead,
 ) -> Result<u32, HistoryError> {
-    walk(read, |task_id| async move {
+    let walk = walk(read, |task_id| async move {
         client
             .get_task(&task_id)
             .await
             .map_err(|source| HistoryError::Read { task_id, source })
-    })
-    .await
+    });
+    tokio::time::timeout(MAX_WALK_TIME, walk)
+        .await
+        .unwrap_or(Err(HistoryError::TimedOut))
 }
 
 /// The crashes counted before the attempt of `read`: walks back `retriedTaskId` from

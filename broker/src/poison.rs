@@ -172,13 +172,27 @@ impl ExitEvidence {
     }
 }
 
+/// What the broker knows of the slot whose executor died.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SlotState {
+    pub(crate) draining: bool,
+    /// Told to stop to be recycled.
+    pub(crate) recycled: bool,
+    /// Retired (scale down).
+    pub(crate) retired: bool,
+    /// Told to stop by the broker for any other reason (a drain's stop, or a kill the broker
+    /// asked for).
+    pub(crate) stopping: bool,
+}
+
 /// Judges one death from what the broker knows of the slot and the supervisor's report.
-pub(crate) fn judge(
-    exit: Option<ExitEvidence>,
-    draining: bool,
-    recycled: bool,
-    retired: bool,
-) -> Verdict {
+pub(crate) fn judge(exit: Option<ExitEvidence>, slot: SlotState) -> Verdict {
+    let SlotState {
+        draining,
+        recycled,
+        retired,
+        stopping,
+    } = slot;
     if draining {
         return Verdict::Runtime("the runtime was draining".into());
     }
@@ -187,6 +201,9 @@ pub(crate) fn judge(
     }
     if retired {
         return Verdict::Runtime("the slot was retired (scale down)".into());
+    }
+    if stopping {
+        return Verdict::Runtime("the broker had told it to stop".into());
     }
     let Some(exit) = exit else {
         return Verdict::Outside;
@@ -381,9 +398,7 @@ mod tests {
         let plain = |signal, code| {
             judge(
                 Some(exit(C::Unspecified, signal, code)),
-                false,
-                false,
-                false,
+                SlotState::default(),
             )
         };
         for sig in [6, 11, 7, 4, 8, 31, 5] {
@@ -400,30 +415,42 @@ mod tests {
         }
         assert_eq!(plain(None, Some(0)), Verdict::Outside);
         assert_eq!(plain(None, None), Verdict::Outside);
-        assert_eq!(judge(None, false, false, false), Verdict::Outside);
+        let free = SlotState::default();
+        assert_eq!(judge(None, free), Verdict::Outside);
         for cause in [
             C::ShutdownDeadline,
             C::BrokerGone,
             C::Stalled,
             C::Supervisor,
         ] {
-            // Even an abort: the supervisor's kill came first.
-            let v = judge(Some(exit(cause, Some(9), None)), false, false, false);
+            // Even a SIGKILL alone: the supervisor's kill it was.
+            let v = judge(Some(exit(cause, Some(9), None)), free);
             assert!(matches!(v, Verdict::Runtime(_)), "{cause:?}: {v:?}");
         }
         let abort = Some(exit(C::Unspecified, Some(6), None));
-        assert!(matches!(
-            judge(abort, true, false, false),
-            Verdict::Runtime(_)
-        ));
-        assert!(matches!(
-            judge(abort, false, true, false),
-            Verdict::Runtime(_)
-        ));
-        assert!(matches!(
-            judge(abort, false, false, true),
-            Verdict::Runtime(_)
-        ));
+        for slot in [
+            SlotState {
+                draining: true,
+                ..free
+            },
+            SlotState {
+                recycled: true,
+                ..free
+            },
+            SlotState {
+                retired: true,
+                ..free
+            },
+            SlotState {
+                stopping: true,
+                ..free
+            },
+        ] {
+            assert!(
+                matches!(judge(abort, slot), Verdict::Runtime(_)),
+                "{slot:?}"
+            );
+        }
     }
 
     #[test]

@@ -790,7 +790,15 @@ impl Machine {
                 self.counters.executor_exits.inc();
             }
         }
-        let verdict = poison::judge(evidence, draining, recycled, retired);
+        let verdict = poison::judge(
+            evidence,
+            poison::SlotState {
+                draining,
+                recycled,
+                retired,
+                stopping,
+            },
+        );
         if let Work::Busy(run) = work {
             let crash = format!(
                 "executor {worker_id} (pid {pid}, generation {generation}) exited ({how}) while running execution {}",
