@@ -30,9 +30,6 @@ impl State {
         task.update_time = now;
         task.worker_id = None;
         task.output_data = Map::new();
-        // As the server's `retry` (WorkflowExecutor) does: the earlier attempt's reason stays
-        // on that attempt, the one perago reads a crash count from.
-        task.reason_for_incompletion = None;
         task.start_delay_in_seconds = delay_secs;
         task.callback_after_seconds = i64::from(delay_secs);
         task.retried = false;
