@@ -15,7 +15,7 @@ use tokio::{
     task::AbortHandle,
 };
 use tonic::Status;
-use tracing::Span;
+use tracing::{Instrument as _, Span};
 
 /// After a busy executor's stream ends, how long to wait for the supervisor's exit report
 /// before failing the assignment without an exit status.
@@ -352,6 +352,38 @@ impl Actor {
             Effect::Drained => {
                 if let Some(done) = self.drained.take() {
                     let _ = done.send(());
+                }
+            }
+            Effect::ReadCrashHistory(read) => {
+                if let Some((client, _)) = self.queue.clone() {
+                    let events = self.events.clone();
+                    let span = self.span_of(&read.execution_id, &read.task_id);
+                    tokio::spawn(
+                        async move {
+                            let counted = match crate::crash_history::counted_before(&client, &read).await {
+                                Ok(n) => {
+                                    tracing::info!(counted = n, "read the crashes counted before this attempt from Conductor");
+                                    Some(n)
+                                }
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "cannot count the crashes before this attempt from Conductor's record");
+                                    None
+                                }
+                            };
+                            let _ = events
+                                .send(Event::Slot(Input::CrashHistory {
+                                    execution_id: read.execution_id,
+                                    counted,
+                                }))
+                                .await;
+                        }
+                        .instrument(span),
+                    );
+                } else {
+                    return Some(Input::CrashHistory {
+                        execution_id: read.execution_id,
+                        counted: None,
+                    });
                 }
             }
             Effect::ReadQueueDepth { after } => {

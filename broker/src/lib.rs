@@ -10,6 +10,7 @@ mod actor;
 mod admission;
 pub mod cli;
 mod counters;
+mod crash_history;
 mod health;
 mod incoming;
 pub mod metrics;

@@ -25,7 +25,7 @@
 use crate::{
     counters::Counters,
     counters::Gauges,
-    poison::{CrashLedger, WorkflowTask},
+    poison::{self, CrashLedger, ExitEvidence, RecentDeaths, Verdict, WorkflowTask},
     recent::RecentlyReported,
     wire,
 };
@@ -39,7 +39,7 @@ use perago_core::{
 };
 use perago_proto::{admin::v1 as admin, slot::v1 as proto};
 use std::{
-    collections::VecDeque,
+    collections::{HashMap, VecDeque},
     sync::Arc,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -102,6 +102,13 @@ pub(crate) enum Input {
     /// Available memory was measured (only with `PERAGO_MIN_FREE_MEMORY`): admission opens
     /// or closes.
     Memory { available: u64 },
+    /// The crashes counted against a parked crash's workflow task before its attempt, as
+    /// Conductor's record of the earlier attempts says (`None`: it could not be read); answers
+    /// [`Effect::ReadCrashHistory`].
+    CrashHistory {
+        execution_id: String,
+        counted: Option<u32>,
+    },
 }
 
 /// The machine's answer to the caller of an input that asks a question.
@@ -171,6 +178,24 @@ pub(crate) enum Effect {
     /// Read the task type's queue depth from Conductor after `after`, and feed back
     /// [`Input::QueueDepth`] (run once and the adaptive executor count only).
     ReadQueueDepth { after: Duration },
+    /// Read how many crashes Conductor's record of the earlier attempts counts against a
+    /// workflow task (walking back `retriedTaskId`), and feed back [`Input::CrashHistory`].
+    /// The crash's result waits (parked, its lease extended) until then.
+    ReadCrashHistory(Box<HistoryRead>),
+}
+
+/// Where to start reading a workflow task's crash history, and what each earlier attempt
+/// must match to be believed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HistoryRead {
+    pub(crate) execution_id: String,
+    /// The attempt whose crash waits.
+    pub(crate) task_id: String,
+    /// The attempt it was retried from: the first one read.
+    pub(crate) retried_task_id: String,
+    pub(crate) workflow_instance_id: String,
+    pub(crate) reference_task_name: String,
+    pub(crate) task_def_name: String,
 }
 
 /// A task to give back to Conductor without running it.
@@ -249,6 +274,15 @@ impl Slot {
 /// How often the queue depth is read (run once, adaptive executor count).
 pub(crate) const QUEUE_DEPTH_INTERVAL: Duration = Duration::from_secs(1);
 
+/// A crash whose count against its workflow task waits for Conductor's record
+/// ([`Effect::ReadCrashHistory`]); its lease runs until it is reported.
+#[derive(Debug)]
+struct Parked {
+    run: Running,
+    worker_id: String,
+    crash: String,
+}
+
 /// A task received for which no slot was free yet: its lease runs until one is.
 #[derive(Debug)]
 struct Held {
@@ -269,6 +303,12 @@ pub(crate) struct Machine {
     queue_depth: Option<u64>,
     /// Executor crashes per workflow task (poison detection, `PERAGO_POISON_AFTER`).
     crashes: CrashLedger,
+    /// Unexplained executor deaths lately: the evidence of a burst (poison detection).
+    deaths: RecentDeaths,
+    /// Crashes waiting for their workflow task's history, by execution id.
+    parked: HashMap<String, Parked>,
+    /// The clock of burst detection; a test sets it, else the real one.
+    clock: Option<Instant>,
     /// Task ids reported lately: a poll that returns one again is not believed.
     reported: RecentlyReported,
     /// Available memory when last measured (memory admission).
@@ -365,6 +405,9 @@ impl Machine {
             admission_open: true,
             queue_depth: None,
             crashes: CrashLedger::default(),
+            deaths: RecentDeaths::default(),
+            parked: HashMap::new(),
+            clock: None,
             reported: RecentlyReported::default(),
             available_memory: None,
             poll_withheld: false,
@@ -407,6 +450,7 @@ impl Machine {
     /// Whether `execution_id` is held or running here.
     pub(crate) fn knows(&self, execution_id: &str) -> bool {
         self.held.iter().any(|h| h.execution_id == execution_id)
+            || self.parked.contains_key(execution_id)
             || self
                 .slots
                 .iter()
@@ -427,6 +471,7 @@ impl Machine {
             | Input::SendFailed { slot, .. } => self.execution_of(*slot),
             Input::SlotStarted(started) => self.execution_of(started.slot),
             Input::SlotExited(exited) => self.execution_of(exited.slot),
+            Input::CrashHistory { execution_id, .. } => Some(execution_id),
             _ => None,
         }
     }
@@ -496,7 +541,8 @@ impl Machine {
                     }
                     s.exited = true;
                 }
-                self.generation_gone(exited.slot, exited.generation, &status);
+                let evidence = ExitEvidence::of(&exited);
+                self.generation_gone_with(exited.slot, exited.generation, &status, Some(evidence));
             }
             Input::FenceTarget {
                 credentials,
@@ -538,6 +584,10 @@ impl Machine {
             Input::Status => return Reply::Status(Box::new(self.status())),
             Input::Memory { available } => self.memory_measured(available),
             Input::QueueDepth { depth, now } => self.queue_depth_read(depth, now),
+            Input::CrashHistory {
+                execution_id,
+                counted,
+            } => self.crash_history_read(&execution_id, counted),
         }
         Reply::None
     }
@@ -704,6 +754,18 @@ impl Machine {
     /// A generation is gone (stream end, exit report or replacement): fail its assignment.
     /// Idempotent: the second report finds nothing to do.
     fn generation_gone(&mut self, number: u32, generation: u64, how: &str) {
+        self.generation_gone_with(number, generation, how, None);
+    }
+
+    /// [`Machine::generation_gone`] with the supervisor's exit report, whose evidence decides
+    /// whether the death counts against the task it ran (poison detection).
+    fn generation_gone_with(
+        &mut self,
+        number: u32,
+        generation: u64,
+        how: &str,
+        evidence: Option<ExitEvidence>,
+    ) {
         let draining = self.draining;
         let Some(slot) = self.slot_mut(number) else {
             return;
@@ -712,6 +774,7 @@ impl Machine {
             return;
         }
         let retired = !slot.wanted;
+        let stopping = slot.stopping;
         let had_stream = std::mem::replace(&mut slot.attached, false);
         let was_attached = had_stream || matches!(slot.work, Work::Busy(_));
         let work = std::mem::replace(&mut slot.work, Work::Idle);
@@ -727,6 +790,15 @@ impl Machine {
                 self.counters.executor_exits.inc();
             }
         }
+        let verdict = poison::judge(
+            evidence,
+            poison::SlotState {
+                draining,
+                recycled,
+                retired,
+                stopping,
+            },
+        );
         if let Work::Busy(run) = work {
             let crash = format!(
                 "executor {worker_id} (pid {pid}, generation {generation}) exited ({how}) while running execution {}",
@@ -734,39 +806,146 @@ impl Machine {
             );
             // The ids come from the assignment's span, which the actor enters for this input.
             tracing::warn!("{crash}");
-            // A drain's stop (or its deadline's kill) is not the task's doing.
-            let result = match self.poisoned(&run, &crash, draining) {
-                Some(reason) => {
-                    tracing::warn!("{reason}");
-                    self.counters.tasks_poisoned.inc();
-                    RuntimeResult::failed_terminal(worker_id, Reason::new(reason))
-                }
-                None => RuntimeResult::failed(worker_id, Reason::new(crash)),
-            };
-            self.report(None, *run, result, false);
+            self.judge_crash(*run, worker_id, crash, verdict);
+        } else if was_attached && !stopping && verdict == Verdict::Outside {
+            // An idle executor killed from outside is evidence of a burst too.
+            let now = self.now();
+            self.deaths.record(now, None);
         }
     }
 
-    /// Counts an executor crash against the running attempt's workflow task; once it has
-    /// crashed `poison_after` times, the reason to fail it for good (its key is forgotten, so
-    /// a rerun of the workflow starts afresh).
-    fn poisoned(&mut self, run: &Running, crash: &str, draining: bool) -> Option<String> {
+    fn now(&self) -> Instant {
+        self.clock.unwrap_or_else(Instant::now)
+    }
+
+    /// Sets the clock of burst detection (tests).
+    #[cfg(test)]
+    pub(crate) fn set_clock(&mut self, now: Instant) {
+        self.clock = Some(now);
+    }
+
+    /// Fails the assignment of an executor that died, counting the death against its
+    /// workflow task only where the evidence points at the task (see [`poison::judge`]): every
+    /// reason says whether it was counted, and the running total. A counted crash whose
+    /// earlier count this broker cannot vouch for is parked until Conductor's record says it.
+    fn judge_crash(&mut self, run: Running, worker_id: String, crash: String, verdict: Verdict) {
         let limit = self.capacity.poison_after;
-        if limit == 0 || draining {
-            return None;
-        }
         let task = WorkflowTask::of(&run.attempt);
-        let crashes = self.crashes.record(task.clone());
-        if crashes < limit {
-            return None;
+        let not_counted = match verdict {
+            Verdict::Runtime(why) => Some(why),
+            Verdict::SelfInflicted => None,
+            Verdict::Outside => {
+                let others = self.deaths.record(self.now(), Some(&task));
+                (others > 0).then(|| {
+                    format!(
+                        "{others} other executor deaths in the last {} s (a burst, not this task's doing)",
+                        poison::BURST_WINDOW.as_secs()
+                    )
+                })
+            }
+        };
+        if limit == 0 {
+            self.report(
+                None,
+                run,
+                RuntimeResult::failed(worker_id, Reason::new(crash)),
+                false,
+            );
+            return;
+        }
+        let prior = self.crashes.prior(&run.attempt);
+        if let Some(why) = not_counted {
+            if let Some(n) = prior {
+                // The next attempt's count still starts from here.
+                self.crashes.record(task.clone(), n, &run.attempt.task_id);
+            }
+            tracing::info!(
+                "executor death not counted against workflow task {}: {why}",
+                task.reference_task_name
+            );
+            let reason = format!("{crash}{}", poison::not_counted_suffix(&why, prior, limit));
+            self.report(
+                None,
+                run,
+                RuntimeResult::failed(worker_id, Reason::new(reason)),
+                false,
+            );
+            return;
+        }
+        match prior {
+            Some(prior) => self.count_crash(run, worker_id, &crash, prior),
+            None => {
+                let retried_task_id = run.attempt.retried_task_id.clone().unwrap_or_default();
+                tracing::info!(retried_task_id = %retried_task_id, "reading the workflow task's earlier attempts from Conductor to count this crash");
+                // The result waits: it is in flight (a drain waits for it) and reported.
+                self.updates_in_flight += 1;
+                self.reported.insert(&run.attempt.task_id);
+                self.effects
+                    .push(Effect::ReadCrashHistory(Box::new(HistoryRead {
+                        execution_id: run.execution_id.clone(),
+                        task_id: run.attempt.task_id.clone(),
+                        retried_task_id,
+                        workflow_instance_id: run.attempt.workflow_instance_id.clone(),
+                        reference_task_name: run.attempt.reference_task_name.clone(),
+                        task_def_name: run.attempt.task_def_name.clone(),
+                    })));
+                self.parked.insert(
+                    run.execution_id.clone(),
+                    Parked {
+                        run,
+                        worker_id,
+                        crash,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Conductor's record of a parked crash's workflow task was read: the crash is counted
+    /// on top of it (on a failed read, on top of this broker's own count) and reported.
+    fn crash_history_read(&mut self, execution_id: &str, counted: Option<u32>) {
+        let Some(parked) = self.parked.remove(execution_id) else {
+            return;
+        };
+        self.updates_in_flight = self.updates_in_flight.saturating_sub(1);
+        let prior = counted.unwrap_or_else(|| {
+            let local = self.crashes.local(&WorkflowTask::of(&parked.run.attempt));
+            tracing::warn!("cannot read the workflow task's earlier attempts from Conductor: counting this crash on this runtime's own count ({local} so far)");
+            local
+        });
+        self.count_crash(parked.run, parked.worker_id, &parked.crash, prior);
+    }
+
+    /// Counts a crash on top of `prior` and reports it: FAILED with the running total, or,
+    /// once the total reaches `poison_after`, FAILED_WITH_TERMINAL_ERROR (its key is
+    /// forgotten, so a rerun of the workflow starts afresh).
+    fn count_crash(&mut self, run: Running, worker_id: String, crash: &str, prior: u32) {
+        let limit = self.capacity.poison_after;
+        let task = WorkflowTask::of(&run.attempt);
+        let counted = prior.saturating_add(1);
+        if counted < limit {
+            self.crashes.record(task, counted, &run.attempt.task_id);
+            let reason = format!("{crash}{}", poison::counted_suffix(counted, limit));
+            self.report(
+                None,
+                run,
+                RuntimeResult::failed(worker_id, Reason::new(reason)),
+                false,
+            );
+            return;
         }
         self.crashes.forget(&task);
-        Some(format!(
-            "poison task: attempts of workflow task {} in workflow {} killed their executor {crashes} times ({}={limit}); last: {crash}",
+        let reason = format!(
+            "{}attempts of workflow task {} in workflow {} killed their executor {counted} times ({}={limit}); last: {crash}",
+            poison::POISON_PREFIX,
             task.reference_task_name,
             task.workflow_instance_id,
             perago_core::capacity::PERAGO_POISON_AFTER,
-        ))
+        );
+        tracing::warn!("{reason}");
+        self.counters.tasks_poisoned.inc();
+        let result = RuntimeResult::failed_terminal(worker_id, Reason::new(reason));
+        self.report(None, run, result, false);
     }
 
     fn fence_target(

@@ -163,6 +163,7 @@ impl Harness {
             generation: 1,
             pid: 1,
             status: status.into(),
+            ..Default::default()
         }));
         self.go(Input::UpdateDone {
             slot: Some(1),
@@ -399,6 +400,7 @@ fn a_dispatch_names_its_assignment_and_inputs_their_execution() {
         generation: 1,
         pid: 1,
         status: "killed".into(),
+        ..Default::default()
     });
     assert_eq!(h.m.execution_of_input(&exited), Some(execution.as_str()));
     let lost = Input::LeaseLost {
@@ -457,6 +459,7 @@ fn exit_report_then_stream_end_fail_the_assignment_once() {
         generation: 1,
         pid: 4242,
         status: "killed by signal 9".into(),
+        ..Default::default()
     }));
     let failed = reports(&effects);
     assert_eq!(failed.len(), 1);
@@ -464,7 +467,7 @@ fn exit_report_then_stream_end_fail_the_assignment_once() {
     assert_eq!(
         reason(&failed[0]),
         format!(
-            "executor t0001 (pid 4242, generation 1) exited (killed by signal 9) while running execution {execution}"
+            "executor t0001 (pid 4242, generation 1) exited (killed by signal 9) while running execution {execution}; crash 1 of 3 counted against this workflow task (PERAGO_POISON_AFTER=3)"
         )
     );
     assert!(effects.contains(&Effect::Detach { slot: 1 }));
@@ -497,6 +500,7 @@ fn stream_end_then_exit_report_fail_the_assignment_once_with_the_status() {
         generation: 1,
         pid: 7,
         status: "exit status 3".into(),
+        ..Default::default()
     })));
     assert_eq!(failed.len(), 1);
     assert!(
@@ -558,7 +562,8 @@ fn slot_started_before_slot_exited_fails_the_old_generations_task() {
             slot: 1,
             generation: 1,
             pid: 1,
-            status: "x".into()
+            status: "x".into(),
+            ..Default::default()
         }))
         .iter()
         .all(|e| !matches!(e, Effect::Report(_)))
@@ -1222,16 +1227,53 @@ fn task_in(id: &str, workflow: &str) -> Polled {
     Polled::Task(PolledTask::from_value(t))
 }
 
+/// Attempt `id` of workflow task `t_ref` in `workflow`, Conductor's retry of `retried`.
+fn retry_in(id: &str, workflow: &str, retried: &str) -> Polled {
+    let mut t = raw_task(id);
+    t["workflowInstanceId"] = json!(workflow);
+    t["retriedTaskId"] = json!(retried);
+    Polled::Task(PolledTask::from_value(t))
+}
+
 fn capacity_with(change: impl FnOnce(&mut perago_core::capacity::Capacity)) -> Harness {
     let mut capacity = perago_core::capacity::Capacity::fixed(1);
     change(&mut capacity);
     Harness::with_capacity(capacity, false)
 }
 
+/// An exit report of slot 1's `generation`: ended by `signal`, or exited with `code`.
+fn exit_of(generation: u64, signal: Option<i32>, code: Option<i32>) -> proto::SlotExited {
+    let status = match (signal, code) {
+        (Some(9), _) => "signal 9 (SIGKILL)".to_owned(),
+        (Some(n), _) => format!("signal {n}"),
+        (None, Some(c)) => format!("exit status {c}"),
+        (None, None) => "unknown status".to_owned(),
+    };
+    proto::SlotExited {
+        slot: 1,
+        generation,
+        pid: 99,
+        status,
+        signal,
+        exit_code: code,
+        ..Default::default()
+    }
+}
+
 impl Harness {
-    /// Generation `generation` of slot 1 starts, runs `task` and is killed by a signal; the
-    /// report of its failure.
+    /// Generation `generation` of slot 1 starts, runs `task` and is SIGKILLed, well apart
+    /// (past the burst window) from any earlier death; the report of its failure.
     fn crash(&mut self, generation: u64, task: Polled) -> Report {
+        let mut failed = reports(&self.crash_with(task, exit_of(generation, Some(9), None)));
+        assert_eq!(failed.len(), 1);
+        failed.remove(0)
+    }
+
+    /// Slot 1 starts `exited.generation`, runs `task` and ends as `exited` says, a burst
+    /// window after the last death; the effects of the exit report.
+    fn crash_with(&mut self, task: Polled, exited: proto::SlotExited) -> Vec<Effect> {
+        let generation = exited.generation;
+        self.advance(crate::poison::BURST_WINDOW + Duration::from_secs(1));
         self.started(1, generation).unwrap();
         self.hello(1, generation).0.unwrap();
         let granted = self.poll().expect("a grant");
@@ -1240,29 +1282,39 @@ impl Harness {
             reserved: granted,
         });
         assert_eq!(assignments(&effects).len(), 1, "{effects:?}");
-        let mut failed = reports(&self.go(Input::SlotExited(proto::SlotExited {
-            slot: 1,
-            generation,
-            pid: 99,
-            status: "signal 9 (SIGKILL)".into(),
-        })));
-        assert_eq!(failed.len(), 1);
-        failed.remove(0)
+        self.go(Input::SlotExited(exited))
+    }
+
+    /// Moves the machine's clock (burst detection) on by `by`.
+    fn advance(&mut self, by: Duration) {
+        let now = self.m.clock.unwrap_or_else(Instant::now) + by;
+        self.m.set_clock(now);
     }
 }
 
 #[test]
 fn a_workflow_task_that_kills_its_executor_three_times_fails_for_good() {
     let mut h = Harness::new(1, false);
-    for (generation, id) in [(1, "a1"), (2, "a2")] {
-        let failed = h.crash(generation, task_in(id, "wf-poison"));
-        assert_eq!(failed.result.status(), ResultStatus::Failed, "{id}");
-    }
+    let first = h.crash(1, task_in("a1", "wf-poison"));
+    assert_eq!(first.result.status(), ResultStatus::Failed);
+    assert!(
+        reason(&first)
+            .ends_with("; crash 1 of 3 counted against this workflow task (PERAGO_POISON_AFTER=3)"),
+        "{}",
+        reason(&first)
+    );
+    let second = h.crash(2, retry_in("a2", "wf-poison", "a1"));
+    assert_eq!(second.result.status(), ResultStatus::Failed);
+    assert!(
+        reason(&second)
+            .ends_with("; crash 2 of 3 counted against this workflow task (PERAGO_POISON_AFTER=3)")
+    );
     // Another workflow's crashes are its own.
     let other = h.crash(3, task_in("b1", "wf-other"));
     assert_eq!(other.result.status(), ResultStatus::Failed);
+    assert!(reason(&other).contains("; crash 1 of 3 counted"));
     assert_eq!(h.counters.tasks_poisoned.get(), 0);
-    let third = h.crash(4, task_in("a3", "wf-poison"));
+    let third = h.crash(4, retry_in("a3", "wf-poison", "a2"));
     assert_eq!(third.task_id, "a3");
     assert_eq!(third.result.status(), ResultStatus::FailedWithTerminalError);
     assert_eq!(
@@ -1275,12 +1327,257 @@ fn a_workflow_task_that_kills_its_executor_three_times_fails_for_good() {
     assert_eq!(h.counters.tasks_poisoned.get(), 1);
     assert_eq!(h.status().counters.unwrap().tasks_poisoned, 1);
     // The other workflow is at its second crash: still retried.
-    let other = h.crash(5, task_in("b2", "wf-other"));
+    let other = h.crash(5, retry_in("b2", "wf-other", "b1"));
     assert_eq!(other.result.status(), ResultStatus::Failed);
-    // A rerun of the poisoned workflow task starts its count afresh.
-    let rerun = h.crash(6, task_in("a4", "wf-poison"));
-    assert_eq!(rerun.result.status(), ResultStatus::Failed);
+    // A rerun of the poisoned workflow task (Conductor's retry of the poisoned attempt) starts
+    // its count afresh: Conductor's record says so (a poison verdict resets it).
+    let effects = h.crash_with(retry_in("a4", "wf-poison", "a3"), exit_of(6, Some(9), None));
+    let read = history_read(&effects).expect("the ledger forgot the poisoned task: ask Conductor");
+    assert_eq!(read.retried_task_id, "a3");
+    let rerun = reports(&h.go(Input::CrashHistory {
+        execution_id: read.execution_id,
+        counted: Some(0),
+    }));
+    assert_eq!(rerun[0].result.status(), ResultStatus::Failed);
+    assert!(
+        reason(&rerun[0])
+            .ends_with("crash 1 of 3 counted against this workflow task (PERAGO_POISON_AFTER=3)")
+    );
     assert_eq!(h.counters.tasks_poisoned.get(), 1);
+}
+
+fn history_read(effects: &[Effect]) -> Option<HistoryRead> {
+    effects.iter().find_map(|e| match e {
+        Effect::ReadCrashHistory(read) => Some((**read).clone()),
+        _ => None,
+    })
+}
+
+/// Issue #23, item 1: outside kills that hit several workflow tasks within the burst window
+/// (random SIGKILLs, an OOM killer's spree) are not the tasks' doing and are not counted;
+/// a body that kills its own executor on every attempt, with nothing else dying, still is.
+#[test]
+fn a_burst_of_outside_kills_is_not_counted_against_any_task() {
+    let mut h = capacity_with(|c| c.poison_after = 2);
+    let first = h.crash(1, task_in("a1", "wf-a"));
+    assert!(
+        reason(&first)
+            .ends_with("crash 1 of 2 counted against this workflow task (PERAGO_POISON_AFTER=2)")
+    );
+    // Another workflow task's executor is killed 5 s later: a burst.
+    h.advance(Duration::from_secs(5));
+    h.started(1, 2).unwrap();
+    h.hello(1, 2).0.unwrap();
+    let granted = h.poll().unwrap();
+    h.go(Input::Polled {
+        tasks: vec![task_in("b1", "wf-b")],
+        reserved: granted,
+    });
+    let b = reports(&h.go(Input::SlotExited(exit_of(2, Some(9), None))));
+    assert_eq!(b[0].result.status(), ResultStatus::Failed);
+    assert_eq!(
+        reason(&b[0]),
+        format!(
+            "executor t0001 (pid 99, generation 2) exited (signal 9 (SIGKILL)) while running execution {}; not counted against the task: 1 other executor deaths in the last 20 s (a burst, not this task's doing); 0 of 2 counted so far",
+            b[0].execution_id
+        )
+    );
+    // wf-a's retry is killed 5 s after that: wf-b's death makes it a burst too, and the
+    // running total (1) carries on for the attempt after.
+    h.advance(Duration::from_secs(5));
+    h.started(1, 3).unwrap();
+    h.hello(1, 3).0.unwrap();
+    let granted = h.poll().unwrap();
+    h.go(Input::Polled {
+        tasks: vec![retry_in("a2", "wf-a", "a1")],
+        reserved: granted,
+    });
+    let a2 = reports(&h.go(Input::SlotExited(exit_of(3, Some(9), None))));
+    assert_eq!(a2[0].result.status(), ResultStatus::Failed);
+    assert!(
+        reason(&a2[0]).ends_with("; 1 of 2 counted so far"),
+        "{}",
+        reason(&a2[0])
+    );
+    // An idle executor killed from outside is burst evidence too.
+    h.advance(Duration::from_secs(30));
+    h.started(1, 4).unwrap();
+    h.hello(1, 4).0.unwrap();
+    h.go(Input::SlotExited(exit_of(4, Some(9), None)));
+    h.advance(Duration::from_secs(1));
+    h.started(1, 5).unwrap();
+    h.hello(1, 5).0.unwrap();
+    let granted = h.poll().unwrap();
+    h.go(Input::Polled {
+        tasks: vec![retry_in("a3", "wf-a", "a2")],
+        reserved: granted,
+    });
+    let a3 = reports(&h.go(Input::SlotExited(exit_of(5, Some(9), None))));
+    assert_eq!(a3[0].result.status(), ResultStatus::Failed);
+    assert!(
+        reason(&a3[0]).contains("not counted against the task: 1 other executor deaths"),
+        "{}",
+        reason(&a3[0])
+    );
+    // Alone again, the next kill is counted, on top of the total carried along: poisoned.
+    let a4 = h.crash(6, retry_in("a4", "wf-a", "a3"));
+    assert_eq!(a4.result.status(), ResultStatus::FailedWithTerminalError);
+    assert_eq!(h.counters.tasks_poisoned.get(), 1);
+}
+
+/// Issue #23, item 1: a death the runtime caused (a supervisor kill, whatever its signal) is
+/// never counted; one the executor inflicted on itself (an abort, a fault, an exit code it
+/// chose) always is, burst or not.
+#[test]
+fn supervisor_kills_are_never_counted_and_self_inflicted_deaths_always_are() {
+    let mut h = capacity_with(|c| c.poison_after = 2);
+    for (generation, cause) in [
+        (1, proto::ExitCause::ShutdownDeadline),
+        (2, proto::ExitCause::Stalled),
+        (3, proto::ExitCause::Supervisor),
+        (4, proto::ExitCause::BrokerGone),
+    ] {
+        let mut exited = exit_of(generation, Some(9), None);
+        exited.cause = cause.into();
+        let retried = (generation > 1).then(|| format!("a{}", generation - 1));
+        let task = match &retried {
+            Some(r) => retry_in(&format!("a{generation}"), "wf-a", r),
+            None => task_in("a1", "wf-a"),
+        };
+        let failed = reports(&h.crash_with(task, exited));
+        assert_eq!(failed[0].result.status(), ResultStatus::Failed);
+        assert!(
+            reason(&failed[0]).contains("; not counted against the task: the supervisor "),
+            "{}",
+            reason(&failed[0])
+        );
+        assert!(
+            reason(&failed[0]).ends_with("; 0 of 2 counted so far"),
+            "{}",
+            reason(&failed[0])
+        );
+    }
+    assert_eq!(h.counters.tasks_poisoned.get(), 0);
+    // A Rust task that aborts its executor, inside a burst of other deaths: counted each time.
+    h.advance(Duration::from_secs(1));
+    h.started(1, 5).unwrap();
+    h.hello(1, 5).0.unwrap();
+    h.go(Input::SlotExited(exit_of(5, Some(9), None)));
+    let abort = |h: &mut Harness, generation: u64, id: &str, retried: &str| {
+        h.advance(Duration::from_secs(1));
+        h.started(1, generation).unwrap();
+        h.hello(1, generation).0.unwrap();
+        let granted = h.poll().unwrap();
+        h.go(Input::Polled {
+            tasks: vec![retry_in(id, "wf-a", retried)],
+            reserved: granted,
+        });
+        reports(&h.go(Input::SlotExited(exit_of(generation, Some(6), None)))).remove(0)
+    };
+    let first = abort(&mut h, 6, "a5", "a4");
+    assert_eq!(first.result.status(), ResultStatus::Failed);
+    assert!(
+        reason(&first)
+            .ends_with("; crash 1 of 2 counted against this workflow task (PERAGO_POISON_AFTER=2)"),
+        "{}",
+        reason(&first)
+    );
+    let second = abort(&mut h, 7, "a6", "a5");
+    assert_eq!(
+        second.result.status(),
+        ResultStatus::FailedWithTerminalError
+    );
+    // An exit code the executor chose counts as well.
+    let mut h = capacity_with(|c| c.poison_after = 1);
+    let failed = reports(&h.crash_with(task_in("c1", "wf-c"), exit_of(1, None, Some(101))));
+    assert_eq!(
+        failed[0].result.status(),
+        ResultStatus::FailedWithTerminalError
+    );
+}
+
+/// Issue #23, item 1: the count of a retry this broker did not see fail (it ran on another
+/// runtime, or before a restart) comes from Conductor's record; the result waits for it,
+/// a drain waits for it, and a failed read falls back on the local count.
+#[test]
+fn a_crash_the_ledger_cannot_vouch_for_waits_for_conductors_record() {
+    let mut h = capacity_with(|c| c.poison_after = 3);
+    let effects = h.crash_with(retry_in("a3", "wf-a", "a2"), exit_of(1, Some(9), None));
+    assert!(reports(&effects).is_empty(), "parked: {effects:?}");
+    let read = history_read(&effects).expect("a history read");
+    assert_eq!(
+        read,
+        HistoryRead {
+            execution_id: read.execution_id.clone(),
+            task_id: "a3".into(),
+            retried_task_id: "a2".into(),
+            workflow_instance_id: "wf-a".into(),
+            reference_task_name: "t_ref".into(),
+            task_def_name: "t".into(),
+        }
+    );
+    assert!(
+        !effects
+            .iter()
+            .any(|e| matches!(e, Effect::StopLease { .. })),
+        "the lease goes on"
+    );
+    // A drain waits for the parked result.
+    let drained = |effects: &[Effect]| effects.iter().any(|e| matches!(e, Effect::Drained));
+    let d = h.go(Input::Drain);
+    assert!(!drained(&d), "{d:?}");
+    let d = h.go(Input::StreamEnded {
+        slot: 1,
+        generation: 1,
+    });
+    assert!(!drained(&d), "{d:?}");
+    // Conductor says two crashes were counted before: this is the third.
+    let out = h.go(Input::CrashHistory {
+        execution_id: read.execution_id.clone(),
+        counted: Some(2),
+    });
+    let failed = reports(&out);
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].task_id, "a3");
+    assert_eq!(
+        failed[0].result.status(),
+        ResultStatus::FailedWithTerminalError
+    );
+    assert!(reason(&failed[0]).starts_with("poison task: attempts of workflow task t_ref in workflow wf-a killed their executor 3 times"));
+    // A second answer for it finds nothing parked.
+    assert!(
+        reports(&h.go(Input::CrashHistory {
+            execution_id: read.execution_id,
+            counted: Some(0)
+        }))
+        .is_empty()
+    );
+    let d = h.go(Input::UpdateDone {
+        slot: None,
+        next_task: None,
+    });
+    assert!(drained(&d), "{d:?}");
+
+    // A failed read counts on this broker's own count: never more.
+    let mut h = capacity_with(|c| c.poison_after = 2);
+    let effects = h.crash_with(retry_in("b5", "wf-b", "b4"), exit_of(1, Some(9), None));
+    let read = history_read(&effects).unwrap();
+    let failed = reports(&h.go(Input::CrashHistory {
+        execution_id: read.execution_id,
+        counted: None,
+    }));
+    assert_eq!(failed[0].result.status(), ResultStatus::Failed);
+    assert!(
+        reason(&failed[0])
+            .ends_with("crash 1 of 2 counted against this workflow task (PERAGO_POISON_AFTER=2)")
+    );
+    // That count vouches for the next retry of exactly this attempt: no read.
+    let effects = h.crash_with(retry_in("b6", "wf-b", "b5"), exit_of(2, Some(9), None));
+    assert!(history_read(&effects).is_none());
+    assert_eq!(
+        reports(&effects)[0].result.status(),
+        ResultStatus::FailedWithTerminalError
+    );
 }
 
 #[test]
@@ -1303,7 +1600,14 @@ fn loop_iterations_are_counted_apart() {
     let second = h.crash(2, in_one(iteration("i2", 2)));
     assert_eq!(first.result.status(), ResultStatus::Failed);
     assert_eq!(second.result.status(), ResultStatus::Failed);
-    let again = h.crash(3, in_one(iteration("i3", 2)));
+    let retry = match in_one(iteration("i3", 2)) {
+        Polled::Task(mut t) => {
+            t.fields.insert("retriedTaskId".into(), json!("i2"));
+            Polled::Task(t)
+        }
+        other => other,
+    };
+    let again = h.crash(3, retry);
     assert_eq!(again.result.status(), ResultStatus::FailedWithTerminalError);
 }
 
@@ -1332,6 +1636,7 @@ fn a_kill_during_a_drain_is_not_the_tasks_doing() {
         generation: 1,
         pid: 99,
         status: "killed by the supervisor at the shutdown deadline".into(),
+        ..Default::default()
     })));
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0].result.status(), ResultStatus::Failed);
@@ -1353,11 +1658,21 @@ fn the_crash_ledger_stays_bounded() {
         h.crash(n + 1, task_in(&format!("t{n}"), &format!("wf{n}")));
     }
     assert_eq!(h.m.crashes.len(), crate::poison::MAX_TRACKED);
-    // The oldest workflow task was forgotten: its next crash is its first again.
-    let failed = h.crash(total + 1, task_in("again", "wf0"));
-    assert_eq!(failed.result.status(), ResultStatus::Failed);
+    // The oldest workflow task was forgotten: its next crash asks Conductor.
+    let effects = h.crash_with(
+        retry_in("again", "wf0", "t0"),
+        exit_of(total + 1, Some(9), None),
+    );
+    assert!(history_read(&effects).is_some(), "{effects:?}");
     // The newest is remembered: its second crash poisons it.
-    let failed = h.crash(total + 2, task_in("again2", &format!("wf{}", total - 1)));
+    let failed = h.crash(
+        total + 2,
+        retry_in(
+            "again2",
+            &format!("wf{}", total - 1),
+            &format!("t{}", total - 1),
+        ),
+    );
     assert_eq!(
         failed.result.status(),
         ResultStatus::FailedWithTerminalError
@@ -1488,6 +1803,7 @@ fn a_recycling_executor_reports_through_v1_is_stopped_and_its_exit_is_no_failure
         generation: 1,
         pid: 1001,
         status: "exit status 75".into(),
+        ..Default::default()
     }));
     assert!(reports(&effects).is_empty(), "{effects:?}");
     assert_eq!(
@@ -1513,6 +1829,7 @@ fn a_recycling_executor_reports_through_v1_is_stopped_and_its_exit_is_no_failure
         generation: 2,
         pid: 1001,
         status: "signal 9 (SIGKILL)".into(),
+        ..Default::default()
     }));
     assert_eq!(h.counters.executor_exits.get(), 1);
 }
@@ -1674,6 +1991,7 @@ fn idle_slots_are_retired_after_the_delay_down_to_the_minimum_and_their_exit_is_
         generation: 1,
         pid: 1002,
         status: "exit status 0".into(),
+        ..Default::default()
     }));
     assert!(reports(&exit).is_empty());
     h.go(Input::StreamEnded {

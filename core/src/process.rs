@@ -909,6 +909,8 @@ pub fn signal_name(signal: i32) -> &'static str {
         libc::SIGTERM => "SIGTERM",
         libc::SIGUSR1 => "SIGUSR1",
         libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGSYS => "SIGSYS",
         _ => "signal",
     }
 }

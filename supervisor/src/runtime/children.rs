@@ -62,6 +62,23 @@ impl Ended {
         }
     }
 
+    /// The signal that ended a process, if one did.
+    pub(crate) fn signal(&self) -> Option<i32> {
+        use std::os::unix::process::ExitStatusExt as _;
+        match self {
+            Self::Process(Ok(s)) => s.signal(),
+            _ => None,
+        }
+    }
+
+    /// The exit code a process chose, if it exited by itself.
+    pub(crate) fn exit_code(&self) -> Option<i32> {
+        match self {
+            Self::Process(Ok(s)) => s.code(),
+            _ => None,
+        }
+    }
+
     /// `exit status 1`, `signal 9 (SIGKILL)`, `task ended: …`.
     pub(crate) fn describe(&self) -> String {
         use std::os::unix::process::ExitStatusExt as _;

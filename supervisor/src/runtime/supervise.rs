@@ -317,6 +317,9 @@ struct SlotProc {
     restart_at: Option<Instant>,
     /// Killed at the shutdown deadline (its exit report says so).
     force_killed: bool,
+    /// Why the supervisor signalled this generation itself, if it did: its exit report says
+    /// so, and the broker never counts such a death against the task it ran.
+    killed_by: proto::ExitCause,
 }
 
 struct Supervisor {
@@ -421,6 +424,7 @@ impl Supervisor {
                         // (SIGTERM, a short grace, SIGKILL) as soon as their slot stream ends,
                         // and exit; an idle one exits on this signal.
                         child.signal(process::SIGTERM);
+                        proc.killed_by = proto::ExitCause::BrokerGone;
                     }
                 }
             }
@@ -432,6 +436,7 @@ impl Supervisor {
                     return;
                 }
                 proc.child = None;
+                let cause = std::mem::replace(&mut proc.killed_by, proto::ExitCause::Unspecified);
                 let ran = proc.started_at.elapsed();
                 let worker_id = proc.worker_id.clone();
                 let status = if std::mem::take(&mut proc.force_killed) {
@@ -449,6 +454,9 @@ impl Supervisor {
                         generation,
                         pid: exit.pid,
                         status: status.clone(),
+                        cause: cause.into(),
+                        signal: exit.ended.signal(),
+                        exit_code: exit.ended.exit_code(),
                     };
                     match bounded(control.slot_exited(report)).await {
                         Ok(_) => {}
@@ -582,6 +590,7 @@ impl Supervisor {
                 tracing::error!(worker_id = %proc.worker_id, pid = child.pid(), phase = %phase, deadline_s = deadline.as_secs(), "force-killing an executor still running after the shutdown deadline");
                 child.signal(process::SIGKILL);
                 proc.force_killed = true;
+                proc.killed_by = proto::ExitCause::ShutdownDeadline;
                 self.force_killed = true;
             }
         }
@@ -915,6 +924,7 @@ pub(crate) async fn supervise(
                     restarts: 0,
                     restart_at: None,
                     force_killed: false,
+                    killed_by: proto::ExitCause::Unspecified,
                 },
             )
         })
@@ -1266,6 +1276,7 @@ mod tests {
             restarts: 0,
             restart_at: None,
             force_killed: false,
+            killed_by: proto::ExitCause::Unspecified,
         };
 
         let lost = announce(Some(&mut control), 1, &mut proc)

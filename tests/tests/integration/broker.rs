@@ -454,6 +454,7 @@ async fn a_stolen_control_token_cannot_take_a_slot_over() {
             generation: 1,
             pid: 1,
             status: "forged".into(),
+            ..Default::default()
         }))
         .await
         .unwrap_err();
