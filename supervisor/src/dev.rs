@@ -316,6 +316,7 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
                 lakefs: lakefs.as_ref().map(|(_, c)| c.clone()),
                 notify: None,
                 process_label: several.then(|| name.clone()),
+                stall_timeout: Some(perago_core::liveness::DEFAULT_STALL_TIMEOUT),
             };
             runs.push((spec, launcher));
             locks.push(locked);

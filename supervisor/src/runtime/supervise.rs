@@ -101,6 +101,9 @@ pub(crate) struct RuntimeSpec {
     /// When the supervisor runs several task types: the task name, after an `@` in each
     /// child's argv[0] (`perago-executor-0001@orders.ship`), so `ps` tells them apart.
     pub(crate) process_label: Option<String>,
+    /// `PERAGO_STALL_TIMEOUT` (`None`: off): passed to every child; a broker whose
+    /// `Admin.Status` has not answered for this long is killed.
+    pub(crate) stall_timeout: Option<Duration>,
 }
 
 /// What every child gets: the runtime's description (each name is a constant of
@@ -124,6 +127,10 @@ fn base_env(spec: &RuntimeSpec) -> Vec<(String, String)> {
     .map(|(name, value)| (name.to_owned(), value))
     .collect::<Vec<_>>();
     vars.extend(spec.capacity.child_env());
+    vars.push((
+        perago_core::liveness::PERAGO_STALL_TIMEOUT.to_owned(),
+        perago_core::liveness::child_value(spec.stall_timeout),
+    ));
     vars.extend(spec.child_env.iter().cloned());
     vars
 }
@@ -340,6 +347,9 @@ struct Supervisor {
     force_killed: bool,
     /// systemd's notify socket, under a `Type=notify` unit.
     notifier: Option<NotifyHandle>,
+    /// The broker stopped answering for `PERAGO_STALL_TIMEOUT` and was killed: why, for the
+    /// error its exit ends the runtime with.
+    broker_stalled: Option<String>,
 }
 
 impl Supervisor {
@@ -412,6 +422,10 @@ impl Supervisor {
                     tracing::info!(pid = exit.pid, "broker finished its drain");
                     return;
                 }
+                let status = match self.broker_stalled.take() {
+                    Some(why) => format!("{status}: {why}"),
+                    None => status,
+                };
                 tracing::error!(pid = exit.pid, status = %status, "broker exited; stopping the runtime");
                 self.broker_failed = Some(status);
                 self.set_draining();
@@ -569,6 +583,26 @@ impl Supervisor {
             if let Some(broker) = self.broker {
                 broker.signal(process::SIGTERM);
             }
+        }
+    }
+
+    /// The broker has not answered `Admin.Status` for `timeout`: it is treated as dead. A
+    /// broker process is SIGKILLed (its exit then stops the runtime as any broker death does:
+    /// executors told to stop, exit 1); a thread-mode broker is aborted.
+    fn broker_is_stalled(&mut self, timeout: Duration) {
+        let t = perago_core::liveness::describe(timeout);
+        let why = format!(
+            "the broker did not answer for {t} ({}={t}); killed",
+            perago_core::liveness::PERAGO_STALL_TIMEOUT
+        );
+        let Some(broker) = self.broker else {
+            return;
+        };
+        tracing::error!(pid = broker.pid(), "{why}");
+        self.broker_stalled = Some(why);
+        match broker {
+            Child::Process(_) => broker.signal(process::SIGKILL),
+            Child::Task => self.launcher.abort_all(),
         }
     }
 
@@ -935,6 +969,7 @@ pub(crate) async fn supervise(
         force_kill_at: None,
         force_killed: false,
         notifier,
+        broker_stalled: None,
     };
     if let Some(foreign) = foreign_broker(&sup.spec.socket).await {
         return Err(foreign);
@@ -1011,6 +1046,12 @@ pub(crate) async fn supervise(
         .unwrap_or(Duration::from_secs(3600));
     let mut watchdog = tokio::time::interval(watchdog_every);
     let mut status_at = Instant::now();
+    // Broker liveness: its status must keep coming (every STATUS_INTERVAL) while it is not
+    // draining; silent for PERAGO_STALL_TIMEOUT, it is stopped or wedged, and killed.
+    let mut stall_check = tokio::time::interval(sup.spec.stall_timeout.map_or(
+        Duration::from_secs(3600),
+        perago_core::liveness::ping_interval,
+    ));
     loop {
         if sup.broker.is_none() && sup.alive_executors() == 0 {
             break;
@@ -1059,6 +1100,12 @@ pub(crate) async fn supervise(
                     && let Some(notifier) = &sup.notifier
                 {
                     notifier.ping();
+                }
+            }
+            _ = stall_check.tick(), if sup.spec.stall_timeout.is_some() && !sup.draining && sup.broker_stalled.is_none() => {
+                let timeout = sup.spec.stall_timeout.expect("guarded");
+                if status_at.elapsed() >= timeout {
+                    sup.broker_is_stalled(timeout);
                 }
             }
             _ = gc_timer.tick() => {
@@ -1147,6 +1194,7 @@ mod tests {
             lakefs: None,
             notify: None,
             process_label: None,
+            stall_timeout: Some(Duration::from_secs(5)),
         };
         let lookup = |vars: Vec<(String, String)>| {
             move |name: &str| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
@@ -1161,6 +1209,7 @@ mod tests {
         assert_eq!(broker.control_pid, 4242);
         assert_eq!(broker.poll_wait, Duration::from_millis(250));
         assert_eq!(broker.capacity, capacity);
+        assert_eq!(broker.stall_timeout, Some(Duration::from_secs(5)));
 
         let vars = executor_env(&spec, "host70002", 2, 9, "t0k3n".into());
         let (identity, manifest) = perago_executor::cli::identity_from(lookup(vars.clone()))

@@ -1,0 +1,196 @@
+//! Liveness (issue #23 item 2, `PERAGO_STALL_TIMEOUT`): a stopped executor or broker keeps its
+//! sockets open, so only an answer that does not come shows it. A SIGSTOPped busy executor is
+//! killed by the broker and its task failed (retried elsewhere) within the stall timeout, not
+//! left until `timeoutSeconds`; a SIGSTOPped broker is killed by the supervisor, which then
+//! ends the runtime with exit 1 and no process left. Process mode only (SIGSTOP stops a
+//! process; these are left out of the thread-mode run in `.config/nextest.toml`).
+
+use crate::harness::{
+    Conductor, SupervisorProc, TaskFixture, alive, child_named, eventually, patience, signal_pid,
+    status_json,
+};
+use serde_json::{Value, json};
+use std::{
+    fs,
+    time::{Duration, Instant},
+};
+
+/// The first attempt hangs (300 s); its retry finishes at once.
+const HANG_ONCE: &str = "read params\nif [ ! -e attempted ]; then touch attempted; sleep 300; fi\necho '{\"ok\": true}'\n";
+
+/// A task with the first attempt hanging, `timeoutSeconds` and `responseTimeoutSeconds` 300:
+/// Conductor's own clocks would notice nothing for five minutes.
+fn long_task(name: &str) -> TaskFixture {
+    let task = TaskFixture::new(name, HANG_ONCE, "response_timeout_seconds = 300");
+    let manifest = fs::read_to_string(task.manifest())
+        .unwrap()
+        .replace("timeout_seconds = 60", "timeout_seconds = 300");
+    fs::write(task.manifest(), manifest).unwrap();
+    task
+}
+
+/// Every live process whose environment names `root` (the runtime's broker, executors and
+/// bodies: they all get the workspace root), as `pid argv0`.
+fn runtime_processes(root: &std::path::Path) -> Vec<String> {
+    let needle = root.as_os_str().as_encoded_bytes().to_vec();
+    let mut out = Vec::new();
+    for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let environ = fs::read(entry.path().join("environ")).unwrap_or_default();
+        let ours = environ
+            .split(|b| *b == 0)
+            .any(|kv| kv.windows(needle.len()).any(|w| w == needle.as_slice()));
+        if ours && alive(pid) {
+            let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+            out.push(format!("{pid} {}", String::from_utf8_lossy(argv0)));
+        }
+    }
+    out
+}
+
+/// The busy slot's executor pid, once the runtime's status shows one.
+async fn busy_executor(root: &std::path::Path) -> u32 {
+    eventually("a busy executor", Duration::from_secs(20), || async {
+        let status = status_json(root);
+        status["slots"]
+            .as_array()?
+            .iter()
+            .find(|s| s["state"] == "busy")
+            .and_then(|s| s["pid"].as_u64())
+            .and_then(|pid| u32::try_from(pid).ok())
+            .filter(|pid| *pid > 0)
+    })
+    .await
+}
+
+fn tasks(wf: &Value) -> &[Value] {
+    wf["tasks"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+}
+
+/// Today's failure, fixed: the broker extended the lease of a stopped executor's task until
+/// `timeoutSeconds` (300 s here). With a 5 s stall timeout the executor is killed, the task
+/// failed with a reason that says so, retried on the other executor and COMPLETED well within
+/// 30 s; the stopped process is gone and its slot restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_busy_executor_is_killed_and_its_task_completed_elsewhere() {
+    let conductor = Conductor::start().await;
+    let task = long_task("stall.executor");
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(&task, &conductor, 2, &[("PERAGO_STALL_TIMEOUT", "5")]);
+    let id = conductor.start_workflow(&task, json!({})).await;
+    let attempted = task.dir.path().join("attempted");
+    eventually(
+        "the first attempt to start",
+        Duration::from_secs(20),
+        || async { attempted.exists().then_some(()) },
+    )
+    .await;
+    let victim = busy_executor(&sup.workspace_root()).await;
+    signal_pid(victim, "STOP");
+    let stopped_at = Instant::now();
+
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    let took = stopped_at.elapsed();
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    assert!(
+        took < patience(Duration::from_secs(30)),
+        "completed {took:?} after the stop"
+    );
+    let tasks = tasks(&wf);
+    assert_eq!(tasks.len(), 2, "one failed attempt and its retry: {wf:#}");
+    assert_eq!(tasks[0]["status"], "FAILED", "retriable, never terminal");
+    let reason = tasks[0]["reasonForIncompletion"].as_str().unwrap();
+    assert!(
+        reason.contains(&format!("(pid {victim}, generation 1) did not answer for 5s (PERAGO_STALL_TIMEOUT=5s); killed while running execution ")),
+        "{reason}"
+    );
+    assert_eq!(tasks[1]["status"], "COMPLETED");
+    assert_eq!(tasks[1]["retryCount"], 1);
+
+    // The stopped process is gone (killed through its pidfd, reaped by the supervisor), and
+    // its slot has a new generation.
+    eventually(
+        "the stopped executor to be gone",
+        Duration::from_secs(10),
+        || async { (!alive(victim)).then_some(()) },
+    )
+    .await;
+    let root = sup.workspace_root();
+    eventually(
+        "the slot restarted and both slots idle",
+        Duration::from_secs(20),
+        || async {
+            let status = status_json(&root);
+            let slots = status["slots"].as_array()?.clone();
+            let restarted = slots
+                .iter()
+                .any(|s| s["pid"] != json!(victim) && s["generation"] == 2);
+            (restarted && slots.iter().all(|s| s["state"] == "idle")).then_some(())
+        },
+    )
+    .await;
+}
+
+/// A stopped broker answers nothing, and `status --probe live` says so; the supervisor kills it
+/// within the stall timeout and ends the runtime with exit 1, and no process of the runtime
+/// (executors, bodies, the broker) is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_broker_is_killed_and_the_runtime_exits_one_leaving_nothing() {
+    let conductor = Conductor::start().await;
+    let task = long_task("stall.broker");
+    conductor.register(&task).await;
+    let mut sup = SupervisorProc::start(&task, &conductor, 2, &[("PERAGO_STALL_TIMEOUT", "10")]);
+    let root = sup.workspace_root();
+    // One executor busy with the hanging attempt, one idle.
+    conductor.start_workflow(&task, json!({})).await;
+    busy_executor(&root).await;
+    let broker = child_named(sup.pid(), "perago-conductor-broker").expect("broker running");
+    signal_pid(broker.pid, "STOP");
+    let stopped_at = Instant::now();
+
+    // The liveness probe fails while the broker is stopped (before the supervisor acts).
+    let probe = perago_tests::Run::of(perago_tests::command(crate::harness::SUPERVISOR).args([
+        "status",
+        "--probe",
+        "live",
+        "--socket",
+        root.join("run/broker.sock").to_str().unwrap(),
+    ]));
+    assert_ne!(probe.code, Some(0), "{probe:?}");
+
+    let status = sup.wait_exit(Duration::from_secs(30)).await;
+    let took = stopped_at.elapsed();
+    assert_eq!(status.code(), Some(1), "{}", sup.log_text());
+    assert!(
+        took < patience(Duration::from_secs(10 + 10)),
+        "exited {took:?} after the stop"
+    );
+    let log = sup.log_text();
+    assert!(
+        log.contains("the broker did not answer for 10s (PERAGO_STALL_TIMEOUT=10s); killed"),
+        "{log}"
+    );
+    assert!(!alive(broker.pid));
+    let deadline = Instant::now() + patience(Duration::from_secs(10));
+    loop {
+        let left = runtime_processes(&root);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "processes of the runtime left after its exit: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
