@@ -194,3 +194,37 @@ async fn a_stopped_broker_is_killed_and_the_runtime_exits_one_leaving_nothing() 
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A stall timeout that could not work is a `start` error naming the variable, before
+/// anything starts.
+#[test]
+fn start_refuses_a_stall_timeout_that_cannot_work() {
+    let task = long_task("stall.config");
+    let state = tempfile::tempdir().unwrap();
+    for (value, problem) in [
+        ("1s", "must be at least 2s (pings go every third of it)"),
+        (
+            "0",
+            "must be greater than zero; expected a duration such as 30s, or off",
+        ),
+        (
+            "soon",
+            "expected a number followed by ms, s, m or h; expected a duration such as 30s, or off",
+        ),
+    ] {
+        let out = perago_tests::Run::of(
+            perago_tests::command(crate::harness::SUPERVISOR)
+                .args(["start", task.manifest().to_str().unwrap()])
+                .env("CONDUCTOR_SERVER_URL", "http://127.0.0.1:9/api")
+                .env("PERAGO_STALL_TIMEOUT", value)
+                .env("XDG_STATE_HOME", state.path()),
+        );
+        out.expect_code(1);
+        assert_eq!(
+            out.stderr,
+            format!("error: PERAGO_STALL_TIMEOUT {value:?}: {problem}\n"),
+            "{out}"
+        );
+    }
+    assert_eq!(fs::read_dir(state.path()).unwrap().count(), 0);
+}
