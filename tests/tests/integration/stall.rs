@@ -228,3 +228,70 @@ fn start_refuses_a_stall_timeout_that_cannot_work() {
     }
     assert_eq!(fs::read_dir(state.path()).unwrap().count(), 0);
 }
+
+/// Under load, with a short stall timeout (3 s): busy executors stopped one after the other are
+/// each killed and their tasks retried, every workflow COMPLETES, and no executor that kept
+/// answering is ever taken for stalled (exactly one kill per stop).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_load_only_the_stopped_executors_are_killed_and_every_workflow_completes() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new(
+        "stall.load",
+        "read params\nsleep 0.3\necho '{\"ok\": true}'\n",
+        "",
+    );
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(&task, &conductor, 3, &[("PERAGO_STALL_TIMEOUT", "3")]);
+    let root = sup.workspace_root();
+    let mut ids = Vec::new();
+    for n in 0..60 {
+        ids.push(conductor.start_workflow(&task, json!({ "n": n })).await);
+    }
+    let mut stopped = Vec::new();
+    for round in 1..=2 {
+        let victim = busy_executor(&root).await;
+        signal_pid(victim, "STOP");
+        stopped.push(victim);
+        eventually(
+            &format!("stopped executor {victim} to be killed"),
+            Duration::from_secs(10),
+            || async { (!alive(victim)).then_some(()) },
+        )
+        .await;
+        // The stopped ones, and only they, were killed.
+        let log = sup.log_text();
+        assert_eq!(
+            log.matches("SIGKILLed a stalled executor").count(),
+            round,
+            "{log}"
+        );
+    }
+    let mut failed = 0;
+    for id in &ids {
+        let wf = conductor.wait_terminal(id, Duration::from_secs(60)).await;
+        assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+        for attempt in tasks(&wf).iter().filter(|t| t["status"] == "FAILED") {
+            let reason = attempt["reasonForIncompletion"]
+                .as_str()
+                .unwrap_or_default();
+            assert!(
+                stopped
+                    .iter()
+                    .any(|pid| reason.contains(&format!("(pid {pid}, generation "))
+                        && reason
+                            .contains("did not answer for 3s (PERAGO_STALL_TIMEOUT=3s); killed")),
+                "{reason}"
+            );
+            failed += 1;
+        }
+    }
+    // One failed attempt per stop (none if the stop caught an executor whose completion was
+    // already on its way).
+    assert!(failed <= stopped.len(), "{failed} failed attempts");
+    let log = sup.log_text();
+    assert_eq!(
+        log.matches("SIGKILLed a stalled executor").count(),
+        2,
+        "{log}"
+    );
+}
