@@ -1,8 +1,8 @@
 //! Liveness on the slot stream (`PERAGO_STALL_TIMEOUT`): how long a runtime process may stay
 //! silent before its peer treats it as hung. The broker pings every attached executor every
 //! third of the timeout and kills one it has heard nothing from for the whole timeout; an
-//! executor that hears nothing from the broker for as long treats it as gone; the supervisor
-//! kills a broker whose `Admin.Status` has not answered for as long. A stopped process
+//! executor that hears nothing from the broker for as long and one ping period more treats it
+//! as gone; the supervisor kills a broker whose `Admin.Status` has not answered for as long. A stopped process
 //! (SIGSTOP, a debugger, a wedged kernel call) keeps its sockets open, so without this nobody
 //! would notice it: a busy executor's lease would be extended until `timeoutSeconds`.
 

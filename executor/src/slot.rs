@@ -207,7 +207,10 @@ fn message(m: ToBroker) -> proto::ExecutorMessage {
 pub const BROKER_GONE_GRACE: Duration = Duration::from_secs(2);
 
 /// The slot stream's liveness, executor side: answers the broker's pings and notices a broker
-/// that sends nothing for the stall timeout it announced in `Welcome` (0: off).
+/// that sends nothing for the stall timeout it announced in `Welcome` plus one ping period
+/// (three pings missed in a row; 0: off). The extra period lets the supervisor, which polls
+/// the broker every second and can end the runtime cleanly, act first on a stopped broker;
+/// the executors' own check is the fallback for when nobody else acts.
 struct Liveness {
     silence: Option<Duration>,
     last_heard: tokio::time::Instant,
@@ -216,7 +219,10 @@ struct Liveness {
 impl Liveness {
     fn new(stall_timeout_ms: u64) -> Self {
         Self {
-            silence: (stall_timeout_ms > 0).then(|| Duration::from_millis(stall_timeout_ms)),
+            silence: (stall_timeout_ms > 0).then(|| {
+                let timeout = Duration::from_millis(stall_timeout_ms);
+                timeout + perago_core::liveness::ping_interval(timeout)
+            }),
             last_heard: tokio::time::Instant::now(),
         }
     }
@@ -507,7 +513,7 @@ mod tests {
     use super::*;
 
     /// Pings are answered with their sequence; the broker is silent only after the whole
-    /// timeout without any message, counted from the last one; 0 is off.
+    /// timeout and one ping period without any message, counted from the last one; 0 is off.
     #[tokio::test(start_paused = true)]
     async fn pings_are_answered_and_silence_is_the_whole_timeout() {
         let (tx, mut rx) = mpsc::channel(8);
@@ -521,9 +527,10 @@ mod tests {
         tokio::time::advance(Duration::from_secs(5)).await;
         liveness.heard(&FromBroker::Stop(proto::Stop::default()), &tx);
         assert!(rx.try_recv().is_err(), "only pings are answered");
+        // The timeout and one ping period: three pings missed.
         let started = tokio::time::Instant::now();
-        assert_eq!(liveness.silent().await, Duration::from_secs(6));
-        assert_eq!(started.elapsed(), Duration::from_secs(6));
+        assert_eq!(liveness.silent().await, Duration::from_secs(8));
+        assert_eq!(started.elapsed(), Duration::from_secs(8));
         let off = Liveness::new(0);
         let waited = tokio::time::timeout(Duration::from_secs(3600), off.silent()).await;
         assert!(waited.is_err(), "off: never silent");

@@ -1048,10 +1048,13 @@ pub(crate) async fn supervise(
     let mut status_at = Instant::now();
     // Broker liveness: its status must keep coming (every STATUS_INTERVAL) while it is not
     // draining; silent for PERAGO_STALL_TIMEOUT, it is stopped or wedged, and killed.
-    let mut stall_check = tokio::time::interval(sup.spec.stall_timeout.map_or(
-        Duration::from_secs(3600),
-        perago_core::liveness::ping_interval,
-    ));
+    let mut stall_check = tokio::time::interval(
+        sup.spec
+            .stall_timeout
+            .map_or(Duration::from_secs(3600), |t| {
+                perago_core::liveness::ping_interval(t).min(STATUS_INTERVAL)
+            }),
+    );
     loop {
         if sup.broker.is_none() && sup.alive_executors() == 0 {
             break;
