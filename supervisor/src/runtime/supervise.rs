@@ -740,7 +740,8 @@ impl Supervisor {
 }
 
 /// Reads the broker's status every [`STATUS_INTERVAL`] on its own task (a wedged broker must
-/// not stall the dispatcher) and publishes the latest, until it says the broker is draining.
+/// not stall the dispatcher) and publishes the latest, for as long as the dispatcher listens:
+/// through a drain too, where its freshness is the broker's liveness (`PERAGO_STALL_TIMEOUT`).
 fn watch_status(
     admin: Option<AdminClient<Channel>>,
 ) -> tokio::sync::watch::Receiver<Option<admin::StatusResponse>> {
@@ -752,12 +753,10 @@ fn watch_status(
                 let status =
                     tokio::time::timeout(STATUS_INTERVAL, admin.status(admin::StatusRequest {}))
                         .await;
-                if let Ok(Ok(status)) = status {
-                    let status = status.into_inner();
-                    let draining = status.draining;
-                    if tx.send(Some(status)).is_err() || draining {
-                        return;
-                    }
+                if let Ok(Ok(status)) = status
+                    && tx.send(Some(status.into_inner())).is_err()
+                {
+                    return;
                 }
             }
         });
@@ -1046,8 +1045,8 @@ pub(crate) async fn supervise(
         .unwrap_or(Duration::from_secs(3600));
     let mut watchdog = tokio::time::interval(watchdog_every);
     let mut status_at = Instant::now();
-    // Broker liveness: its status must keep coming (every STATUS_INTERVAL) while it is not
-    // draining; silent for PERAGO_STALL_TIMEOUT, it is stopped or wedged, and killed.
+    // Broker liveness: its status must keep coming (every STATUS_INTERVAL, through a drain
+    // too); silent for PERAGO_STALL_TIMEOUT, it is stopped or wedged, and killed.
     let mut stall_check = tokio::time::interval(
         sup.spec
             .stall_timeout
@@ -1072,8 +1071,11 @@ pub(crate) async fn supervise(
                 let seen = status_seen.borrow_and_update().clone();
                 status_at = Instant::now();
                 if let Some(seen) = seen {
+                    // A drain's STATUS= (STOPPING=1) stays: the status keeps coming through a
+                    // drain only for the broker's liveness.
                     if let Some(notifier) = &mut sup.notifier
                         && notifier.is_ready()
+                        && !sup.draining
                     {
                         notifier.status(notify::status_text(&seen));
                     }
@@ -1105,7 +1107,7 @@ pub(crate) async fn supervise(
                     notifier.ping();
                 }
             }
-            _ = stall_check.tick(), if sup.spec.stall_timeout.is_some() && !sup.draining && sup.broker_stalled.is_none() => {
+            _ = stall_check.tick(), if sup.spec.stall_timeout.is_some() && sup.broker.is_some() && sup.broker_stalled.is_none() => {
                 let timeout = sup.spec.stall_timeout.expect("guarded");
                 if status_at.elapsed() >= timeout {
                     sup.broker_is_stalled(timeout);

@@ -295,3 +295,50 @@ async fn under_load_only_the_stopped_executors_are_killed_and_every_workflow_com
         "{log}"
     );
 }
+
+/// A broker stopped during a drain (a busy executor finishing its assignment, no shutdown
+/// deadline set) is noticed too: without liveness the runtime would wait for it forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_stopped_during_a_drain_is_killed_and_the_runtime_exits_one() {
+    let conductor = Conductor::start().await;
+    let task = long_task("stall.drain");
+    conductor.register(&task).await;
+    let mut sup = SupervisorProc::start(&task, &conductor, 1, &[("PERAGO_STALL_TIMEOUT", "4")]);
+    let root = sup.workspace_root();
+    conductor.start_workflow(&task, json!({})).await;
+    busy_executor(&root).await;
+    sup.signal("TERM");
+    eventually(
+        "the broker to be draining",
+        Duration::from_secs(10),
+        || async { (status_json(&root)["draining"] == json!(true)).then_some(()) },
+    )
+    .await;
+    let broker = child_named(sup.pid(), "perago-conductor-broker").expect("broker running");
+    signal_pid(broker.pid, "STOP");
+    let stopped_at = Instant::now();
+    let status = sup.wait_exit(Duration::from_secs(30)).await;
+    let took = stopped_at.elapsed();
+    assert_eq!(status.code(), Some(1), "{}", sup.log_text());
+    assert!(
+        took < patience(Duration::from_secs(4 + 10)),
+        "exited {took:?} after the stop"
+    );
+    let log = sup.log_text();
+    assert!(
+        log.contains("the broker did not answer for 4s (PERAGO_STALL_TIMEOUT=4s); killed"),
+        "{log}"
+    );
+    let deadline = Instant::now() + patience(Duration::from_secs(10));
+    loop {
+        let left = runtime_processes(&root);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "processes of the runtime left after its exit: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
