@@ -33,6 +33,9 @@ pub(crate) enum Event {
         hello: proto::Hello,
         tx: SlotSender,
         reply: oneshot::Sender<Result<(u32, u64), Status>>,
+        /// A handle on the process that opened the stream, when it is the one the hello names
+        /// (to kill it if it stalls; `None` in thread mode).
+        process: Option<perago_core::process::pidfd::ProcessHandle>,
     },
     /// A message of an attached executor, or the end of its stream.
     Slot(Input),
@@ -82,6 +85,10 @@ pub(crate) struct Actor {
     queue: Option<(ConductorClient, String)>,
     /// The gRPC health service, told NOT_SERVING once a drain starts (`None` when not served).
     health: Option<tonic_health::server::HealthReporter>,
+    /// Per slot: the attached generation's process handle, to kill it if it stalls.
+    processes: HashMap<u32, (u64, perago_core::process::pidfd::ProcessHandle)>,
+    /// The liveness clock's period (`PERAGO_STALL_TIMEOUT` / 3), when liveness is on.
+    ping_every: Option<Duration>,
 }
 
 impl Actor {
@@ -103,7 +110,17 @@ impl Actor {
             drained: Some(drained),
             queue: None,
             health: None,
+            processes: HashMap::new(),
+            ping_every: None,
         }
+    }
+
+    /// Turns liveness on: the machine judges and pings at every tick, every third of
+    /// `timeout`.
+    pub(crate) fn with_stall_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.machine = self.machine.with_stall_timeout(timeout);
+        self.ping_every = timeout.map(perago_core::liveness::ping_interval);
+        self
     }
 
     /// Reports NOT_SERVING on `reporter` once a drain starts.
@@ -120,6 +137,9 @@ impl Actor {
 
     /// Runs until every event sender is gone.
     pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<Event>) {
+        if let Some(every) = self.ping_every {
+            tokio::spawn(tick(every, self.events.downgrade()));
+        }
         while let Some(event) = rx.recv().await {
             self.on_event(event);
         }
@@ -144,7 +164,12 @@ impl Actor {
 
     fn handle_event(&mut self, event: Event) {
         match event {
-            Event::Hello { hello, tx, reply } => {
+            Event::Hello {
+                hello,
+                tx,
+                reply,
+                process,
+            } => {
                 let out = self.machine.handle(Input::Hello(hello));
                 let Reply::Hello(answer) = out.reply else {
                     unreachable!("Hello is answered with Reply::Hello");
@@ -153,6 +178,14 @@ impl Actor {
                     && let Some(conn) = self.conn_mut(*slot)
                 {
                     *conn = Some((*generation, tx));
+                    match process {
+                        Some(process) => {
+                            self.processes.insert(*slot, (*generation, process));
+                        }
+                        None => {
+                            self.processes.remove(slot);
+                        }
+                    }
                 }
                 let _ = reply.send(answer);
                 self.perform(out.effects);
@@ -386,6 +419,34 @@ impl Actor {
                     });
                 }
             }
+            Effect::KillExecutor {
+                slot,
+                generation,
+                why,
+            } => match self.processes.remove(&slot) {
+                Some((g, process)) if g == generation => {
+                    match process.signal(perago_core::process::SIGKILL) {
+                        Ok(()) => tracing::warn!(
+                            slot,
+                            generation,
+                            pid = process.pid(),
+                            "SIGKILLed a stalled executor: {why}"
+                        ),
+                        Err(e) => {
+                            tracing::error!(slot, generation, pid = process.pid(), error = %e, "cannot SIGKILL a stalled executor: {why}")
+                        }
+                    }
+                }
+                _ => {
+                    // Thread mode, or a kernel without pidfds: its stream is dropped, which
+                    // ends an executor that still runs; one that is stopped stays so.
+                    tracing::error!(
+                        slot,
+                        generation,
+                        "no process handle to kill a stalled executor with; its stream is dropped instead: {why}"
+                    );
+                }
+            },
             Effect::ReadQueueDepth { after } => {
                 if let Some((client, task_type)) = self.queue.clone() {
                     let events = self.events.clone();
@@ -407,6 +468,23 @@ impl Actor {
             }
         }
         None
+    }
+}
+
+/// The liveness clock: an [`Input::Tick`] every `every` while the actor lives.
+async fn tick(every: Duration, events: mpsc::WeakSender<Event>) {
+    let mut interval = tokio::time::interval(every);
+    // A late tick is one tick, not a burst: the machine sees how late it is.
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        let Some(events) = events.upgrade() else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        if events.send(Event::Slot(Input::Tick { now })).await.is_err() {
+            return;
+        }
     }
 }
 

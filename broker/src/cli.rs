@@ -54,6 +54,9 @@ pub enum ConfigError {
         /// The value as given.
         value: String,
     },
+    /// `PERAGO_STALL_TIMEOUT` is not a duration or `off`.
+    #[error(transparent)]
+    StallTimeout(#[from] perago_core::liveness::StallTimeoutError),
 }
 
 /// The broker's configuration from `lookup` (the process environment for the binary; the
@@ -94,6 +97,9 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
                 .map_err(|_| ConfigError::MetricsAddr { value: a.clone() })?,
         ),
     };
+    let stall_timeout = perago_core::liveness::stall_timeout(
+        lookup(perago_core::liveness::PERAGO_STALL_TIMEOUT).as_deref(),
+    )?;
     Ok(BrokerConfig {
         task_name,
         prefix,
@@ -104,6 +110,7 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
         control_pid,
         poll_wait,
         metrics_addr,
+        stall_timeout,
     })
 }
 
@@ -243,5 +250,17 @@ mod tests {
             config(&[(perago_core::capacity::PERAGO_POISON_AFTER, "x")]),
             Err(ConfigError::Capacity(_))
         ));
+        let stall = config(&[(perago_core::liveness::PERAGO_STALL_TIMEOUT, "1")]).unwrap_err();
+        assert!(matches!(stall, ConfigError::StallTimeout(_)), "{stall}");
+        assert_eq!(
+            config(&[]).unwrap().stall_timeout,
+            Some(perago_core::liveness::DEFAULT_STALL_TIMEOUT)
+        );
+        assert_eq!(
+            config(&[(perago_core::liveness::PERAGO_STALL_TIMEOUT, "off")])
+                .unwrap()
+                .stall_timeout,
+            None
+        );
     }
 }

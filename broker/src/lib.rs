@@ -49,6 +49,8 @@ pub struct BrokerConfig {
     pub poll_wait: Duration,
     /// Where to serve Prometheus metrics (`PERAGO_METRICS_ADDR`); off when `None`.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// `PERAGO_STALL_TIMEOUT`: an executor not heard from this long is killed (`None`: off).
+    pub stall_timeout: Option<Duration>,
 }
 
 /// Why the broker stopped.
@@ -141,7 +143,8 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         drained_tx,
     )
     .with_queue_depth(config.conductor.clone(), config.task_name.clone())
-    .with_health(health_reporter.clone());
+    .with_health(health_reporter.clone())
+    .with_stall_timeout(config.stall_timeout);
     let actor = tokio::spawn(actor.run(rx));
     if config.capacity.min_free_memory.is_some() {
         // Measured once before the poller asks for its first grant, so a runtime started

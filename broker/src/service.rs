@@ -50,6 +50,10 @@ impl Slot for SlotService {
         &self,
         request: Request<Streaming<proto::ExecutorMessage>>,
     ) -> Result<Response<Self::AttachStream>, Status> {
+        let peer_pid = request
+            .extensions()
+            .get::<incoming::ConnInfo>()
+            .and_then(incoming::ConnInfo::peer_pid);
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(HELLO_DEADLINE, inbound.next())
             .await
@@ -62,9 +66,21 @@ impl Slot for SlotService {
             Some(Err(status)) => return Err(status),
             None => return Err(Status::cancelled("stream closed before hello")),
         };
+        // A handle on the process that connected, taken now (it is sending on this stream)
+        // and only when it is the process the hello names: a stalled executor is killed
+        // through it, never through a pid that may have been reused since.
+        let process = peer_pid
+            .and_then(|pid| u32::try_from(pid).ok())
+            .filter(|pid| *pid == hello.pid)
+            .and_then(|pid| perago_core::process::pidfd::ProcessHandle::open(pid).ok());
         let (tx, rx) = mpsc::channel(16);
-        let (slot, generation) =
-            ask(&self.events, |reply| Event::Hello { hello, tx, reply }).await??;
+        let (slot, generation) = ask(&self.events, |reply| Event::Hello {
+            hello,
+            tx,
+            reply,
+            process,
+        })
+        .await??;
 
         // Read the executor's side in a task of its own, so a dropped peer shows up at once.
         let events = self.events.clone();
@@ -85,6 +101,9 @@ impl Slot for SlotService {
                         generation,
                         progress,
                     }),
+                    Ok(proto::ExecutorMessage {
+                        message: Some(Inbound::Pong(_)),
+                    }) => Event::Slot(Input::Pong { slot, generation }),
                     Ok(_) => {
                         tracing::warn!(
                             slot,

@@ -109,6 +109,12 @@ pub(crate) enum Input {
         execution_id: String,
         counted: Option<u32>,
     },
+    /// The liveness clock (every third of `PERAGO_STALL_TIMEOUT`): ping every attached
+    /// executor, and kill one not heard from for the whole timeout (see `tick`).
+    Tick { now: Instant },
+    /// An executor answered a ping (any message counts as a sign of life; this one says
+    /// nothing else).
+    Pong { slot: u32, generation: u64 },
 }
 
 /// The machine's answer to the caller of an input that asks a question.
@@ -182,6 +188,14 @@ pub(crate) enum Effect {
     /// workflow task (walking back `retriedTaskId`), and feed back [`Input::CrashHistory`].
     /// The crash's result waits (parked, its lease extended) until then.
     ReadCrashHistory(Box<HistoryRead>),
+    /// SIGKILL the executor process of this generation (through the handle taken when it
+    /// attached; never by a bare pid, which may have been reused): it stalled. `why` is for
+    /// the log.
+    KillExecutor {
+        slot: u32,
+        generation: u64,
+        why: String,
+    },
 }
 
 /// Where to start reading a workflow task's crash history, and what each earlier attempt
@@ -263,6 +277,13 @@ struct Slot {
     wanted: bool,
     /// Since when the slot has been seen free (at a queue-depth read) without taking a task.
     idle_since: Option<Instant>,
+    /// Liveness: a message of the attached generation arrived since the last tick.
+    heard: bool,
+    /// Liveness: the tick at which the attached generation was last heard from.
+    last_heard: Option<Instant>,
+    /// This generation stopped answering and was killed by the broker (`PERAGO_STALL_TIMEOUT`):
+    /// its death is the runtime's doing, never its task's (poison detection must not count it).
+    stalled: bool,
 }
 
 impl Slot {
@@ -340,6 +361,12 @@ pub(crate) struct Machine {
     started_at: SystemTime,
     drained: bool,
     effects: Vec<Effect>,
+    /// `PERAGO_STALL_TIMEOUT` (`None`: liveness off).
+    stall_timeout: Option<Duration>,
+    /// The last ping's sequence number.
+    ping_sequence: u64,
+    /// When the last liveness tick came (a late one means the broker itself was not running).
+    last_tick: Option<Instant>,
 }
 
 fn unix_ms(t: SystemTime) -> i64 {
@@ -397,6 +424,9 @@ impl Machine {
                 exited: false,
                 wanted: n <= capacity.min_executors,
                 idle_since: None,
+                heard: false,
+                last_heard: None,
+                stalled: false,
             })
             .collect();
         Self {
@@ -428,7 +458,16 @@ impl Machine {
             started_at,
             drained: false,
             effects: Vec::new(),
+            stall_timeout: None,
+            ping_sequence: 0,
+            last_tick: None,
         }
+    }
+
+    /// Turns liveness on (`PERAGO_STALL_TIMEOUT`): [`Input::Tick`] pings and judges.
+    pub(crate) fn with_stall_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.stall_timeout = timeout;
+        self
     }
 
     /// The broker's own worker id (polls, hand-backs).
@@ -478,6 +517,7 @@ impl Machine {
 
     /// One transition: the answer to `input` and the effects to perform, in order.
     pub(crate) fn handle(&mut self, input: Input) -> Output {
+        self.note_heard(&input);
         let reply = self.step(input);
         self.run_held();
         self.settle_drain();
@@ -588,6 +628,9 @@ impl Machine {
                 execution_id,
                 counted,
             } => self.crash_history_read(&execution_id, counted),
+            Input::Tick { now } => self.tick(now),
+            // Heard (see `note_heard`): nothing more to do.
+            Input::Pong { .. } => {}
         }
         Reply::None
     }
@@ -616,6 +659,9 @@ impl Machine {
             .credentials
             .ok_or_else(|| Status::unauthenticated("hello without credentials"))?;
         let broker_id = self.broker_id.clone();
+        let stall_timeout_ms = self
+            .stall_timeout
+            .map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
         let Some(slot) = self.slot_mut(creds.slot) else {
             return Err(Status::unauthenticated(format!(
                 "unknown slot {}",
@@ -642,6 +688,12 @@ impl Machine {
             );
             return Err(Status::unauthenticated("wrong slot token"));
         }
+        if slot.stalled {
+            return Err(Status::unauthenticated(format!(
+                "generation {} of slot {} was killed for not answering",
+                creds.generation, creds.slot
+            )));
+        }
         if slot.attached {
             return Err(Status::already_exists(format!(
                 "generation {} of slot {} is already attached",
@@ -659,6 +711,7 @@ impl Machine {
                 protocol_version: proto::ProtocolVersion::ProtocolVersion1 as i32,
                 worker_id: slot.worker_id.clone(),
                 broker_worker_id: broker_id,
+                stall_timeout_ms,
             })),
         };
         slot.pid = hello.pid;
@@ -666,6 +719,9 @@ impl Machine {
         slot.attached = true;
         slot.work = Work::Idle;
         slot.exited = false;
+        // Heard: its first tick starts its liveness clock.
+        slot.heard = true;
+        slot.last_heard = None;
         tracing::info!(slot = slot.number, generation = slot.generation, worker_id = %slot.worker_id, pid = hello.pid, "executor attached");
         let stopping = slot.stopping;
         self.send(creds.slot, creds.generation, welcome);
@@ -727,6 +783,7 @@ impl Machine {
         slot.exited = false;
         slot.attached = false;
         slot.work = Work::Idle;
+        slot.stalled = false;
         Ok(())
     }
 
@@ -946,6 +1003,123 @@ impl Machine {
         self.counters.tasks_poisoned.inc();
         let result = RuntimeResult::failed_terminal(worker_id, Reason::new(reason));
         self.report(None, run, result, false);
+    }
+
+    /// Any message of the attached generation is a sign of life (a completion, a progress
+    /// report, a pong).
+    fn note_heard(&mut self, input: &Input) {
+        let (slot, generation) = match input {
+            Input::Completion {
+                slot, generation, ..
+            }
+            | Input::Progress {
+                slot, generation, ..
+            }
+            | Input::Pong { slot, generation } => (*slot, *generation),
+            _ => return,
+        };
+        if let Some(s) = self.slot_mut(slot)
+            && s.attached
+            && s.generation == generation
+        {
+            s.heard = true;
+        }
+    }
+
+    /// The liveness clock: every attached executor heard from since the last tick is alive
+    /// as of `now`; one not heard from for `PERAGO_STALL_TIMEOUT` is stalled (killed, its
+    /// assignment failed); the others are pinged. A tick that comes far later than the last
+    /// one means the broker itself was not running (stopped, starved): nobody is judged on
+    /// the silence that caused, every clock starts over.
+    fn tick(&mut self, now: Instant) {
+        let Some(timeout) = self.stall_timeout else {
+            return;
+        };
+        let interval = perago_core::liveness::ping_interval(timeout);
+        let late = self
+            .last_tick
+            .is_some_and(|last| now.saturating_duration_since(last) > interval * 2);
+        self.last_tick = Some(now);
+        for index in 0..self.slots.len() {
+            let slot = &mut self.slots[index];
+            if !slot.attached {
+                continue;
+            }
+            let heard = std::mem::take(&mut slot.heard);
+            match slot.last_heard {
+                Some(since) if !heard && !late => {
+                    if now.saturating_duration_since(since) >= timeout {
+                        self.stalled(index, timeout);
+                        continue;
+                    }
+                }
+                _ => slot.last_heard = Some(now),
+            }
+            let (number, generation) = (slot.number, slot.generation);
+            self.ping_sequence += 1;
+            let ping = proto::BrokerMessage {
+                message: Some(proto::broker_message::Message::Ping(proto::Ping {
+                    sequence: self.ping_sequence,
+                })),
+            };
+            self.send(number, generation, ping);
+        }
+    }
+
+    /// The attached executor of slot `index` has not been heard from for `timeout`: it is
+    /// killed and detached, and its assignment (if any) failed with FAILED, a reason that says
+    /// so, and no poison count (the runtime killed it; its task did nothing). Its later stream
+    /// end and exit report find nothing left to do; the supervisor restarts the slot as after
+    /// any exit.
+    fn stalled(&mut self, index: usize, timeout: Duration) {
+        let draining = self.draining;
+        let slot = &mut self.slots[index];
+        let (number, generation, pid) = (slot.number, slot.generation, slot.pid);
+        let worker_id = slot.worker_id.clone();
+        let quiet_exit = draining || slot.recycled || !slot.wanted;
+        slot.attached = false;
+        slot.stalled = true;
+        slot.heard = false;
+        slot.last_heard = None;
+        let work = std::mem::replace(&mut slot.work, Work::Idle);
+        let t = perago_core::liveness::describe(timeout);
+        let what = format!(
+            "executor {worker_id} (pid {pid}, generation {generation}) did not answer for {t} ({}={t}); killed",
+            perago_core::liveness::PERAGO_STALL_TIMEOUT
+        );
+        tracing::error!(slot = number, generation, worker_id = %worker_id, pid, "{what}");
+        self.effects.push(Effect::KillExecutor {
+            slot: number,
+            generation,
+            why: what.clone(),
+        });
+        self.effects.push(Effect::Detach { slot: number });
+        if !quiet_exit {
+            self.counters.executor_exits.inc();
+        }
+        if let Work::Busy(run) = work {
+            let reason = format!("{what} while running execution {}", run.execution_id);
+            tracing::warn!("{reason}");
+            let result = RuntimeResult::failed(worker_id, Reason::new(reason));
+            self.report(None, *run, result, false);
+        }
+    }
+
+    /// Whether the current generation of slot `number` was killed for stalling (its death is
+    /// the runtime's doing).
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "read by poison detection and tests")
+    )]
+    pub(crate) fn stalled_generation(&self, number: u32, generation: u64) -> bool {
+        let Some(slot) = usize::try_from(number)
+            .ok()
+            .and_then(|n| n.checked_sub(1))
+            .and_then(|i| self.slots.get(i))
+        else {
+            return false;
+        };
+        slot.generation == generation && slot.stalled
     }
 
     fn fence_target(

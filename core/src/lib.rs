@@ -16,6 +16,7 @@ pub mod files;
 pub mod http;
 pub mod identity;
 pub mod json;
+pub mod liveness;
 pub mod logging;
 pub mod manifest;
 pub mod memory;

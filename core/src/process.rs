@@ -28,6 +28,7 @@
 use std::{io, os::fd::RawFd};
 
 pub mod dirfd;
+pub mod pidfd;
 pub mod secrets;
 mod spawn;
 pub use spawn::{Child, Environment, Spawn};

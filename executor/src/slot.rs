@@ -5,6 +5,8 @@
 //! connect (retrying briefly) → Attach: Hello → Welcome
 //!   ← Assignment → Progress… → run → Completion →
 //!   ← Stop: exit once idle (0)        stream ends: the broker is gone (exit 1)
+//!   ← Ping → Pong, at once, idle or busy (any time)
+//!   nothing from the broker for Welcome.stall_timeout_ms: the broker is gone (exit 1)
 //! ```
 //!
 //! SIGTERM/SIGINT only set a flag: an assignment in progress always finishes and its
@@ -123,6 +125,17 @@ pub enum SlotError {
     /// The broker closed the stream without a stop.
     #[error("the broker closed the slot stream")]
     BrokerGone,
+    /// The broker sent nothing (not even a ping) for the stall timeout it announced: it is
+    /// stopped or wedged, and treated as gone.
+    #[error(
+        "the broker sent nothing for {} ({}): treating it as gone",
+        perago_core::liveness::describe(*timeout),
+        perago_core::liveness::PERAGO_STALL_TIMEOUT
+    )]
+    BrokerSilent {
+        /// The stall timeout from `Welcome`.
+        timeout: Duration,
+    },
 }
 
 /// A channel to the broker over its Unix socket.
@@ -193,32 +206,90 @@ fn message(m: ToBroker) -> proto::ExecutorMessage {
 /// its result can no longer be reported, so the executor does not wait for it.
 pub const BROKER_GONE_GRACE: Duration = Duration::from_secs(2);
 
+/// The slot stream's liveness, executor side: answers the broker's pings and notices a broker
+/// that sends nothing for the stall timeout it announced in `Welcome` plus one ping period
+/// (three pings missed in a row; 0: off). The extra period lets the supervisor, which polls
+/// the broker every second and can end the runtime cleanly, act first on a stopped broker;
+/// the executors' own check is the fallback for when nobody else acts.
+struct Liveness {
+    silence: Option<Duration>,
+    last_heard: tokio::time::Instant,
+}
+
+impl Liveness {
+    fn new(stall_timeout_ms: u64) -> Self {
+        Self {
+            silence: (stall_timeout_ms > 0).then(|| {
+                let timeout = Duration::from_millis(stall_timeout_ms);
+                timeout + perago_core::liveness::ping_interval(timeout)
+            }),
+            last_heard: tokio::time::Instant::now(),
+        }
+    }
+
+    /// A message came: the broker is alive. A ping is answered at once (never waiting for
+    /// room in the stream: a full stream carries messages that count as well).
+    fn heard(&mut self, message: &FromBroker, tx: &mpsc::Sender<proto::ExecutorMessage>) {
+        self.last_heard = tokio::time::Instant::now();
+        if let FromBroker::Ping(ping) = message {
+            let _ = tx.try_send(self::message(ToBroker::Pong(proto::Pong {
+                sequence: ping.sequence,
+            })));
+        }
+    }
+
+    /// Resolves once the broker has been silent for the whole timeout (never when off).
+    async fn silent(&self) -> Duration {
+        match self.silence {
+            Some(silence) => {
+                tokio::time::sleep_until(self.last_heard + silence).await;
+                silence
+            }
+            None => std::future::pending().await,
+        }
+    }
+}
+
 /// Runs one assignment while watching the slot stream. A `Stop` that arrives meanwhile is
-/// queued in `pending` for after it (like any other message); if the stream ends (the broker died) the assignment is abandoned:
-/// every body process gets SIGTERM, then SIGKILL after [`BROKER_GONE_GRACE`], and `None`
-/// is returned.
+/// queued in `pending` for after it (like any other message), a ping is answered at once; if
+/// the stream ends (the broker died) or the broker stays silent for the stall timeout, the
+/// assignment is abandoned: every body process gets SIGTERM, then SIGKILL after
+/// [`BROKER_GONE_GRACE`], and the error is returned.
 async fn run_watching_broker(
     work: impl Future<Output = RuntimeResult>,
     inbound: &mut tonic::Streaming<proto::BrokerMessage>,
     pending: &mut std::collections::VecDeque<FromBroker>,
-) -> Option<RuntimeResult> {
+    liveness: &mut Liveness,
+    tx: &mpsc::Sender<proto::ExecutorMessage>,
+) -> Result<RuntimeResult, SlotError> {
+    let error;
     {
         let mut work = std::pin::pin!(work);
         loop {
             tokio::select! {
-                result = &mut work => return Some(result),
+                result = &mut work => return Ok(result),
                 next = inbound.message() => match next {
                     Ok(Some(proto::BrokerMessage { message: Some(message) })) => {
-                        pending.push_back(message);
+                        liveness.heard(&message, tx);
+                        if !matches!(message, FromBroker::Ping(_)) {
+                            pending.push_back(message);
+                        }
                     }
                     Ok(Some(proto::BrokerMessage { message: None })) => {}
-                    Ok(None) | Err(_) => break,
+                    Ok(None) | Err(_) => {
+                        error = SlotError::BrokerGone;
+                        break;
+                    }
                 },
+                timeout = liveness.silent() => {
+                    error = SlotError::BrokerSilent { timeout };
+                    break;
+                }
             }
         }
         tracing::error!(
             grace_s = BROKER_GONE_GRACE.as_secs(),
-            "the broker is gone while an assignment runs: its result cannot be reported; stopping the body (SIGTERM, then SIGKILL)"
+            "the broker is gone while an assignment runs ({error}): its result cannot be reported; stopping the body (SIGTERM, then SIGKILL)"
         );
         perago_core::process::signal_managed(perago_core::process::SIGTERM);
         if tokio::time::timeout(BROKER_GONE_GRACE, &mut work)
@@ -229,7 +300,7 @@ async fn run_watching_broker(
         }
     }
     perago_core::process::kill_adopted();
-    None
+    Err(error)
 }
 
 /// Attaches and serves assignments until `Stop` (returns `Ok`) or the broker goes away.
@@ -260,14 +331,15 @@ pub async fn serve(
     .await
     .map_err(|_| SlotError::BrokerGone)?;
     let mut inbound = client.attach(ReceiverStream::new(rx)).await?.into_inner();
-    match inbound.message().await? {
+    let mut liveness = match inbound.message().await? {
         Some(proto::BrokerMessage {
             message: Some(FromBroker::Welcome(welcome)),
         }) => {
-            tracing::info!(worker_id = %welcome.worker_id, broker = %welcome.broker_worker_id, generation = identity.generation, "attached to the broker");
+            tracing::info!(worker_id = %welcome.worker_id, broker = %welcome.broker_worker_id, generation = identity.generation, stall_timeout_ms = welcome.stall_timeout_ms, "attached to the broker");
+            Liveness::new(welcome.stall_timeout_ms)
         }
         _ => return Err(SlotError::BrokerGone),
-    }
+    };
 
     // Messages that arrived while an assignment ran (a drain's Stop), handled after it.
     let mut pending = std::collections::VecDeque::new();
@@ -291,6 +363,10 @@ pub async fn serve(
                 let next = tokio::select! {
                     next = inbound.message() => next?,
                     Some(()) = signalled.recv() => continue,
+                    timeout = liveness.silent() => {
+                        tracing::error!("the broker sent nothing for {} while this executor was idle; exiting", perago_core::liveness::describe(timeout));
+                        return Err(SlotError::BrokerSilent { timeout });
+                    }
                 };
                 let Some(proto::BrokerMessage {
                     message: Some(next),
@@ -298,6 +374,7 @@ pub async fn serve(
                 else {
                     return Err(SlotError::BrokerGone);
                 };
+                liveness.heard(&next, &tx);
                 next
             }
         };
@@ -307,7 +384,7 @@ pub async fn serve(
                 close(tx, inbound).await?;
                 return Ok(served(&recycling));
             }
-            FromBroker::Welcome(_) => {}
+            FromBroker::Welcome(_) | FromBroker::Ping(_) => {}
             FromBroker::Assignment(assignment) => {
                 let execution_id = assignment.execution_id.clone();
                 // Every line logged about the assignment, the body's stderr included, carries
@@ -343,12 +420,15 @@ pub async fn serve(
                             progress: Some(&progress),
                         };
                         let work = runner.execute_with(&execution_id, &attempt, &io);
-                        let Some(result) = run_watching_broker(work, &mut inbound, &mut pending)
-                            .instrument(span.clone())
-                            .await
-                        else {
-                            return Err(SlotError::BrokerGone);
-                        };
+                        let result = run_watching_broker(
+                            work,
+                            &mut inbound,
+                            &mut pending,
+                            &mut liveness,
+                            &tx,
+                        )
+                        .instrument(span.clone())
+                        .await?;
                         span.in_scope(|| match result.outcome() {
                             perago_core::result::Outcome::Failed(reason)
                             | perago_core::result::Outcome::FailedTerminal(reason) => {
@@ -425,5 +505,34 @@ pub async fn serve(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pings are answered with their sequence; the broker is silent only after the whole
+    /// timeout and one ping period without any message, counted from the last one; 0 is off.
+    #[tokio::test(start_paused = true)]
+    async fn pings_are_answered_and_silence_is_the_whole_timeout() {
+        let (tx, mut rx) = mpsc::channel(8);
+        let mut liveness = Liveness::new(6000);
+        liveness.heard(&FromBroker::Ping(proto::Ping { sequence: 7 }), &tx);
+        let pong = rx.try_recv().unwrap();
+        assert_eq!(
+            pong.message,
+            Some(ToBroker::Pong(proto::Pong { sequence: 7 }))
+        );
+        tokio::time::advance(Duration::from_secs(5)).await;
+        liveness.heard(&FromBroker::Stop(proto::Stop::default()), &tx);
+        assert!(rx.try_recv().is_err(), "only pings are answered");
+        // The timeout and one ping period: three pings missed.
+        let started = tokio::time::Instant::now();
+        assert_eq!(liveness.silent().await, Duration::from_secs(8));
+        assert_eq!(started.elapsed(), Duration::from_secs(8));
+        let off = Liveness::new(0);
+        let waited = tokio::time::timeout(Duration::from_secs(3600), off.silent()).await;
+        assert!(waited.is_err(), "off: never silent");
     }
 }

@@ -9,7 +9,9 @@ const START_ENVIRONMENT: &str = "Environment (no flag):
   PERAGO_MIN_FREE_MEMORY=SIZE  poll for new tasks only while at least SIZE (e.g. 1GiB) of memory
                                is available (cgroup v2 limits when inside one, else MemAvailable)
   PERAGO_POISON_AFTER=K        fail a workflow task with FAILED_WITH_TERMINAL_ERROR once its
-                               attempts have killed their executor K times (default 3; 0 = off)";
+                               attempts have killed their executor K times (default 3; 0 = off)
+  PERAGO_STALL_TIMEOUT=DUR     kill an executor (its task FAILED, retried) or the broker (exit 1)
+                               that has not answered for DUR (default 30s; off = never)";
 
 /// Run Conductor task types, each with a broker and N executor processes.
 #[derive(Debug, Parser)]

@@ -155,6 +155,11 @@ struct DevTask {
 
 pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(), ExpectedError> {
     let workers = WorkerCount::new(args.jobs)?;
+    let stall_timeout = perago_core::liveness::stall_timeout(
+        vars.get(perago_core::liveness::PERAGO_STALL_TIMEOUT)
+            .map(String::as_str),
+    )
+    .map_err(|e| ExpectedError::Config(vec![e.to_string()]))?;
     let mode: ExecutionMode = args
         .execution_mode
         .map_or(ExecutionMode::Process, Into::into);
@@ -316,6 +321,7 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
                 lakefs: lakefs.as_ref().map(|(_, c)| c.clone()),
                 notify: None,
                 process_label: several.then(|| name.clone()),
+                stall_timeout,
             };
             runs.push((spec, launcher));
             locks.push(locked);

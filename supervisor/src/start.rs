@@ -395,6 +395,12 @@ pub(crate) fn start(
         add(e.to_string());
     }
     let [(_, gc_interval), (_, gc_ttl), (_, lock_wait)] = durations;
+    let stall_timeout = perago_core::liveness::stall_timeout(
+        vars.get(perago_core::liveness::PERAGO_STALL_TIMEOUT)
+            .map(String::as_str),
+    )
+    .map_err(|e| add(e.to_string()))
+    .unwrap_or_default();
     let conductor = ConductorClient::from_lookup(|name| vars.get(name).cloned())
         .map_err(|e| add(e.to_string()))
         .ok();
@@ -545,6 +551,7 @@ pub(crate) fn start(
                 lakefs: lakefs.clone(),
                 notify,
                 process_label: several.then(|| manifest.task.name.clone()),
+                stall_timeout,
             };
             lakefs_clients.push(lakefs);
             runs.push((spec, launcher));

@@ -101,6 +101,9 @@ pub(crate) struct RuntimeSpec {
     /// When the supervisor runs several task types: the task name, after an `@` in each
     /// child's argv[0] (`perago-executor-0001@orders.ship`), so `ps` tells them apart.
     pub(crate) process_label: Option<String>,
+    /// `PERAGO_STALL_TIMEOUT` (`None`: off): passed to every child; a broker whose
+    /// `Admin.Status` has not answered for this long is killed.
+    pub(crate) stall_timeout: Option<Duration>,
 }
 
 /// What every child gets: the runtime's description (each name is a constant of
@@ -124,6 +127,10 @@ fn base_env(spec: &RuntimeSpec) -> Vec<(String, String)> {
     .map(|(name, value)| (name.to_owned(), value))
     .collect::<Vec<_>>();
     vars.extend(spec.capacity.child_env());
+    vars.push((
+        perago_core::liveness::PERAGO_STALL_TIMEOUT.to_owned(),
+        perago_core::liveness::child_value(spec.stall_timeout),
+    ));
     vars.extend(spec.child_env.iter().cloned());
     vars
 }
@@ -343,6 +350,9 @@ struct Supervisor {
     force_killed: bool,
     /// systemd's notify socket, under a `Type=notify` unit.
     notifier: Option<NotifyHandle>,
+    /// The broker stopped answering for `PERAGO_STALL_TIMEOUT` and was killed: why, for the
+    /// error its exit ends the runtime with.
+    broker_stalled: Option<String>,
 }
 
 impl Supervisor {
@@ -415,6 +425,10 @@ impl Supervisor {
                     tracing::info!(pid = exit.pid, "broker finished its drain");
                     return;
                 }
+                let status = match self.broker_stalled.take() {
+                    Some(why) => format!("{status}: {why}"),
+                    None => status,
+                };
                 tracing::error!(pid = exit.pid, status = %status, "broker exited; stopping the runtime");
                 self.broker_failed = Some(status);
                 self.set_draining();
@@ -580,6 +594,26 @@ impl Supervisor {
         }
     }
 
+    /// The broker has not answered `Admin.Status` for `timeout`: it is treated as dead. A
+    /// broker process is SIGKILLed (its exit then stops the runtime as any broker death does:
+    /// executors told to stop, exit 1); a thread-mode broker is aborted.
+    fn broker_is_stalled(&mut self, timeout: Duration) {
+        let t = perago_core::liveness::describe(timeout);
+        let why = format!(
+            "the broker did not answer for {t} ({}={t}); killed",
+            perago_core::liveness::PERAGO_STALL_TIMEOUT
+        );
+        let Some(broker) = self.broker else {
+            return;
+        };
+        tracing::error!(pid = broker.pid(), "{why}");
+        self.broker_stalled = Some(why);
+        match broker {
+            Child::Process(_) => broker.signal(process::SIGKILL),
+            Child::Task => self.launcher.abort_all(),
+        }
+    }
+
     /// Kills every executor still running. The broker stays up to report their assignments
     /// FAILED (with the deadline as the reason); it is killed [`BROKER_KILL_DELAY`] later.
     async fn force_kill(&mut self, deadline: Duration) {
@@ -715,7 +749,8 @@ impl Supervisor {
 }
 
 /// Reads the broker's status every [`STATUS_INTERVAL`] on its own task (a wedged broker must
-/// not stall the dispatcher) and publishes the latest, until it says the broker is draining.
+/// not stall the dispatcher) and publishes the latest, for as long as the dispatcher listens:
+/// through a drain too, where its freshness is the broker's liveness (`PERAGO_STALL_TIMEOUT`).
 fn watch_status(
     admin: Option<AdminClient<Channel>>,
 ) -> tokio::sync::watch::Receiver<Option<admin::StatusResponse>> {
@@ -727,12 +762,10 @@ fn watch_status(
                 let status =
                     tokio::time::timeout(STATUS_INTERVAL, admin.status(admin::StatusRequest {}))
                         .await;
-                if let Ok(Ok(status)) = status {
-                    let status = status.into_inner();
-                    let draining = status.draining;
-                    if tx.send(Some(status)).is_err() || draining {
-                        return;
-                    }
+                if let Ok(Ok(status)) = status
+                    && tx.send(Some(status.into_inner())).is_err()
+                {
+                    return;
                 }
             }
         });
@@ -945,6 +978,7 @@ pub(crate) async fn supervise(
         force_kill_at: None,
         force_killed: false,
         notifier,
+        broker_stalled: None,
     };
     if let Some(foreign) = foreign_broker(&sup.spec.socket).await {
         return Err(foreign);
@@ -1021,6 +1055,15 @@ pub(crate) async fn supervise(
         .unwrap_or(Duration::from_secs(3600));
     let mut watchdog = tokio::time::interval(watchdog_every);
     let mut status_at = Instant::now();
+    // Broker liveness: its status must keep coming (every STATUS_INTERVAL, through a drain
+    // too); silent for PERAGO_STALL_TIMEOUT, it is stopped or wedged, and killed.
+    let mut stall_check = tokio::time::interval(
+        sup.spec
+            .stall_timeout
+            .map_or(Duration::from_secs(3600), |t| {
+                perago_core::liveness::ping_interval(t).min(STATUS_INTERVAL)
+            }),
+    );
     loop {
         if sup.broker.is_none() && sup.alive_executors() == 0 {
             break;
@@ -1038,8 +1081,11 @@ pub(crate) async fn supervise(
                 let seen = status_seen.borrow_and_update().clone();
                 status_at = Instant::now();
                 if let Some(seen) = seen {
+                    // A drain's STATUS= (STOPPING=1) stays: the status keeps coming through a
+                    // drain only for the broker's liveness.
                     if let Some(notifier) = &mut sup.notifier
                         && notifier.is_ready()
+                        && !sup.draining
                     {
                         notifier.status(notify::status_text(&seen));
                     }
@@ -1069,6 +1115,12 @@ pub(crate) async fn supervise(
                     && let Some(notifier) = &sup.notifier
                 {
                     notifier.ping();
+                }
+            }
+            _ = stall_check.tick(), if sup.spec.stall_timeout.is_some() && sup.broker.is_some() && sup.broker_stalled.is_none() => {
+                let timeout = sup.spec.stall_timeout.expect("guarded");
+                if status_at.elapsed() >= timeout {
+                    sup.broker_is_stalled(timeout);
                 }
             }
             _ = gc_timer.tick() => {
@@ -1157,6 +1209,7 @@ mod tests {
             lakefs: None,
             notify: None,
             process_label: None,
+            stall_timeout: Some(Duration::from_secs(5)),
         };
         let lookup = |vars: Vec<(String, String)>| {
             move |name: &str| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
@@ -1171,6 +1224,7 @@ mod tests {
         assert_eq!(broker.control_pid, 4242);
         assert_eq!(broker.poll_wait, Duration::from_millis(250));
         assert_eq!(broker.capacity, capacity);
+        assert_eq!(broker.stall_timeout, Some(Duration::from_secs(5)));
 
         let vars = executor_env(&spec, "host70002", 2, 9, "t0k3n".into());
         let (identity, manifest) = perago_executor::cli::identity_from(lookup(vars.clone()))

@@ -25,6 +25,7 @@ mod recycle;
 mod runtime;
 mod secrets_channel;
 mod soft_limit;
+mod stall;
 mod status_inputs;
 mod systemd;
 mod wire;
