@@ -82,6 +82,8 @@ pub(crate) struct Actor {
     queue: Option<(ConductorClient, String)>,
     /// The gRPC health service, told NOT_SERVING once a drain starts (`None` when not served).
     health: Option<tonic_health::server::HealthReporter>,
+    /// Whether the last queue-depth read failed (so a failure is logged once, not each second).
+    depth_failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Actor {
@@ -103,6 +105,7 @@ impl Actor {
             drained: Some(drained),
             queue: None,
             health: None,
+            depth_failing: std::sync::Arc::default(),
         }
     }
 
@@ -357,15 +360,10 @@ impl Actor {
             Effect::ReadQueueDepth { after } => {
                 if let Some((client, task_type)) = self.queue.clone() {
                     let events = self.events.clone();
+                    let failing = std::sync::Arc::clone(&self.depth_failing);
                     tokio::spawn(async move {
                         tokio::time::sleep(after).await;
-                        let depth = match client.queue_size(&task_type).await {
-                            Ok(depth) => Some(depth),
-                            Err(e) => {
-                                tracing::debug!(error = %e, "cannot read the queue depth; keeping the last one");
-                                None
-                            }
-                        };
+                        let depth = crate::depth::read(&client, &task_type, &failing).await;
                         let now = std::time::Instant::now();
                         let _ = events
                             .send(Event::Slot(Input::QueueDepth { depth, now }))

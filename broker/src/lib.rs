@@ -10,6 +10,7 @@ mod actor;
 mod admission;
 pub mod cli;
 mod counters;
+mod depth;
 mod health;
 mod incoming;
 pub mod metrics;

@@ -249,6 +249,10 @@ impl Slot {
 /// How often the queue depth is read (run once, adaptive executor count).
 pub(crate) const QUEUE_DEPTH_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Run once while the queue depth cannot be read: this many empty polls in a row, every slot
+/// idle throughout, end the run.
+pub(crate) const ONCE_EMPTY_POLLS: u32 = 3;
+
 /// A task received for which no slot was free yet: its lease runs until one is.
 #[derive(Debug)]
 struct Held {
@@ -300,6 +304,11 @@ pub(crate) struct Machine {
     started_at: SystemTime,
     drained: bool,
     effects: Vec<Effect>,
+    /// The last queue-depth read failed (both routes): run once cannot confirm an empty
+    /// queue that way and counts empty polls instead.
+    depth_unreadable: bool,
+    /// Run once with the depth unreadable: empty polls in a row while everything was idle.
+    once_empty_polls: u32,
 }
 
 fn unix_ms(t: SystemTime) -> i64 {
@@ -385,6 +394,8 @@ impl Machine {
             started_at,
             drained: false,
             effects: Vec::new(),
+            depth_unreadable: false,
+            once_empty_polls: 0,
         }
     }
 
@@ -440,6 +451,7 @@ impl Machine {
         self.check_drained();
         if !self.all_idle() {
             self.quiet_after = None;
+            self.once_empty_polls = 0;
         }
         self.request_queue_depth();
         let busy = self
@@ -506,7 +518,9 @@ impl Machine {
             Input::Polled { tasks, reserved } => {
                 self.reserved = self.reserved.saturating_sub(reserved);
                 if tasks.is_empty() && self.capacity.once && self.all_idle() {
-                    self.quiet_after.get_or_insert(self.depth_reads);
+                    self.once_idle_empty_poll();
+                } else {
+                    self.once_empty_polls = 0;
                 }
                 for task in tasks {
                     self.receive(task, None);
@@ -1296,6 +1310,27 @@ impl Machine {
             && self.slots.iter().all(|s| matches!(s.work, Work::Idle))
     }
 
+    /// Run once: a poll came back empty while everything was idle. With the queue depth
+    /// readable, a read asked for after it decides (`quiet_after`); without, the poll itself
+    /// is the evidence: [`ONCE_EMPTY_POLLS`] in a row drain, and polling goes on until then.
+    fn once_idle_empty_poll(&mut self) {
+        if !self.depth_unreadable {
+            self.once_empty_polls = 0;
+            self.quiet_after.get_or_insert(self.depth_reads);
+            return;
+        }
+        self.once_empty_polls += 1;
+        if self.once_empty_polls >= ONCE_EMPTY_POLLS {
+            tracing::info!(
+                "run once: no task of {} left ({} empty polls in a row, the queue depth \
+                 unreadable) and every slot idle; draining",
+                self.task_name,
+                self.once_empty_polls
+            );
+            self.start_drain();
+        }
+    }
+
     /// Asks for the next queue-depth read (the first at once, then every
     /// [`QUEUE_DEPTH_INTERVAL`]) while run once or the adaptive range needs it.
     fn request_queue_depth(&mut self) {
@@ -1319,6 +1354,7 @@ impl Machine {
     /// A queue-depth read answered: run once may drain, the adaptive range may scale.
     fn queue_depth_read(&mut self, depth: Option<u64>, now: Instant) {
         self.depth_read_pending = false;
+        self.depth_unreadable = depth.is_none();
         if let Some(depth) = depth {
             self.queue_depth = Some(depth);
             self.gauges
@@ -1327,6 +1363,14 @@ impl Machine {
         }
         if self.draining {
             return;
+        }
+        if let Some(quiet) = self.quiet_after
+            && depth.is_none()
+            && self.depth_reads > quiet
+        {
+            // The confirming read failed: polls decide instead (see `once_idle_empty_poll`),
+            // so polling resumes rather than waiting for a read that may never work.
+            self.quiet_after = None;
         }
         if let Some(quiet) = self.quiet_after
             && depth.is_some()
