@@ -84,6 +84,9 @@ pub(crate) struct Actor {
     health: Option<tonic_health::server::HealthReporter>,
     /// Whether the last queue-depth read failed (so a failure is logged once, not each second).
     depth_failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Executions whose lease was found lost while they ran: their report is doubted (see
+    /// `applied`).
+    lost_leases: std::collections::HashSet<String>,
 }
 
 impl Actor {
@@ -106,6 +109,7 @@ impl Actor {
             queue: None,
             health: None,
             depth_failing: std::sync::Arc::default(),
+            lost_leases: std::collections::HashSet::new(),
         }
     }
 
@@ -222,10 +226,12 @@ impl Actor {
             .unwrap_or_else(Span::none);
         let out = span.in_scope(|| self.machine.handle(input));
         // A held execution whose lease is lost is dropped: nothing else ends its span.
-        if let Some(execution_id) = lease_lost
-            && !self.machine.knows(&execution_id)
-        {
-            self.spans.remove(&execution_id);
+        if let Some(execution_id) = lease_lost {
+            if self.machine.knows(&execution_id) {
+                self.lost_leases.insert(execution_id);
+            } else {
+                self.spans.remove(&execution_id);
+            }
         }
         out
     }
@@ -302,6 +308,7 @@ impl Actor {
             Effect::StopLease { execution_id } => {
                 // The execution was dropped (handed back): it has no more lines of its own.
                 self.spans.remove(&execution_id);
+                self.lost_leases.remove(&execution_id);
                 if let Some(lease) = self.leases.remove(&execution_id) {
                     lease.abort();
                 }
@@ -314,6 +321,7 @@ impl Actor {
                     .remove(&report.execution_id)
                     .unwrap_or_else(|| assignment_span(&report.task_id, &report.execution_id));
                 let lease = self.leases.remove(&report.execution_id);
+                let lease_lost = self.lost_leases.remove(&report.execution_id);
                 let update = Update {
                     workflow_instance_id: report.workflow_instance_id,
                     task_id: report.task_id,
@@ -322,6 +330,7 @@ impl Actor {
                     use_v2: report.use_v2,
                     lease,
                     slot: report.slot,
+                    lease_lost,
                 };
                 self.reporter.spawn(update, self.events.clone(), span);
             }

@@ -80,6 +80,7 @@ counters! {
     scale_ups => "perago_scale_ups", "Slots started above the minimum of the executor range";
     scale_downs => "perago_scale_downs", "Idle slots retired down towards the minimum of the executor range";
     polls_withheld => "perago_polls_withheld", "Poll grants withheld while available memory was below PERAGO_MIN_FREE_MEMORY";
+    results_ignored => "perago_task_results_ignored", "Results Conductor answered but did not apply (the attempt was no longer in progress), as far as the broker can tell";
 }
 
 /// One counter as `/metrics` shows it.

@@ -8,6 +8,7 @@
 
 mod actor;
 mod admission;
+mod applied;
 pub mod cli;
 mod counters;
 mod depth;
