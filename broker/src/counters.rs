@@ -216,6 +216,15 @@ impl Collector for PeragoCollector {
             }
             rest = others;
         }
+        // Kept by the logging (every worker of this process), not by the broker's counters.
+        let mut descriptor = encoder.encode_descriptor(
+            "perago_log_lines_dropped",
+            "JSONL log lines this process could not write (a full log root) and dropped",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(perago_core::logging::lines_dropped())
+            .encode(descriptor.encode_family(&NO_LABELS)?)?;
         let g = &self.1;
         let mut gauge = |name: &str, help: &str, value: u64| -> Result<(), std::fmt::Error> {
             let descriptor = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
@@ -399,6 +408,8 @@ mod tests {
             "perago_task_duration_seconds_bucket{task=\"features.build\",le=\"0.005\"} 1",
             "perago_task_duration_seconds_bucket{task=\"features.build\",le=\"5\"} 2",
             "perago_task_duration_seconds_count{task=\"features.build\"} 2",
+            // Kept by the logging, per process: its value is whatever this process dropped.
+            "perago_log_lines_dropped_total{task=\"features.build\"} ",
         ] {
             assert!(text.contains(line), "{line} missing:\n{text}");
         }
