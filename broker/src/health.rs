@@ -30,6 +30,9 @@ use tokio::{sync::Notify, time::Instant};
 /// How long the probe (one waiting retry per route) waits while Conductor does not answer.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 
+/// How long a retry waits whose request failed while another one got an answer.
+const RETRY_SOON: Duration = Duration::from_millis(100);
+
 /// The shared view of one route's reachability; cheap to clone.
 #[derive(Debug, Clone)]
 pub(crate) struct Health {
@@ -151,10 +154,13 @@ impl Health {
             let probe_free = self.inner.probe_free.notified();
             tokio::pin!(probe_free);
             probe_free.as_mut().enable();
-            let soon = deadline.min(Instant::now() + PROBE_EVERY);
+            let now = Instant::now();
+            let soon = deadline.min(now + PROBE_EVERY);
             if self.is_up() {
-                // Someone got an answer since this caller's failure: retry soon.
-                tokio::time::sleep_until(soon).await;
+                // Someone got an answer since this caller's failure (it raced with the end
+                // of the outage): retry almost at once. (The caller's next wait, should this
+                // retry fail too, is its whole backoff.)
+                tokio::time::sleep_until(deadline.min(now + RETRY_SOON)).await;
                 return true;
             }
             if let Some(_turn) = ProbeTurn::take(&self.inner) {
