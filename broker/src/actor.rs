@@ -55,6 +55,9 @@ pub(crate) enum Event {
     Status {
         reply: oneshot::Sender<admin::StatusResponse>,
     },
+    /// A lease extension of the execution failed: Conductor may time the attempt out
+    /// meanwhile, so its report is doubted (see `applied`).
+    LeaseDoubt { execution_id: String },
 }
 
 impl Event {
@@ -87,6 +90,8 @@ pub(crate) struct Actor {
     /// Executions whose lease was found lost while they ran: their report is doubted (see
     /// `applied`).
     lost_leases: std::collections::HashSet<String>,
+    /// Executions with a failed lease extension: their report is doubted too.
+    doubted_leases: std::collections::HashSet<String>,
 }
 
 impl Actor {
@@ -110,6 +115,7 @@ impl Actor {
             health: None,
             depth_failing: std::sync::Arc::default(),
             lost_leases: std::collections::HashSet::new(),
+            doubted_leases: std::collections::HashSet::new(),
         }
     }
 
@@ -207,6 +213,11 @@ impl Actor {
                     let _ = reply.send(*status);
                 }
                 self.perform(out.effects);
+            }
+            Event::LeaseDoubt { execution_id } => {
+                if self.machine.knows(&execution_id) {
+                    self.doubted_leases.insert(execution_id);
+                }
             }
         }
     }
@@ -309,6 +320,7 @@ impl Actor {
                 // The execution was dropped (handed back): it has no more lines of its own.
                 self.spans.remove(&execution_id);
                 self.lost_leases.remove(&execution_id);
+                self.doubted_leases.remove(&execution_id);
                 if let Some(lease) = self.leases.remove(&execution_id) {
                     lease.abort();
                 }
@@ -322,6 +334,7 @@ impl Actor {
                     .unwrap_or_else(|| assignment_span(&report.task_id, &report.execution_id));
                 let lease = self.leases.remove(&report.execution_id);
                 let lease_lost = self.lost_leases.remove(&report.execution_id);
+                let lease_doubted = self.doubted_leases.remove(&report.execution_id);
                 let update = Update {
                     workflow_instance_id: report.workflow_instance_id,
                     task_id: report.task_id,
@@ -331,6 +344,7 @@ impl Actor {
                     lease,
                     slot: report.slot,
                     lease_lost,
+                    lease_doubted,
                 };
                 self.reporter.spawn(update, self.events.clone(), span);
             }

@@ -2,8 +2,8 @@
 //! of a task that is already terminal (timed out, canceled, or a retry scheduled after it) or
 //! of a terminal workflow is answered as if applied (v1: 200 and the task id; update-v2: its
 //! next task or 204; see the API reference, §4.3). So when the broker has a reason to doubt an
-//! update (the attempt's lease was found lost, or the update needed retries, during which
-//! Conductor may have timed the attempt out), it reads the task back once the update is
+//! update (the attempt's lease was found lost, a lease extension failed, or the update needed
+//! retries: Conductor may have timed the attempt out meanwhile), it reads the task back once the update is
 //! acknowledged: the update was applied if the task now has the status sent and the sending
 //! executor's worker id (every update overwrites `workerId`). Other updates are taken as
 //! applied without a read, so the common path costs nothing.

@@ -44,6 +44,8 @@ pub(crate) struct Update {
     /// The attempt's lease was found lost before the report: Conductor will likely ignore it
     /// (see `applied`).
     pub(crate) lease_lost: bool,
+    /// A lease extension of the attempt failed: Conductor may have timed it out meanwhile.
+    pub(crate) lease_doubted: bool,
 }
 
 /// An update Conductor acknowledged.
@@ -174,7 +176,7 @@ impl Reporter {
         match outcome {
             Some(sent) => {
                 // Counted by what Conductor did with it, as far as the broker can tell.
-                let doubtful = update.lease_lost || sent.retried;
+                let doubtful = update.lease_lost || update.lease_doubted || sent.retried;
                 if doubtful
                     && !crate::applied::applied(
                         &self.client,
@@ -346,6 +348,10 @@ impl Reporter {
                 if let Err(e) = this.health.observe(this.client.update_task(&body).await) {
                     if failures == 0 {
                         tracing::warn!(error = %e, "lease extension failed; retrying with backoff");
+                        let doubt = Event::LeaseDoubt {
+                            execution_id: execution_id.clone(),
+                        };
+                        let _ = events.send(doubt).await;
                     }
                     failures = failures.saturating_add(1);
                     continue;

@@ -506,4 +506,43 @@ printf '{"echo": %s}' "$params"
     )
     .await;
     assert_eq!(ignored(), 1);
+
+    // Again, but the body ends while extensions are still refused: no read-back found the
+    // lease lost, only failed extensions make the report doubtful, and that is enough.
+    std::fs::remove_file(task.dir.path().join("release")).unwrap();
+    std::fs::remove_file(&holding).unwrap();
+    let held = conductor.start_workflow(&task, json!({"hold": 2})).await;
+    eventually(
+        "the second held task to run",
+        Duration::from_secs(20),
+        || async { holding.exists().then_some(()) },
+    )
+    .await;
+    conductor
+        .server
+        .faults()
+        .add(FaultSpec {
+            method: Some("POST".into()),
+            path: "/api/tasks".into(),
+            body_contains: Some("\"extendLease\":true".into()),
+            status: Some(503),
+            ..FaultSpec::default()
+        })
+        .unwrap();
+    let timed_out = conductor
+        .wait_terminal(&held, Duration::from_secs(30))
+        .await;
+    assert_eq!(
+        timed_out["tasks"][0]["status"], "TIMED_OUT",
+        "{timed_out:#}"
+    );
+    std::fs::write(task.dir.path().join("release"), "").unwrap();
+    eventually(
+        "the second late result to be counted ignored",
+        Duration::from_secs(20),
+        || async { (ignored() == 2).then_some(()) },
+    )
+    .await;
+    conductor.server.faults().clear();
+    assert_eq!(completed(), 1, "{}", sup.log_text());
 }
