@@ -1,5 +1,6 @@
 //! The chaos suite (issue 10, "Tests"): the real runtime under executor SIGKILLs and body
-//! descendant kills at random moments, a Conductor outage, a drain racing a long poll, and a
+//! descendant kills at random moments, a Conductor outage (whole, or of the task routes only,
+//! issue #23), a drain racing a long poll, and a
 //! whole runtime SIGKILLed beside another one.
 //!
 //! Every process a test starts carries `CHAOS_MARKER=<unique>` in its environment, which
