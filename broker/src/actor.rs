@@ -58,6 +58,9 @@ pub(crate) enum Event {
     Status {
         reply: oneshot::Sender<admin::StatusResponse>,
     },
+    /// A lease extension of the execution failed: Conductor may time the attempt out
+    /// meanwhile, so its report is doubted (see `applied`).
+    LeaseDoubt { execution_id: String },
 }
 
 impl Event {
@@ -89,6 +92,13 @@ pub(crate) struct Actor {
     processes: HashMap<u32, (u64, perago_core::process::pidfd::ProcessHandle)>,
     /// The liveness clock's period (`PERAGO_STALL_TIMEOUT` / 3), when liveness is on.
     ping_every: Option<Duration>,
+    /// Whether the last queue-depth read failed (so a failure is logged once, not each second).
+    depth_failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Executions whose lease was found lost while they ran: their report is doubted (see
+    /// `applied`).
+    lost_leases: std::collections::HashSet<String>,
+    /// Executions with a failed lease extension: their report is doubted too.
+    doubted_leases: std::collections::HashSet<String>,
 }
 
 impl Actor {
@@ -112,6 +122,9 @@ impl Actor {
             health: None,
             processes: HashMap::new(),
             ping_every: None,
+            depth_failing: std::sync::Arc::default(),
+            lost_leases: std::collections::HashSet::new(),
+            doubted_leases: std::collections::HashSet::new(),
         }
     }
 
@@ -234,6 +247,11 @@ impl Actor {
                 }
                 self.perform(out.effects);
             }
+            Event::LeaseDoubt { execution_id } => {
+                if self.machine.knows(&execution_id) {
+                    self.doubted_leases.insert(execution_id);
+                }
+            }
         }
     }
 
@@ -252,10 +270,12 @@ impl Actor {
             .unwrap_or_else(Span::none);
         let out = span.in_scope(|| self.machine.handle(input));
         // A held execution whose lease is lost is dropped: nothing else ends its span.
-        if let Some(execution_id) = lease_lost
-            && !self.machine.knows(&execution_id)
-        {
-            self.spans.remove(&execution_id);
+        if let Some(execution_id) = lease_lost {
+            if self.machine.knows(&execution_id) {
+                self.lost_leases.insert(execution_id);
+            } else {
+                self.spans.remove(&execution_id);
+            }
         }
         out
     }
@@ -332,6 +352,8 @@ impl Actor {
             Effect::StopLease { execution_id } => {
                 // The execution was dropped (handed back): it has no more lines of its own.
                 self.spans.remove(&execution_id);
+                self.lost_leases.remove(&execution_id);
+                self.doubted_leases.remove(&execution_id);
                 if let Some(lease) = self.leases.remove(&execution_id) {
                     lease.abort();
                 }
@@ -344,6 +366,8 @@ impl Actor {
                     .remove(&report.execution_id)
                     .unwrap_or_else(|| assignment_span(&report.task_id, &report.execution_id));
                 let lease = self.leases.remove(&report.execution_id);
+                let lease_lost = self.lost_leases.remove(&report.execution_id);
+                let lease_doubted = self.doubted_leases.remove(&report.execution_id);
                 let update = Update {
                     workflow_instance_id: report.workflow_instance_id,
                     task_id: report.task_id,
@@ -352,6 +376,8 @@ impl Actor {
                     use_v2: report.use_v2,
                     lease,
                     slot: report.slot,
+                    lease_lost,
+                    lease_doubted,
                 };
                 self.reporter.spawn(update, self.events.clone(), span);
             }
@@ -450,15 +476,10 @@ impl Actor {
             Effect::ReadQueueDepth { after } => {
                 if let Some((client, task_type)) = self.queue.clone() {
                     let events = self.events.clone();
+                    let failing = std::sync::Arc::clone(&self.depth_failing);
                     tokio::spawn(async move {
                         tokio::time::sleep(after).await;
-                        let depth = match client.queue_size(&task_type).await {
-                            Ok(depth) => Some(depth),
-                            Err(e) => {
-                                tracing::debug!(error = %e, "cannot read the queue depth; keeping the last one");
-                                None
-                            }
-                        };
+                        let depth = crate::depth::read(&client, &task_type, &failing).await;
                         let now = std::time::Instant::now();
                         let _ = events
                             .send(Event::Slot(Input::QueueDepth { depth, now }))

@@ -80,6 +80,7 @@ counters! {
     scale_ups => "perago_scale_ups", "Slots started above the minimum of the executor range";
     scale_downs => "perago_scale_downs", "Idle slots retired down towards the minimum of the executor range";
     polls_withheld => "perago_polls_withheld", "Poll grants withheld while available memory was below PERAGO_MIN_FREE_MEMORY";
+    results_ignored => "perago_task_results_ignored", "Results Conductor answered but did not apply (the attempt was no longer in progress), as far as the broker can tell";
 }
 
 /// One counter as `/metrics` shows it.
@@ -215,6 +216,15 @@ impl Collector for PeragoCollector {
             }
             rest = others;
         }
+        // Kept by the logging (every worker of this process), not by the broker's counters.
+        let mut descriptor = encoder.encode_descriptor(
+            "perago_log_lines_dropped",
+            "JSONL log lines this process could not write (a full log root) and dropped",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(perago_core::logging::lines_dropped())
+            .encode(descriptor.encode_family(&NO_LABELS)?)?;
         let g = &self.1;
         let mut gauge = |name: &str, help: &str, value: u64| -> Result<(), std::fmt::Error> {
             let descriptor = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
@@ -398,6 +408,8 @@ mod tests {
             "perago_task_duration_seconds_bucket{task=\"features.build\",le=\"0.005\"} 1",
             "perago_task_duration_seconds_bucket{task=\"features.build\",le=\"5\"} 2",
             "perago_task_duration_seconds_count{task=\"features.build\"} 2",
+            // Kept by the logging, per process: its value is whatever this process dropped.
+            "perago_log_lines_dropped_total{task=\"features.build\"} ",
         ] {
             assert!(text.contains(line), "{line} missing:\n{text}");
         }

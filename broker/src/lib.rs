@@ -8,9 +8,11 @@
 
 mod actor;
 mod admission;
+mod applied;
 pub mod cli;
 mod counters;
 mod crash_history;
+mod depth;
 mod health;
 mod incoming;
 pub mod metrics;
@@ -112,7 +114,8 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     let backoff = Backoff::default_remote();
     let (events, rx) = mpsc::channel(1024);
     let (drained_tx, drained_rx) = oneshot::channel();
-    let health = health::Health::new(config.conductor.clone(), config.task_name.clone());
+    // Updates and lease extensions share one route's state, polls have their own (`health`).
+    let health = health::Health::new("updates");
     let reporter = report::Reporter::new(
         config.conductor.clone(),
         Arc::clone(&counters),
@@ -161,7 +164,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         backoff,
         counters: Arc::clone(&counters),
         gauges: Arc::clone(&gauges),
-        health,
+        health: health.route("polls"),
     };
     tokio::spawn(poller.run(events.clone()));
 

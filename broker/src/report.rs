@@ -41,6 +41,21 @@ pub(crate) struct Update {
     pub(crate) lease: Option<AbortHandle>,
     /// The slot waiting for update-v2's next task.
     pub(crate) slot: Option<u32>,
+    /// The attempt's lease was found lost before the report: Conductor will likely ignore it
+    /// (see `applied`).
+    pub(crate) lease_lost: bool,
+    /// A lease extension of the attempt failed: Conductor may have timed it out meanwhile.
+    pub(crate) lease_doubted: bool,
+}
+
+/// An update Conductor acknowledged.
+#[derive(Debug)]
+struct Sent {
+    /// update-v2's next task.
+    next: Option<Polled>,
+    /// It took more than one request (an earlier one may have been applied, or the attempt
+    /// timed out meanwhile).
+    retried: bool,
 }
 
 /// Delivers updates; cheap to clone.
@@ -144,6 +159,7 @@ impl Reporter {
 
     async fn deliver(&self, update: Update) -> Option<Polled> {
         let status = update.result.status();
+        let worker_id = update.result.worker_id().to_owned();
         let published = published_commit(&update.result);
         let body = update.result.into_conductor(
             &update.workflow_instance_id,
@@ -158,14 +174,29 @@ impl Reporter {
             lease.abort();
         }
         match outcome {
-            Some(next) => {
+            Some(sent) => {
+                // Counted by what Conductor did with it, as far as the broker can tell.
+                let doubtful = update.lease_lost || update.lease_doubted || sent.retried;
+                if doubtful
+                    && !crate::applied::applied(
+                        &self.client,
+                        &update.task_id,
+                        status,
+                        &worker_id,
+                        update.lease_lost,
+                    )
+                    .await
+                {
+                    self.counters.results_ignored.inc();
+                    return sent.next;
+                }
                 match status {
                     ResultStatus::Completed => self.counters.completed.inc(),
                     ResultStatus::Failed => self.counters.failed.inc(),
                     ResultStatus::FailedWithTerminalError => self.counters.failed_terminal.inc(),
                 }
                 tracing::info!(status = status.as_str(), "result reported");
-                next
+                sent.next
             }
             None => None,
         }
@@ -178,7 +209,7 @@ impl Reporter {
         body: JsonBody<'_>,
         use_v2: bool,
         published: Option<&str>,
-    ) -> Option<Option<Polled>> {
+    ) -> Option<Sent> {
         let started = Instant::now();
         let mut attempt = 0u32;
         let mut waker = Waker::default();
@@ -205,7 +236,10 @@ impl Reporter {
                             "result update went through after retries"
                         );
                     }
-                    return Some(next);
+                    return Some(Sent {
+                        next,
+                        retried: attempt > 0,
+                    });
                 }
                 Err(e) if v2 && v2_unsupported(&e) => {
                     // Concurrent updates may all see the 405; the switch is logged once.
@@ -314,6 +348,10 @@ impl Reporter {
                 if let Err(e) = this.health.observe(this.client.update_task(&body).await) {
                     if failures == 0 {
                         tracing::warn!(error = %e, "lease extension failed; retrying with backoff");
+                        let doubt = Event::LeaseDoubt {
+                            execution_id: execution_id.clone(),
+                        };
+                        let _ = events.send(doubt).await;
                     }
                     failures = failures.saturating_add(1);
                     continue;

@@ -303,6 +303,9 @@ struct Parked {
     worker_id: String,
     crash: String,
 }
+/// Run once while the queue depth cannot be read: this many empty polls in a row, every slot
+/// idle throughout, end the run.
+pub(crate) const ONCE_EMPTY_POLLS: u32 = 3;
 
 /// A task received for which no slot was free yet: its lease runs until one is.
 #[derive(Debug)]
@@ -367,6 +370,11 @@ pub(crate) struct Machine {
     ping_sequence: u64,
     /// When the last liveness tick came (a late one means the broker itself was not running).
     last_tick: Option<Instant>,
+    /// The last queue-depth read failed (both routes): run once cannot confirm an empty
+    /// queue that way and counts empty polls instead.
+    depth_unreadable: bool,
+    /// Run once with the depth unreadable: empty polls in a row while everything was idle.
+    once_empty_polls: u32,
 }
 
 fn unix_ms(t: SystemTime) -> i64 {
@@ -461,6 +469,8 @@ impl Machine {
             stall_timeout: None,
             ping_sequence: 0,
             last_tick: None,
+            depth_unreadable: false,
+            once_empty_polls: 0,
         }
     }
 
@@ -525,6 +535,7 @@ impl Machine {
         self.check_drained();
         if !self.all_idle() {
             self.quiet_after = None;
+            self.once_empty_polls = 0;
         }
         self.request_queue_depth();
         let busy = self
@@ -592,7 +603,9 @@ impl Machine {
             Input::Polled { tasks, reserved } => {
                 self.reserved = self.reserved.saturating_sub(reserved);
                 if tasks.is_empty() && self.capacity.once && self.all_idle() {
-                    self.quiet_after.get_or_insert(self.depth_reads);
+                    self.once_idle_empty_poll();
+                } else {
+                    self.once_empty_polls = 0;
                 }
                 for task in tasks {
                     self.receive(task, None);
@@ -1649,6 +1662,27 @@ impl Machine {
             && self.slots.iter().all(|s| matches!(s.work, Work::Idle))
     }
 
+    /// Run once: a poll came back empty while everything was idle. With the queue depth
+    /// readable, a read asked for after it decides (`quiet_after`); without, the poll itself
+    /// is the evidence: [`ONCE_EMPTY_POLLS`] in a row drain, and polling goes on until then.
+    fn once_idle_empty_poll(&mut self) {
+        if !self.depth_unreadable {
+            self.once_empty_polls = 0;
+            self.quiet_after.get_or_insert(self.depth_reads);
+            return;
+        }
+        self.once_empty_polls += 1;
+        if self.once_empty_polls >= ONCE_EMPTY_POLLS {
+            tracing::info!(
+                "run once: no task of {} left ({} empty polls in a row, the queue depth \
+                 unreadable) and every slot idle; draining",
+                self.task_name,
+                self.once_empty_polls
+            );
+            self.start_drain();
+        }
+    }
+
     /// Asks for the next queue-depth read (the first at once, then every
     /// [`QUEUE_DEPTH_INTERVAL`]) while run once or the adaptive range needs it.
     fn request_queue_depth(&mut self) {
@@ -1672,6 +1706,7 @@ impl Machine {
     /// A queue-depth read answered: run once may drain, the adaptive range may scale.
     fn queue_depth_read(&mut self, depth: Option<u64>, now: Instant) {
         self.depth_read_pending = false;
+        self.depth_unreadable = depth.is_none();
         if let Some(depth) = depth {
             self.queue_depth = Some(depth);
             self.gauges
@@ -1680,6 +1715,14 @@ impl Machine {
         }
         if self.draining {
             return;
+        }
+        if let Some(quiet) = self.quiet_after
+            && depth.is_none()
+            && self.depth_reads > quiet
+        {
+            // The confirming read failed: polls decide instead (see `once_idle_empty_poll`),
+            // so polling resumes rather than waiting for a read that may never work.
+            self.quiet_after = None;
         }
         if let Some(quiet) = self.quiet_after
             && depth.is_some()

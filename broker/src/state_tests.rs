@@ -2477,3 +2477,86 @@ fn a_late_tick_judges_nobody_on_the_brokers_own_silence() {
     });
     assert_eq!(kills(&effects), vec![(1, 1)]);
 }
+
+/// Run once while every queue-depth read fails (the deprecated route refused, the other one
+/// too): polls go on rather than waiting for a read that never works, and
+/// [`ONCE_EMPTY_POLLS`](crate::state::ONCE_EMPTY_POLLS) empty polls in a row with everything
+/// idle end the run; a task in between starts the count again.
+#[test]
+fn run_once_ends_after_empty_polls_when_the_queue_depth_cannot_be_read() {
+    let mut h = Harness::with_capacity(once(2), true);
+    h.up(2);
+    let t0 = Instant::now();
+    let failed = |h: &mut Harness, at: u64| {
+        h.go(Input::QueueDepth {
+            depth: None,
+            now: t0 + Duration::from_secs(at),
+        })
+    };
+    // The first read fails before any poll answers; then an empty poll.
+    failed(&mut h, 0);
+    let granted = h.poll().expect("polls are granted");
+    h.go(Input::Polled {
+        tasks: vec![],
+        reserved: granted,
+    });
+    // A task arrives and runs: the count starts again.
+    let granted = h.poll().expect("polling goes on after an empty poll");
+    assert_eq!(granted, 2);
+    let (_, a, _) = assignments(&h.go(Input::Polled {
+        tasks: vec![task("a")],
+        reserved: granted,
+    }))
+    .remove(0);
+    failed(&mut h, 1);
+    h.complete(1, 1, "a", &a);
+    h.go(Input::UpdateDone {
+        slot: Some(1),
+        next_task: None,
+    });
+    for n in 1..crate::state::ONCE_EMPTY_POLLS {
+        let granted = h.poll().unwrap_or_else(|| panic!("poll {n} is granted"));
+        h.go(Input::Polled {
+            tasks: vec![],
+            reserved: granted,
+        });
+        // The read asked for after it fails too: polling resumes all the same.
+        failed(&mut h, 1 + u64::from(n));
+        assert!(!h.status().draining, "after {n} empty polls");
+    }
+    let granted = h.poll().expect("the last poll is granted");
+    let drain = h.go(Input::Polled {
+        tasks: vec![],
+        reserved: granted,
+    });
+    assert!(h.status().draining);
+    assert_eq!(stops(&drain), [1, 2]);
+}
+
+/// A read that fails right after an empty poll (the one that would confirm it) does not hold
+/// polls back: the next poll is granted at once.
+#[test]
+fn run_once_polls_again_when_the_confirming_read_fails() {
+    let mut h = Harness::with_capacity(once(2), true);
+    h.up(2);
+    let t0 = Instant::now();
+    h.depth(1, t0, 0.0);
+    let granted = h.poll().unwrap();
+    h.go(Input::Polled {
+        tasks: vec![],
+        reserved: granted,
+    });
+    assert_eq!(h.poll(), None, "polls wait for the confirming read");
+    // The read in flight was asked for before the empty poll: it decides nothing.
+    let stale = h.go(Input::QueueDepth {
+        depth: None,
+        now: t0 + Duration::from_secs(1),
+    });
+    assert_eq!(grant(&stale), None, "{stale:?}");
+    let resumed = h.go(Input::QueueDepth {
+        depth: None,
+        now: t0 + Duration::from_secs(1),
+    });
+    assert_eq!(grant(&resumed), Some(2), "{resumed:?}");
+    assert!(!h.status().draining);
+}

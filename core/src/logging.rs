@@ -4,13 +4,21 @@
 //! (`perago.jsonl.1` … `.N-1`, oldest dropped). Every JSON line carries `ts`, `level`,
 //! `worker_id`, `message` and the event's fields (`task_id` and `execution_id` where there is
 //! one).
+//!
+//! A line that cannot be written (a full log root, an I/O error) is dropped, never waited
+//! for: the worker goes on. The first drop is said on stderr (with the file and the error),
+//! and so is the first line written again (with how many were dropped); every dropped line
+//! is counted in [`lines_dropped`] (the broker's `/metrics`: `perago_log_lines_dropped_total`).
 
 use std::{
     fmt::Write as _,
     fs::{self, File, OpenOptions},
     io::{self, Write as _},
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{SystemTime, UNIX_EPOCH},
 };
 use tracing::{
@@ -125,6 +133,52 @@ impl JsonlConfig {
     }
 }
 
+/// JSONL lines this process could not write (every worker of the process: thread mode runs
+/// several in one).
+static LINES_DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// How many JSONL lines this process has dropped because they could not be written.
+pub fn lines_dropped() -> u64 {
+    LINES_DROPPED.load(Ordering::Relaxed)
+}
+
+/// Whether a log file's writes fail, so that the change is said once each way.
+#[derive(Debug, Default)]
+struct DropState {
+    /// Lines dropped since the writes started failing; `None` while they work.
+    dropping: Option<u64>,
+}
+
+/// What to tell stderr about a log file's writes.
+#[derive(Debug, PartialEq, Eq)]
+enum DropNotice {
+    /// The first line dropped (with the error).
+    Started(String),
+    /// The first line written again after `dropped` lines were lost.
+    Recovered { dropped: u64 },
+}
+
+impl DropState {
+    /// Records one line's write; returns what to say, if anything.
+    fn record(&mut self, written: &io::Result<()>) -> Option<DropNotice> {
+        match (written, &mut self.dropping) {
+            (Ok(()), None) => None,
+            (Ok(()), dropping @ Some(_)) => {
+                let dropped = dropping.take().unwrap_or(0);
+                Some(DropNotice::Recovered { dropped })
+            }
+            (Err(e), None) => {
+                self.dropping = Some(1);
+                Some(DropNotice::Started(e.to_string()))
+            }
+            (Err(_), Some(n)) => {
+                *n += 1;
+                None
+            }
+        }
+    }
+}
+
 /// A file writer that rotates by size.
 #[derive(Debug)]
 pub struct RotatingFile {
@@ -133,6 +187,9 @@ pub struct RotatingFile {
     max_files: usize,
     file: File,
     size: u64,
+    drops: DropState,
+    /// A failed write may have left part of a line: the next line starts on a new one.
+    torn: bool,
 }
 
 /// Opens `path` for appending, created 0600.
@@ -165,7 +222,51 @@ impl RotatingFile {
             max_files: max_files.max(1),
             file,
             size,
+            drops: DropState::default(),
+            torn: false,
         })
+    }
+
+    /// Writes one whole line as [`Self::write_line`] does; a line that cannot be written is
+    /// dropped and counted, and the first drop and the first line written after drops are
+    /// said on stderr (not through `tracing`: this is the log).
+    pub fn write_line_or_drop(&mut self, line: &[u8]) {
+        let written = self.write_whole_line(line);
+        if written.is_err() {
+            LINES_DROPPED.fetch_add(1, Ordering::Relaxed);
+        }
+        match self.drops.record(&written) {
+            None => {}
+            Some(DropNotice::Started(error)) => eprintln!(
+                "perago: cannot write the log file {}: {error}; dropping its lines until \
+                 writing works again (counted in perago_log_lines_dropped_total)",
+                self.path(0).display()
+            ),
+            Some(DropNotice::Recovered { dropped }) => eprintln!(
+                "perago: writing the log file {} again; {dropped} lines were dropped",
+                self.path(0).display()
+            ),
+        }
+    }
+
+    /// [`Self::write_line`], after a newline if an earlier failed write left part of a line.
+    fn write_whole_line(&mut self, line: &[u8]) -> io::Result<()> {
+        if self.torn {
+            self.file.write_all(b"\n")?;
+            self.size += 1;
+            self.torn = false;
+        }
+        let before = self.size;
+        let written = self.write_line(line);
+        if written.is_err()
+            && let Ok(meta) = self.file.metadata()
+        {
+            // Some bytes may have gone out: the file is longer than before the line. (Read
+            // only after a failure: the common path costs no system call more.)
+            self.torn = meta.len() > before;
+            self.size = meta.len();
+        }
+        written
     }
 
     fn path(&self, n: usize) -> PathBuf {
@@ -404,7 +505,7 @@ where
         let line = self.line(event.metadata().level().as_str(), ts, &fields);
         if let Ok(mut out) = self.out.lock() {
             // A full disk must not take the worker down; the terminal still has the line.
-            let _ = out.write_line(&line);
+            out.write_line_or_drop(&line);
         }
     }
 }
@@ -545,6 +646,73 @@ mod tests {
         for name in ["perago.jsonl", "perago.jsonl.1", "perago.jsonl.2"] {
             assert_eq!(mode(&dir.join(name)), 0o600, "{name}");
         }
+    }
+
+    /// A full log root: the first dropped line is said, the others only counted, and the
+    /// first line written again is said with the count; writing never fails the caller.
+    #[test]
+    fn drops_are_said_once_each_way() {
+        let enospc = || Err(io::Error::from_raw_os_error(28));
+        let mut state = DropState::default();
+        assert_eq!(state.record(&Ok(())), None);
+        let started = state.record(&enospc());
+        assert!(
+            matches!(&started, Some(DropNotice::Started(e)) if e.contains("No space left on device")),
+            "{started:?}"
+        );
+        for _ in 0..4 {
+            assert_eq!(state.record(&enospc()), None, "said once");
+        }
+        assert_eq!(
+            state.record(&Ok(())),
+            Some(DropNotice::Recovered { dropped: 5 })
+        );
+        assert_eq!(state.record(&Ok(())), None);
+        assert!(matches!(
+            state.record(&enospc()),
+            Some(DropNotice::Started(_))
+        ));
+    }
+
+    /// Lines to a sink that answers ENOSPC (`/dev/full`) are dropped and counted in
+    /// `lines_dropped`; the writer goes on.
+    #[test]
+    fn lines_to_a_full_sink_are_counted_as_dropped() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut f = RotatingFile::open(tmp.path(), 1 << 20, 2).unwrap();
+        // The sink swapped for /dev/full (opened here, never chmod-ed: it is the system's).
+        f.file = OpenOptions::new().append(true).open("/dev/full").unwrap();
+        let before = lines_dropped();
+        for _ in 0..3 {
+            f.write_line_or_drop(b"{\"message\":\"x\"}\n");
+        }
+        // Other tests of this process may drop lines too: at least ours.
+        assert!(lines_dropped() >= before + 3);
+        assert_eq!(f.drops.dropping, Some(3));
+        // Back on a file: the next line goes in, whole, and ends the drop.
+        f.file = open_log(&tmp.path().join(FILE_NAME)).unwrap();
+        f.write_line_or_drop(b"{\"message\":\"y\"}\n");
+        assert_eq!(f.drops.dropping, None);
+        let text = fs::read_to_string(tmp.path().join(FILE_NAME)).unwrap();
+        assert!(text.ends_with("{\"message\":\"y\"}\n"), "{text:?}");
+    }
+
+    /// A write cut short (part of a line written, then ENOSPC) leaves no torn line in front
+    /// of the next one.
+    #[test]
+    fn a_torn_line_is_ended_before_the_next() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut f = RotatingFile::open(tmp.path(), 1 << 20, 2).unwrap();
+        f.write_line_or_drop(b"{\"n\":1}\n");
+        // What a write cut short leaves: part of a line, the rest refused.
+        f.file.write_all(b"{\"n\":").unwrap();
+        f.file = OpenOptions::new().append(true).open("/dev/full").unwrap();
+        f.write_line_or_drop(b"{\"n\":2}\n");
+        f.torn = true;
+        f.file = open_log(&tmp.path().join(FILE_NAME)).unwrap();
+        f.write_line_or_drop(b"{\"n\":3}\n");
+        let text = fs::read_to_string(tmp.path().join(FILE_NAME)).unwrap();
+        assert_eq!(text, "{\"n\":1}\n{\"n\":\n{\"n\":3}\n");
     }
 
     #[test]

@@ -776,9 +776,35 @@ impl ConductorClient {
         Ok(tasks.iter().map(|raw| Polled::decode(raw.get())).collect())
     }
 
-    /// `GET /tasks/queue/sizes?taskType=…`: how many tasks of `task_type` wait in Conductor's
-    /// queue (delayed ones, such as retries waiting out their delay, included).
+    /// `GET /tasks/queue/size?taskType=…`: how many tasks of `task_type` wait in Conductor's
+    /// queue (delayed ones, such as retries waiting out their delay, included). The answer is
+    /// a bare JSON integer. This is the route the API keeps; [`Self::queue_sizes`] is the
+    /// deprecated one.
     pub async fn queue_size(&self, task_type: &str) -> Result<u64, ConductorError> {
+        let path = "/tasks/queue/size";
+        let query = [("taskType", task_type.to_owned())];
+        // Read every second: a slow answer is dropped rather than waited for.
+        let (_, text) = self
+            .send(
+                Method::GET,
+                path,
+                &query,
+                None,
+                Duration::from_secs(5),
+                MAX_SMALL_ANSWER,
+            )
+            .await?;
+        let value = Self::decode("GET", path, &self.base, &text)?;
+        value.as_u64().ok_or_else(|| ConductorError::Decode {
+            method: "GET",
+            url: format!("{}{path}", self.base),
+            message: "expected a count (a non-negative integer)".to_owned(),
+        })
+    }
+
+    /// `GET /tasks/queue/sizes?taskType=…` (deprecated in the API, kept as a fallback): the
+    /// same count as [`Self::queue_size`], answered as `{"<type>": <count>}`.
+    pub async fn queue_sizes(&self, task_type: &str) -> Result<u64, ConductorError> {
         let path = "/tasks/queue/sizes";
         let query = [("taskType", task_type.to_owned())];
         // Read every second: a slow answer is dropped rather than waited for.
@@ -1179,7 +1205,7 @@ mod tests {
         )
         .await;
         let client = ConductorClient::new(&base).unwrap();
-        let err = client.queue_size("t").await.unwrap_err();
+        let err = client.queue_sizes("t").await.unwrap_err();
         assert!(
             matches!(err, ConductorError::TooLarge { limit, .. } if limit == MAX_SMALL_ANSWER),
             "{err:?}"

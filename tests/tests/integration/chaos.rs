@@ -1,5 +1,6 @@
 //! The chaos suite (issue 10, "Tests"): the real runtime under executor SIGKILLs and body
-//! descendant kills at random moments, a Conductor outage, a drain racing a long poll, and a
+//! descendant kills at random moments, a Conductor outage (whole, or of the task routes only,
+//! issue #23), a drain racing a long poll, and a
 //! whole runtime SIGKILLed beside another one.
 //!
 //! Every process a test starts carries `CHAOS_MARKER=<unique>` in its environment, which
@@ -1026,4 +1027,135 @@ async fn chaos_a_runtime_killed_as_a_whole_leaves_its_work_to_the_other() {
     assert!(status.success(), "{status}\n{}", b.log_text());
     assert_none_left(&marker_a, Duration::from_secs(2), "two runtimes (A)").await;
     assert_none_left(&marker_b, Duration::from_secs(2), "two runtimes (B)").await;
+}
+
+/// (b′) Issue #23: the partial-outage twin of (b). Only the task routes (`/api/tasks…`: polls,
+/// updates, lease extensions, read-backs) are answered 503 for 20 s while the rest of
+/// Conductor (`/api/metadata/…`, where the broker's health probe used to ask) answers. The
+/// runtime must recover as fast as from a full outage (≤ 2 s after the routes answer again)
+/// and log the outage once and its end once. Before, the probe's answers woke every retry
+/// each second to fail again: the health state flapped (22 times in 30 s) and recovery took
+/// 6.65 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_partial_outage_recovers_within_two_seconds_and_is_logged_once() {
+    const WORKFLOWS: usize = 40;
+    const OUTAGE: Duration = Duration::from_secs(20);
+    let marker = new_marker("chaos-partial");
+    let _reaper = Reaper(vec![marker.clone()]);
+    let conductor = conductor_scaled(20.0).await;
+    let task = TaskFixture::new(
+        "chaos.partial",
+        "read params\nsleep 0.3\nprintf '{\"echo\": %s}' \"$params\"\n",
+        "response_timeout_seconds = 2",
+    );
+    conductor.register(&task).await;
+    let mut ids = Vec::new();
+    for n in 0..WORKFLOWS {
+        ids.push(conductor.start_workflow(&task, json!({"n": n})).await);
+    }
+    let mut sup = start_marked(&task, &conductor, 4, &marker, &[]);
+    crate::harness::eventually(
+        "8 completions and 4 tasks in flight",
+        Duration::from_secs(30),
+        || async {
+            let mut completed = 0;
+            let mut running = 0;
+            for id in &ids {
+                let wf = conductor.workflow(id).await;
+                completed += usize::from(wf["status"] == "COMPLETED");
+                running += tasks(&wf)
+                    .iter()
+                    .filter(|t| t["status"] == "IN_PROGRESS")
+                    .count();
+            }
+            (completed >= 8 && running == 4).then_some(())
+        },
+    )
+    .await;
+    let faults = conductor.server.faults();
+    let task_routes = faults
+        .add(FaultSpec {
+            path: "/api/tasks".into(),
+            status: Some(503),
+            ..FaultSpec::default()
+        })
+        .unwrap();
+    let outage_started_ms = now_ms();
+    // The outage itself is the point of the test: it lasts 20 s whatever the runtime does.
+    tokio::time::sleep(OUTAGE).await;
+    let refused = faults.hits(task_routes).unwrap();
+    faults.clear();
+    let recovered_ms = now_ms();
+
+    let wfs =
+        wait_all_completed(&conductor, &ids, Duration::from_secs(40), || sup.log_text()).await;
+    let (mut first_completion, mut held_delivered, mut first_start) =
+        (i64::MAX, i64::MIN, i64::MAX);
+    let mut held = 0;
+    for (n, wf) in wfs.iter().enumerate() {
+        let attempts = tasks(wf);
+        assert_eq!(attempts.len(), 1, "workflow {n} needed a retry: {wf:#}");
+        assert_eq!(wf["output"]["result"]["echo"], json!({"n": n}), "{wf:#}");
+        let start = attempts[0]["startTime"].as_i64().unwrap_or(0);
+        let end = attempts[0]["endTime"].as_i64().unwrap_or(0);
+        if end >= outage_started_ms {
+            first_completion = first_completion.min(end);
+            if start < outage_started_ms {
+                held += 1;
+                held_delivered = held_delivered.max(end);
+            }
+        }
+        if start >= outage_started_ms {
+            first_start = first_start.min(start);
+        }
+    }
+    assert!(
+        held > 0 && first_start < i64::MAX,
+        "the outage must fall mid-run: {held} tasks ran across it"
+    );
+    let log = sup.log_text();
+    let outages = log.matches("Conductor does not answer").count();
+    let recoveries = log.matches("Conductor answers again").count();
+    let first_completion_ms = first_completion - recovered_ms;
+    let held_delivered_ms = held_delivered - recovered_ms;
+    let first_poll_ms = first_start - recovered_ms;
+    eprintln!(
+        "[chaos] partial outage (task routes only, {OUTAGE:?}): {WORKFLOWS} workflows COMPLETED, none retried; \
+         {held} tasks held across it, {refused} task-route requests refused; logged {outages} outage(s), \
+         {recoveries} recovery(ies); after the routes answered again: first completion {first_completion_ms} ms, \
+         every held result delivered {held_delivered_ms} ms, first new task started {first_poll_ms} ms"
+    );
+    let mut failures = Vec::new();
+    for (what, ms) in [
+        ("the first completion arrived", first_completion_ms),
+        ("the last held result arrived", held_delivered_ms),
+        ("the first new task started", first_poll_ms),
+    ] {
+        if ms > 2000 {
+            failures.push(format!(
+                "{what} {ms} ms after the task routes answered again (want ≤ 2000 ms)"
+            ));
+        }
+    }
+    if outages != 1 || recoveries != 1 {
+        failures.push(format!(
+            "the outage was logged {outages} times and its end {recoveries} times (want once each)"
+        ));
+    }
+    // One probe a second per route (polls, updates) plus the first failures and their
+    // backoff: well under one request per task and second.
+    let most = 2 * OUTAGE.as_secs() + 10 * held as u64;
+    if refused > most {
+        failures.push(format!(
+            "{refused} task-route requests during a {OUTAGE:?} outage with {held} tasks held (want ≤ {most})"
+        ));
+    }
+    assert!(
+        failures.is_empty(),
+        "{}\n--- log ---\n{log}",
+        failures.join("\n")
+    );
+    sup.signal("TERM");
+    sup.wait_exit(Duration::from_secs(30)).await;
+    assert_none_left(&marker, Duration::from_secs(2), "partial outage").await;
 }

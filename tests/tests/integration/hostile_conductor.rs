@@ -407,3 +407,142 @@ async fn preflight_takes_only_the_tasks_own_task_def() {
     }
     assert!(!log.contains("broker started"), "{log}");
 }
+
+/// Issue #23: Conductor answers 200 to an update of an attempt that is no longer in progress
+/// and applies nothing; the broker counted such updates as `completed` (304 for 300
+/// workflows). Here lease extensions are refused until Conductor times the attempt out
+/// (response timeout 2 s), then allowed: the broker's read-back finds the lease lost; the body
+/// is then let finish, and its COMPLETED update is answered 200 and ignored. `status` and
+/// `/metrics` must count it in `results_ignored`, not in `completed`; a later task that runs
+/// undisturbed is counted `completed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_conductor_ignored_is_counted_as_ignored_not_completed() {
+    use perago_devstack::faults::FaultSpec;
+    const HOLD: &str = r#"read params
+case "$params" in
+  *hold*)
+    touch holding
+    i=0
+    while [ ! -e release ] && [ $i -lt 1500 ]; do sleep 0.02; i=$((i+1)); done ;;
+esac
+printf '{"echo": %s}' "$params"
+"#;
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new(
+        "hostile.ignored",
+        HOLD,
+        "response_timeout_seconds = 2\nretry_count = 0",
+    );
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(&task, &conductor, 1, &[]);
+    let root = sup.workspace_root();
+    let counters = |name: &'static str| {
+        let root = root.clone();
+        move || {
+            crate::harness::status_json(&root)["counters"][name]
+                .as_u64()
+                .unwrap_or(0)
+        }
+    };
+    let held = conductor.start_workflow(&task, json!({"hold": true})).await;
+    let holding = task.dir.path().join("holding");
+    eventually("the held task to run", Duration::from_secs(20), || async {
+        holding.exists().then_some(())
+    })
+    .await;
+    conductor
+        .server
+        .faults()
+        .add(FaultSpec {
+            method: Some("POST".into()),
+            path: "/api/tasks".into(),
+            body_contains: Some("\"extendLease\":true".into()),
+            status: Some(503),
+            ..FaultSpec::default()
+        })
+        .unwrap();
+    let timed_out = conductor
+        .wait_terminal(&held, Duration::from_secs(30))
+        .await;
+    assert_eq!(
+        timed_out["tasks"][0]["status"], "TIMED_OUT",
+        "{timed_out:#}"
+    );
+    conductor.server.faults().clear();
+    let leases_lost = counters("leases_lost");
+    eventually(
+        "the broker to find the lease lost",
+        Duration::from_secs(20),
+        || async { (leases_lost() >= 1).then_some(()) },
+    )
+    .await;
+    std::fs::write(task.dir.path().join("release"), "").unwrap();
+    let ignored = counters("results_ignored");
+    eventually(
+        "the late result to be counted ignored",
+        Duration::from_secs(20),
+        || async { (ignored() == 1).then_some(()) },
+    )
+    .await;
+    assert_eq!(counters("completed")(), 0, "{}", sup.log_text());
+    assert!(
+        sup.log_text().contains("result ignored by Conductor"),
+        "{}",
+        sup.log_text()
+    );
+    // Conductor kept the timeout: the late result changed nothing.
+    let wf = conductor.workflow(&held).await;
+    assert_eq!(wf["tasks"][0]["status"], "TIMED_OUT", "{wf:#}");
+
+    // An undisturbed task is counted as completed, and not read back.
+    let ok = conductor.start_workflow(&task, json!({"n": 1})).await;
+    let wf = conductor.wait_terminal(&ok, Duration::from_secs(20)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
+    let completed = counters("completed");
+    eventually(
+        "the completion to be counted",
+        Duration::from_secs(10),
+        || async { (completed() == 1).then_some(()) },
+    )
+    .await;
+    assert_eq!(ignored(), 1);
+
+    // Again, but the body ends while extensions are still refused: no read-back found the
+    // lease lost, only failed extensions make the report doubtful, and that is enough.
+    std::fs::remove_file(task.dir.path().join("release")).unwrap();
+    std::fs::remove_file(&holding).unwrap();
+    let held = conductor.start_workflow(&task, json!({"hold": 2})).await;
+    eventually(
+        "the second held task to run",
+        Duration::from_secs(20),
+        || async { holding.exists().then_some(()) },
+    )
+    .await;
+    conductor
+        .server
+        .faults()
+        .add(FaultSpec {
+            method: Some("POST".into()),
+            path: "/api/tasks".into(),
+            body_contains: Some("\"extendLease\":true".into()),
+            status: Some(503),
+            ..FaultSpec::default()
+        })
+        .unwrap();
+    let timed_out = conductor
+        .wait_terminal(&held, Duration::from_secs(30))
+        .await;
+    assert_eq!(
+        timed_out["tasks"][0]["status"], "TIMED_OUT",
+        "{timed_out:#}"
+    );
+    std::fs::write(task.dir.path().join("release"), "").unwrap();
+    eventually(
+        "the second late result to be counted ignored",
+        Duration::from_secs(20),
+        || async { (ignored() == 2).then_some(()) },
+    )
+    .await;
+    conductor.server.faults().clear();
+    assert_eq!(completed(), 1, "{}", sup.log_text());
+}

@@ -90,3 +90,75 @@ async fn once_with_an_empty_queue_exits_0_promptly_in_both_modes() {
         assert_eq!(conductor.workflow(id).await["status"], "COMPLETED");
     }
 }
+
+/// Issue #23: run once with the deprecated `GET /tasks/queue/sizes` refused (500, every time)
+/// reads the depth from `GET /tasks/queue/size`; with both refused it ends after empty polls.
+/// Either way it completes the queued tasks and exits 0 within a bound, and says once, at
+/// warn, that it cannot read the depth. Before, every poll stayed held after the first empty
+/// one and the runtime never exited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_finishes_when_the_queue_size_routes_fail() {
+    use perago_devstack::faults::FaultSpec;
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("once.sizes", ECHO, "");
+    conductor.register(&task).await;
+    for (refused, falls_back_to_polls) in [
+        ("/api/tasks/queue/sizes", false),
+        // A prefix: both `/queue/size` and `/queue/sizes`.
+        ("/api/tasks/queue/size", true),
+    ] {
+        conductor.server.faults().clear();
+        let rule = conductor
+            .server
+            .faults()
+            .add(FaultSpec {
+                method: Some("GET".into()),
+                path: refused.into(),
+                status: Some(500),
+                ..FaultSpec::default()
+            })
+            .unwrap();
+        let mut ids = Vec::new();
+        for n in 0..6 {
+            ids.push(conductor.start_workflow(&task, json!({"n": n})).await);
+        }
+        let started = std::time::Instant::now();
+        let mut sup = SupervisorProc::start_args(
+            &task,
+            &conductor,
+            "2",
+            &["--once"],
+            &[("PERAGO_POLL_WAIT_MS", "500")],
+            None,
+            None,
+        );
+        let status = sup.wait_exit(Duration::from_secs(30)).await;
+        let log = sup.log_text();
+        assert_eq!(status.code(), Some(0), "refused {refused}\n{log}");
+        assert!(
+            started.elapsed() < patience(Duration::from_secs(15)),
+            "refused {refused}: exited after {:?}\n{log}",
+            started.elapsed()
+        );
+        for id in &ids {
+            let wf = conductor.workflow(id).await;
+            assert_eq!(wf["status"], "COMPLETED", "refused {refused}: {wf:#}");
+        }
+        let hits = conductor.server.faults().hits(rule).unwrap();
+        let warnings = log.matches("cannot read the queue depth").count();
+        if falls_back_to_polls {
+            assert!(hits > 0);
+            assert_eq!(warnings, 1, "warned once\n{log}");
+            assert!(
+                log.contains("empty polls in a row, the queue depth unreadable"),
+                "{log}"
+            );
+        } else {
+            assert_eq!(warnings, 0, "the other route answers\n{log}");
+            assert!(
+                log.contains("run once: no task of once.sizes left and every slot idle; draining"),
+                "{log}"
+            );
+        }
+    }
+}
