@@ -192,14 +192,25 @@ pub struct RotatingFile {
     torn: bool,
 }
 
-/// Opens `path` for appending, created 0600.
+/// Opens `path` for appending, created 0600. A symlink in its place is refused (the open
+/// would follow it, and the 0600 that follows would be set on whatever it points at), and so
+/// is anything but a regular file (a FIFO would block the writer; `O_NONBLOCK` keeps the open
+/// itself from blocking, and means nothing for a regular file).
 fn open_log(path: &Path) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt as _;
-    OpenOptions::new()
+    let file = OpenOptions::new()
         .create(true)
         .append(true)
         .mode(0o600)
-        .open(path)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    Ok(file)
 }
 
 impl RotatingFile {
@@ -212,7 +223,9 @@ impl RotatingFile {
             .recursive(true)
             .mode(0o700)
             .create(dir)?;
-        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+        // Through a descriptor of the folder itself: a symlink put in its place is refused,
+        // not followed to chmod what it points at.
+        crate::process::dirfd::Dir::open(dir)?.chmod(0o700)?;
         let file = open_log(&dir.join(FILE_NAME))?;
         file.set_permissions(fs::Permissions::from_mode(0o600))?;
         let size = file.metadata()?.len();
@@ -625,6 +638,33 @@ mod tests {
         );
         let ok = config(PERAGO_LOG_MAX_FILES, "2").unwrap();
         assert_eq!((ok.max_bytes, ok.max_files), (DEFAULT_MAX_BYTES, 2));
+    }
+
+    #[test]
+    fn a_symlink_in_place_of_a_log_file_or_folder_is_refused_not_followed() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        // Someone else's file, which a log opened through a symlink would append to and close.
+        let victim = tmp.path().join("victim");
+        fs::write(&victim, "theirs\n").unwrap();
+        fs::set_permissions(&victim, fs::Permissions::from_mode(0o644)).unwrap();
+        let dir = tmp.path().join("worker_id=w1");
+        fs::create_dir(&dir).unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join(FILE_NAME)).unwrap();
+        let err = RotatingFile::open(&dir, 1000, 2).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{err}");
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "theirs\n");
+        assert_eq!(mode(&victim), 0o644);
+        // A folder replaced by a symlink to another folder: that folder keeps its mode.
+        let other = tmp.path().join("other");
+        fs::create_dir(&other).unwrap();
+        fs::set_permissions(&other, fs::Permissions::from_mode(0o755)).unwrap();
+        let linked = tmp.path().join("worker_id=w2");
+        std::os::unix::fs::symlink(&other, &linked).unwrap();
+        assert!(RotatingFile::open(&linked, 1000, 2).is_err());
+        assert_eq!(mode(&other), 0o755);
+        assert!(!other.join(FILE_NAME).exists());
     }
 
     #[test]
