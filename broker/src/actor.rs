@@ -319,6 +319,7 @@ impl Actor {
                     use_v2: report.use_v2,
                     lease,
                     slot: report.slot,
+                    retry_count: report.retry_count,
                 };
                 self.reporter.spawn(update, self.events.clone(), span);
             }

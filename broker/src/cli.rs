@@ -8,7 +8,7 @@ use perago_core::{
     capacity::PERAGO_SLOTS,
     env::{
         PERAGO_CONTROL_PID, PERAGO_CONTROL_TOKEN, PERAGO_METRICS_ADDR, PERAGO_POLL_WAIT_MS,
-        PERAGO_SOCKET, PERAGO_TASK_NAME,
+        PERAGO_SOCKET, PERAGO_TASK_NAME, PERAGO_WORKSPACE_ROOT,
     },
 };
 
@@ -94,6 +94,7 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
                 .map_err(|_| ConfigError::MetricsAddr { value: a.clone() })?,
         ),
     };
+    let workspace_root = var(PERAGO_WORKSPACE_ROOT).map(PathBuf::from);
     Ok(BrokerConfig {
         task_name,
         prefix,
@@ -104,6 +105,7 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
         control_pid,
         poll_wait,
         metrics_addr,
+        workspace_root,
     })
 }
 

@@ -294,6 +294,21 @@ impl Dir {
         check(unsafe { libc::fchmod(self.fd.as_raw_fd(), mode as libc::mode_t) }).map(drop)
     }
 
+    /// Creates the folder `name` in this one with `mode` (less the umask); an existing entry
+    /// there, a symlink included, is an error (`EEXIST`).
+    pub fn create_dir_at(&self, name: &OsStr, mode: u32) -> io::Result<()> {
+        let name = c_name(name)?;
+        // SAFETY: mkdirat(2) reads the NUL-terminated name; no other memory is involved.
+        check(unsafe { libc::mkdirat(self.fd.as_raw_fd(), name.as_ptr(), mode as libc::mode_t) })
+            .map(drop)
+    }
+
+    /// Flushes the folder's entries (names created, renamed or removed) to the disk.
+    pub fn sync(&self) -> io::Result<()> {
+        // SAFETY: fsync(2) on a descriptor we hold; no memory is involved.
+        check(unsafe { libc::fsync(self.fd.as_raw_fd()) }).map(drop)
+    }
+
     /// Gives the entry `name` to `uid`:`gid`, a symlink itself (never what it points to).
     pub fn chown_at(&self, name: &OsStr, uid: u32, gid: u32) -> io::Result<()> {
         let name = c_name(name)?;

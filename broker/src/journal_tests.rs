@@ -1,0 +1,290 @@
+use super::*;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _, symlink};
+
+fn header(execution_id: &str) -> Header {
+    Header {
+        task_type: "orders.ship".into(),
+        task_id: "t-1".into(),
+        workflow_instance_id: "wf-1".into(),
+        retry_count: 2,
+        execution_id: execution_id.into(),
+        worker_id: "ordersship0001".into(),
+        status: "COMPLETED".into(),
+        published_commit: None,
+    }
+}
+
+fn body(header: &Header) -> Vec<u8> {
+    json!({
+        "workflowInstanceId": header.workflow_instance_id,
+        "taskId": header.task_id,
+        "workerId": header.worker_id,
+        "status": header.status,
+        "outputData": {"result": {"secret": "s3cr3t"}},
+    })
+    .to_string()
+    .into_bytes()
+}
+
+fn mode(path: &Path) -> u32 {
+    fs::metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+use std::fs;
+
+#[test]
+fn an_entry_is_written_read_back_and_removed_in_a_private_folder() {
+    let root = tempfile::tempdir().unwrap();
+    let journal = Journal::open(root.path(), "orders.ship").unwrap();
+    assert_eq!(journal.path(), root.path().join("journal/orders.ship"));
+    assert_eq!(mode(&root.path().join("journal")), 0o700);
+    assert_eq!(mode(journal.path()), 0o700);
+    let h = header("e-1");
+    let written = journal.record(&h, &body(&h), false).unwrap();
+    let file = journal.path().join("e-1.entry");
+    assert_eq!(mode(&file), 0o600);
+    assert_eq!(journal.names().unwrap(), [OsString::from("e-1.entry")]);
+    let entry = journal.read("e-1.entry".as_ref()).unwrap();
+    assert_eq!(entry.header, h);
+    assert_eq!(entry.body["outputData"]["result"]["secret"], "s3cr3t");
+    assert_eq!(journal.usage().entries, 1);
+    // Durable entries are the same on disk.
+    let mut published = header("e-2");
+    published.published_commit = Some("c0ffee".into());
+    let durable = journal.record(&published, &body(&published), true).unwrap();
+    assert_eq!(
+        journal
+            .read("e-2.entry".as_ref())
+            .unwrap()
+            .header
+            .published_commit
+            .as_deref(),
+        Some("c0ffee")
+    );
+    journal.remove(written);
+    journal.remove(durable);
+    assert!(!file.exists());
+    assert!(journal.names().unwrap().is_empty());
+    assert_eq!(journal.usage().entries, 0);
+    assert_eq!(journal.usage().bytes, 0);
+    // Nothing else was left in the folder (no temporary file).
+    assert_eq!(fs::read_dir(journal.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn a_reopened_journal_counts_what_it_holds_and_lists_other_types() {
+    let root = tempfile::tempdir().unwrap();
+    let first = Journal::open(root.path(), "orders.ship").unwrap();
+    let h = header("e-1");
+    first.record(&h, &body(&h), false).unwrap();
+    drop(first);
+    Journal::open(root.path(), "other.type").unwrap();
+    let again = Journal::open(root.path(), "orders.ship").unwrap();
+    assert_eq!(again.usage().entries, 1);
+    assert!(again.usage().bytes > 0);
+    assert_eq!(again.other_types(), ["other.type"]);
+}
+
+#[test]
+fn bounds_refuse_entries_without_failing_and_reopen_when_room_is_made() {
+    let root = tempfile::tempdir().unwrap();
+    let mut journal = Journal::open(root.path(), "orders.ship").unwrap();
+    journal.max_entries = 2;
+    let (a, b, c) = (header("a"), header("b"), header("c"));
+    let wa = journal.record(&a, &body(&a), false).unwrap();
+    journal.record(&b, &body(&b), false).unwrap();
+    assert!(journal.record(&c, &body(&c), false).is_none());
+    assert!(journal.refusing.load(Ordering::Relaxed));
+    journal.remove(wa);
+    assert!(journal.record(&c, &body(&c), false).is_some());
+    assert!(!journal.refusing.load(Ordering::Relaxed));
+
+    // Bytes: the total bound, then one entry above the entry bound.
+    journal.max_entries = MAX_ENTRIES;
+    let used = journal.usage().bytes;
+    journal.max_total_bytes = used + 10;
+    let d = header("d");
+    assert!(journal.record(&d, &body(&d), false).is_none());
+    journal.max_total_bytes = MAX_TOTAL_BYTES;
+    let huge = vec![b' '; MAX_ENTRY_BYTES + 1];
+    assert!(journal.record(&d, &huge, false).is_none());
+    assert_eq!(journal.usage().entries, 2);
+    assert!(!journal.path().join("d.entry").exists());
+    // An execution id that is not a plain name is never a file name.
+    for bad in ["", "../x", "a/b", ".hidden", &"x".repeat(200)] {
+        let h = header(bad);
+        assert!(journal.record(&h, &body(&h), false).is_none(), "{bad:?}");
+    }
+    assert_eq!(fs::read_dir(journal.path()).unwrap().count(), 2);
+}
+
+#[test]
+fn unusable_entries_are_told_apart_and_removed() {
+    let root = tempfile::tempdir().unwrap();
+    let journal = Journal::open(root.path(), "orders.ship").unwrap();
+    let dir = journal.path().to_owned();
+    let h = header("good");
+    let full = encode(&h, &body(&h));
+    // A write cut short (no rename): the temporary file goes when the names are listed.
+    fs::write(dir.join(".tmp-cut.entry"), &full[..10]).unwrap();
+    // Truncated after the rename (a partial page written back): the body is not JSON.
+    fs::write(dir.join("trunc.entry"), &full[..full.len() - 5]).unwrap();
+    fs::write(dir.join("noline.entry"), "{}").unwrap();
+    let mut other = header("other");
+    other.task_type = "another.type".into();
+    fs::write(dir.join("other.entry"), encode(&other, &body(&other))).unwrap();
+    // A body that is not the update its header names.
+    let lie = header("lie");
+    let mut forged = header("lie");
+    forged.task_id = "t-2".into();
+    fs::write(dir.join("lie.entry"), encode(&lie, &body(&forged))).unwrap();
+    // The name is not the entry's execution.
+    fs::write(dir.join("renamed.entry"), &full).unwrap();
+    let mut running = header("running");
+    running.status = "IN_PROGRESS".into();
+    fs::write(dir.join("running.entry"), encode(&running, &body(&running))).unwrap();
+    symlink("/etc/passwd", dir.join("link.entry")).unwrap();
+    fs::create_dir(dir.join("sub.entry")).unwrap();
+    fs::write(dir.join("good.entry"), &full).unwrap();
+
+    let names = journal.names().unwrap();
+    assert!(!dir.join(".tmp-cut.entry").exists());
+    assert_eq!(names.len(), 9, "{names:?}");
+    let mut good = 0;
+    for name in &names {
+        match journal.read(name) {
+            Ok(entry) => {
+                assert_eq!(name, "good.entry");
+                assert_eq!(entry.header, h);
+                good += 1;
+            }
+            Err(cause) => {
+                assert!(!cause.is_empty());
+                journal.discard(name);
+            }
+        }
+    }
+    assert_eq!(good, 1);
+    let why = |name: &str| journal.read(name.as_ref()).unwrap_err();
+    fs::write(dir.join("x.entry"), encode(&other, &body(&other))).unwrap();
+    assert!(
+        why("x.entry").contains("another.type"),
+        "{}",
+        why("x.entry")
+    );
+    // Every unusable regular file and the symlink are gone; the folder is left (unlink
+    // cannot remove it: it is logged and stays).
+    let left: Vec<String> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let mut left = left;
+    left.sort();
+    assert_eq!(left, ["good.entry", "sub.entry", "x.entry"]);
+    // /etc/passwd was not touched through the link.
+    assert!(Path::new("/etc/passwd").exists());
+}
+
+#[test]
+fn the_folders_must_be_ours_and_real_and_are_closed_to_others() {
+    let root = tempfile::tempdir().unwrap();
+    // A symlink in the journal's place is refused, not followed.
+    let elsewhere = tempfile::tempdir().unwrap();
+    symlink(elsewhere.path(), root.path().join("journal")).unwrap();
+    let err = Journal::open(root.path(), "orders.ship").unwrap_err();
+    assert!(matches!(err, JournalError::Open { .. }), "{err}");
+    assert!(fs::read_dir(elsewhere.path()).unwrap().next().is_none());
+    fs::remove_file(root.path().join("journal")).unwrap();
+    // A folder of ours left open to others is closed.
+    fs::create_dir(root.path().join("journal")).unwrap();
+    fs::set_permissions(
+        root.path().join("journal"),
+        fs::Permissions::from_mode(0o777),
+    )
+    .unwrap();
+    let journal = Journal::open(root.path(), "orders.ship").unwrap();
+    assert_eq!(mode(&root.path().join("journal")), 0o700);
+    drop(journal);
+    // Another user's folder is refused (as root, give it away).
+    if euid() == 0 {
+        std::os::unix::fs::chown(root.path().join("journal"), Some(65534), Some(65534)).unwrap();
+        let err = Journal::open(root.path(), "orders.ship").unwrap_err();
+        assert!(
+            matches!(err, JournalError::NotOwned { owner: 65534, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("owned by uid 65534"), "{err}");
+        // An entry of another user is not read.
+        std::os::unix::fs::chown(root.path().join("journal"), Some(0), Some(0)).unwrap();
+        let journal = Journal::open(root.path(), "orders.ship").unwrap();
+        let h = header("theirs");
+        let path = journal.path().join("theirs.entry");
+        fs::write(&path, encode(&h, &body(&h))).unwrap();
+        std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().uid(), 65534);
+        assert!(
+            journal
+                .read("theirs.entry".as_ref())
+                .unwrap_err()
+                .contains("owned by uid 65534")
+        );
+    }
+}
+
+fn task(status: &str, retry_count: u32) -> Value {
+    json!({
+        "taskId": "t-1", "workflowInstanceId": "wf-1", "retryCount": retry_count,
+        "taskDefName": "orders.ship", "taskType": "orders.ship", "referenceTaskName": "t",
+        "seq": 1, "status": status, "inputData": {"params": {}},
+    })
+}
+
+#[test]
+fn only_the_same_attempt_still_in_progress_is_reported() {
+    let h = header("e-1");
+    assert_eq!(verdict(&h, &task("IN_PROGRESS", 2)), Verdict::Report);
+    let dropped = |task: Value| match verdict(&h, &task) {
+        Verdict::Drop(reason) => reason,
+        Verdict::Report => panic!("reported: {task}"),
+    };
+    assert!(dropped(task("COMPLETED", 2)).contains("COMPLETED now"));
+    assert!(dropped(task("TIMED_OUT", 2)).contains("TIMED_OUT"));
+    assert!(dropped(task("SCHEDULED", 2)).contains("no longer in progress"));
+    assert!(dropped(task("IN_PROGRESS", 3)).contains("retry 3 now, not 2"));
+    let mut other = task("IN_PROGRESS", 2);
+    other["taskId"] = json!("t-9");
+    assert!(dropped(other).contains("\"t-9\""));
+    let mut other = task("IN_PROGRESS", 2);
+    other["workflowInstanceId"] = json!("wf-9");
+    assert!(dropped(other).contains("workflow \"wf-9\""));
+    let mut other = task("IN_PROGRESS", 2);
+    other["taskDefName"] = json!("else");
+    assert!(dropped(other).contains("type \"else\""));
+    assert!(dropped(json!([1])).contains("not a task"));
+    let mut garbled = task("IN_PROGRESS", 2);
+    garbled["retryCount"] = json!("two");
+    assert!(dropped(garbled).contains("not a task"));
+}
+
+#[test]
+fn headers_round_trip_and_malformed_ones_are_named() {
+    let mut h = header("e-1");
+    h.published_commit = Some("abc".into());
+    assert_eq!(Header::parse(&h.to_line()).unwrap(), h);
+    assert!(Header::parse("nope").unwrap_err().contains("not JSON"));
+    assert!(Header::parse("{}").unwrap_err().contains("format"));
+    let mut v: Value = serde_json::from_str(&h.to_line()).unwrap();
+    v["retryCount"] = json!(-1);
+    assert!(
+        Header::parse(&v.to_string())
+            .unwrap_err()
+            .contains("retryCount")
+    );
+    v["retryCount"] = json!(1);
+    v["taskId"] = json!("");
+    assert!(
+        Header::parse(&v.to_string())
+            .unwrap_err()
+            .contains("taskId")
+    );
+}
