@@ -617,7 +617,7 @@ pub(crate) async fn replay(
                 done.left = names.len() - n;
                 tracing::warn!(
                     left = done.left,
-                    "Conductor did not answer within {}s; the journal entries left are replayed at the next start",
+                    "the result journal cannot be settled now (Conductor did not answer within {}s, or not usably); the entries left are replayed at the next start",
                     patience.as_secs()
                 );
                 break;

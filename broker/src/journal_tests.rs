@@ -288,3 +288,127 @@ fn headers_round_trip_and_malformed_ones_are_named() {
             .contains("taskId")
     );
 }
+
+/// A fake Conductor on a loopback port: `GET /api/tasks/{id}` answers `task` (or the status
+/// `get_status` with no body), `POST /api/tasks` answers `post_status`; every update body is
+/// kept in `posted`.
+struct FakeConductor {
+    base: String,
+    posted: std::sync::Arc<Mutex<Vec<Value>>>,
+}
+
+async fn fake_conductor(task: Option<Value>, get_status: u16, post_status: u16) -> FakeConductor {
+    use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/api", listener.local_addr().unwrap());
+    let posted = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let kept = std::sync::Arc::clone(&posted);
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            let (task, kept) = (task.clone(), std::sync::Arc::clone(&kept));
+            tokio::spawn(async move {
+                let mut conn = BufReader::new(conn);
+                loop {
+                    let mut head = Vec::new();
+                    loop {
+                        let mut line = String::new();
+                        if conn.read_line(&mut line).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line.trim_end().is_empty() {
+                            break;
+                        }
+                        head.push(line.trim_end().to_owned());
+                    }
+                    let len = head
+                        .iter()
+                        .find_map(|l| {
+                            let (k, v) = l.split_once(':')?;
+                            k.eq_ignore_ascii_case("content-length")
+                                .then(|| v.trim().parse::<usize>().ok())?
+                        })
+                        .unwrap_or(0);
+                    let mut body = vec![0; len];
+                    conn.read_exact(&mut body).await.unwrap();
+                    let (status, answer) = if head[0].starts_with("GET /api/tasks/") {
+                        match &task {
+                            Some(task) if get_status == 200 => (200, task.to_string()),
+                            _ => (get_status, String::new()),
+                        }
+                    } else {
+                        kept.lock()
+                            .unwrap()
+                            .push(serde_json::from_slice(&body).unwrap());
+                        (post_status, String::new())
+                    };
+                    let out = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{answer}",
+                        answer.len()
+                    );
+                    if conn.get_mut().write_all(out.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    FakeConductor { base, posted }
+}
+
+async fn replay_against(
+    fake: &FakeConductor,
+    patience: Duration,
+) -> (Replayed, Journal, tempfile::TempDir) {
+    let root = tempfile::tempdir().unwrap();
+    let journal = Journal::open(root.path(), "orders.ship").unwrap();
+    let h = header("e-1");
+    journal.record(&h, &body(&h), false).unwrap();
+    let client = ConductorClient::new(&fake.base).unwrap();
+    let done = replay(&journal, &client, &Backoff::default_remote(), patience).await;
+    (done, journal, root)
+}
+
+#[tokio::test]
+async fn replay_reports_an_attempt_in_progress_and_removes_its_entry() {
+    let fake = fake_conductor(Some(task("IN_PROGRESS", 2)), 200, 200).await;
+    let (done, journal, _root) = replay_against(&fake, Duration::from_secs(5)).await;
+    assert_eq!(done.reported, 1, "{done:?}");
+    assert!(journal.names().unwrap().is_empty());
+    let posted = fake.posted.lock().unwrap().clone();
+    assert_eq!(posted.len(), 1);
+    assert_eq!(posted[0]["status"], "COMPLETED");
+    assert_eq!(posted[0]["outputData"]["result"]["secret"], "s3cr3t");
+}
+
+#[tokio::test]
+async fn replay_drops_a_settled_or_unknown_attempt_without_reporting_it() {
+    for fake in [
+        fake_conductor(Some(task("COMPLETED", 2)), 200, 200).await,
+        fake_conductor(Some(task("IN_PROGRESS", 3)), 200, 200).await,
+        fake_conductor(None, 404, 200).await,
+    ] {
+        let (done, journal, _root) = replay_against(&fake, Duration::from_secs(5)).await;
+        assert_eq!(done.dropped, 1, "{done:?}");
+        assert!(journal.names().unwrap().is_empty());
+        assert!(fake.posted.lock().unwrap().is_empty());
+    }
+    // Conductor refuses the update for good: dropped too.
+    let fake = fake_conductor(Some(task("IN_PROGRESS", 2)), 200, 400).await;
+    let (done, journal, _root) = replay_against(&fake, Duration::from_secs(5)).await;
+    assert_eq!(done.dropped, 1, "{done:?}");
+    assert!(journal.names().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn replay_leaves_the_entry_when_conductor_does_not_answer_in_time() {
+    for fake in [
+        fake_conductor(None, 503, 200).await,
+        fake_conductor(Some(task("IN_PROGRESS", 2)), 200, 503).await,
+    ] {
+        let started = Instant::now();
+        let (done, journal, _root) = replay_against(&fake, Duration::from_secs(2)).await;
+        assert!(started.elapsed() < Duration::from_secs(4));
+        assert_eq!(done.left, 1, "{done:?}");
+        assert_eq!(journal.names().unwrap(), [OsString::from("e-1.entry")]);
+    }
+}
