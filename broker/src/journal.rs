@@ -1,20 +1,22 @@
 //! The result journal (issue #23, item 4): a result the broker is about to report is written
-//! to `<workspace root>/journal/<task type>/<execution id>.entry` first and removed once
-//! Conductor took the update (or refused it for good). A runtime killed in between (the broker
-//! SIGKILLed, the supervisor with it, Conductor unreachable to the end) leaves the entry; the
-//! next runtime on the root (the root's lock makes it the only one) replays it before it
-//! polls, and reports it only if a fresh read of the task shows the same attempt still
-//! `IN_PROGRESS` with the same retry count: at least once, never exactly once.
+//! to a file of `<workspace root>/journal/<task type>/` first and settled once Conductor took
+//! the update (or refused it for good). A runtime killed in between (the broker SIGKILLed, the
+//! supervisor with it, Conductor unreachable to the end) leaves the entry; the next runtime on
+//! the root (the root's lock makes it the only one) replays it before it polls, and reports it
+//! only if a fresh read of the task shows the same attempt still `IN_PROGRESS` with the same
+//! retry count: at least once, never exactly once.
 //!
 //! The folders are 0700 and the files 0600, this user's own; everything is reached through
-//! descriptors held from the start ([`Dir`]: `openat` with `O_NOFOLLOW`), never by a path
-//! resolved again. An entry is written to a temporary name and renamed into place, so a reader
-//! never sees half of one; it is not fsync'd (a SIGKILLed process leaves the page cache to the
-//! kernel, which writes it) except for a workspace task whose merge landed, where losing the
-//! result loses a publication's report: there the file and the folder are flushed before the
-//! first update goes out. The journal is bounded ([`MAX_ENTRIES`], [`MAX_ENTRY_BYTES`],
-//! [`MAX_TOTAL_BYTES`]): past a bound a result is reported without an entry, with one warning.
-//! No line of this module logs a result's content.
+//! descriptors held from the start ([`Dir`]: `mkdirat`, `openat` with `O_NOFOLLOW`), never by a
+//! path resolved again. Files are reused (see [`Journal`]): an entry is one `pwrite` over a
+//! free file, settling it one more. An entry is not fsync'd (a SIGKILLed process leaves the
+//! page cache to the kernel, which writes it) except for a workspace task whose merge landed,
+//! where losing the result loses a publication's report: there the file (and the folder, for
+//! a new file) is flushed before the first update goes out. A reader checks each entry whole
+//! (its header names the body's length; the body must be the update the header describes), so
+//! a write cut short is refused, never reported. The journal is bounded ([`MAX_ENTRIES`] files,
+//! [`MAX_ENTRY_BYTES`] each, [`MAX_TOTAL_BYTES`] waiting): past a bound a result is reported
+//! without an entry, with one warning. No line of this module logs a result's content.
 
 use perago_core::{
     attempt::{AttemptSnapshot, TaskStatus},
@@ -28,7 +30,8 @@ use perago_core::{
 use serde_json::{Value, json};
 use std::{
     ffi::{OsStr, OsString},
-    io::{self, Write as _},
+    fs::File,
+    io,
     path::{Path, PathBuf},
     sync::{
         Mutex,
@@ -53,9 +56,10 @@ const JOURNAL_DIR: &str = "journal";
 /// The format of an entry's header line.
 const FORMAT: u64 = 1;
 const SUFFIX: &str = ".entry";
-const TMP_PREFIX: &str = ".tmp-";
-/// The longest execution id used as a file name.
-const MAX_ID_CHARS: usize = 128;
+/// The first byte of a settled file (an entry's is `{`).
+const SETTLED: u8 = b'#';
+/// A settled file holding more than this is emptied, so free files take little room.
+const KEEP_BYTES: u64 = 64 << 10;
 
 /// Why the journal cannot be used (results are then reported without it).
 #[derive(Debug, thiserror::Error)]
@@ -103,9 +107,10 @@ pub(crate) struct Header {
 }
 
 impl Header {
-    fn to_line(&self) -> String {
+    fn to_line(&self, body_bytes: usize) -> String {
         json!({
             "format": FORMAT,
+            "bodyBytes": body_bytes,
             "taskType": self.task_type,
             "taskId": self.task_id,
             "workflowInstanceId": self.workflow_instance_id,
@@ -118,7 +123,8 @@ impl Header {
         .to_string()
     }
 
-    fn parse(line: &str) -> Result<Self, String> {
+    /// The header of a line, and the length of the body that follows it.
+    fn parse(line: &str) -> Result<(Self, usize), String> {
         let value: Value =
             serde_json::from_str(line).map_err(|e| format!("header is not JSON: {e}"))?;
         let text = |name: &str| -> Result<String, String> {
@@ -143,7 +149,13 @@ impl Header {
             Some(Value::String(s)) => Some(s.clone()),
             Some(_) => return Err("header publishedCommit is not text".into()),
         };
-        Ok(Self {
+        let body_bytes = value
+            .get("bodyBytes")
+            .and_then(Value::as_u64)
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|&n| n <= MAX_ENTRY_BYTES)
+            .ok_or("header has no bodyBytes")?;
+        let header = Self {
             task_type: text("taskType")?,
             task_id: text("taskId")?,
             workflow_instance_id: text("workflowInstanceId")?,
@@ -152,7 +164,8 @@ impl Header {
             worker_id: text("workerId")?,
             status: text("status")?,
             published_commit,
-        })
+        };
+        Ok((header, body_bytes))
     }
 }
 
@@ -163,9 +176,10 @@ pub(crate) struct Entry {
     pub(crate) body: Value,
 }
 
-/// The bytes of an entry: the header line, then the update body as it is sent.
+/// The bytes of an entry: the header line (which names the body's length), then the update
+/// body as it is sent.
 fn encode(header: &Header, body: &[u8]) -> Vec<u8> {
-    let line = header.to_line();
+    let line = header.to_line(body.len());
     let mut bytes = Vec::with_capacity(line.len() + 1 + body.len());
     bytes.extend_from_slice(line.as_bytes());
     bytes.push(b'\n');
@@ -173,14 +187,32 @@ fn encode(header: &Header, body: &[u8]) -> Vec<u8> {
     bytes
 }
 
-/// Reads an entry back, checking that its body is the update its header describes.
-fn decode(text: &str) -> Result<Entry, String> {
-    let (line, body) = text
-        .split_once('\n')
+/// What a journal file holds.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Read {
+    /// A result waiting to be settled.
+    Entry(Box<Entry>),
+    /// A file whose result was settled (marked, or empty): free.
+    Settled,
+}
+
+/// Reads a file's bytes back: an entry whose body is the update its header describes, or a
+/// settled file. Bytes after the body (of a longer entry the file held before) are ignored.
+fn decode(bytes: &[u8]) -> Result<Read, String> {
+    if bytes.is_empty() || bytes[0] == SETTLED {
+        return Ok(Read::Settled);
+    }
+    let split = bytes
+        .iter()
+        .position(|&b| b == b'\n')
         .ok_or("no header line (a write cut short?)")?;
-    let header = Header::parse(line)?;
+    let line = std::str::from_utf8(&bytes[..split]).map_err(|_| "header is not UTF-8")?;
+    let (header, body_len) = Header::parse(line)?;
+    let body = bytes[split + 1..]
+        .get(..body_len)
+        .ok_or("shorter than its header says (a write cut short?)")?;
     let body: Value =
-        serde_json::from_str(body).map_err(|e| format!("update body is not JSON: {e}"))?;
+        serde_json::from_slice(body).map_err(|e| format!("update body is not JSON: {e}"))?;
     let field = |name: &str| body.get(name).and_then(Value::as_str);
     for (name, expected) in [
         ("taskId", header.task_id.as_str()),
@@ -200,17 +232,7 @@ fn decode(text: &str) -> Result<Entry, String> {
     ) {
         return Err(format!("status {:?} is not a final one", header.status));
     }
-    Ok(Entry { header, body })
-}
-
-/// An execution id usable as a file name (the broker makes UUIDs).
-fn entry_name(execution_id: &str) -> Option<OsString> {
-    let plain = !execution_id.is_empty()
-        && execution_id.len() <= MAX_ID_CHARS
-        && execution_id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    plain.then(|| OsString::from(format!("{execution_id}{SUFFIX}")))
+    Ok(Read::Entry(Box::new(Entry { header, body })))
 }
 
 /// Creates (0700) or opens the folder `name` in `parent`: this user's own, closed to others
@@ -241,20 +263,42 @@ fn own_dir(parent: &Dir, parent_path: &Path, name: &str) -> Result<Dir, JournalE
     Ok(dir)
 }
 
+/// A journal file this broker created, held open for writing.
+#[derive(Debug)]
+struct Slot {
+    name: OsString,
+    file: File,
+    /// The bytes it holds (a settled entry's are left, marked, unless they were many).
+    len: u64,
+}
+
 /// An entry written, to remove once its update is settled.
 #[derive(Debug)]
 pub(crate) struct Written {
-    name: OsString,
+    slot: Slot,
     bytes: u64,
 }
 
 #[derive(Debug, Default)]
 struct Usage {
-    entries: usize,
+    /// Files of this journal: holding an entry, or free, or left from before (until settled).
+    files: usize,
+    /// Bytes of the entries waiting.
     bytes: u64,
+    /// Files free to write the next entry into.
+    free: Vec<Slot>,
+    /// The number of the next file created.
+    next: u64,
 }
 
 /// One task type's journal, held open.
+///
+/// Writing a file per result and unlinking it costs an inode and two folder changes (about
+/// 50 µs of kernel time on ext4, a third of the broker's whole cost per task). So files are
+/// kept and reused: an entry is written over a free file in place (`pwrite` at 0: its header
+/// names its length, and what follows of an earlier longer entry is ignored), and settled by
+/// writing one byte, the mark [`SETTLED`], over its first. A file is created only when none is
+/// free (as many as updates are in flight at once).
 #[derive(Debug)]
 pub(crate) struct Journal {
     path: PathBuf,
@@ -281,10 +325,11 @@ impl Journal {
         let top_path = root.join(JOURNAL_DIR);
         let dir = own_dir(&top, &top_path, task_type)?;
         let path = top_path.join(task_type);
+        // What an earlier runtime left counts until the replay settles it.
         let mut usage = Usage::default();
         for name in dir.entries().unwrap_or_default() {
             if let Ok(stat) = dir.stat_at(&name) {
-                usage.entries += 1;
+                usage.files += 1;
                 usage.bytes += stat.size;
             }
         }
@@ -323,14 +368,60 @@ impl Journal {
         }
     }
 
-    /// Writes the entry of a result about to be reported; `durable`: flushed to the disk
-    /// (file and folder) before returning. `None` when it was not written (a bound, a bad
-    /// execution id, a failed write: said once).
-    pub(crate) fn record(&self, header: &Header, body: &[u8], durable: bool) -> Option<Written> {
-        let Some(name) = entry_name(&header.execution_id) else {
-            tracing::warn!("result not journaled: its execution id is not a plain name");
-            return None;
+    /// A free file, or a new one (`None` at the bound on files, or when none can be made).
+    fn take_slot(&self) -> Result<(Slot, bool), String> {
+        let next = {
+            let mut usage = self.usage();
+            if let Some(slot) = usage.free.pop() {
+                return Ok((slot, false));
+            }
+            if usage.files >= self.max_entries {
+                return Err(format!(
+                    "the journal holds {} files, its limit",
+                    self.max_entries
+                ));
+            }
+            usage.files += 1;
+            usage.next += 1;
+            usage.next
         };
+        // A name an earlier runtime's file still holds is skipped.
+        let mut n = next;
+        for _ in 0..64 {
+            let name = OsString::from(format!("{n}{SUFFIX}"));
+            match self.dir.create_new(&name, 0o600) {
+                Ok(file) => return Ok((Slot { name, file, len: 0 }, true)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    n = {
+                        let mut usage = self.usage();
+                        usage.next += 1;
+                        usage.next
+                    };
+                }
+                Err(e) => {
+                    self.usage().files -= 1;
+                    return Err(format!("cannot create an entry file: {e}"));
+                }
+            }
+        }
+        self.usage().files -= 1;
+        Err("cannot find a free entry file name".into())
+    }
+
+    /// Gives a file back: free (settled) when `settled`, else closed and removed.
+    fn put_slot(&self, slot: Slot, settled: bool) {
+        if settled {
+            self.usage().free.push(slot);
+            return;
+        }
+        let _ = self.dir.unlink_at(&slot.name);
+        self.usage().files -= 1;
+    }
+
+    /// Writes the entry of a result about to be reported; `durable`: flushed to the disk
+    /// before returning. `None` when it was not written (a bound, a failed write: said once).
+    pub(crate) fn record(&self, header: &Header, body: &[u8], durable: bool) -> Option<Written> {
+        use std::os::unix::fs::FileExt as _;
         let bytes = encode(header, body);
         let size = bytes.len() as u64;
         if bytes.len() > MAX_ENTRY_BYTES {
@@ -341,14 +432,6 @@ impl Journal {
         }
         {
             let mut usage = self.usage();
-            if usage.entries >= self.max_entries {
-                drop(usage);
-                self.refuse(&format!(
-                    "the journal holds {} entries, its limit",
-                    self.max_entries
-                ));
-                return None;
-            }
             if usage.bytes + size > self.max_total_bytes {
                 drop(usage);
                 self.refuse(&format!(
@@ -357,37 +440,36 @@ impl Journal {
                 ));
                 return None;
             }
-            usage.entries += 1;
             usage.bytes += size;
         }
-        let mut tmp = OsString::from(TMP_PREFIX);
-        tmp.push(&name);
-        let write = || -> io::Result<()> {
-            match self.dir.unlink_at(&tmp) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-                _ => {}
+        let (mut slot, created) = match self.take_slot() {
+            Ok(slot) => slot,
+            Err(why) => {
+                self.release(size);
+                self.refuse(&why);
+                return None;
             }
-            let mut file = self.dir.create_new(&tmp, 0o600)?;
-            file.write_all(&bytes)?;
+        };
+        let write = |slot: &mut Slot| -> io::Result<()> {
+            slot.file.write_all_at(&bytes, 0)?;
+            slot.len = slot.len.max(size);
             if durable {
-                file.sync_data()?;
-            }
-            drop(file);
-            self.dir.rename_at(&tmp, &name)?;
-            if durable {
-                self.dir.sync()?;
+                slot.file.sync_data()?;
+                if created {
+                    self.dir.sync()?;
+                }
             }
             Ok(())
         };
-        match write() {
+        match write(&mut slot) {
             Ok(()) => {
                 if self.refusing.swap(false, Ordering::Relaxed) {
                     tracing::info!(journal = %self.path.display(), "results are journaled again");
                 }
-                Some(Written { name, bytes: size })
+                Some(Written { slot, bytes: size })
             }
             Err(e) => {
-                let _ = self.dir.unlink_at(&tmp);
+                self.put_slot(slot, false);
                 self.release(size);
                 self.refuse(&format!("cannot write an entry: {e}"));
                 None
@@ -397,42 +479,44 @@ impl Journal {
 
     fn release(&self, bytes: u64) {
         let mut usage = self.usage();
-        usage.entries = usage.entries.saturating_sub(1);
         usage.bytes = usage.bytes.saturating_sub(bytes);
     }
 
-    /// Removes an entry written by [`Journal::record`]: its update is settled.
+    /// Settles an entry written by [`Journal::record`]: its update is settled. The file is
+    /// marked and kept for the next entry (emptied first if it held many bytes).
     pub(crate) fn remove(&self, written: Written) {
-        self.remove_name(&written.name, written.bytes);
-    }
-
-    fn remove_name(&self, name: &OsStr, bytes: u64) {
-        match self.dir.unlink_at(name) {
-            Ok(()) => self.release(bytes),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => self.release(bytes),
+        use std::os::unix::fs::FileExt as _;
+        let Written { mut slot, bytes } = written;
+        self.release(bytes);
+        let mut mark = || -> io::Result<()> {
+            slot.file.write_all_at(&[SETTLED], 0)?;
+            if slot.len > KEEP_BYTES {
+                slot.file.set_len(0)?;
+                slot.len = 0;
+            }
+            Ok(())
+        };
+        match mark() {
+            Ok(()) => self.put_slot(slot, true),
             Err(e) => {
-                tracing::warn!(error = %e, entry = ?name, journal = %self.path.display(), "cannot remove a settled journal entry; the next start will find its attempt settled and drop it");
+                tracing::warn!(error = %e, entry = ?slot.name, journal = %self.path.display(), "cannot mark a settled journal entry; it is removed");
+                self.put_slot(slot, false);
             }
         }
     }
 
-    /// The names of the entries left (temporary files of a write cut short are removed).
+    /// The names of the files left by an earlier runtime (read before this one writes any).
     pub(crate) fn names(&self) -> io::Result<Vec<OsString>> {
-        let mut names = Vec::new();
-        for name in self.dir.entries()? {
-            if name.as_encoded_bytes().starts_with(TMP_PREFIX.as_bytes()) {
-                let size = self.dir.stat_at(&name).map_or(0, |s| s.size);
-                self.remove_name(&name, size);
-            } else {
-                names.push(name);
-            }
-        }
-        Ok(names)
+        self.dir.entries()
     }
 
-    /// Reads the entry `name`: a regular file of this user within [`MAX_ENTRY_BYTES`], of
-    /// this task type, named after its execution; else why not.
-    pub(crate) fn read(&self, name: &OsStr) -> Result<Entry, String> {
+    /// Reads the file `name`: a regular file of this user within [`MAX_ENTRY_BYTES`] holding
+    /// an entry of this task type, or settled; else why not.
+    pub(crate) fn read(&self, name: &OsStr) -> Result<Read, String> {
+        use std::io::Read as _;
+        if !name.as_encoded_bytes().ends_with(SUFFIX.as_bytes()) {
+            return Err("not an entry file".into());
+        }
         let file = self.dir.open_file(name).map_err(|e| e.to_string())?;
         let stat = perago_core::process::dirfd::fstat(std::os::fd::AsFd::as_fd(&file))
             .map_err(|e| e.to_string())?;
@@ -446,25 +530,38 @@ impl Journal {
                 euid()
             ));
         }
-        let text = perago_core::files::read_open_regular(file, MAX_ENTRY_BYTES as u64)
+        // What follows the entry may be a longer one's tail: read only as much as an entry
+        // can take.
+        let mut bytes = Vec::new();
+        file.take(MAX_ENTRY_BYTES as u64)
+            .read_to_end(&mut bytes)
             .map_err(|e| e.to_string())?;
-        let entry = decode(&text)?;
-        if entry.header.task_type != self.task_type {
+        let read = decode(&bytes)?;
+        if let Read::Entry(entry) = &read
+            && entry.header.task_type != self.task_type
+        {
             return Err(format!(
                 "an entry of task type {:?}, not {:?}",
                 entry.header.task_type, self.task_type
             ));
         }
-        if entry_name(&entry.header.execution_id).as_deref() != Some(name) {
-            return Err("its name is not its execution id's".into());
-        }
-        Ok(entry)
+        Ok(read)
     }
 
-    /// Removes the entry `name` that cannot be used.
+    /// Removes the file `name` left by an earlier runtime: settled, or unusable.
     fn discard(&self, name: &OsStr) {
         let size = self.dir.stat_at(name).map_or(0, |s| s.size);
-        self.remove_name(name, size);
+        match self.dir.unlink_at(name) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(error = %e, entry = ?name, journal = %self.path.display(), "cannot remove a journal file");
+                return;
+            }
+        }
+        let mut usage = self.usage();
+        usage.files = usage.files.saturating_sub(1);
+        usage.bytes = usage.bytes.saturating_sub(size);
     }
 
     /// The other task types with journal folders beside this one (left alone).
@@ -585,16 +682,33 @@ pub(crate) async fn replay(
             return done;
         }
     };
-    if names.is_empty() {
+    // Settled files (the earlier runtime's free ones) and unusable ones go first.
+    let mut live = Vec::new();
+    for name in names {
+        match journal.read(&name) {
+            Ok(Read::Entry(_)) => live.push(name),
+            Ok(Read::Settled) => journal.discard(&name),
+            Err(cause) => {
+                tracing::warn!(entry = ?name, cause, "removing a journal file that cannot be used");
+                journal.discard(&name);
+                done.discarded += 1;
+            }
+        }
+    }
+    if live.is_empty() {
         return done;
     }
-    tracing::info!(entries = names.len(), journal = %journal.path().display(), "replaying the result journal before polling");
+    tracing::info!(entries = live.len(), journal = %journal.path().display(), "replaying the result journal before polling");
     let deadline = Instant::now() + patience;
-    for (n, name) in names.iter().enumerate() {
+    for (n, name) in live.iter().enumerate() {
         let entry = match journal.read(name) {
-            Ok(entry) => entry,
+            Ok(Read::Entry(entry)) => *entry,
+            Ok(Read::Settled) => {
+                journal.discard(name);
+                continue;
+            }
             Err(cause) => {
-                tracing::warn!(entry = ?name, cause, "removing a journal entry that cannot be used");
+                tracing::warn!(entry = ?name, cause, "removing a journal file that cannot be used");
                 journal.discard(name);
                 done.discarded += 1;
                 continue;
@@ -614,7 +728,7 @@ pub(crate) async fn replay(
             Some(true) => done.reported += 1,
             Some(false) => done.dropped += 1,
             None => {
-                done.left = names.len() - n;
+                done.left = live.len() - n;
                 tracing::warn!(
                     left = done.left,
                     "the result journal cannot be settled now (Conductor did not answer within {}s, or not usably); the entries left are replayed at the next start",

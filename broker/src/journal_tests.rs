@@ -32,8 +32,15 @@ fn mode(path: &Path) -> u32 {
 
 use std::fs;
 
+fn entry(read: Read) -> Entry {
+    match read {
+        Read::Entry(entry) => *entry,
+        Read::Settled => panic!("settled"),
+    }
+}
+
 #[test]
-fn an_entry_is_written_read_back_and_removed_in_a_private_folder() {
+fn an_entry_is_written_read_back_and_settled_in_a_private_folder() {
     let root = tempfile::tempdir().unwrap();
     let journal = Journal::open(root.path(), "orders.ship").unwrap();
     assert_eq!(journal.path(), root.path().join("journal/orders.ship"));
@@ -41,34 +48,54 @@ fn an_entry_is_written_read_back_and_removed_in_a_private_folder() {
     assert_eq!(mode(journal.path()), 0o700);
     let h = header("e-1");
     let written = journal.record(&h, &body(&h), false).unwrap();
-    let file = journal.path().join("e-1.entry");
+    let file = journal.path().join("1.entry");
     assert_eq!(mode(&file), 0o600);
-    assert_eq!(journal.names().unwrap(), [OsString::from("e-1.entry")]);
-    let entry = journal.read("e-1.entry".as_ref()).unwrap();
-    assert_eq!(entry.header, h);
-    assert_eq!(entry.body["outputData"]["result"]["secret"], "s3cr3t");
-    assert_eq!(journal.usage().entries, 1);
-    // Durable entries are the same on disk.
+    assert_eq!(journal.names().unwrap(), [OsString::from("1.entry")]);
+    let read = entry(journal.read("1.entry".as_ref()).unwrap());
+    assert_eq!(read.header, h);
+    assert_eq!(read.body["outputData"]["result"]["secret"], "s3cr3t");
+    assert_eq!(journal.usage().files, 1);
+    // Durable entries are the same on disk; a second one in flight takes a second file.
     let mut published = header("e-2");
     published.published_commit = Some("c0ffee".into());
     let durable = journal.record(&published, &body(&published), true).unwrap();
-    assert_eq!(
-        journal
-            .read("e-2.entry".as_ref())
-            .unwrap()
-            .header
-            .published_commit
-            .as_deref(),
-        Some("c0ffee")
-    );
+    let read = entry(journal.read("2.entry".as_ref()).unwrap());
+    assert_eq!(read.header.published_commit.as_deref(), Some("c0ffee"));
     journal.remove(written);
     journal.remove(durable);
-    assert!(!file.exists());
-    assert!(journal.names().unwrap().is_empty());
-    assert_eq!(journal.usage().entries, 0);
+    // Settled: marked, kept for the next entries, holding no bytes of the journal's.
+    assert_eq!(journal.read("1.entry".as_ref()).unwrap(), Read::Settled);
+    assert_eq!(journal.read("2.entry".as_ref()).unwrap(), Read::Settled);
+    assert_eq!(journal.usage().files, 2);
     assert_eq!(journal.usage().bytes, 0);
-    // Nothing else was left in the folder (no temporary file).
-    assert_eq!(fs::read_dir(journal.path()).unwrap().count(), 0);
+    // The next entry reuses a file; a shorter entry over a longer one reads back whole.
+    let mut short = header("e-3");
+    short.worker_id = "w".into();
+    let again = journal.record(&short, &body(&short), false).unwrap();
+    assert_eq!(fs::read_dir(journal.path()).unwrap().count(), 2);
+    let names = journal.names().unwrap();
+    let reads: Vec<Read> = names.iter().map(|n| journal.read(n).unwrap()).collect();
+    assert!(reads.contains(&Read::Settled), "{reads:?}");
+    assert!(
+        reads
+            .iter()
+            .any(|r| matches!(r, Read::Entry(e) if e.header == short)),
+        "{reads:?}"
+    );
+    journal.remove(again);
+    // A settled file that held many bytes is emptied.
+    let big = header("e-4");
+    let mut big_body: Value = serde_json::from_slice(&body(&big)).unwrap();
+    big_body["outputData"]["result"]["pad"] = json!("x".repeat(200 << 10));
+    let w = journal
+        .record(&big, big_body.to_string().as_bytes(), false)
+        .unwrap();
+    journal.remove(w);
+    let sizes: Vec<u64> = fs::read_dir(journal.path())
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .collect();
+    assert!(sizes.iter().all(|&s| s < 64 << 10), "{sizes:?}");
 }
 
 #[test]
@@ -80,7 +107,7 @@ fn a_reopened_journal_counts_what_it_holds_and_lists_other_types() {
     drop(first);
     Journal::open(root.path(), "other.type").unwrap();
     let again = Journal::open(root.path(), "orders.ship").unwrap();
-    assert_eq!(again.usage().entries, 1);
+    assert_eq!(again.usage().files, 1);
     assert!(again.usage().bytes > 0);
     assert_eq!(again.other_types(), ["other.type"]);
 }
@@ -92,12 +119,13 @@ fn bounds_refuse_entries_without_failing_and_reopen_when_room_is_made() {
     journal.max_entries = 2;
     let (a, b, c) = (header("a"), header("b"), header("c"));
     let wa = journal.record(&a, &body(&a), false).unwrap();
-    journal.record(&b, &body(&b), false).unwrap();
+    let wb = journal.record(&b, &body(&b), false).unwrap();
     assert!(journal.record(&c, &body(&c), false).is_none());
     assert!(journal.refusing.load(Ordering::Relaxed));
     journal.remove(wa);
-    assert!(journal.record(&c, &body(&c), false).is_some());
+    let wc = journal.record(&c, &body(&c), false).unwrap();
     assert!(!journal.refusing.load(Ordering::Relaxed));
+    assert_eq!(fs::read_dir(journal.path()).unwrap().count(), 2);
 
     // Bytes: the total bound, then one entry above the entry bound.
     journal.max_entries = MAX_ENTRIES;
@@ -108,79 +136,76 @@ fn bounds_refuse_entries_without_failing_and_reopen_when_room_is_made() {
     journal.max_total_bytes = MAX_TOTAL_BYTES;
     let huge = vec![b' '; MAX_ENTRY_BYTES + 1];
     assert!(journal.record(&d, &huge, false).is_none());
-    assert_eq!(journal.usage().entries, 2);
-    assert!(!journal.path().join("d.entry").exists());
-    // An execution id that is not a plain name is never a file name.
-    for bad in ["", "../x", "a/b", ".hidden", &"x".repeat(200)] {
-        let h = header(bad);
-        assert!(journal.record(&h, &body(&h), false).is_none(), "{bad:?}");
-    }
+    assert_eq!(journal.usage().bytes, used);
     assert_eq!(fs::read_dir(journal.path()).unwrap().count(), 2);
+    journal.remove(wb);
+    journal.remove(wc);
+    assert_eq!(journal.usage().bytes, 0);
 }
 
 #[test]
-fn unusable_entries_are_told_apart_and_removed() {
+fn unusable_files_are_told_apart_from_entries_and_settled_ones() {
     let root = tempfile::tempdir().unwrap();
     let journal = Journal::open(root.path(), "orders.ship").unwrap();
     let dir = journal.path().to_owned();
     let h = header("good");
     let full = encode(&h, &body(&h));
-    // A write cut short (no rename): the temporary file goes when the names are listed.
-    fs::write(dir.join(".tmp-cut.entry"), &full[..10]).unwrap();
-    // Truncated after the rename (a partial page written back): the body is not JSON.
-    fs::write(dir.join("trunc.entry"), &full[..full.len() - 5]).unwrap();
-    fs::write(dir.join("noline.entry"), "{}").unwrap();
+    // Cut short (a partial page written back after a crash): the body is shorter than said.
+    fs::write(dir.join("1.entry"), &full[..full.len() - 5]).unwrap();
+    fs::write(dir.join("2.entry"), "{}").unwrap();
     let mut other = header("other");
     other.task_type = "another.type".into();
-    fs::write(dir.join("other.entry"), encode(&other, &body(&other))).unwrap();
+    fs::write(dir.join("3.entry"), encode(&other, &body(&other))).unwrap();
     // A body that is not the update its header names.
     let lie = header("lie");
     let mut forged = header("lie");
     forged.task_id = "t-2".into();
-    fs::write(dir.join("lie.entry"), encode(&lie, &body(&forged))).unwrap();
-    // The name is not the entry's execution.
-    fs::write(dir.join("renamed.entry"), &full).unwrap();
+    fs::write(dir.join("4.entry"), encode(&lie, &body(&forged))).unwrap();
     let mut running = header("running");
     running.status = "IN_PROGRESS".into();
-    fs::write(dir.join("running.entry"), encode(&running, &body(&running))).unwrap();
-    symlink("/etc/passwd", dir.join("link.entry")).unwrap();
-    fs::create_dir(dir.join("sub.entry")).unwrap();
-    fs::write(dir.join("good.entry"), &full).unwrap();
+    fs::write(dir.join("5.entry"), encode(&running, &body(&running))).unwrap();
+    symlink("/etc/passwd", dir.join("6.entry")).unwrap();
+    fs::create_dir(dir.join("7.entry")).unwrap();
+    fs::write(dir.join("stray.txt"), "x").unwrap();
+    // An entry over the tail of a longer one (bytes that are not UTF-8 included).
+    let mut good = full.clone();
+    good.extend_from_slice(&[0xff, 0xfe, b'}']);
+    fs::write(dir.join("8.entry"), &good).unwrap();
+    fs::write(dir.join("9.entry"), "#{\"settled\": true}").unwrap();
+    fs::write(dir.join("10.entry"), "").unwrap();
 
     let names = journal.names().unwrap();
-    assert!(!dir.join(".tmp-cut.entry").exists());
-    assert_eq!(names.len(), 9, "{names:?}");
-    let mut good = 0;
+    assert_eq!(names.len(), 11, "{names:?}");
+    let (mut entries, mut settled) = (0, 0);
     for name in &names {
         match journal.read(name) {
-            Ok(entry) => {
-                assert_eq!(name, "good.entry");
+            Ok(Read::Entry(entry)) => {
+                assert_eq!(name, "8.entry");
                 assert_eq!(entry.header, h);
-                good += 1;
+                entries += 1;
             }
+            Ok(Read::Settled) => settled += 1,
             Err(cause) => {
                 assert!(!cause.is_empty());
                 journal.discard(name);
             }
         }
     }
-    assert_eq!(good, 1);
-    let why = |name: &str| journal.read(name.as_ref()).unwrap_err();
-    fs::write(dir.join("x.entry"), encode(&other, &body(&other))).unwrap();
-    assert!(
-        why("x.entry").contains("another.type"),
-        "{}",
-        why("x.entry")
-    );
-    // Every unusable regular file and the symlink are gone; the folder is left (unlink
-    // cannot remove it: it is logged and stays).
-    let left: Vec<String> = fs::read_dir(&dir)
+    assert_eq!((entries, settled), (1, 2));
+    fs::write(dir.join("11.entry"), encode(&other, &body(&other))).unwrap();
+    let why = journal.read("11.entry".as_ref()).unwrap_err();
+    assert!(why.contains("another.type"), "{why}");
+    // Every unusable file and the symlink are gone; the folder is left (unlink cannot remove
+    // it: it is logged and stays).
+    let mut left: Vec<String> = fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    let mut left = left;
     left.sort();
-    assert_eq!(left, ["good.entry", "sub.entry", "x.entry"]);
+    assert_eq!(
+        left,
+        ["10.entry", "11.entry", "7.entry", "8.entry", "9.entry"]
+    );
     // /etc/passwd was not touched through the link.
     assert!(Path::new("/etc/passwd").exists());
 }
@@ -218,13 +243,13 @@ fn the_folders_must_be_ours_and_real_and_are_closed_to_others() {
         std::os::unix::fs::chown(root.path().join("journal"), Some(0), Some(0)).unwrap();
         let journal = Journal::open(root.path(), "orders.ship").unwrap();
         let h = header("theirs");
-        let path = journal.path().join("theirs.entry");
+        let path = journal.path().join("1.entry");
         fs::write(&path, encode(&h, &body(&h))).unwrap();
         std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
         assert_eq!(fs::metadata(&path).unwrap().uid(), 65534);
         assert!(
             journal
-                .read("theirs.entry".as_ref())
+                .read("1.entry".as_ref())
                 .unwrap_err()
                 .contains("owned by uid 65534")
         );
@@ -270,10 +295,10 @@ fn only_the_same_attempt_still_in_progress_is_reported() {
 fn headers_round_trip_and_malformed_ones_are_named() {
     let mut h = header("e-1");
     h.published_commit = Some("abc".into());
-    assert_eq!(Header::parse(&h.to_line()).unwrap(), h);
+    assert_eq!(Header::parse(&h.to_line(12)).unwrap(), (h.clone(), 12));
     assert!(Header::parse("nope").unwrap_err().contains("not JSON"));
     assert!(Header::parse("{}").unwrap_err().contains("format"));
-    let mut v: Value = serde_json::from_str(&h.to_line()).unwrap();
+    let mut v: Value = serde_json::from_str(&h.to_line(12)).unwrap();
     v["retryCount"] = json!(-1);
     assert!(
         Header::parse(&v.to_string())
@@ -409,6 +434,6 @@ async fn replay_leaves_the_entry_when_conductor_does_not_answer_in_time() {
         let (done, journal, _root) = replay_against(&fake, Duration::from_secs(2)).await;
         assert!(started.elapsed() < Duration::from_secs(4));
         assert_eq!(done.left, 1, "{done:?}");
-        assert_eq!(journal.names().unwrap(), [OsString::from("e-1.entry")]);
+        assert_eq!(journal.names().unwrap(), [OsString::from("1.entry")]);
     }
 }

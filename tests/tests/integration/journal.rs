@@ -90,11 +90,17 @@ async fn kill_runtime(sup: &mut SupervisorProc, root: &Path) {
     assert!(!status.success());
 }
 
-/// The entries of the task type's journal under `root`.
+/// The entries waiting in the task type's journal under `root` (files kept for reuse, empty
+/// or marked settled with a leading `#`, left out).
 fn journal_entries(root: &Path, task: &TaskFixture) -> Vec<PathBuf> {
     let dir = root.join("journal").join(&task.name);
     let mut out: Vec<PathBuf> = fs::read_dir(dir)
-        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| fs::read(p).is_ok_and(|b| b.first().is_some_and(|&c| c != b'#')))
+                .collect()
+        })
         .unwrap_or_default();
     out.sort();
     out
