@@ -411,4 +411,32 @@ mod tests {
             Some(libc::ENOTDIR)
         );
     }
+
+    #[test]
+    fn folders_are_created_from_the_held_folder_and_never_through_a_link() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Dir::open(tmp.path()).unwrap();
+        dir.create_dir_at("made".as_ref(), 0o700).unwrap();
+        let mode = std::fs::metadata(tmp.path().join("made"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+        // An existing entry, a symlink included, is EEXIST: nothing is made through it.
+        let elsewhere = tempfile::tempdir().unwrap();
+        symlink(elsewhere.path(), tmp.path().join("link")).unwrap();
+        for name in ["made", "link"] {
+            let err = dir.create_dir_at(name.as_ref(), 0o700).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::AlreadyExists, "{name}");
+        }
+        assert!(dir.create_dir_at("../up".as_ref(), 0o700).is_err());
+        assert!(
+            std::fs::read_dir(elsewhere.path())
+                .unwrap()
+                .next()
+                .is_none()
+        );
+        dir.sync().unwrap();
+    }
 }
