@@ -378,6 +378,7 @@ impl Actor {
                     slot: report.slot,
                     lease_lost,
                     lease_doubted,
+                    retry_count: report.retry_count,
                 };
                 self.reporter.spawn(update, self.events.clone(), span);
             }

@@ -8,7 +8,7 @@ use perago_core::{
     capacity::PERAGO_SLOTS,
     env::{
         PERAGO_CONTROL_PID, PERAGO_CONTROL_TOKEN, PERAGO_METRICS_ADDR, PERAGO_POLL_WAIT_MS,
-        PERAGO_SOCKET, PERAGO_TASK_NAME,
+        PERAGO_SOCKET, PERAGO_TASK_NAME, PERAGO_WORKSPACE_ROOT,
     },
 };
 
@@ -100,6 +100,7 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
     let stall_timeout = perago_core::liveness::stall_timeout(
         lookup(perago_core::liveness::PERAGO_STALL_TIMEOUT).as_deref(),
     )?;
+    let workspace_root = var(PERAGO_WORKSPACE_ROOT).map(PathBuf::from);
     Ok(BrokerConfig {
         task_name,
         prefix,
@@ -111,6 +112,7 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
         poll_wait,
         metrics_addr,
         stall_timeout,
+        workspace_root,
     })
 }
 

@@ -15,6 +15,7 @@ mod crash_history;
 mod depth;
 mod health;
 mod incoming;
+mod journal;
 pub mod metrics;
 mod poison;
 mod poller;
@@ -53,6 +54,9 @@ pub struct BrokerConfig {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// `PERAGO_STALL_TIMEOUT`: an executor not heard from this long is killed (`None`: off).
     pub stall_timeout: Option<Duration>,
+    /// The runtime's locked workspace root (`PERAGO_WORKSPACE_ROOT`): the result journal lives
+    /// under it. `None`: results are not journaled.
+    pub workspace_root: Option<PathBuf>,
 }
 
 /// Why the broker stopped.
@@ -116,13 +120,15 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     let (drained_tx, drained_rx) = oneshot::channel();
     // Updates and lease extensions share one route's state, polls have their own (`health`).
     let health = health::Health::new("updates");
+    let journal = open_journal(&config);
     let reporter = report::Reporter::new(
         config.conductor.clone(),
         Arc::clone(&counters),
         Arc::clone(&gauges),
         backoff,
         health.clone(),
-    );
+    )
+    .with_journal(journal.clone());
     let machine = state::Machine::new(
         config.task_name.clone(),
         &config.prefix,
@@ -166,7 +172,15 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         gauges: Arc::clone(&gauges),
         health: health.route("polls"),
     };
-    tokio::spawn(poller.run(events.clone()));
+    // The results a killed runtime left in the journal are settled before the first poll.
+    let replay_client = config.conductor.clone();
+    let poller_events = events.clone();
+    tokio::spawn(async move {
+        if let Some(journal) = journal {
+            journal::replay(&journal, &replay_client, &backoff, journal::REPLAY_PATIENCE).await;
+        }
+        poller.run(poller_events).await;
+    });
 
     tracing::info!(
         task = %config.task_name, slots = config.capacity.max_executors, socket = %config.socket.display(),
@@ -246,6 +260,22 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     actor.abort();
     tracing::info!("broker stopped");
     Ok(())
+}
+
+/// The result journal of the task type under the workspace root; `None` (with a warning) when
+/// it cannot be used, or there is no root.
+fn open_journal(config: &BrokerConfig) -> Option<Arc<journal::Journal>> {
+    let Some(root) = &config.workspace_root else {
+        tracing::info!("no workspace root: results are not journaled");
+        return None;
+    };
+    match journal::Journal::open(root, &config.task_name) {
+        Ok(journal) => Some(Arc::new(journal)),
+        Err(e) => {
+            tracing::warn!(error = %e, "results are not journaled: a runtime killed before Conductor takes an update loses it");
+            None
+        }
+    }
 }
 
 /// The HTTP/2 receive windows of the slot socket: a whole slot message.

@@ -6,6 +6,7 @@ use crate::{
     actor::Event,
     counters::{Counters, Gauges, exception, outcome},
     health::{Health, Waker},
+    journal::{Header, Journal, Written},
     state::{HandBack, Input},
 };
 use perago_core::{
@@ -46,6 +47,8 @@ pub(crate) struct Update {
     pub(crate) lease_lost: bool,
     /// A lease extension of the attempt failed: Conductor may have timed it out meanwhile.
     pub(crate) lease_doubted: bool,
+    /// The attempt's retry count: a result with one is journaled until acknowledged.
+    pub(crate) retry_count: Option<u32>,
 }
 
 /// An update Conductor acknowledged.
@@ -58,6 +61,15 @@ struct Sent {
     retried: bool,
 }
 
+/// Why an update was given up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GaveUp {
+    /// Conductor answered and refused it for good (400, 404, ...).
+    Refused,
+    /// Conductor did not take it within [`MAX_UPDATE_RETRY`] (no answer, 5xx, 429).
+    Unreachable,
+}
+
 /// Delivers updates; cheap to clone.
 #[derive(Debug, Clone)]
 pub(crate) struct Reporter {
@@ -67,6 +79,8 @@ pub(crate) struct Reporter {
     gauges: Arc<Gauges>,
     backoff: Backoff,
     health: Health,
+    /// Where results wait until Conductor takes them (see `journal`); `None`: not journaled.
+    journal: Option<Arc<Journal>>,
 }
 
 /// How often the lease of an attempt with this `responseTimeoutSeconds` is extended: at half
@@ -124,7 +138,49 @@ impl Reporter {
             gauges,
             backoff,
             health,
+            journal: None,
         }
+    }
+
+    /// Journals every result with a retry count in `journal` until Conductor takes it.
+    pub(crate) fn with_journal(mut self, journal: Option<Arc<Journal>>) -> Self {
+        self.journal = journal;
+        self
+    }
+
+    /// The journal header of `update` (whose result published `published`), when it is
+    /// journaled: there is a journal and the result has an attempt's retry count.
+    fn journal_header(&self, update: &Update, published: Option<&str>) -> Option<Header> {
+        let journal = self.journal.as_ref()?;
+        Some(Header {
+            task_type: journal.task_type().to_owned(),
+            task_id: update.task_id.clone(),
+            workflow_instance_id: update.workflow_instance_id.clone(),
+            retry_count: update.retry_count?,
+            execution_id: update.execution_id.clone(),
+            worker_id: update.result.worker_id().to_owned(),
+            status: update.result.status().as_str().to_owned(),
+            published_commit: published.map(str::to_owned),
+        })
+    }
+
+    /// Writes the journal entry of a result about to be reported (flushed to the disk when
+    /// it reports a publication); `None` when it was not written.
+    async fn journal_entry(
+        &self,
+        header: Header,
+        body: &perago_core::result::TaskResultBody,
+    ) -> Option<Written> {
+        let journal = self.journal.as_ref()?;
+        if header.published_commit.is_none() {
+            return journal.record(&header, body.as_bytes(), false);
+        }
+        // A publication's entry is fsync'd: off the broker's thread.
+        let (journal, bytes) = (Arc::clone(journal), body.to_bytes());
+        tokio::task::spawn_blocking(move || journal.record(&header, &bytes, true))
+            .await
+            .ok()
+            .flatten()
     }
 
     fn v2_enabled(&self) -> bool {
@@ -161,20 +217,32 @@ impl Reporter {
         let status = update.result.status();
         let worker_id = update.result.worker_id().to_owned();
         let published = published_commit(&update.result);
+        let header = self.journal_header(&update, published.as_deref());
         let body = update.result.into_conductor(
             &update.workflow_instance_id,
             &update.task_id,
             &update.execution_id,
             now_ms(),
         );
+        let entry = match header {
+            Some(header) => self.journal_entry(header, &body).await,
+            None => None,
+        };
         let outcome = self
             .send_with_retries((&body).into(), update.use_v2, published.as_deref())
             .await;
         if let Some(lease) = &update.lease {
             lease.abort();
         }
+        if let (Some(entry), Some(journal)) = (entry, &self.journal) {
+            if matches!(outcome, Err(GaveUp::Unreachable)) {
+                tracing::warn!(journal = %journal.path().display(), "the result stays in the journal: the next start on this workspace root reports it if Conductor still has the attempt in progress");
+            } else {
+                journal.remove(entry);
+            }
+        }
         match outcome {
-            Some(sent) => {
+            Ok(sent) => {
                 // Counted by what Conductor did with it, as far as the broker can tell.
                 let doubtful = update.lease_lost || update.lease_doubted || sent.retried;
                 if doubtful
@@ -198,18 +266,18 @@ impl Reporter {
                 tracing::info!(status = status.as_str(), "result reported");
                 sent.next
             }
-            None => None,
+            Err(_) => None,
         }
     }
 
-    /// Sends one update; `Some(next task)` once acknowledged, `None` when given up. Its lines
-    /// carry the task's ids from the span it runs in.
+    /// Sends one update; `Ok` once acknowledged (with update-v2's next task), else why it was given up. Its
+    /// lines carry the task's ids from the span it runs in.
     async fn send_with_retries(
         &self,
         body: JsonBody<'_>,
         use_v2: bool,
         published: Option<&str>,
-    ) -> Option<Sent> {
+    ) -> Result<Sent, GaveUp> {
         let started = Instant::now();
         let mut attempt = 0u32;
         let mut waker = Waker::default();
@@ -236,7 +304,7 @@ impl Reporter {
                             "result update went through after retries"
                         );
                     }
-                    return Some(Sent {
+                    return Ok(Sent {
                         next,
                         retried: attempt > 0,
                     });
@@ -267,7 +335,11 @@ impl Reporter {
                             tracing::error!(error = %e, attempts = attempt + 1, "task result lost: Conductor did not take the update; its timeout and retry policy decide what happens to the task")
                         }
                     }
-                    return None;
+                    return Err(if e.is_retryable() {
+                        GaveUp::Unreachable
+                    } else {
+                        GaveUp::Refused
+                    });
                 }
             }
         }
@@ -296,7 +368,7 @@ impl Reporter {
                 if let Some(output) = output {
                     body["outputData"] = output;
                 }
-                this.send_with_retries((&body).into(), false, None).await;
+                let _ = this.send_with_retries((&body).into(), false, None).await;
                 let _ = events
                     .send(Event::Slot(Input::UpdateDone {
                         slot: None,

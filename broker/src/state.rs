@@ -145,6 +145,9 @@ pub(crate) struct Report {
     pub(crate) use_v2: bool,
     /// The slot waiting for update-v2's next task.
     pub(crate) slot: Option<u32>,
+    /// The attempt's retry count, for the result journal; `None` for a result the broker made
+    /// for a task it could not map (not journaled).
+    pub(crate) retry_count: Option<u32>,
 }
 
 /// What the actor must do after a transition, in order.
@@ -1249,6 +1252,7 @@ impl Machine {
             result,
             use_v2: v2,
             slot,
+            retry_count: Some(run.attempt.retry_count),
         })));
     }
 
@@ -1318,6 +1322,7 @@ impl Machine {
             result,
             use_v2: false,
             slot: None,
+            retry_count: None,
         })));
     }
 

@@ -294,6 +294,21 @@ impl Dir {
         check(unsafe { libc::fchmod(self.fd.as_raw_fd(), mode as libc::mode_t) }).map(drop)
     }
 
+    /// Creates the folder `name` in this one with `mode` (less the umask); an existing entry
+    /// there, a symlink included, is an error (`EEXIST`).
+    pub fn create_dir_at(&self, name: &OsStr, mode: u32) -> io::Result<()> {
+        let name = c_name(name)?;
+        // SAFETY: mkdirat(2) reads the NUL-terminated name; no other memory is involved.
+        check(unsafe { libc::mkdirat(self.fd.as_raw_fd(), name.as_ptr(), mode as libc::mode_t) })
+            .map(drop)
+    }
+
+    /// Flushes the folder's entries (names created, renamed or removed) to the disk.
+    pub fn sync(&self) -> io::Result<()> {
+        // SAFETY: fsync(2) on a descriptor we hold; no memory is involved.
+        check(unsafe { libc::fsync(self.fd.as_raw_fd()) }).map(drop)
+    }
+
     /// Gives the entry `name` to `uid`:`gid`, a symlink itself (never what it points to).
     pub fn chown_at(&self, name: &OsStr, uid: u32, gid: u32) -> io::Result<()> {
         let name = c_name(name)?;
@@ -395,5 +410,33 @@ mod tests {
                 .raw_os_error(),
             Some(libc::ENOTDIR)
         );
+    }
+
+    #[test]
+    fn folders_are_created_from_the_held_folder_and_never_through_a_link() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Dir::open(tmp.path()).unwrap();
+        dir.create_dir_at("made".as_ref(), 0o700).unwrap();
+        let mode = std::fs::metadata(tmp.path().join("made"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+        // An existing entry, a symlink included, is EEXIST: nothing is made through it.
+        let elsewhere = tempfile::tempdir().unwrap();
+        symlink(elsewhere.path(), tmp.path().join("link")).unwrap();
+        for name in ["made", "link"] {
+            let err = dir.create_dir_at(name.as_ref(), 0o700).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::AlreadyExists, "{name}");
+        }
+        assert!(dir.create_dir_at("../up".as_ref(), 0o700).is_err());
+        assert!(
+            std::fs::read_dir(elsewhere.path())
+                .unwrap()
+                .next()
+                .is_none()
+        );
+        dir.sync().unwrap();
     }
 }

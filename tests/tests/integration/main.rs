@@ -14,6 +14,7 @@ mod harness;
 mod hostile_conductor;
 mod hostile_servers;
 mod hostile_tasks;
+mod journal;
 mod jsonl_faults;
 mod metrics;
 mod multi_task;
