@@ -92,8 +92,9 @@ pub(crate) struct Actor {
     processes: HashMap<u32, (u64, perago_core::process::pidfd::ProcessHandle)>,
     /// The liveness clock's period (`PERAGO_STALL_TIMEOUT` / 3), when liveness is on.
     ping_every: Option<Duration>,
-    /// Whether the last queue-depth read failed (so a failure is logged once, not each second).
-    depth_failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// What queue-depth reads learned: whether the last one failed (so a failure is logged
+    /// once, not each second), and whether the server lacks `/tasks/queue/size`.
+    depth_failing: std::sync::Arc<crate::depth::Routes>,
     /// Executions whose lease was found lost while they ran: their report is doubted (see
     /// `applied`).
     lost_leases: std::collections::HashSet<String>,

@@ -2,25 +2,58 @@
 //! keeps (`GET /tasks/queue/size`), then the deprecated one (`GET /tasks/queue/sizes`) when that
 //! fails. A failure of both is logged at warn once, and once more (at info) when a read works
 //! again; the machine then falls back to what polls show (see `state.rs`, run once).
+//!
+//! A server without the first route (it answers 404 or 405: the route never answers 404 for a
+//! task type, an unknown one counts 0) is remembered as such, and later reads go straight to
+//! the second. That one takes the name whole however many commas it has (see
+//! `ConductorClient::queue_sizes`), so both give the depth of the very task type perago runs.
 
 use perago_core::conductor::ConductorClient;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Reads the depth of `task_type`; `None` when neither route answers with one. `failing`
-/// remembers across reads whether the last one failed, so each change is logged once.
+/// What the reads learned so far; shared by every read of one broker.
+#[derive(Debug, Default)]
+pub(crate) struct Routes {
+    /// The last read failed, so that each change is logged once.
+    failing: AtomicBool,
+    /// `GET /tasks/queue/size` is missing on this server: it is not asked again.
+    size_missing: AtomicBool,
+}
+
+/// Reads the depth of `task_type`; `None` when neither route answers with one.
 pub(crate) async fn read(
     client: &ConductorClient,
     task_type: &str,
-    failing: &AtomicBool,
+    routes: &Routes,
 ) -> Option<u64> {
-    let first = match client.queue_size(task_type).await {
-        Ok(depth) => return Some(recovered(depth, failing)),
-        Err(e) => e,
+    let first = if routes.size_missing.load(Ordering::Acquire) {
+        None
+    } else {
+        match client.queue_size(task_type).await {
+            Ok(depth) => return Some(recovered(depth, routes)),
+            Err(e) => {
+                if matches!(e.status(), Some(404 | 405))
+                    && !routes.size_missing.swap(true, Ordering::AcqRel)
+                {
+                    tracing::info!(
+                        task = task_type,
+                        error = %e,
+                        "this Conductor has no GET /tasks/queue/size; the queue depth is read \
+                         from GET /tasks/queue/sizes from now on"
+                    );
+                }
+                Some(e)
+            }
+        }
     };
     match client.queue_sizes(task_type).await {
-        Ok(depth) => Some(recovered(depth, failing)),
+        Ok(depth) => Some(recovered(depth, routes)),
         Err(second) => {
-            if !failing.swap(true, Ordering::AcqRel) {
+            if !routes.failing.swap(true, Ordering::AcqRel) {
+                let first = first.map_or_else(
+                    || "not asked (missing on this server)".to_owned(),
+                    |e| e.to_string(),
+                );
                 tracing::warn!(
                     task = task_type,
                     error = %first,
@@ -36,9 +69,101 @@ pub(crate) async fn read(
     }
 }
 
-fn recovered(depth: u64, failing: &AtomicBool) -> u64 {
-    if failing.swap(false, Ordering::AcqRel) {
+fn recovered(depth: u64, routes: &Routes) -> u64 {
+    if routes.failing.swap(false, Ordering::AcqRel) {
         tracing::info!(depth, "the queue depth can be read again");
     }
     depth
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// A loopback server that answers each request with `answer(request line)` and records
+    /// the request lines; one request per connection.
+    async fn server(
+        answer: fn(&str) -> (&'static str, String),
+    ) -> (ConductorClient, Arc<Mutex<Vec<String>>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&lines);
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if conn.read(&mut byte).await.unwrap_or(0) == 0 {
+                        break;
+                    }
+                    head.push(byte[0]);
+                }
+                let text = String::from_utf8_lossy(&head);
+                let line = text.lines().next().unwrap_or_default().to_owned();
+                let (status, body) = answer(&line);
+                seen.lock().unwrap().push(line);
+                let out = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(out.as_bytes()).await;
+            }
+        });
+        let client = ConductorClient::new(&format!("http://{addr}/api")).unwrap();
+        (client, lines)
+    }
+
+    /// Issue #24, item 7: a server without `/tasks/queue/size` (404) is asked once; later
+    /// reads go straight to `/tasks/queue/sizes`, which gets a comma name whole.
+    #[tokio::test]
+    async fn a_missing_size_route_is_remembered_and_a_comma_name_read_whole() {
+        let (client, lines) = server(|line| {
+            if line.starts_with("GET /api/tasks/queue/sizes?taskType=x%2Cy&taskType=x%2Cy ") {
+                ("200 OK", r#"{"x,y": 7}"#.to_owned())
+            } else {
+                ("404 Not Found", r#"{"status": 404}"#.to_owned())
+            }
+        })
+        .await;
+        let routes = Routes::default();
+        for _ in 0..3 {
+            assert_eq!(read(&client, "x,y", &routes).await, Some(7));
+        }
+        let lines = lines.lock().unwrap().clone();
+        let asked_size = lines
+            .iter()
+            .filter(|l| l.starts_with("GET /api/tasks/queue/size?"))
+            .count();
+        assert_eq!(asked_size, 1, "{lines:?}");
+        assert_eq!(lines.len(), 4, "{lines:?}");
+        assert!(!routes.failing.load(Ordering::Acquire));
+    }
+
+    /// Any other failure of `/tasks/queue/size` (a 500, say) is not taken for a missing
+    /// route: it is asked again next time.
+    #[tokio::test]
+    async fn a_failing_size_route_is_asked_again() {
+        let (client, lines) = server(|line| {
+            if line.starts_with("GET /api/tasks/queue/sizes?") {
+                ("200 OK", r#"{"t": 2}"#.to_owned())
+            } else {
+                ("500 Internal Server Error", r#"{"status": 500}"#.to_owned())
+            }
+        })
+        .await;
+        let routes = Routes::default();
+        assert_eq!(read(&client, "t", &routes).await, Some(2));
+        assert_eq!(read(&client, "t", &routes).await, Some(2));
+        let asked_size = lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.starts_with("GET /api/tasks/queue/size?"))
+            .count();
+        assert_eq!(asked_size, 2);
+    }
 }

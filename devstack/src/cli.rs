@@ -28,6 +28,8 @@ pub const ENV_LAKEFS_ACCESS_KEY_ID: &str = "PERAGO_DEVSTACK_LAKEFS_ACCESS_KEY_ID
 pub const ENV_LAKEFS_SECRET_ACCESS_KEY: &str = "PERAGO_DEVSTACK_LAKEFS_SECRET_ACCESS_KEY";
 /// Environment variable for `--time-scale`.
 pub const ENV_TIME_SCALE: &str = "PERAGO_DEVSTACK_TIME_SCALE";
+/// Environment variable for `--sweep-lag`.
+pub const ENV_SWEEP_LAG: &str = "PERAGO_DEVSTACK_SWEEP_LAG";
 
 /// In-memory development servers for perago's tests and first runs.
 ///
@@ -77,6 +79,13 @@ pub struct Args {
     #[arg(long, value_name = "FACTOR", default_value_t = 1.0, env = ENV_TIME_SCALE)]
     pub time_scale: f64,
 
+    /// Fire Conductor timeouts (response, task, poll) this many Conductor seconds after their
+    /// deadline, as the real server does when it next decides the workflow (on Postgres up to
+    /// about 60 s late); scaled by --time-scale. 0 fires them within milliseconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0.0, env = ENV_SWEEP_LAG,
+          value_parser = parse_lag)]
+    pub sweep_lag: f64,
+
     /// More logs on stderr (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -117,6 +126,13 @@ fn parse_seconds(text: &str) -> Result<f64, String> {
     }
 }
 
+fn parse_lag(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s.is_finite() && (0.0..1e9).contains(&s) => Ok(s),
+        _ => Err("expected a number of seconds, 0 or more".to_owned()),
+    }
+}
+
 /// Logs go to stderr (stdout carries the address line), at a level set by `-v` unless
 /// `RUST_LOG` says otherwise.
 pub fn init_tracing(verbose: u8) {
@@ -145,7 +161,8 @@ pub async fn run(args: Args) -> Result<(), DevstackError> {
         Some(addr) => {
             let mut builder = ConductorServer::builder()
                 .time_scale(args.time_scale)
-                .token_ttl(Duration::from_secs_f64(args.conductor_token_ttl));
+                .token_ttl(Duration::from_secs_f64(args.conductor_token_ttl))
+                .sweep_lag(Duration::from_secs_f64(args.sweep_lag));
             if let Some(pair) = args.conductor_auth {
                 builder = builder.auth(pair.key_id, pair.secret);
             }

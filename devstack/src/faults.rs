@@ -91,6 +91,10 @@ pub struct FaultSpec {
     /// With `holdPath`: only requests of this method wait (any when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold_method: Option<String>,
+    /// Match `path` exactly, not as a prefix (e.g. `/api/tasks/queue/size` without
+    /// `/api/tasks/queue/sizes`).
+    #[serde(default)]
+    pub path_exact: bool,
 }
 
 /// A rule that cannot be applied.
@@ -115,7 +119,11 @@ impl FaultRule {
     /// Budget left, path prefix and method match (the body is checked apart).
     fn matches_head(&self, method: &Method, path: &str) -> bool {
         self.remaining != Some(0)
-            && path.starts_with(&self.spec.path)
+            && if self.spec.path_exact {
+                path == self.spec.path
+            } else {
+                path.starts_with(&self.spec.path)
+            }
             && self
                 .spec
                 .method

@@ -804,9 +804,18 @@ impl ConductorClient {
 
     /// `GET /tasks/queue/sizes?taskType=…` (deprecated in the API, kept as a fallback): the
     /// same count as [`Self::queue_size`], answered as `{"<type>": <count>}`.
+    ///
+    /// The name is sent twice: Spring binds a parameter given once to a `List<String>` by
+    /// splitting it at commas (and trimming the pieces), so `taskType=a,b` would ask for the
+    /// queues `a` and `b`; a parameter given twice is taken value by value, whole. The
+    /// answer is then `{"a,b": <count>}`, and one without the name's key is refused, never
+    /// read as some other count.
     pub async fn queue_sizes(&self, task_type: &str) -> Result<u64, ConductorError> {
         let path = "/tasks/queue/sizes";
-        let query = [("taskType", task_type.to_owned())];
+        let query = [
+            ("taskType", task_type.to_owned()),
+            ("taskType", task_type.to_owned()),
+        ];
         // Read every second: a slow answer is dropped rather than waited for.
         let (_, text) = self
             .send(
@@ -1194,6 +1203,32 @@ mod tests {
             }
         });
         (format!("http://{addr}/api"), written)
+    }
+
+    /// Issue #24, item 7: the deprecated `/tasks/queue/sizes` gets the name twice, so a
+    /// Spring server binds it whole (a single `taskType=x,y` is split into `x` and `y`), and
+    /// an answer without the name's key is an error, not a count.
+    #[tokio::test]
+    async fn queue_sizes_sends_the_name_so_that_spring_does_not_split_it() {
+        let base = raw_server(|line, n| {
+            let whole = "GET /api/tasks/queue/sizes?taskType=x%2Cy&taskType=x%2Cy HTTP/1.1";
+            match (n, line == whole) {
+                (0, true) => response("200 OK", r#"{"x,y": 3}"#),
+                // What Spring answers to a single `taskType=x,y`.
+                (1, true) => response("200 OK", r#"{"x": 1, "y": 2}"#),
+                _ => response("400 Bad Request", &format!("{line:?}")),
+            }
+        })
+        .await;
+        let client = ConductorClient::new(&base).unwrap();
+        assert_eq!(client.queue_sizes("x,y").await.unwrap(), 3);
+        let err = client.queue_sizes("x,y").await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "GET {base}/tasks/queue/sizes: unexpected response: expected {{\"x,y\": <count>}}"
+            )
+        );
     }
 
     /// An answer without `Content-Length` that never ends is read up to the request's

@@ -39,6 +39,7 @@ impl ConductorServer {
             auth: None,
             token_ttl: DEFAULT_TOKEN_TTL,
             opaque_tokens: false,
+            sweep_lag: Duration::ZERO,
         }
     }
 }
@@ -51,6 +52,7 @@ pub struct ConductorServerBuilder {
     auth: Option<(String, String)>,
     token_ttl: Duration,
     opaque_tokens: bool,
+    sweep_lag: Duration,
 }
 
 impl std::fmt::Debug for ConductorServerBuilder {
@@ -60,6 +62,7 @@ impl std::fmt::Debug for ConductorServerBuilder {
             .field("auth_key_id", &self.auth.as_ref().map(|(id, _)| id))
             .field("token_ttl", &self.token_ttl)
             .field("opaque_tokens", &self.opaque_tokens)
+            .field("sweep_lag", &self.sweep_lag)
             .finish()
     }
 }
@@ -96,6 +99,15 @@ impl ConductorServerBuilder {
         self
     }
 
+    /// Fires every timeout (response, task and poll) `lag` Conductor seconds (scaled by
+    /// [`time_scale`](Self::time_scale)) after its deadline, as the real server, which judges
+    /// timeouts only when it next decides the workflow, does: up to about a minute late on
+    /// Postgres. Default zero: within milliseconds of the deadline.
+    pub fn sweep_lag(mut self, lag: Duration) -> Self {
+        self.sweep_lag = lag;
+        self
+    }
+
     /// Binds `addr` (port 0 picks a free port) and starts serving and sweeping.
     pub async fn bind(self, addr: impl ToSocketAddrs) -> Result<ConductorHandle, DevstackError> {
         let scale = TimeScale::new(self.time_scale)
@@ -119,6 +131,8 @@ impl ConductorServerBuilder {
             .local_addr()
             .map_err(|source| DevstackError::Bind { source })?;
         let conductor = Arc::new(Conductor::new(scale));
+        let lag_ms = i64::try_from(self.sweep_lag.as_millis()).unwrap_or(i64::MAX);
+        conductor.with(|s| s.sweep_lag_ms = scale.ms(lag_ms));
         let faults = Faults::default();
         let mut api = routes::router(Arc::clone(&conductor));
         if let Some(auth) = &auth {
@@ -151,6 +165,7 @@ impl ConductorServerBuilder {
             %addr,
             time_scale = scale.factor(),
             auth = auth.is_some(),
+            sweep_lag = ?self.sweep_lag,
             "conductor dev server listening"
         );
         Ok(ConductorHandle {

@@ -35,6 +35,9 @@ pub(crate) struct State {
     pub(crate) next_sweep: i64,
     /// Set when a transition created a deadline earlier than `next_sweep`.
     pub(crate) wake_sweeper: bool,
+    /// How late (real ms, already scaled) every timeout fires after its deadline: the real
+    /// server's sweep lag (see `sweeper.rs`); 0 by default.
+    pub(crate) sweep_lag_ms: i64,
 }
 
 impl State {
@@ -51,6 +54,7 @@ impl State {
             logs: HashMap::new(),
             next_sweep: i64::MAX,
             wake_sweeper: false,
+            sweep_lag_ms: 0,
         }
     }
 

@@ -1,10 +1,18 @@
 //! Timeouts (§4.5): the per-task deadline, the sweep that applies expired ones, and the named
 //! background task that runs sweeps.
 //!
-//! The real server notices a timeout only when it next decides the workflow, up to about one
-//! more response timeout late (trap 9). This sweeper instead sleeps until the earliest deadline
-//! of any pending task and is woken whenever a transition creates an earlier one, so a timeout
-//! fires within milliseconds of its deadline, which keeps time-scaled tests short and exact.
+//! The real server notices a timeout only when it next decides the workflow (trap 9): its
+//! sweeper pops the workflow id from the decider queue, where a poll left it postponed to
+//! poll + `responseTimeoutSeconds` (`ExecutionService.adjustDeciderQueuePostpone`), and each
+//! decide that finds nothing expired postpones it again; on Postgres a popped decider message
+//! comes back only 60 s after its `deliver_on` (`PostgresQueueDAO.processAllUnacks`), so a
+//! timeout can fire about a minute late, and older releases later still. This sweeper instead
+//! sleeps until the earliest deadline of any pending task and is woken whenever a transition
+//! creates an earlier one, so by default a timeout fires within milliseconds of its deadline,
+//! which keeps time-scaled tests short and exact. A sweep lag (`--sweep-lag`,
+//! `ConductorServerBuilder::sweep_lag`) makes every timeout fire that much after its deadline,
+//! judged then against the task as it is: an `extendLease` or an update accepted meanwhile
+//! moves the deadline as on the real server, where the update lands before the late sweep.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -83,7 +91,10 @@ impl State {
                 // task timeout with TIME_OUT_WF wins over a simultaneous response timeout.
                 [Expired::Task, Expired::Poll, Expired::Response]
                     .into_iter()
-                    .find(|c| check_deadline(task, *c, self.scale).is_some_and(|d| d <= now))
+                    .find(|c| {
+                        check_deadline(task, *c, self.scale)
+                            .is_some_and(|d| d.saturating_add(self.sweep_lag_ms) <= now)
+                    })
                     .map(|c| (id.clone(), c))
             })
             .collect();
@@ -96,7 +107,7 @@ impl State {
             .filter_map(|id| self.tasks.get(id))
             .filter_map(|t| deadline(t, self.scale))
             .min()
-            .unwrap_or(i64::MAX);
+            .map_or(i64::MAX, |d| d.saturating_add(self.sweep_lag_ms));
         self.next_sweep
     }
 

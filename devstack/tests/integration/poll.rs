@@ -171,6 +171,14 @@ async fn queue_sizes_and_poll_data_report_per_type() {
         .get("/tasks/queue/sizes?taskType=work&taskType=other")
         .await;
     assert_eq!(sizes.json(), json!({"work": 2, "other": 0}));
+    // One value is a comma-separated list, trimmed, as Spring binds it; repeated values are
+    // taken whole (issue #24, item 7).
+    let split = dev.get("/tasks/queue/sizes?taskType=work,%20other").await;
+    assert_eq!(split.json(), json!({"work": 2, "other": 0}));
+    let whole = dev
+        .get("/tasks/queue/sizes?taskType=work,other&taskType=work,other")
+        .await;
+    assert_eq!(whole.json(), json!({"work,other": 0}));
     dev.poll("work", 1, 0).await;
     let data = dev.get("/tasks/queue/polldata?taskType=work").await.json();
     assert_eq!(data[0]["queueName"], "work", "{data}");

@@ -53,8 +53,12 @@ impl Dev {
 
     /// A server whose Conductor seconds last `scale` real seconds.
     pub(crate) async fn scaled(scale: f64) -> Self {
-        let server = ConductorServer::builder()
-            .time_scale(scale)
+        Self::built(ConductorServer::builder().time_scale(scale)).await
+    }
+
+    /// A server from `builder`.
+    pub(crate) async fn built(builder: perago_devstack::conductor::ConductorServerBuilder) -> Self {
+        let server = builder
             .bind("127.0.0.1:0")
             .await
             .expect("the dev server binds to a free port");

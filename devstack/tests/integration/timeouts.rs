@@ -259,3 +259,60 @@ async fn concurrency_limit_postpones_extra_tasks() {
     let second = dev.poll_one("single").await;
     assert_eq!(second["inputData"], json!({"x": 2}));
 }
+
+/// Issue #24, item 7: with a sweep lag the response timeout fires that much after
+/// `updateTime + responseTimeoutSeconds`, not at it; an update that lands in between is
+/// accepted as on the real server, whose sweep would come later too.
+#[tokio::test]
+async fn a_sweep_lag_fires_timeouts_late_and_accepts_updates_meanwhile() {
+    use perago_devstack::conductor::ConductorServer;
+    // 1 Conductor second = 100 ms: the 2 s response timeout is 200 ms, the 3 s lag 300 ms.
+    let dev = Dev::built(
+        ConductorServer::builder()
+            .time_scale(0.1)
+            .sweep_lag(Duration::from_secs(3)),
+    )
+    .await;
+    dev.task_def(
+        "lagged",
+        json!({"responseTimeoutSeconds": 2, "retryCount": 1}),
+    )
+    .await;
+    dev.linear_workflow("wf", &["lagged"]).await;
+    let workflow_id = dev.start_workflow("wf", json!({"x": 1})).await;
+
+    // Past its deadline but inside the lag, the overrun attempt is still IN_PROGRESS, and its
+    // COMPLETED update is accepted.
+    let first = dev.poll_one("lagged").await;
+    let first_id = first["taskId"].as_str().unwrap();
+    let polled = Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let task = dev.task(first_id).await;
+    assert!(
+        polled.elapsed() < Duration::from_millis(500),
+        "a slow machine"
+    );
+    assert_eq!(task["status"], "IN_PROGRESS", "{task}");
+    dev.update(&first, "COMPLETED", json!({"late": true})).await;
+    let workflow = dev.finished_workflow(&workflow_id).await;
+    assert_eq!(workflow["status"], "COMPLETED", "{workflow}");
+
+    // Left alone, it times out only after deadline + lag (500 ms), not at 200 ms.
+    let workflow_id = dev.start_workflow("wf", json!({"x": 2})).await;
+    let second = dev.poll_one("lagged").await;
+    let polled = Instant::now();
+    let timed_out = crate::support::eventually("the lagged timeout", || async {
+        let task = dev.task(second["taskId"].as_str().unwrap()).await;
+        (task["status"] == "TIMED_OUT").then(Instant::now)
+    })
+    .await;
+    let after = timed_out - polled;
+    assert!(after >= Duration::from_millis(480), "fired after {after:?}");
+    assert_eq!(
+        dev.workflow(&workflow_id).await["tasks"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+}

@@ -192,3 +192,45 @@ async fn thread_mode_scales_up_and_down_too() {
     let log = sup.log_text();
     assert!(!log.contains("slot restart scheduled"), "{log}");
 }
+
+/// Issue #24, item 7: a task named `a,b` on a Conductor without `/tasks/queue/size` (404) whose
+/// `/tasks/queue/sizes` splits a single `taskType=a,b` at the comma (Spring's list binding): the
+/// backlog still grows the executors, since the depth is read with the name whole. Before, each
+/// read failed and the count stayed at the minimum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_comma_in_the_task_name_still_scales_up() {
+    use perago_devstack::faults::FaultSpec;
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("a,b", SLEEPY, "");
+    conductor.register(&task).await;
+    conductor
+        .server
+        .faults()
+        .add(FaultSpec {
+            method: Some("GET".into()),
+            path: "/api/tasks/queue/size".into(),
+            path_exact: true,
+            status: Some(404),
+            ..FaultSpec::default()
+        })
+        .unwrap();
+    for n in 0..20 {
+        conductor.start_workflow(&task, json!({"n": n})).await;
+    }
+    let sup = SupervisorProc::start_args(&task, &conductor, "1..3", &[], &[], None, None);
+    let root = sup.workspace_root();
+    eventually(
+        "three executors wanted",
+        Duration::from_secs(15),
+        || async {
+            let s = status(&root).await?;
+            (s.capacity.as_ref()?.wanted_executors == 3 && executors(sup.pid()) == 3).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        !sup.log_text().contains("cannot read the queue depth"),
+        "{}",
+        sup.log_text()
+    );
+}

@@ -135,9 +135,22 @@ pub(crate) struct Conductor {
 }
 
 impl Conductor {
-    /// Starts on a free loopback port.
+    /// Starts on a free loopback port. `PERAGO_TEST_SWEEP_LAG=SECONDS` makes its timeouts fire
+    /// that much late, as the real server's do (issue #24, item 7): a way to rerun any test
+    /// against a late server without changing the defaults.
     pub(crate) async fn start() -> Self {
+        let lag = std::env::var("PERAGO_TEST_SWEEP_LAG")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .unwrap_or(0.0);
+        Self::with_sweep_lag(Duration::from_secs_f64(lag)).await
+    }
+
+    /// Starts on a free loopback port; timeouts fire `lag` after their deadline.
+    pub(crate) async fn with_sweep_lag(lag: Duration) -> Self {
         let server = ConductorServer::builder()
+            .sweep_lag(lag)
             .bind("127.0.0.1:0")
             .await
             .expect("devstack binds");

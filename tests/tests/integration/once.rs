@@ -162,3 +162,66 @@ async fn once_finishes_when_the_queue_size_routes_fail() {
         }
     }
 }
+
+/// Issue #24, item 7: a task named `x,y` against a Conductor that splits a single
+/// `taskType=x,y` of `GET /tasks/queue/sizes` at the comma, as Spring does. Run once drains
+/// through the queue depth, and exits 0, whether `/tasks/queue/size` is there or answers 404
+/// (an older server, or a proxy without the route): then it is asked once, remembered as
+/// missing, and `/tasks/queue/sizes` gets the name whole. Before, with `/tasks/queue/size`
+/// missing, every depth read failed (the answer had keys `x` and `y`) and run once fell back to
+/// empty polls, asking `/tasks/queue/size` again each second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_reads_the_depth_of_a_task_named_with_a_comma() {
+    use perago_devstack::faults::FaultSpec;
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("x,y", ECHO, "");
+    conductor.register(&task).await;
+    for size_missing in [false, true] {
+        conductor.server.faults().clear();
+        let rule = size_missing.then(|| {
+            conductor
+                .server
+                .faults()
+                .add(FaultSpec {
+                    method: Some("GET".into()),
+                    path: "/api/tasks/queue/size".into(),
+                    path_exact: true,
+                    status: Some(404),
+                    ..FaultSpec::default()
+                })
+                .unwrap()
+        });
+        let mut ids = Vec::new();
+        for n in 0..4 {
+            ids.push(conductor.start_workflow(&task, json!({"n": n})).await);
+        }
+        let mut sup = SupervisorProc::start_args(
+            &task,
+            &conductor,
+            "2",
+            &["--once"],
+            &[("PERAGO_POLL_WAIT_MS", "500")],
+            None,
+            None,
+        );
+        let status = sup.wait_exit(Duration::from_secs(30)).await;
+        let log = sup.log_text();
+        assert_eq!(status.code(), Some(0), "size missing {size_missing}\n{log}");
+        for id in &ids {
+            let wf = conductor.workflow(id).await;
+            assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
+        }
+        assert!(
+            log.contains("run once: no task of x,y left and every slot idle; draining"),
+            "size missing {size_missing}\n{log}"
+        );
+        assert!(!log.contains("cannot read the queue depth"), "{log}");
+        if let Some(rule) = rule {
+            assert_eq!(conductor.server.faults().hits(rule).unwrap(), 1, "{log}");
+            assert!(
+                log.contains("this Conductor has no GET /tasks/queue/size"),
+                "{log}"
+            );
+        }
+    }
+}

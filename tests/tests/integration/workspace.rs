@@ -1707,3 +1707,153 @@ async fn bodies_of_one_user_cannot_make_the_executor_publish_a_swapped_in_file()
     assert_eq!(report["read_after_it_ended"], false, "{report}");
     assert_eq!(report["swapped"], false, "{report}");
 }
+
+/// Milliseconds since the Unix epoch (devstack's clock, on this machine).
+fn epoch_ms() -> i64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    i64::try_from(since.as_millis()).unwrap()
+}
+
+/// Issue #24, item 7 (D6): the fence against a Conductor that times tasks out late, as the
+/// real one does (it judges a timeout only when it next decides the workflow). With a sweep
+/// lag of about the response timeout:
+/// - an attempt that overran its response timeout (no lease extension for longer than it)
+///   but whose task is not yet TIMED_OUT passes the fence, publishes, and its result is
+///   accepted: the fence reads the task as it is and cannot know the server is late
+///   (docs/runtime.md);
+/// - an attempt whose task the late sweep did time out is stopped by the fence as without a
+///   lag, and only its retry publishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_late_timeout_the_fence_passes_an_overrun_attempt_and_stops_a_timed_out_one() {
+    const RTO_MS: i64 = 2000;
+    const LAG_MS: i64 = 3000;
+    let conductor = Conductor::with_sweep_lag(Duration::from_millis(LAG_MS as u64)).await;
+    let lakefs = seeded().await;
+    let body = r#"read params
+touch started
+while [ ! -e go ]; do sleep 0.05; done
+echo "attempt $PERAGO_TASK_ID" > "$PERAGO_WORKSPACE_DIR/a.txt"
+echo '{}'
+"#;
+    let task = TaskFixture::workspace(
+        "ws.late",
+        body,
+        "retry_count = 1\nresponse_timeout_seconds = 2",
+        "",
+    );
+    let sup = start(&task, &conductor, &lakefs, 1).await;
+    let (started, go) = (task.dir.path().join("started"), task.dir.path().join("go"));
+    let published = || async {
+        let log = lakefs.client.log(REPO, "main", 20).await.unwrap();
+        log.iter()
+            .filter_map(|c| c.metadata.as_ref())
+            .filter_map(|m| m.get("task_id").cloned())
+            .collect::<Vec<Value>>()
+    };
+
+    // 1. Lease extensions fail: the attempt overruns its response timeout, and is let go
+    //    while its task is still IN_PROGRESS (the late sweep has not come yet).
+    let id = conductor.start_with(&task, input("data")).await;
+    eventually("the body to start", Duration::from_secs(20), || async {
+        started.exists().then_some(())
+    })
+    .await;
+    conductor
+        .server
+        .faults()
+        .add(FaultSpec {
+            method: Some("POST".into()),
+            path: "/api/tasks".into(),
+            body_contains: Some("\"extendLease\":true".into()),
+            status: Some(503),
+            ..FaultSpec::default()
+        })
+        .unwrap();
+    eventually(
+        "the attempt to overrun its response timeout",
+        Duration::from_secs(20),
+        || async {
+            let wf = conductor.workflow(&id).await;
+            let t = &wf["tasks"][0];
+            assert_eq!(
+                t["status"], "IN_PROGRESS",
+                "timed out before the lag: {wf:#}"
+            );
+            let silent = epoch_ms() - t["updateTime"].as_i64().unwrap();
+            (silent > RTO_MS + 200).then_some(())
+        },
+    )
+    .await;
+    std::fs::write(&go, "").unwrap();
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    let log = sup.log_text();
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{log}");
+    let tasks = wf["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 1, "accepted, not retried: {wf:#}");
+    let overrun = tasks[0]["taskId"].as_str().unwrap().to_owned();
+    assert!(published().await.contains(&json!(overrun)), "{log}");
+    assert_eq!(
+        lakefs.read(REPO, "data/a.txt").await,
+        Some(format!("attempt {overrun}\n"))
+    );
+    assert!(!log.contains("stale attempt"), "{log}");
+    conductor.server.faults().clear();
+
+    // 2. Conductor hears nothing (every update fails): the task times out, but only about
+    //    RTO + lag after its last update; the fence then stops the stale attempt.
+    std::fs::remove_file(&go).unwrap();
+    std::fs::remove_file(&started).unwrap();
+    let id = conductor.start_with(&task, input("data")).await;
+    eventually("the body to start", Duration::from_secs(20), || async {
+        started.exists().then_some(())
+    })
+    .await;
+    conductor
+        .server
+        .faults()
+        .add(FaultSpec {
+            method: Some("POST".into()),
+            path: "/api/tasks".into(),
+            status: Some(503),
+            ..FaultSpec::default()
+        })
+        .unwrap();
+    let last_update = std::sync::atomic::AtomicI64::new(0);
+    let timed_out = eventually(
+        "Conductor to time the attempt out",
+        Duration::from_secs(20),
+        || async {
+            let wf = conductor.workflow(&id).await;
+            let t = &wf["tasks"][0];
+            if t["status"] == "IN_PROGRESS" {
+                let seen = t["updateTime"].as_i64().unwrap();
+                last_update.store(seen, std::sync::atomic::Ordering::Relaxed);
+            }
+            (t["status"] == "TIMED_OUT").then(|| t.clone())
+        },
+    )
+    .await;
+    let last_update = last_update.into_inner();
+    let late = timed_out["endTime"].as_i64().unwrap() - last_update;
+    assert!(
+        late >= RTO_MS + LAG_MS - 100,
+        "timed out {late} ms after the last update"
+    );
+    conductor.server.faults().clear();
+    std::fs::write(&go, "").unwrap();
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    let log = sup.log_text();
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{log}");
+    let tasks = wf["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 2, "{wf:#}");
+    let published = published().await;
+    assert!(published.contains(&tasks[1]["taskId"]), "{published:?}");
+    assert!(!published.contains(&tasks[0]["taskId"]), "{published:?}");
+    assert!(
+        log.contains("stale attempt: task status is TIMED_OUT, expected IN_PROGRESS (before staging); nothing was published"),
+        "{log}"
+    );
+    assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
+}

@@ -182,13 +182,27 @@ async fn queue_size(State(c): State<Shared>, params: Params) -> Result<Response,
 }
 
 async fn queue_sizes(State(c): State<Shared>, params: Params) -> Result<Response, ApiError> {
-    let types = params.all("taskType");
+    let types = spring_list(&params.all("taskType"));
     if types.is_empty() {
         return Err(ApiError::Internal("taskType is required".to_owned()));
     }
     let sizes: BTreeMap<&str, usize> =
         c.with(|s| types.iter().map(|t| (*t, s.queues.size(t))).collect());
     Ok(Json(sizes).into_response())
+}
+
+/// The list Spring binds a `List<String>` request parameter to: a parameter given once is one
+/// string, which its `StringToCollectionConverter` splits at every comma and trims
+/// (`StringUtils.commaDelimitedListToStringArray`: empty pieces kept, an empty string gives no
+/// element); a parameter given several times is taken value by value, neither split nor
+/// trimmed. So `taskType=a,b` asks for the queues `a` and `b`, and only
+/// `taskType=a,b&taskType=a,b` for the queue `a,b`.
+fn spring_list<'a>(values: &[&'a str]) -> Vec<&'a str> {
+    match values {
+        [] | [""] => Vec::new(),
+        [one] => one.split(',').map(str::trim).collect(),
+        several => several.to_vec(),
+    }
 }
 
 async fn queue_all(State(c): State<Shared>) -> Response {
