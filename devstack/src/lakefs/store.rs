@@ -150,16 +150,42 @@ pub(crate) struct Repo {
     pub(crate) read_only: bool,
     pub(crate) commits: HashMap<String, Arc<Commit>>,
     pub(crate) branches: BTreeMap<String, Branch>,
+    /// Tags: name -> commit id.
+    pub(crate) tags: BTreeMap<String, String>,
+}
+
+/// `^\w[-\w]*$` with ASCII `\w`, the branch id every branch route validates first.
+pub(crate) fn valid_branch_id(id: &str) -> bool {
+    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let mut bytes = id.bytes();
+    bytes.next().is_some_and(word) && bytes.all(|b| word(b) || b == b'-')
+}
+
+/// The 400 of a branch id that is not one.
+pub(crate) fn invalid_branch() -> LakefsError {
+    LakefsError::BadRequest(
+        "argument branch: branch id: invalid value: validation error: branch id must consist of \
+         letters, digits, underscores and dashes, and cannot start with a dash"
+            .to_owned(),
+    )
 }
 
 impl Repo {
+    /// The branch `name`: 400 if `name` is not a branch id (`main~1`, `v1.0`: the real server
+    /// validates the id on every branch route before it looks), 404 if there is none.
     pub(crate) fn branch(&self, name: &str) -> Result<&Branch, LakefsError> {
+        if !valid_branch_id(name) {
+            return Err(invalid_branch());
+        }
         self.branches
             .get(name)
             .ok_or_else(|| LakefsError::NotFound(format!("branch '{name}' not found")))
     }
 
     pub(crate) fn branch_mut(&mut self, name: &str) -> Result<&mut Branch, LakefsError> {
+        if !valid_branch_id(name) {
+            return Err(invalid_branch());
+        }
         self.branches
             .get_mut(name)
             .ok_or_else(|| LakefsError::NotFound(format!("branch '{name}' not found")))
