@@ -5,6 +5,7 @@
 //! branch and the attempt directory are removed on every path.
 
 use super::{
+    contention::MergeTries,
     lakefs::{LakefsClient, LakefsError},
     paths::{PathError, key_to_relative},
     scan::{Changes, Rules, ScanError, Snapshot},
@@ -282,6 +283,24 @@ pub enum WorkspaceFailure {
         /// Why the branch cannot be read.
         #[source]
         source: LakefsError,
+    },
+    /// Every merge try within the budget was refused 429: lakeFS gave up against a branch that
+    /// other writers kept moving.
+    #[error(
+        "publish failed: lakeFS refused all {tries} merges of staging commit {staged} into {branch} within merge_timeout_seconds ({budget_seconds} s) because other writers kept moving {branch} ({last}); nothing was published"
+    )]
+    MergeContended {
+        /// The target branch.
+        branch: String,
+        /// The staging commit.
+        staged: String,
+        /// The merge tries made.
+        tries: u32,
+        /// `merge_timeout_seconds`.
+        budget_seconds: u64,
+        /// The last refusal.
+        #[source]
+        last: LakefsError,
     },
 }
 
@@ -798,20 +817,50 @@ impl Attempt {
         {
             return Ok(self.already_published(&earlier));
         }
-        let timeout = Duration::from_secs(spec.merge_timeout_seconds);
-        let answer = MergeAnswer::of(
-            self.client
-                .merge(
-                    &repo,
-                    &staging,
-                    &self.input.branch,
-                    &message,
-                    &metadata,
-                    timeout,
-                )
-                .await,
-        );
-        let merged = self.settle_merge(answer, &staged.id).await?;
+        let budget = Duration::from_secs(spec.merge_timeout_seconds);
+        let mut tries = MergeTries::new(tokio::time::Instant::now(), budget);
+        let merged = loop {
+            let answer = MergeAnswer::of(
+                self.client
+                    .merge(
+                        &repo,
+                        &staging,
+                        &self.input.branch,
+                        &message,
+                        &metadata,
+                        tries.timeout(tokio::time::Instant::now()),
+                    )
+                    .await,
+            );
+            let MergeAnswer::Busy(refused) = answer else {
+                break self.settle_merge(answer, &staged.id).await?;
+            };
+            // Not applied (see `contention`): merge again, within the budget, behind the fence.
+            let Some(wait) = tries.refused_at(tokio::time::Instant::now()) else {
+                return Err(WorkspaceFailure::MergeContended {
+                    branch: self.input.branch.clone(),
+                    staged: staged.id.clone(),
+                    tries: tries.refused(),
+                    budget_seconds: spec.merge_timeout_seconds,
+                    last: refused,
+                });
+            };
+            tracing::warn!(error = %refused, tries = tries.refused(), wait = ?wait, "the merge was refused under contention; merging again");
+            tokio::time::sleep(wait).await;
+            check_fence(fence, polled, "before merging again").await?;
+            if let Some(earlier) = self
+                .earlier(&task, polled.retry_count, "before merging again")
+                .await?
+            {
+                return Ok(self.already_published(&earlier));
+            }
+            // Never twice: a 429 from something in front of lakeFS need not mean what lakeFS's
+            // does.
+            if let Some(commit) = self.merged(&staged.id).await.ok().flatten() {
+                tracing::warn!(commit = %commit, "the merge refused under contention was applied after all");
+                break commit;
+            }
+        };
         tracing::info!(repository = %repo, branch = %self.input.branch, commit = %merged, "workspace published");
         Ok(counts(&merged))
     }
@@ -878,13 +927,15 @@ impl Attempt {
                 source_commit: self.source_commit.clone(),
             }),
             MergeAnswer::NotSent(e) => Err(WorkspaceFailure::Publish(e)),
-            MergeAnswer::Refused(e) => match self.merged(staged).await.ok().flatten() {
-                Some(commit) => {
-                    tracing::warn!(error = %e, commit = %commit, "the merge answered with an error but was applied");
-                    Ok(commit)
+            MergeAnswer::Refused(e) | MergeAnswer::Busy(e) => {
+                match self.merged(staged).await.ok().flatten() {
+                    Some(commit) => {
+                        tracing::warn!(error = %e, commit = %commit, "the merge answered with an error but was applied");
+                        Ok(commit)
+                    }
+                    None => Err(WorkspaceFailure::Publish(e)),
                 }
-                None => Err(WorkspaceFailure::Publish(e)),
-            },
+            }
             MergeAnswer::MayLand(e) => {
                 tracing::warn!(error = %e, window = ?window, "the merge did not answer; reading the branch until it shows whether it landed");
                 match settle(tokio::time::Instant::now() + window, || self.merged(staged)).await {

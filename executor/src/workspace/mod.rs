@@ -1,5 +1,6 @@
 //! The lakeFS workspace of a workspace task: download, stage, fence, publish, clean up.
 
+pub mod contention;
 pub mod flow;
 pub mod lakefs;
 pub mod paths;
