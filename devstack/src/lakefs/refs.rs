@@ -268,6 +268,7 @@ mod tests {
             ]),
             branches: BTreeMap::from([("main".to_owned(), branch)]),
             tags: BTreeMap::new(),
+            protection: Vec::new(),
         };
         (repo, root.id.clone(), child.id.clone())
     }

@@ -152,6 +152,35 @@ pub(crate) struct Repo {
     pub(crate) branches: BTreeMap<String, Branch>,
     /// Tags: name -> commit id.
     pub(crate) tags: BTreeMap<String, String>,
+    /// Branch protection rules (`/settings/branch_protection`): the patterns, each blocking
+    /// staging writes and commits on the branches it matches, as every rule set through the
+    /// API does on the real server.
+    pub(crate) protection: Vec<String>,
+}
+
+/// Whether `pattern` matches all of `name`: `*` any run of characters, `?` one character,
+/// anything else itself (the wildcards the real API documents for a protection rule).
+pub(crate) fn glob_match(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    // The classic two-pointer match with backtracking to the last `*`.
+    let (mut i, mut j, mut star, mut mark) = (0, 0, None, 0);
+    while j < n.len() {
+        if i < p.len() && (p[i] == '?' || (p[i] != '*' && p[i] == n[j])) {
+            i += 1;
+            j += 1;
+        } else if i < p.len() && p[i] == '*' {
+            star = Some(i);
+            mark = j;
+            i += 1;
+        } else if let Some(s) = star {
+            i = s + 1;
+            mark += 1;
+            j = mark;
+        } else {
+            return false;
+        }
+    }
+    p[i..].iter().all(|c| *c == '*')
 }
 
 /// `^\w[-\w]*$` with ASCII `\w`, the branch id every branch route validates first.
@@ -189,6 +218,23 @@ impl Repo {
         self.branches
             .get_mut(name)
             .ok_or_else(|| LakefsError::NotFound(format!("branch '{name}' not found")))
+    }
+
+    /// 403 if a branch protection rule covers `branch`: `commit` says what was refused
+    /// (`cannot commit to protected branch`), else a staging write
+    /// (`cannot write to protected branch`), the real server's texts.
+    pub(crate) fn unprotected(&self, branch: &str, commit: bool) -> Result<(), LakefsError> {
+        if !self.protection.iter().any(|p| glob_match(p, branch)) {
+            return Ok(());
+        }
+        Err(LakefsError::Forbidden(
+            if commit {
+                "cannot commit to protected branch"
+            } else {
+                "cannot write to protected branch"
+            }
+            .to_owned(),
+        ))
     }
 
     pub(crate) fn commit(&self, id: &str) -> Result<Arc<Commit>, LakefsError> {
@@ -259,4 +305,32 @@ pub(crate) fn now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_match;
+
+    #[test]
+    fn protection_patterns_match_whole_names_with_star_and_question_mark() {
+        for (pattern, name) in [
+            ("*", "perago-staging-1"),
+            ("perago-*", "perago-staging-1"),
+            ("main", "main"),
+            ("rel?", "rel1"),
+            ("*-staging-*", "perago-staging-x"),
+            ("a*b*c", "aXbYc"),
+        ] {
+            assert!(glob_match(pattern, name), "{pattern} ~ {name}");
+        }
+        for (pattern, name) in [
+            ("main", "main2"),
+            ("perago-*", "main"),
+            ("rel?", "rel"),
+            ("a*b*c", "aXbY"),
+            ("", "x"),
+        ] {
+            assert!(!glob_match(pattern, name), "{pattern} !~ {name}");
+        }
+    }
 }

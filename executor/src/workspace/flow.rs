@@ -8,6 +8,7 @@ use super::{
     contention::MergeTries,
     lakefs::{LakefsClient, LakefsError},
     paths::{PathError, key_to_relative},
+    refusal,
     scan::{Changes, Rules, ScanError, Snapshot},
     settle::{
         EXECUTION_ID_KEY, Earlier, MergeAnswer, RETRY_KEY, Settled, TASK_ID_KEY, WorkflowTask,
@@ -302,6 +303,33 @@ pub enum WorkspaceFailure {
         #[source]
         last: LakefsError,
     },
+    /// lakeFS refused a write for its configuration (403): a branch protection rule covering
+    /// the staging branch, a read-only repository. Terminal: a retry is refused the same way.
+    #[error(
+        "publish refused by lakeFS: {what}; {remedy}; nothing was published, and the task is not retried: a retry would be refused the same way"
+    )]
+    Forbidden {
+        /// What was refused, by what.
+        what: String,
+        /// What to change.
+        remedy: String,
+    },
+    /// A lakeFS hook aborted a write (412).
+    #[error("publish refused by a lakeFS hook: {what}; {remedy}; nothing was published")]
+    HookFailed {
+        /// What was aborted, with the hook's answer.
+        what: String,
+        /// Where to look.
+        remedy: String,
+    },
+}
+
+impl WorkspaceFailure {
+    /// Whether the failure is FAILED_WITH_TERMINAL_ERROR: configuration a retry cannot get past
+    /// (see `refusal`).
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, Self::Forbidden { .. })
+    }
 }
 
 /// The kind of a file transfer.
@@ -720,11 +748,73 @@ impl Attempt {
     /// Stages and publishes `changes`; returns the `workspace` output object. `publishing` is
     /// called once the change is staged (uploaded and committed on the staging branch), right
     /// before the last fence and the merge: the phase an operator sees is the one it is in.
+    /// A write lakeFS refuses for its configuration or a hook says what to change (`refusal`).
     #[expect(
         clippy::too_many_arguments,
         reason = "each is a distinct input of one publish"
     )]
     pub async fn publish(
+        &mut self,
+        changes: &Changes,
+        spec: &WorkspaceSpec,
+        fence: &dyn Fence,
+        polled: &AttemptSnapshot,
+        execution_id: &str,
+        metadata: Map<String, Value>,
+        publishing: &(dyn Fn() + Send + Sync),
+    ) -> Result<Value, WorkspaceFailure> {
+        let published = self
+            .publish_change(
+                changes,
+                spec,
+                fence,
+                polled,
+                execution_id,
+                metadata,
+                publishing,
+            )
+            .await;
+        match published {
+            Err(failure) => Err(self.explain_refusal(failure, execution_id).await),
+            ok => ok,
+        }
+    }
+
+    /// `failure`, said as what lakeFS refused and what to change when it is a 403 or 412 of a
+    /// write; the repository's protection rules are read to name the one that blocks.
+    async fn explain_refusal(
+        &self,
+        failure: WorkspaceFailure,
+        execution_id: &str,
+    ) -> WorkspaceFailure {
+        let Some((step, status, message)) = refusal::refused(&failure) else {
+            return failure;
+        };
+        let repo = &self.input.repository;
+        let rules = if status == 403 && message.contains("protected branch") {
+            Some(
+                self.client
+                    .branch_protection_rules(repo)
+                    .await
+                    .map_err(|e| e.to_string()),
+            )
+        } else {
+            None
+        };
+        let staging = format!("perago-staging-{execution_id}");
+        let target = refusal::Target {
+            repository: repo,
+            branch: &self.input.branch,
+            staging: &staging,
+        };
+        refusal::explain(step, status, message, target, rules)
+    }
+
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "each is a distinct input of one publish"
+    )]
+    async fn publish_change(
         &mut self,
         changes: &Changes,
         spec: &WorkspaceSpec,

@@ -39,6 +39,8 @@ pub const MAX_KEY_BYTES: usize = 1024;
 /// The longest object checksum kept (an MD5 is 32 hex characters, an S3 multipart ETag a few
 /// more).
 pub const MAX_CHECKSUM_BYTES: usize = 128;
+/// The most branch protection rules read.
+pub const MAX_PROTECTION_RULES: usize = 1000;
 /// The most entries a diff or a branch listing holds.
 pub const MAX_LISTED: usize = 100_000;
 
@@ -927,6 +929,46 @@ impl LakefsClient {
         let page: Page<Commit> = Self::decode(&op, &bytes)?;
         drop(bytes);
         check_log_page(&op, after, amount, page)
+    }
+
+    /// The patterns of `repo`'s branch protection rules (at most [`MAX_PROTECTION_RULES`]).
+    pub async fn branch_protection_rules(&self, repo: &str) -> Result<Vec<String>, LakefsError> {
+        #[derive(Deserialize)]
+        struct Rule {
+            pattern: String,
+        }
+        let op = format!("read branch protection rules of {repo}");
+        let path = format!("{}/settings/branch_protection", Self::repo_path(repo));
+        let bytes = self.read(&op, Method::GET, &path, &[]).await?;
+        let rules: Vec<Rule> = Self::decode(&op, &bytes)?;
+        if rules.len() > MAX_PROTECTION_RULES {
+            return Err(LakefsError::TooMany {
+                op,
+                max: MAX_PROTECTION_RULES,
+            });
+        }
+        Ok(rules.into_iter().map(|r| r.pattern).collect())
+    }
+
+    /// Sets `repo`'s branch protection rules to `patterns` (for tests).
+    pub async fn set_branch_protection_rules(
+        &self,
+        repo: &str,
+        patterns: &[&str],
+    ) -> Result<(), LakefsError> {
+        let op = format!("set branch protection rules of {repo}");
+        let path = format!("{}/settings/branch_protection", Self::repo_path(repo));
+        let rules: Vec<Value> = patterns.iter().map(|p| json!({"pattern": p})).collect();
+        self.send(
+            &op,
+            Method::PUT,
+            &path,
+            &[],
+            Some(Body::Json(Value::Array(rules))),
+            REQUEST_TIMEOUT,
+        )
+        .await
+        .map(drop)
     }
 
     /// Creates tag `tag` at `reference` (for tests); returns the commit it names.

@@ -4,5 +4,6 @@ pub mod contention;
 pub mod flow;
 pub mod lakefs;
 pub mod paths;
+pub mod refusal;
 pub mod scan;
 pub mod settle;

@@ -207,3 +207,104 @@ async fn a_merge_refused_under_contention_to_the_end_fails_within_the_budget() {
     );
     assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_protection_rule_on_staging_branches_fails_terminally_naming_the_rule() {
+    let conductor = Conductor::start().await;
+    let lakefs = Lakefs::start().await;
+    lakefs.seed(REPO, &[("data/a.txt", "one\n")]).await;
+    // Retried twice if it were FAILED.
+    let task = TaskFixture::workspace("refs.protected", COPY, "", "");
+    let sup = start(&task, &conductor, &lakefs, 1).await;
+
+    // Protecting the target is fine: lakeFS lets merges into a protected branch through.
+    lakefs
+        .client
+        .set_branch_protection_rules(REPO, &["main"])
+        .await
+        .unwrap();
+    let id = conductor.start_with(&task, input()).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    let before = lakefs.client.resolve_commit(REPO, "main").await.unwrap();
+
+    lakefs
+        .client
+        .set_branch_protection_rules(REPO, &["main", "perago-*"])
+        .await
+        .unwrap();
+    // Read at main~1 (before seen.txt), so that the body has a change to stage.
+    let id = conductor
+        .start_with(
+            &task,
+            json!({"workspace": {"repository": REPO, "branch": "main", "prefix": "data", "ref": "main~1"}, "params": {}}),
+        )
+        .await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "FAILED", "{wf:#}");
+    let tasks = wf["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 1, "not retried: {wf:#}");
+    assert_eq!(tasks[0]["status"], "FAILED_WITH_TERMINAL_ERROR", "{wf:#}");
+    let reason = tasks[0]["reasonForIncompletion"].as_str().unwrap();
+    assert!(
+        reason.starts_with("publish refused by lakeFS: writing to perago-staging-")
+            && reason.contains(&format!(
+                "in repository {REPO} is blocked by the branch protection rule \"perago-*\" (HTTP 403: cannot write to protected branch)"
+            ))
+            && reason.contains("change the rule so that it does not match perago-staging-*")
+            && reason.ends_with("the task is not retried: a retry would be refused the same way"),
+        "{reason}"
+    );
+    assert_eq!(
+        lakefs.client.resolve_commit(REPO, "main").await.unwrap(),
+        before
+    );
+    // The staging branch is still deleted (deleting is no staging write).
+    assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_hook_fails_the_attempt_naming_the_hook_and_the_retry_publishes() {
+    let conductor = Conductor::start().await;
+    let lakefs = Lakefs::start().await;
+    lakefs.seed(REPO, &[("data/a.txt", "one\n")]).await;
+    let task = TaskFixture::workspace("refs.hook", COPY, "retry_count = 1", "");
+    let sup = start(&task, &conductor, &lakefs, 1).await;
+    // The real server's answer when a pre-merge action's hook fails (pkg/graveler
+    // HookAbortError, pkg/actions/service.go), once.
+    let hook = "pre-merge hook aborted, run id '2bdn0f6r8s0000abcdeg': hook run id \
+                '2bdn0f6r8s0000abcdeg_0_0' failed on action 'check formats' hook 'no_csv': \
+                action failed: webhook returned 500";
+    let rule = lakefs
+        .server
+        .faults()
+        .add(FaultSpec {
+            method: Some("POST".into()),
+            path: format!("/api/v1/repositories/{REPO}/refs/perago-staging-"),
+            status: Some(412),
+            body: Some(json!({ "message": hook }).to_string()),
+            count: Some(1),
+            ..FaultSpec::default()
+        })
+        .unwrap();
+
+    let id = conductor.start_with(&task, input()).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    assert_eq!(lakefs.server.faults().hits(rule), Some(1));
+    let tasks = wf["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 2, "{wf:#}");
+    assert_eq!(tasks[0]["status"], "FAILED", "{wf:#}");
+    assert_eq!(
+        tasks[0]["reasonForIncompletion"].as_str().unwrap(),
+        format!(
+            "publish refused by a lakeFS hook: merging into main in repository {REPO} was aborted by a hook (HTTP 412: {hook}); see the action run in lakeFS (lakectl actions runs list lakefs://{REPO}) and fix the hook or what it checks; nothing was published"
+        )
+    );
+    let retry_id = tasks[1]["taskId"].as_str().unwrap();
+    assert_eq!(merges_of(&lakefs, retry_id).await, 1);
+    assert_eq!(
+        merges_of(&lakefs, tasks[0]["taskId"].as_str().unwrap()).await,
+        0
+    );
+}

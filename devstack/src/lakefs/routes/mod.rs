@@ -4,6 +4,7 @@
 mod commits;
 mod meta;
 mod objects;
+mod protection;
 mod repos;
 mod tags;
 
@@ -79,6 +80,10 @@ pub(crate) fn router(lakefs: Arc<Lakefs>) -> Router {
         .route(
             &format!("{r}/tags/{{tag}}"),
             get(tags::get).delete(tags::delete),
+        )
+        .route(
+            &format!("{r}/settings/branch_protection"),
+            get(protection::get).put(protection::set),
         )
         .route("/api/v1/config", get(meta::config))
         .route("/api/v1/config/version", get(meta::version))

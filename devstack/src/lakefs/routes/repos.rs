@@ -100,6 +100,7 @@ pub(super) async fn create(
         commits: HashMap::from([(initial.id.clone(), initial)]),
         branches: BTreeMap::from([(default_branch, branch)]),
         tags: BTreeMap::new(),
+        protection: Vec::new(),
     };
     let body = model::repository(&repo);
     tracing::info!(repository = %repo.id, "repository created");
@@ -268,7 +269,10 @@ pub(super) async fn reset_branch(
 ) -> Result<StatusCode, LakefsError> {
     let request: ResetCreation = json_body(&body)?;
     let mut lakefs = state.state();
-    let staging = &mut lakefs.repo_mut(&repository)?.branch_mut(&branch)?.staging;
+    let repo = lakefs.repo_mut(&repository)?;
+    repo.branch(&branch)?;
+    repo.unprotected(&branch, false)?;
+    let staging = &mut repo.branch_mut(&branch)?.staging;
     let path = request.path.unwrap_or_default();
     match request.kind.as_str() {
         "reset" => staging.clear(),
