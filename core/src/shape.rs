@@ -159,8 +159,26 @@ fn parse_workspace(value: &Value, allowed_prefix: &str) -> Result<WorkspaceInput
             ));
         }
     }
-    if source_ref.as_deref() == Some("") {
-        return Err(input_error("workspace.ref", "must not be empty when set"));
+    // The branch is written to (the merge target): lakeFS takes only a branch id there, and
+    // answers 400 to anything else (`main~1`, `v1.0`); a ref to read from goes in `ref`.
+    if !is_lakefs_branch_id(&branch) {
+        return Err(input_error(
+            "workspace.branch",
+            format!(
+                "{branch:?} is not a valid lakeFS branch name (letters, digits, '_' and '-', not starting with '-'); to read from a tag, a commit or an expression such as main~1, set workspace.ref"
+            ),
+        ));
+    }
+    match source_ref.as_deref() {
+        Some("") => return Err(input_error("workspace.ref", "must not be empty when set")),
+        // lakeFS refuses a ref with whitespace on every route (`^[^\s]+$`).
+        Some(r) if r.contains('\0') || r.chars().any(char::is_whitespace) => {
+            return Err(input_error(
+                "workspace.ref",
+                format!("{r:?} is not a ref lakeFS accepts: a ref has no whitespace"),
+            ));
+        }
+        _ => {}
     }
     let prefix =
         normalize_prefix(&prefix).map_err(|p| input_error("workspace.prefix", p.to_string()))?;
@@ -202,6 +220,14 @@ pub enum PrefixError {
         /// The prefix as given.
         prefix: String,
     },
+}
+
+/// Whether `id` is a lakeFS branch id: `^\w[-\w]*$` with ASCII `\w` (Go's regexp), checked by
+/// lakeFS on every branch route (`pkg/validator`, `pkg/graveler/validate.go`).
+pub fn is_lakefs_branch_id(id: &str) -> bool {
+    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let mut bytes = id.bytes();
+    bytes.next().is_some_and(word) && bytes.all(|b| word(b) || b == b'-')
 }
 
 /// Checks a lakeFS path prefix and normalizes it to `""` or `a/b/`. Absolute paths, `.` or
@@ -401,6 +427,36 @@ mod tests {
                 .to_string(),
             "bad input: workspace.ref: must not be empty when set"
         );
+        for (branch, problem) in [
+            ("main~1", "\"main~1\" is not a valid lakeFS branch name"),
+            ("v1.0", "\"v1.0\" is not a valid lakeFS branch name"),
+            ("-x", "\"-x\" is not a valid lakeFS branch name"),
+        ] {
+            let refused = base(json!({"repository": "r", "branch": branch, "prefix": ""}))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                refused.starts_with(&format!("bad input: workspace.branch: {problem}"))
+                    && refused.ends_with("set workspace.ref"),
+                "{refused}"
+            );
+        }
+        assert_eq!(
+            base(json!({"repository": "r", "branch": "main", "prefix": "", "ref": "main 1"}))
+                .unwrap_err()
+                .to_string(),
+            "bad input: workspace.ref: \"main 1\" is not a ref lakeFS accepts: a ref has no whitespace"
+        );
+        for accepted in ["main~1", "main@", "v1.0", "main^2", "a/b"] {
+            let parsed = base(
+                json!({"repository": "r", "branch": "main_2-x", "prefix": "", "ref": accepted}),
+            )
+            .unwrap();
+            assert_eq!(
+                parsed.workspace.unwrap().source_ref.as_deref(),
+                Some(accepted)
+            );
+        }
         let with_ref =
             base(json!({"repository": "r", "branch": "main", "prefix": "", "ref": "abc123"}))
                 .unwrap();

@@ -442,7 +442,13 @@ impl AssignmentRunner {
                     },
                 )
                 .await
-                .map_err(|e| failed(e.to_string()))?;
+                .map_err(|e| {
+                    if e.is_terminal() {
+                        Failure::Terminal(Reason::new(e.to_string()))
+                    } else {
+                        failed(e.to_string())
+                    }
+                })?;
             Ok::<_, Failure>(workspace_output(&published, result))
         }
         .await;

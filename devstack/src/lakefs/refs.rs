@@ -15,8 +15,8 @@ pub(crate) struct Resolved {
 }
 
 impl Repo {
-    /// Resolves a ref as lakeFS does: a full commit id, a branch, then a unique commit-id
-    /// prefix; then the modifiers `~N` (first parent N times), `^N` (Nth parent), `@` (branch
+    /// Resolves a ref as lakeFS does: a full commit id, a branch, a tag, then a unique
+    /// commit-id prefix; then the modifiers `~N` (first parent N times), `^N` (Nth parent), `@` (branch
     /// without staging) and `$` (branch with staging, the default for a bare branch name).
     pub(crate) fn resolve(&self, reference: &str) -> Result<Resolved, LakefsError> {
         let split = reference
@@ -38,6 +38,11 @@ impl Repo {
             Resolved {
                 commit: self.commit(&branch.head)?,
                 staging_of: Some(base.to_owned()),
+            }
+        } else if let Some(tagged) = self.tags.get(base) {
+            Resolved {
+                commit: self.commit(tagged)?,
+                staging_of: None,
             }
         } else {
             Resolved {
@@ -262,6 +267,8 @@ mod tests {
                 (child.id.clone(), Arc::clone(&child)),
             ]),
             branches: BTreeMap::from([("main".to_owned(), branch)]),
+            tags: BTreeMap::new(),
+            protection: Vec::new(),
         };
         (repo, root.id.clone(), child.id.clone())
     }
@@ -285,6 +292,32 @@ mod tests {
         ] {
             assert!(id(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn tags_resolve_after_branches_and_branch_routes_refuse_what_is_not_a_branch_id() {
+        let (mut repo, root, child) = repo();
+        repo.tags.insert("v1.0".to_owned(), root.clone());
+        repo.tags.insert("main".to_owned(), root.clone());
+        let id = |repo: &crate::lakefs::store::Repo, r: &str| {
+            repo.resolve(r).map(|x| x.commit.id.clone())
+        };
+        assert_eq!(id(&repo, "v1.0").unwrap(), root);
+        assert!(repo.resolve("v1.0").unwrap().staging_of.is_none());
+        // A branch wins over a tag of the same name, as lakeFS resolves branches first.
+        assert_eq!(id(&repo, "main").unwrap(), child);
+        for not_a_branch_id in ["main~1", "main@", "v1.0", "-main", "a.b", ""] {
+            let refused = repo.branch(not_a_branch_id).unwrap_err();
+            assert_eq!(
+                refused.status(),
+                axum::http::StatusCode::BAD_REQUEST,
+                "{not_a_branch_id:?}: {refused}"
+            );
+        }
+        assert_eq!(
+            repo.branch("nope").unwrap_err().status(),
+            axum::http::StatusCode::NOT_FOUND
+        );
     }
 
     #[test]

@@ -150,19 +150,91 @@ pub(crate) struct Repo {
     pub(crate) read_only: bool,
     pub(crate) commits: HashMap<String, Arc<Commit>>,
     pub(crate) branches: BTreeMap<String, Branch>,
+    /// Tags: name -> commit id.
+    pub(crate) tags: BTreeMap<String, String>,
+    /// Branch protection rules (`/settings/branch_protection`): the patterns, each blocking
+    /// staging writes and commits on the branches it matches, as every rule set through the
+    /// API does on the real server.
+    pub(crate) protection: Vec<String>,
+}
+
+/// Whether `pattern` matches all of `name`: `*` any run of characters, `?` one character,
+/// anything else itself (the wildcards the real API documents for a protection rule).
+pub(crate) fn glob_match(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    // The classic two-pointer match with backtracking to the last `*`.
+    let (mut i, mut j, mut star, mut mark) = (0, 0, None, 0);
+    while j < n.len() {
+        if i < p.len() && (p[i] == '?' || (p[i] != '*' && p[i] == n[j])) {
+            i += 1;
+            j += 1;
+        } else if i < p.len() && p[i] == '*' {
+            star = Some(i);
+            mark = j;
+            i += 1;
+        } else if let Some(s) = star {
+            i = s + 1;
+            mark += 1;
+            j = mark;
+        } else {
+            return false;
+        }
+    }
+    p[i..].iter().all(|c| *c == '*')
+}
+
+/// `^\w[-\w]*$` with ASCII `\w`, the branch id every branch route validates first.
+pub(crate) fn valid_branch_id(id: &str) -> bool {
+    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let mut bytes = id.bytes();
+    bytes.next().is_some_and(word) && bytes.all(|b| word(b) || b == b'-')
+}
+
+/// The 400 of a branch id that is not one.
+pub(crate) fn invalid_branch() -> LakefsError {
+    LakefsError::BadRequest(
+        "argument branch: branch id: invalid value: validation error: branch id must consist of \
+         letters, digits, underscores and dashes, and cannot start with a dash"
+            .to_owned(),
+    )
 }
 
 impl Repo {
+    /// The branch `name`: 400 if `name` is not a branch id (`main~1`, `v1.0`: the real server
+    /// validates the id on every branch route before it looks), 404 if there is none.
     pub(crate) fn branch(&self, name: &str) -> Result<&Branch, LakefsError> {
+        if !valid_branch_id(name) {
+            return Err(invalid_branch());
+        }
         self.branches
             .get(name)
             .ok_or_else(|| LakefsError::NotFound(format!("branch '{name}' not found")))
     }
 
     pub(crate) fn branch_mut(&mut self, name: &str) -> Result<&mut Branch, LakefsError> {
+        if !valid_branch_id(name) {
+            return Err(invalid_branch());
+        }
         self.branches
             .get_mut(name)
             .ok_or_else(|| LakefsError::NotFound(format!("branch '{name}' not found")))
+    }
+
+    /// 403 if a branch protection rule covers `branch`: `commit` says what was refused
+    /// (`cannot commit to protected branch`), else a staging write
+    /// (`cannot write to protected branch`), the real server's texts.
+    pub(crate) fn unprotected(&self, branch: &str, commit: bool) -> Result<(), LakefsError> {
+        if !self.protection.iter().any(|p| glob_match(p, branch)) {
+            return Ok(());
+        }
+        Err(LakefsError::Forbidden(
+            if commit {
+                "cannot commit to protected branch"
+            } else {
+                "cannot write to protected branch"
+            }
+            .to_owned(),
+        ))
     }
 
     pub(crate) fn commit(&self, id: &str) -> Result<Arc<Commit>, LakefsError> {
@@ -233,4 +305,32 @@ pub(crate) fn now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_match;
+
+    #[test]
+    fn protection_patterns_match_whole_names_with_star_and_question_mark() {
+        for (pattern, name) in [
+            ("*", "perago-staging-1"),
+            ("perago-*", "perago-staging-1"),
+            ("main", "main"),
+            ("rel?", "rel1"),
+            ("*-staging-*", "perago-staging-x"),
+            ("a*b*c", "aXbYc"),
+        ] {
+            assert!(glob_match(pattern, name), "{pattern} ~ {name}");
+        }
+        for (pattern, name) in [
+            ("main", "main2"),
+            ("perago-*", "main"),
+            ("rel?", "rel"),
+            ("a*b*c", "aXbY"),
+            ("", "x"),
+        ] {
+            assert!(!glob_match(pattern, name), "{pattern} !~ {name}");
+        }
+    }
 }

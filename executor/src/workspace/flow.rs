@@ -5,8 +5,10 @@
 //! branch and the attempt directory are removed on every path.
 
 use super::{
+    contention::MergeTries,
     lakefs::{LakefsClient, LakefsError},
     paths::{PathError, key_to_relative},
+    refusal,
     scan::{Changes, Rules, ScanError, Snapshot},
     settle::{
         EXECUTION_ID_KEY, Earlier, MergeAnswer, RETRY_KEY, Settled, TASK_ID_KEY, WorkflowTask,
@@ -283,6 +285,51 @@ pub enum WorkspaceFailure {
         #[source]
         source: LakefsError,
     },
+    /// Every merge try within the budget was refused 429: lakeFS gave up against a branch that
+    /// other writers kept moving.
+    #[error(
+        "publish failed: lakeFS refused all {tries} merges of staging commit {staged} into {branch} within merge_timeout_seconds ({budget_seconds} s) because other writers kept moving {branch} ({last}); nothing was published"
+    )]
+    MergeContended {
+        /// The target branch.
+        branch: String,
+        /// The staging commit.
+        staged: String,
+        /// The merge tries made.
+        tries: u32,
+        /// `merge_timeout_seconds`.
+        budget_seconds: u64,
+        /// The last refusal.
+        #[source]
+        last: LakefsError,
+    },
+    /// lakeFS refused a write for its configuration (403): a branch protection rule covering
+    /// the staging branch, a read-only repository. Terminal: a retry is refused the same way.
+    #[error(
+        "publish refused by lakeFS: {what}; {remedy}; nothing was published, and the task is not retried: a retry would be refused the same way"
+    )]
+    Forbidden {
+        /// What was refused, by what.
+        what: String,
+        /// What to change.
+        remedy: String,
+    },
+    /// A lakeFS hook aborted a write (412).
+    #[error("publish refused by a lakeFS hook: {what}; {remedy}; nothing was published")]
+    HookFailed {
+        /// What was aborted, with the hook's answer.
+        what: String,
+        /// Where to look.
+        remedy: String,
+    },
+}
+
+impl WorkspaceFailure {
+    /// Whether the failure is FAILED_WITH_TERMINAL_ERROR: configuration a retry cannot get past
+    /// (see `refusal`).
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, Self::Forbidden { .. })
+    }
 }
 
 /// The kind of a file transfer.
@@ -701,11 +748,73 @@ impl Attempt {
     /// Stages and publishes `changes`; returns the `workspace` output object. `publishing` is
     /// called once the change is staged (uploaded and committed on the staging branch), right
     /// before the last fence and the merge: the phase an operator sees is the one it is in.
+    /// A write lakeFS refuses for its configuration or a hook says what to change (`refusal`).
     #[expect(
         clippy::too_many_arguments,
         reason = "each is a distinct input of one publish"
     )]
     pub async fn publish(
+        &mut self,
+        changes: &Changes,
+        spec: &WorkspaceSpec,
+        fence: &dyn Fence,
+        polled: &AttemptSnapshot,
+        execution_id: &str,
+        metadata: Map<String, Value>,
+        publishing: &(dyn Fn() + Send + Sync),
+    ) -> Result<Value, WorkspaceFailure> {
+        let published = self
+            .publish_change(
+                changes,
+                spec,
+                fence,
+                polled,
+                execution_id,
+                metadata,
+                publishing,
+            )
+            .await;
+        match published {
+            Err(failure) => Err(self.explain_refusal(failure, execution_id).await),
+            ok => ok,
+        }
+    }
+
+    /// `failure`, said as what lakeFS refused and what to change when it is a 403 or 412 of a
+    /// write; the repository's protection rules are read to name the one that blocks.
+    async fn explain_refusal(
+        &self,
+        failure: WorkspaceFailure,
+        execution_id: &str,
+    ) -> WorkspaceFailure {
+        let Some((step, status, message)) = refusal::refused(&failure) else {
+            return failure;
+        };
+        let repo = &self.input.repository;
+        let rules = if status == 403 && message.contains("protected branch") {
+            Some(
+                self.client
+                    .branch_protection_rules(repo)
+                    .await
+                    .map_err(|e| e.to_string()),
+            )
+        } else {
+            None
+        };
+        let staging = format!("perago-staging-{execution_id}");
+        let target = refusal::Target {
+            repository: repo,
+            branch: &self.input.branch,
+            staging: &staging,
+        };
+        refusal::explain(step, status, message, target, rules)
+    }
+
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "each is a distinct input of one publish"
+    )]
+    async fn publish_change(
         &mut self,
         changes: &Changes,
         spec: &WorkspaceSpec,
@@ -798,20 +907,50 @@ impl Attempt {
         {
             return Ok(self.already_published(&earlier));
         }
-        let timeout = Duration::from_secs(spec.merge_timeout_seconds);
-        let answer = MergeAnswer::of(
-            self.client
-                .merge(
-                    &repo,
-                    &staging,
-                    &self.input.branch,
-                    &message,
-                    &metadata,
-                    timeout,
-                )
-                .await,
-        );
-        let merged = self.settle_merge(answer, &staged.id).await?;
+        let budget = Duration::from_secs(spec.merge_timeout_seconds);
+        let mut tries = MergeTries::new(tokio::time::Instant::now(), budget);
+        let merged = loop {
+            let answer = MergeAnswer::of(
+                self.client
+                    .merge(
+                        &repo,
+                        &staging,
+                        &self.input.branch,
+                        &message,
+                        &metadata,
+                        tries.timeout(tokio::time::Instant::now()),
+                    )
+                    .await,
+            );
+            let MergeAnswer::Busy(refused) = answer else {
+                break self.settle_merge(answer, &staged.id).await?;
+            };
+            // Not applied (see `contention`): merge again, within the budget, behind the fence.
+            let Some(wait) = tries.refused_at(tokio::time::Instant::now()) else {
+                return Err(WorkspaceFailure::MergeContended {
+                    branch: self.input.branch.clone(),
+                    staged: staged.id.clone(),
+                    tries: tries.refused(),
+                    budget_seconds: spec.merge_timeout_seconds,
+                    last: refused,
+                });
+            };
+            tracing::warn!(error = %refused, tries = tries.refused(), wait = ?wait, "the merge was refused under contention; merging again");
+            tokio::time::sleep(wait).await;
+            check_fence(fence, polled, "before merging again").await?;
+            if let Some(earlier) = self
+                .earlier(&task, polled.retry_count, "before merging again")
+                .await?
+            {
+                return Ok(self.already_published(&earlier));
+            }
+            // Never twice: a 429 from something in front of lakeFS need not mean what lakeFS's
+            // does.
+            if let Some(commit) = self.merged(&staged.id).await.ok().flatten() {
+                tracing::warn!(commit = %commit, "the merge refused under contention was applied after all");
+                break commit;
+            }
+        };
         tracing::info!(repository = %repo, branch = %self.input.branch, commit = %merged, "workspace published");
         Ok(counts(&merged))
     }
@@ -878,13 +1017,15 @@ impl Attempt {
                 source_commit: self.source_commit.clone(),
             }),
             MergeAnswer::NotSent(e) => Err(WorkspaceFailure::Publish(e)),
-            MergeAnswer::Refused(e) => match self.merged(staged).await.ok().flatten() {
-                Some(commit) => {
-                    tracing::warn!(error = %e, commit = %commit, "the merge answered with an error but was applied");
-                    Ok(commit)
+            MergeAnswer::Refused(e) | MergeAnswer::Busy(e) => {
+                match self.merged(staged).await.ok().flatten() {
+                    Some(commit) => {
+                        tracing::warn!(error = %e, commit = %commit, "the merge answered with an error but was applied");
+                        Ok(commit)
+                    }
+                    None => Err(WorkspaceFailure::Publish(e)),
                 }
-                None => Err(WorkspaceFailure::Publish(e)),
-            },
+            }
             MergeAnswer::MayLand(e) => {
                 tracing::warn!(error = %e, window = ?window, "the merge did not answer; reading the branch until it shows whether it landed");
                 match settle(tokio::time::Instant::now() + window, || self.merged(staged)).await {

@@ -39,6 +39,8 @@ pub const MAX_KEY_BYTES: usize = 1024;
 /// The longest object checksum kept (an MD5 is 32 hex characters, an S3 multipart ETag a few
 /// more).
 pub const MAX_CHECKSUM_BYTES: usize = 128;
+/// The most branch protection rules read.
+pub const MAX_PROTECTION_RULES: usize = 1000;
 /// The most entries a diff or a branch listing holds.
 pub const MAX_LISTED: usize = 100_000;
 
@@ -498,9 +500,15 @@ impl LakefsClient {
         })
     }
 
-    /// The commit a ref (branch, commit id) points at now.
+    /// The commit a ref points at now: a branch, a commit id, a tag, or an expression
+    /// (`main~1`, `main@`, `v1.0~2`). A branch id is read from its branch (then, on a 404,
+    /// as a commit or tag of that name); anything else from `GET /commits/{ref}`, which lakeFS
+    /// resolves for every ref: its branch routes answer 400 to what is not a branch id.
     pub async fn resolve_commit(&self, repo: &str, reference: &str) -> Result<String, LakefsError> {
         let op = format!("resolve {repo}@{reference}");
+        if !is_branch_id(reference) {
+            return Ok(self.get_commit(repo, reference).await?.id);
+        }
         let branch = format!("{}/branches/{}", Self::repo_path(repo), segment(reference));
         let id = match self.read(&op, Method::GET, &branch, &[]).await {
             Ok(bytes) => Self::decode::<Ref>(&op, &bytes)?.commit_id,
@@ -923,6 +931,62 @@ impl LakefsClient {
         check_log_page(&op, after, amount, page)
     }
 
+    /// The patterns of `repo`'s branch protection rules (at most [`MAX_PROTECTION_RULES`]).
+    pub async fn branch_protection_rules(&self, repo: &str) -> Result<Vec<String>, LakefsError> {
+        #[derive(Deserialize)]
+        struct Rule {
+            pattern: String,
+        }
+        let op = format!("read branch protection rules of {repo}");
+        let path = format!("{}/settings/branch_protection", Self::repo_path(repo));
+        let bytes = self.read(&op, Method::GET, &path, &[]).await?;
+        let rules: Vec<Rule> = Self::decode(&op, &bytes)?;
+        if rules.len() > MAX_PROTECTION_RULES {
+            return Err(LakefsError::TooMany {
+                op,
+                max: MAX_PROTECTION_RULES,
+            });
+        }
+        Ok(rules.into_iter().map(|r| r.pattern).collect())
+    }
+
+    /// Sets `repo`'s branch protection rules to `patterns` (for tests).
+    pub async fn set_branch_protection_rules(
+        &self,
+        repo: &str,
+        patterns: &[&str],
+    ) -> Result<(), LakefsError> {
+        let op = format!("set branch protection rules of {repo}");
+        let path = format!("{}/settings/branch_protection", Self::repo_path(repo));
+        let rules: Vec<Value> = patterns.iter().map(|p| json!({"pattern": p})).collect();
+        self.send(
+            &op,
+            Method::PUT,
+            &path,
+            &[],
+            Some(Body::Json(Value::Array(rules))),
+            REQUEST_TIMEOUT,
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Creates tag `tag` at `reference` (for tests); returns the commit it names.
+    pub async fn create_tag(
+        &self,
+        repo: &str,
+        tag: &str,
+        reference: &str,
+    ) -> Result<String, LakefsError> {
+        let op = format!("create tag {repo}/{tag}");
+        let path = format!("{}/tags", Self::repo_path(repo));
+        let body = Body::Json(json!({"id": tag, "ref": reference}));
+        let (_, bytes) = self
+            .send(&op, Method::POST, &path, &[], Some(body), REQUEST_TIMEOUT)
+            .await?;
+        commit_id(&op, Self::decode::<Ref>(&op, &bytes)?.commit_id)
+    }
+
     /// Creates a repository (for `dev` and tests); an existing one is left as it is.
     pub async fn ensure_repository(
         &self,
@@ -1107,6 +1171,12 @@ pub fn check_log_page(
             })
         }
     }
+}
+
+/// Whether `reference` is a lakeFS branch id (`^\w[-\w]*$`, ASCII `\w` as Go's regexp has
+/// it), the only refs lakeFS's branch routes take.
+pub fn is_branch_id(reference: &str) -> bool {
+    perago_core::shape::is_lakefs_branch_id(reference)
 }
 
 /// Whether `id` is a lakeFS commit id: 64 lowercase hex characters (a SHA-256).

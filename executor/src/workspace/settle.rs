@@ -147,6 +147,9 @@ pub enum MergeAnswer {
     Refused(LakefsError),
     /// The request never reached the server (it could not connect): not merged.
     NotSent(LakefsError),
+    /// 429: lakeFS retried the merge while the branch kept moving and gave up; the branch was
+    /// not updated, so it may be merged again (see `contention`).
+    Busy(LakefsError),
 }
 
 impl MergeAnswer {
@@ -162,6 +165,7 @@ impl MergeAnswer {
                     status: 502 | 504, ..
                 },
             ) => Self::MayLand(e),
+            Err(e @ LakefsError::Status { status: 429, .. }) => Self::Busy(e),
             Err(e) => Self::Refused(e),
         }
     }
@@ -362,6 +366,11 @@ mod tests {
                 "{answered}"
             );
         }
+        // lakeFS gave up retrying against a moving branch: not applied, merge again.
+        assert!(matches!(
+            MergeAnswer::of(Err(status(429))),
+            MergeAnswer::Busy(_)
+        ));
     }
 
     #[tokio::test]

@@ -16,6 +16,7 @@ mod hostile_servers;
 mod hostile_tasks;
 mod journal;
 mod jsonl_faults;
+mod lakefs_refs;
 mod log_root;
 mod metrics;
 mod multi_task;

@@ -26,6 +26,7 @@ pub(super) async fn commit(
     let mut lakefs = state.state();
     let repo = lakefs.repo_mut(&repository)?;
     repo.branch(&branch)?;
+    repo.unprotected(&branch, true)?;
     if repo.read_only && !request.force {
         return Err(LakefsError::Forbidden("read-only repository".to_owned()));
     }

@@ -4,7 +4,9 @@
 mod commits;
 mod meta;
 mod objects;
+mod protection;
 mod repos;
+mod tags;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -73,6 +75,15 @@ pub(crate) fn router(lakefs: Arc<Lakefs>) -> Router {
         .route(
             &format!("{r}/refs/{{source}}/merge/{{destination}}"),
             get(commits::merge_base).post(commits::merge),
+        )
+        .route(&format!("{r}/tags"), axum::routing::post(tags::create))
+        .route(
+            &format!("{r}/tags/{{tag}}"),
+            get(tags::get).delete(tags::delete),
+        )
+        .route(
+            &format!("{r}/settings/branch_protection"),
+            get(protection::get).put(protection::set),
         )
         .route("/api/v1/config", get(meta::config))
         .route("/api/v1/config/version", get(meta::version))

@@ -43,6 +43,8 @@ fn writable<'r>(
     branch: &str,
     force: bool,
 ) -> Result<&'r mut Repo, LakefsError> {
+    repo.branch(branch)?;
+    repo.unprotected(branch, false)?;
     if repo.read_only && !force {
         return Err(LakefsError::Forbidden("read-only repository".to_owned()));
     }
@@ -147,6 +149,15 @@ pub(super) async fn delete_many(
         )));
     }
     let force = params.bool("force", false)?;
+    // The real server reports a protected branch per path, in a 200.
+    if let Err(refused) = repo.unprotected(&branch, false) {
+        let errors: Vec<Value> = request
+            .paths
+            .iter()
+            .map(|path| json!({ "status_code": 403, "message": refused.to_string(), "path": path }))
+            .collect();
+        return Ok(Json(json!({ "errors": errors })));
+    }
     let staging = &mut writable(repo, &branch, force)?.branch_mut(&branch)?.staging;
     let mut errors = Vec::new();
     for path in request.paths {

@@ -13,7 +13,9 @@ use serde_json::{Value, json};
 use super::super::error::LakefsError;
 use super::super::listing::{self, Page, Row};
 use super::super::model::{self, BranchCreation, RefJson, RepositoryCreation, ResetCreation};
-use super::super::store::{Branch, CommitDraft, Repo, Snapshot, now};
+use super::super::store::{
+    Branch, CommitDraft, Repo, Snapshot, invalid_branch, now, valid_branch_id,
+};
 use super::{Params, Shared, json_body};
 
 /// `^[a-z0-9][a-z0-9-]{2,62}$`.
@@ -24,21 +26,6 @@ fn valid_repository_id(id: &str) -> bool {
             .next()
             .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
         && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-}
-
-/// `^\w[-\w]*$` with ASCII `\w`.
-pub(super) fn valid_branch_id(id: &str) -> bool {
-    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
-    let mut bytes = id.bytes();
-    bytes.next().is_some_and(word) && bytes.all(|b| word(b) || b == b'-')
-}
-
-fn invalid_branch() -> LakefsError {
-    LakefsError::BadRequest(
-        "argument branch: branch id: invalid value: validation error: branch id must consist of \
-         letters, digits, underscores and dashes, and cannot start with a dash"
-            .to_owned(),
-    )
 }
 
 /// The schema's storage namespace pattern `^(s3|gs|https?|mem|local|transient)://.*$`.
@@ -112,6 +99,8 @@ pub(super) async fn create(
         read_only: request.read_only,
         commits: HashMap::from([(initial.id.clone(), initial)]),
         branches: BTreeMap::from([(default_branch, branch)]),
+        tags: BTreeMap::new(),
+        protection: Vec::new(),
     };
     let body = model::repository(&repo);
     tracing::info!(repository = %repo.id, "repository created");
@@ -280,7 +269,10 @@ pub(super) async fn reset_branch(
 ) -> Result<StatusCode, LakefsError> {
     let request: ResetCreation = json_body(&body)?;
     let mut lakefs = state.state();
-    let staging = &mut lakefs.repo_mut(&repository)?.branch_mut(&branch)?.staging;
+    let repo = lakefs.repo_mut(&repository)?;
+    repo.branch(&branch)?;
+    repo.unprotected(&branch, false)?;
+    let staging = &mut repo.branch_mut(&branch)?.staging;
     let path = request.path.unwrap_or_default();
     match request.kind.as_str() {
         "reset" => staging.clear(),

@@ -5,6 +5,7 @@ mod bad_input;
 mod commits;
 mod merge;
 mod objects;
+mod protection;
 mod publish;
 mod python_sdk;
 mod repos;
