@@ -5,6 +5,7 @@ mod commits;
 mod meta;
 mod objects;
 mod repos;
+mod staging;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -73,6 +74,10 @@ pub(crate) fn router(lakefs: Arc<Lakefs>) -> Router {
         .route(
             &format!("{r}/refs/{{source}}/merge/{{destination}}"),
             get(commits::merge_base).post(commits::merge),
+        )
+        .route(
+            &format!("{r}/branches/{{branch}}/staging/backing"),
+            axum::routing::put(staging::link),
         )
         .route("/api/v1/config", get(meta::config))
         .route("/api/v1/config/version", get(meta::version))

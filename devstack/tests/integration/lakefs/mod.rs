@@ -8,4 +8,5 @@ mod objects;
 mod publish;
 mod python_sdk;
 mod repos;
+mod staging;
 mod support;
