@@ -32,3 +32,4 @@ mod status_inputs;
 mod systemd;
 mod wire;
 mod workspace;
+mod workspace_checksums;
