@@ -18,6 +18,8 @@ pub(crate) struct TaskTimes {
     pub(crate) scheduled: i64,
     pub(crate) start: i64,
     pub(crate) end: i64,
+    /// Objects a workspace task uploaded (`added + changed` of its `workspace` output).
+    pub(crate) uploaded: u64,
 }
 
 /// devstack's Conductor with a client.
@@ -141,10 +143,13 @@ impl Conductor {
                     Some("COMPLETED") => {
                         let task = &wf["tasks"][0];
                         let ms = |k: &str| task[k].as_i64().unwrap_or(0);
+                        let ws = &task["outputData"]["workspace"];
+                        let count = |k: &str| ws[k].as_u64().unwrap_or(0);
                         out.push(TaskTimes {
                             scheduled: ms("scheduledTime"),
                             start: ms("startTime"),
                             end: ms("endTime"),
+                            uploaded: count("added") + count("changed"),
                         });
                         break;
                     }

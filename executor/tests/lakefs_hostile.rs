@@ -415,13 +415,14 @@ async fn a_download_receives_exactly_the_listed_size() {
         error.to_string(),
         "lakeFS get repo@c/p/f: the server sent 5 bytes, but the listing gives the object 10; refused"
     );
-    // Exactly the size: fine.
-    server
+    // Exactly the size: fine, and the MD5 of what was written is the executor's record.
+    let md5 = server
         .client()
         .get_object_to_file("repo", "c", "p/f", &file, 5)
         .await
         .unwrap();
     assert_eq!(std::fs::read(&file).unwrap(), b"short");
+    assert_eq!(md5, "4f09daa9d95bcb166a302407a0e0babe");
 }
 
 #[tokio::test]

@@ -398,7 +398,9 @@ pub struct Attempt {
     work: PathBuf,
     /// The commit the files were read from.
     source_commit: String,
-    /// key → MD5 as downloaded.
+    /// key → hex MD5 of the bytes this executor wrote at download time (never the listed
+    /// `checksum`, which is not always a content MD5): what "changed" is decided against.
+    /// Held in the executor's memory, out of the body's reach.
     downloaded: BTreeMap<String, String>,
     staging: Option<String>,
     /// When the task's `timeoutSeconds` ends (`None`: no limit), bounding how long a merge
@@ -694,16 +696,19 @@ impl Attempt {
                 client
                     .get_object_to_file(&repo, &commit, &key, &target, size)
                     .await
+                    .map(|md5| (key, md5))
                     .map_err(WorkspaceFailure::Download)
             });
         }
+        let mut downloaded = BTreeMap::new();
         while let Some(done) = transfers.join_next().await {
-            done.map_err(|source| WorkspaceFailure::TransferTask {
+            let (key, md5) = done.map_err(|source| WorkspaceFailure::TransferTask {
                 transfer: Transfer::Download,
                 source,
             })??;
+            downloaded.insert(key, md5);
         }
-        self.downloaded = plan.into_iter().map(|p| (p.key, p.checksum)).collect();
+        self.downloaded = downloaded;
         tracing::info!(repository = %repository, commit = %commit, prefix = %prefix, files = self.downloaded.len(), "workspace downloaded");
         self.source_commit = commit;
         Ok(())
@@ -1189,8 +1194,6 @@ fn check_budget(budget: PublishBudget, objects: u64, bytes: u64) -> Result<(), W
 pub(crate) struct Planned {
     /// The key.
     pub(crate) key: String,
-    /// Its checksum as listed.
-    pub(crate) checksum: String,
     /// Its size as listed: the transfer must receive exactly this.
     pub(crate) size: u64,
     /// Where it is written.
@@ -1219,7 +1222,6 @@ pub(crate) fn plan_download(
             size: object.size_bytes.unwrap_or(0),
             file: work.join(relative),
             key: object.path,
-            checksum: object.checksum,
         });
     }
     for (relative, key) in &files {

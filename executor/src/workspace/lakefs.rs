@@ -247,7 +247,9 @@ pub struct ObjectStats {
     pub path: String,
     /// `object` or `common_prefix`.
     pub path_type: String,
-    /// Hex MD5 of the content.
+    /// lakeFS's checksum: the hex MD5 of the content only for objects uploaded through the
+    /// API (`<md5 of the parts' MD5s>-<parts>` through the S3 gateway in parts, the source's
+    /// ETag when linked or imported). Checked for length; never compared with local files.
     #[serde(default)]
     pub checksum: String,
     /// Size in bytes.
@@ -588,6 +590,11 @@ impl LakefsClient {
     /// response chunk in memory; transport errors, 5xx and 429 are retried from the start.
     /// The object must be `size` bytes (its listed size): a server that sends more is cut
     /// off there, and fewer is an error too.
+    ///
+    /// Returns the hex MD5 of the bytes written, hashed as they arrive: the executor's own
+    /// record of what it downloaded. lakeFS's `checksum` is the content MD5 only for objects
+    /// uploaded through its API (an S3-gateway multipart upload stores the part-ETag hash, a
+    /// linked or imported object its source's ETag), so it can never decide what changed.
     pub async fn get_object_to_file(
         &self,
         repo: &str,
@@ -595,7 +602,7 @@ impl LakefsClient {
         key: &str,
         file: &Path,
         size: u64,
-    ) -> Result<(), LakefsError> {
+    ) -> Result<String, LakefsError> {
         let op = format!("get {repo}@{reference}/{key}");
         let path = format!(
             "{}/refs/{}/objects",
@@ -605,7 +612,7 @@ impl LakefsClient {
         let mut attempt = 0;
         loop {
             match self.stream_to_file(&op, &path, key, file, size).await {
-                Ok(()) => return Ok(()),
+                Ok(md5) => return Ok(md5),
                 Err(e) if e.is_retryable() && attempt + 1 < READ_ATTEMPTS => {
                     tracing::debug!(error = %e, attempt, "retrying a lakeFS download");
                     tokio::time::sleep(self.backoff.delay(attempt)).await;
@@ -623,7 +630,8 @@ impl LakefsClient {
         key: &str,
         file: &Path,
         size: u64,
-    ) -> Result<(), LakefsError> {
+    ) -> Result<String, LakefsError> {
+        use md5::Digest as _;
         use tokio::io::AsyncWriteExt as _;
         let local = |source| LakefsError::Local {
             op: op.to_owned(),
@@ -660,6 +668,7 @@ impl LakefsClient {
             .await
             .map_err(local)?;
         let mut received = 0u64;
+        let mut md5 = md5::Md5::new();
         while let Some(chunk) = resp
             .chunk()
             .await
@@ -672,6 +681,7 @@ impl LakefsClient {
             if received > size {
                 return Err(longer());
             }
+            md5.update(&chunk);
             out.write_all(&chunk).await.map_err(local)?;
         }
         if received != size {
@@ -681,7 +691,8 @@ impl LakefsClient {
                 received,
             });
         }
-        out.flush().await.map_err(local)
+        out.flush().await.map_err(local)?;
+        Ok(md5.finalize().iter().map(|b| format!("{b:02x}")).collect())
     }
 
     /// Creates `branch` from `source` (a commit id or branch).

@@ -1,5 +1,7 @@
-//! What the body changed: the workspace after the body, compared by MD5 with what was
-//! downloaded. Unchanged files are not uploaded again.
+//! What the body changed: the workspace after the body, compared by MD5 with the executor's
+//! own record of what it downloaded (the MD5 of the bytes it wrote, taken as they arrived and
+//! kept in its memory), never with lakeFS's listed `checksum`, which is the content MD5 only
+//! for API uploads. Unchanged files are not uploaded again.
 //!
 //! The body's user may still hold descriptors into its workspace (a leftover process, or the
 //! body of another task running as the same `[body] user`), so nothing it can still touch
@@ -399,7 +401,7 @@ impl Snapshot {
     }
 
     /// Opens, checks and hashes every file (see the module doc) and compares it with
-    /// `downloaded` (key → MD5). Only the files to upload stay open.
+    /// `downloaded` (key → MD5 of the bytes downloaded). Only the files to upload stay open.
     pub fn changes(self, downloaded: &BTreeMap<String, String>) -> Result<Changes, ScanError> {
         let mut opened: Vec<Option<(Arc<File>, String)>> = Vec::with_capacity(self.files.len());
         let mut changes = Changes::default();
@@ -597,7 +599,8 @@ fn resolve(
     Ok(None)
 }
 
-/// Hex MD5 of the file at `path`, as lakeFS reports checksums (for tests and tools).
+/// Hex MD5 of the file at `path`, as lakeFS reports the checksum of an API upload (for tests
+/// and tools).
 pub fn md5_hex(path: &Path) -> io::Result<String> {
     let file = File::open(path)?;
     let size = file.metadata()?.len();

@@ -32,6 +32,8 @@ fn the_benchmark_smoke_run_measures_every_scenario() {
         "start-up to all slots attached j=2",
         "scaling perago rust body j=2",
         "perago workspace task (10 files in, 1 published) j=2",
+        "perago workspace task (10 gateway-checksum files in, 1 published) j=2",
+        "uploads/task, workspace task (10 gateway-checksum files in, 1 published)",
         "cpu/task broker, perago jsonl python body j=2",
         "cpu/task executors, perago exec body j=4",
         "cpu/task bodies, perago jsonl python body j=4",

@@ -33,3 +33,4 @@ mod status_inputs;
 mod systemd;
 mod wire;
 mod workspace;
+mod workspace_checksums;

@@ -6,6 +6,7 @@ mod meta;
 mod objects;
 mod protection;
 mod repos;
+mod staging;
 mod tags;
 
 use std::collections::HashMap;
@@ -84,6 +85,10 @@ pub(crate) fn router(lakefs: Arc<Lakefs>) -> Router {
         .route(
             &format!("{r}/settings/branch_protection"),
             get(protection::get).put(protection::set),
+        )
+        .route(
+            &format!("{r}/branches/{{branch}}/staging/backing"),
+            axum::routing::put(staging::link),
         )
         .route("/api/v1/config", get(meta::config))
         .route("/api/v1/config/version", get(meta::version))

@@ -24,7 +24,7 @@ const MAX_PATH_BYTES: usize = 1024;
 /// Paths per delete-many call.
 const MAX_DELETE_PATHS: usize = 1000;
 
-fn object_path(params: &Params) -> Result<&str, LakefsError> {
+pub(super) fn object_path(params: &Params) -> Result<&str, LakefsError> {
     let path = params.required("path")?;
     if path.is_empty() || path.len() > MAX_PATH_BYTES {
         return Err(LakefsError::BadRequest(format!(

@@ -9,4 +9,5 @@ mod protection;
 mod publish;
 mod python_sdk;
 mod repos;
+mod staging;
 mod support;
