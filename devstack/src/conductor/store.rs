@@ -16,6 +16,7 @@ use tokio::sync::Notify;
 use super::clock::TimeScale;
 use super::error::ApiError;
 use super::model::{PollData, Task, TaskDef, TaskExecLog, Workflow, WorkflowDef};
+use super::payloads::Payloads;
 use super::queue::Queues;
 
 /// Everything the server knows.
@@ -35,11 +36,14 @@ pub(crate) struct State {
     pub(crate) next_sweep: i64,
     /// Set when a transition created a deadline earlier than `next_sweep`.
     pub(crate) wake_sweeper: bool,
+    /// External payload storage and the payload thresholds.
+    pub(crate) payloads: Arc<Payloads>,
 }
 
 impl State {
-    pub(crate) fn new(scale: TimeScale) -> Self {
+    pub(crate) fn new(scale: TimeScale, payloads: Arc<Payloads>) -> Self {
         Self {
+            payloads,
             scale,
             task_defs: BTreeMap::new(),
             workflow_defs: BTreeMap::new(),
@@ -210,9 +214,9 @@ impl Drop for WaitingPoll<'_> {
 }
 
 impl Conductor {
-    pub(crate) fn new(scale: TimeScale) -> Self {
+    pub(crate) fn new(scale: TimeScale, payloads: Arc<Payloads>) -> Self {
         Self {
-            state: Mutex::new(State::new(scale)),
+            state: Mutex::new(State::new(scale, payloads)),
             sweeper_wake: Notify::new(),
             polls_waiting: AtomicUsize::new(0),
         }
