@@ -5,9 +5,10 @@
 
 use crate::{
     report::{Reporter, Update},
-    state::{Assigned, Effect, Input, Machine, Output, Reply},
+    state::{Assigned, Effect, Input, InputFailure, Machine, Output, Reply},
 };
 use perago_core::conductor::{ConductorClient, Polled};
+use perago_core::json::RawJson;
 use perago_proto::{admin::v1 as admin, slot::v1 as proto};
 use std::{collections::HashMap, time::Duration};
 use tokio::{
@@ -415,6 +416,36 @@ impl Actor {
                     let _ = done.send(());
                 }
             }
+            Effect::FetchInput {
+                execution_id,
+                task_id,
+                path,
+            } => {
+                let Some((client, _)) = self.queue.clone() else {
+                    return Some(Input::PayloadFetched {
+                        execution_id,
+                        input: Err(InputFailure {
+                            reason: "no Conductor client to read external payload storage"
+                                .to_owned(),
+                            terminal: false,
+                        }),
+                    });
+                };
+                let events = self.events.clone();
+                let span = self.span_of(&execution_id, &task_id);
+                tokio::spawn(
+                    async move {
+                        let input = fetch_input(&client, &path).await;
+                        let _ = events
+                            .send(Event::Slot(Input::PayloadFetched {
+                                execution_id,
+                                input,
+                            }))
+                            .await;
+                    }
+                    .instrument(span),
+                );
+            }
             Effect::ReadCrashHistory(read) => {
                 if let Some((client, _)) = self.queue.clone() {
                     let events = self.events.clone();
@@ -528,4 +559,39 @@ fn assignment_span(task_id: &str, execution_id: &str) -> Span {
         execution_id = %execution_id,
         executor_worker_id = tracing::field::Empty,
     )
+}
+
+/// The longest a task input's download from external payload storage may take (10 MiB at
+/// a slow 100 KiB/s); the location request has its own 30 s bound. The task's lease is
+/// extended meanwhile.
+const INPUT_FETCH_TIMEOUT: Duration = Duration::from_secs(100);
+
+/// Fetches a task input from Conductor's external payload storage, in a task of its own: the
+/// actor's loop and the other slots never wait for it.
+async fn fetch_input(client: &ConductorClient, path: &str) -> Result<RawJson, InputFailure> {
+    let started = std::time::Instant::now();
+    match perago_core::conductor::fetch_task_input(
+        client,
+        path,
+        perago_proto::MAX_TASK_PAYLOAD_BYTES,
+        INPUT_FETCH_TIMEOUT,
+    )
+    .await
+    {
+        Ok(input) => {
+            tracing::info!(
+                bytes = input.len(),
+                ms = started.elapsed().as_millis() as u64,
+                "fetched the task input from external payload storage"
+            );
+            Ok(input)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, terminal = e.is_terminal(), "cannot fetch the task input from external payload storage");
+            Err(InputFailure {
+                reason: format!("task input in external payload storage: {e}"),
+                terminal: e.is_terminal(),
+            })
+        }
+    }
 }

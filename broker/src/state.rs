@@ -34,6 +34,7 @@ use perago_core::{
     capacity::{Capacity, PERAGO_MIN_FREE_MEMORY},
     conductor::{Polled, TaskTypes},
     identity::{Slot as SlotNumber, WorkerPrefix},
+    json::RawJson,
     memory::format_bytes,
     result::{Reason, RuntimeResult},
 };
@@ -115,6 +116,19 @@ pub(crate) enum Input {
     /// An executor answered a ping (any message counts as a sign of life; this one says
     /// nothing else).
     Pong { slot: u32, generation: u64 },
+    /// The externalized input of a held task was fetched, or why not; answers
+    /// [`Effect::FetchInput`].
+    PayloadFetched {
+        execution_id: String,
+        input: Result<RawJson, InputFailure>,
+    },
+}
+
+/// Why an externalized input could not be fetched, and whether a retry could do better.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct InputFailure {
+    pub(crate) reason: String,
+    pub(crate) terminal: bool,
 }
 
 /// The machine's answer to the caller of an input that asks a question.
@@ -198,6 +212,13 @@ pub(crate) enum Effect {
         slot: u32,
         generation: u64,
         why: String,
+    },
+    /// Fetch a held task's input from Conductor's external payload storage (`path` is its
+    /// `externalInputPayloadStoragePath`) and feed back [`Input::PayloadFetched`].
+    FetchInput {
+        execution_id: String,
+        task_id: String,
+        path: String,
     },
 }
 
@@ -315,6 +336,9 @@ pub(crate) const ONCE_EMPTY_POLLS: u32 = 3;
 struct Held {
     execution_id: String,
     attempt: AttemptSnapshot,
+    /// Its input is being fetched from external payload storage: it waits for that, not
+    /// only for a slot.
+    fetching: bool,
 }
 
 /// The state machine.
@@ -515,9 +539,9 @@ impl Machine {
         match input {
             Input::Completion { completion, .. } => Some(&completion.execution_id),
             Input::Progress { progress, .. } => Some(&progress.execution_id),
-            Input::LeaseLost { execution_id } | Input::FenceTarget { execution_id, .. } => {
-                Some(execution_id)
-            }
+            Input::LeaseLost { execution_id }
+            | Input::FenceTarget { execution_id, .. }
+            | Input::PayloadFetched { execution_id, .. } => Some(execution_id),
             Input::StreamEnded { slot, .. }
             | Input::StreamGraceOver { slot, .. }
             | Input::SendFailed { slot, .. } => self.execution_of(*slot),
@@ -647,6 +671,10 @@ impl Machine {
             Input::Tick { now } => self.tick(now),
             // Heard (see `note_heard`): nothing more to do.
             Input::Pong { .. } => {}
+            Input::PayloadFetched {
+                execution_id,
+                input,
+            } => self.input_fetched(&execution_id, input),
         }
         Reply::None
     }
@@ -1374,6 +1402,7 @@ impl Machine {
                 return;
             }
         };
+        let external = task.external_input_path().map(str::to_owned);
         let attempt = match AttemptSnapshot::from_polled(task) {
             Ok(a) => a,
             Err(AttemptError::Unidentifiable { field }) => {
@@ -1388,6 +1417,10 @@ impl Machine {
                 return;
             }
         };
+        if let Some(path) = external {
+            self.fetch_input(attempt, path);
+            return;
+        }
         // The whole input crosses the slot protocol in one message: above Conductor's largest
         // payload threshold it is failed here, naming the size and the limit.
         let input_bytes = wire::input_json_len(&attempt);
@@ -1429,6 +1462,7 @@ impl Machine {
             self.held.push_back(Held {
                 execution_id,
                 attempt,
+                fetching: false,
             });
             return;
         }
@@ -1483,12 +1517,84 @@ impl Machine {
 
     /// Held tasks take free slots first, in arrival order.
     fn run_held(&mut self) {
-        while !self.held.is_empty() {
+        while let Some(next) = self.held.iter().position(|h| !h.fetching) {
             let Some(index) = self.slots.iter().position(Slot::free) else {
                 return;
             };
-            let held = self.held.pop_front().expect("not empty");
+            let held = self.held.remove(next).expect("index from position");
             self.assign(index, held.execution_id, held.attempt);
+        }
+    }
+
+    /// A task whose input Conductor moved to external payload storage: held (its lease
+    /// extended) while the actor fetches the input, then run as if it had come inline. Like
+    /// any held task it counts against the polls, so no slot is promised twice.
+    fn fetch_input(&mut self, attempt: AttemptSnapshot, path: String) {
+        let can_run_later = !self.draining || self.slots.iter().any(|s| s.attached && !s.stopping);
+        if self.tasks_held() >= self.slots.len() || !can_run_later {
+            let ids = TaskRef {
+                task_id: attempt.task_id,
+                workflow_instance_id: attempt.workflow_instance_id,
+            };
+            self.hand_back(ids, "no slot for a task whose input is in external storage");
+            return;
+        }
+        let execution_id = uuid::Uuid::new_v4().to_string();
+        tracing::info!(task_id = %attempt.task_id, execution_id = %execution_id, path = %path, "fetching the task input from Conductor's external payload storage");
+        self.effects.push(Effect::StartLease {
+            execution_id: execution_id.clone(),
+            attempt: Box::new(attempt.without_input()),
+        });
+        self.effects.push(Effect::FetchInput {
+            execution_id: execution_id.clone(),
+            task_id: attempt.task_id.clone(),
+            path,
+        });
+        self.held.push_back(Held {
+            execution_id,
+            attempt,
+            fetching: true,
+        });
+    }
+
+    /// The fetch of a held task's input ended: with the input it waits for a slot as any held
+    /// task; without, the attempt fails (FAILED, so Conductor retries it, or for good when a
+    /// retry would meet the same answer), reason given.
+    fn input_fetched(&mut self, execution_id: &str, input: Result<RawJson, InputFailure>) {
+        let Some(i) = self
+            .held
+            .iter()
+            .position(|h| h.execution_id == execution_id && h.fetching)
+        else {
+            tracing::debug!(
+                execution_id,
+                "a fetched input for a task no longer held here"
+            );
+            return;
+        };
+        match input {
+            Ok(input) => {
+                let held = &mut self.held[i];
+                held.attempt.input_data = input;
+                held.fetching = false;
+            }
+            Err(failure) => {
+                let held = self.held.remove(i).expect("index from position");
+                let reason = Reason::new(&failure.reason);
+                let result = if failure.terminal {
+                    RuntimeResult::failed_terminal(self.broker_id.clone(), reason)
+                } else {
+                    RuntimeResult::failed(self.broker_id.clone(), reason)
+                };
+                let run = Running {
+                    execution_id: held.execution_id,
+                    attempt: held.attempt,
+                    dispatched_at: SystemTime::now(),
+                    phase: proto::Phase::Unspecified,
+                };
+                tracing::warn!(task_id = %run.attempt.task_id, terminal = failure.terminal, "failing a task whose input cannot be fetched: {}", failure.reason);
+                self.report(None, run, result, false);
+            }
         }
     }
 

@@ -2560,3 +2560,110 @@ fn run_once_polls_again_when_the_confirming_read_fails() {
     assert_eq!(grant(&resumed), Some(2), "{resumed:?}");
     assert!(!h.status().draining);
 }
+
+/// A task whose input Conductor moved to external payload storage is held (its lease
+/// extended, its slot not promised to another poll) while the input is fetched, then runs
+/// with the real input; a failed fetch fails the attempt (FAILED: retried; terminal when a
+/// retry would meet the same answer), and a fetch ending after the task left is ignored.
+#[test]
+fn an_externalized_input_is_fetched_before_the_task_runs() {
+    use crate::state::InputFailure;
+    let mut h = Harness::new(1, false);
+    h.up(1);
+    let external = |id: &str| {
+        let mut raw = raw_task(id);
+        raw["inputData"] = json!({});
+        raw["externalInputPayloadStoragePath"] = json!(format!("{id}.json"));
+        Polled::Task(PolledTask::from_value(raw))
+    };
+    let granted = h.poll().unwrap();
+    let effects = h.go(Input::Polled {
+        tasks: vec![external("big")],
+        reserved: granted,
+    });
+    assert!(assignments(&effects).is_empty(), "{effects:?}");
+    let Some(Effect::FetchInput {
+        execution_id, path, ..
+    }) = effects
+        .iter()
+        .find(|e| matches!(e, Effect::FetchInput { .. }))
+        .cloned()
+    else {
+        panic!("no fetch: {effects:?}")
+    };
+    assert_eq!(path, "big.json");
+    assert!(
+        effects
+            .iter()
+            .any(|e| matches!(e, Effect::StartLease { execution_id: e, .. } if *e == execution_id))
+    );
+    assert_eq!(
+        h.poll(),
+        None,
+        "the slot is taken by the task being fetched"
+    );
+    let effects = h.go(Input::PayloadFetched {
+        execution_id: execution_id.clone(),
+        input: Ok(RawJson::parse(r#"{"params": {"blob": "real"}}"#.to_owned()).unwrap()),
+    });
+    let sent = effects
+        .iter()
+        .find_map(|e| match e {
+            Effect::Send {
+                message:
+                    proto::BrokerMessage {
+                        message: Some(proto::broker_message::Message::Assignment(a)),
+                    },
+                ..
+            } => Some(a.clone()),
+            _ => None,
+        })
+        .expect("assigned");
+    assert_eq!(sent.execution_id, execution_id);
+    assert_eq!(
+        sent.attempt.unwrap().input_data_json,
+        r#"{"params": {"blob": "real"}}"#
+    );
+
+    for terminal in [false, true] {
+        let mut h = Harness::new(1, false);
+        h.up(1);
+        let granted = h.poll().unwrap();
+        let effects = h.go(Input::Polled {
+            tasks: vec![external("gone")],
+            reserved: granted,
+        });
+        let execution_id = effects
+            .iter()
+            .find_map(|e| match e {
+                Effect::FetchInput { execution_id, .. } => Some(execution_id.clone()),
+                _ => None,
+            })
+            .unwrap();
+        let effects = h.go(Input::PayloadFetched {
+            execution_id: execution_id.clone(),
+            input: Err(InputFailure {
+                reason: "GET http://s/k.json: HTTP 503".to_owned(),
+                terminal,
+            }),
+        });
+        assert!(assignments(&effects).is_empty());
+        let report = reports(&effects).pop().expect("reported");
+        assert_eq!(report.execution_id, execution_id);
+        let want = if terminal {
+            ResultStatus::FailedWithTerminalError
+        } else {
+            ResultStatus::Failed
+        };
+        assert_eq!(report.result.status(), want, "{report:?}");
+        assert!(
+            matches!(report.result.outcome(), Outcome::Failed(r) | Outcome::FailedTerminal(r) if r.as_str().contains("HTTP 503")),
+            "{report:?}"
+        );
+        let effects = h.go(Input::PayloadFetched {
+            execution_id,
+            input: Ok(RawJson::parse("{}".to_owned()).unwrap()),
+        });
+        assert!(assignments(&effects).is_empty() && reports(&effects).is_empty());
+    }
+}

@@ -127,12 +127,6 @@ pub enum AttemptError {
         /// What is wrong.
         problem: String,
     },
-    /// The input was offloaded to external payload storage, which perago does not read.
-    #[error("external payload storage is not supported (task input at {path})")]
-    ExternalPayload {
-        /// `externalInputPayloadStoragePath`.
-        path: String,
-    },
 }
 
 /// The identity of a task that could not be mapped, so it can still be failed.
@@ -238,11 +232,6 @@ impl AttemptSnapshot {
             })
         };
 
-        if let Some(path) = nonempty_str(map, "externalInputPayloadStoragePath") {
-            return Err(AttemptError::ExternalPayload {
-                path: path.to_owned(),
-            });
-        }
         let retry_count = integer("retryCount")?.ok_or(AttemptError::Missing {
             field: "retryCount",
         })?;
@@ -392,6 +381,13 @@ pub struct PolledTask {
 }
 
 impl PolledTask {
+    /// `externalInputPayloadStoragePath`: Conductor moved the input (above its
+    /// `taskInputPayloadSizeThreshold`) to external payload storage, and `inputData` is `{}`
+    /// until it is fetched from there (see [`crate::conductor::fetch_task_input`]).
+    pub fn external_input_path(&self) -> Option<&str> {
+        nonempty_str(&self.fields, "externalInputPayloadStoragePath")
+    }
+
     /// Splits the JSON object `text`, checking it as parsing would (the same depth limit,
     /// syntax and number rules, the same errors), in about one pass: only the top level is
     /// read, the small fields are parsed, and `inputData` is checked without being parsed.
@@ -628,13 +624,19 @@ mod tests {
             msg(with("status", json!("RUNNING"))),
             "malformed task: status has unknown value \"RUNNING\""
         );
-        assert_eq!(
-            msg(with(
-                "externalInputPayloadStoragePath",
-                json!("s3://b/k.json")
-            )),
-            "external payload storage is not supported (task input at s3://b/k.json)"
-        );
+    }
+
+    /// An externalized input maps as the `{}` it came as (the fence and the result journal
+    /// read such tasks back); the path is kept for the broker to fetch the real input.
+    #[test]
+    fn an_externalized_input_maps_and_keeps_its_path() {
+        let task = with("externalInputPayloadStoragePath", json!("k.json"));
+        let attempt = AttemptSnapshot::from_conductor(&task).unwrap();
+        assert_eq!(attempt.task_id, "t-1");
+        let polled = PolledTask::from_value(task);
+        assert_eq!(polled.external_input_path(), Some("k.json"));
+        let polled = PolledTask::from_value(with("externalInputPayloadStoragePath", json!("")));
+        assert_eq!(polled.external_input_path(), None);
     }
 
     #[test]

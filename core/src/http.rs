@@ -12,9 +12,9 @@
 //! `Authorization` (so `X-Authorization`, the Conductor token) and, on 307/308, the body (task
 //! results, object uploads): a server, or anything that can answer in its name, could send
 //! credentials and data wherever it liked. Conductor and lakeFS never redirect their API
-//! calls. The one place a cross-host URL is the point is Conductor's external payload storage
-//! (not supported yet, issue #24): its client will be built for the storage's own URL, not by
-//! following a redirect.
+//! calls. The one place a cross-host URL is the point is Conductor's external payload storage:
+//! its client is built for the storage's own URL (`conductor::fetch_task_input`), not by
+//! following a redirect, and sends no credential of Conductor's.
 
 use std::sync::Arc;
 

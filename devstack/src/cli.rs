@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use crate::conductor::ConductorServer;
+use crate::conductor::{ConductorServer, PayloadStorage, PayloadThresholds};
 use crate::errors::DevstackError;
 use crate::lakefs::{DEFAULT_ACCESS_KEY_ID, DEFAULT_SECRET_ACCESS_KEY, LakefsServer};
 
@@ -89,6 +89,28 @@ pub struct Args {
     /// More logs on stderr (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
+
+    /// Conductor's `taskInputPayloadSizeThreshold` in KB: a larger task input is moved to
+    /// external payload storage (the task gets `inputData: {}` and its path).
+    #[arg(long, value_name = "KB", default_value_t = 3072)]
+    pub task_input_payload_threshold_kb: u64,
+
+    /// Conductor's `maxTaskInputPayloadSizeThreshold` in KB: a larger task input fails the task
+    /// (FAILED_WITH_TERMINAL_ERROR); `maxWorkflowInputPayloadSizeThreshold` too: a larger
+    /// workflow input refuses the start.
+    #[arg(long, value_name = "KB", default_value_t = 10240)]
+    pub max_task_input_payload_threshold_kb: u64,
+
+    /// Conductor's `maxTaskOutputPayloadSizeThreshold` in KB: a result with a larger output
+    /// fails the task (FAILED_WITH_TERMINAL_ERROR).
+    #[arg(long, value_name = "KB", default_value_t = 10240)]
+    pub max_task_output_payload_threshold_kb: u64,
+
+    /// The external payload storage Conductor is configured with: `blob` (pre-signed URLs on a
+    /// blob store of its own port, as S3) or `dummy` (the server's default without a storage
+    /// module: locations have no `uri`).
+    #[arg(long, value_name = "KIND", default_value = "blob")]
+    pub payload_storage: PayloadStorage,
 }
 
 /// A key id and its secret; `Debug` hides the secret.
@@ -160,6 +182,14 @@ pub async fn run(args: Args) -> Result<(), DevstackError> {
     let conductor = match args.conductor {
         Some(addr) => {
             let mut builder = ConductorServer::builder()
+                .payload_thresholds(PayloadThresholds {
+                    task_input_kb: args.task_input_payload_threshold_kb,
+                    max_task_input_kb: args.max_task_input_payload_threshold_kb,
+                    max_task_output_kb: args.max_task_output_payload_threshold_kb,
+                    max_workflow_input_kb: args.max_task_input_payload_threshold_kb,
+                    ..PayloadThresholds::default()
+                })
+                .payload_storage(args.payload_storage)
                 .time_scale(args.time_scale)
                 .token_ttl(Duration::from_secs_f64(args.conductor_token_ttl))
                 .sweep_lag(Duration::from_secs_f64(args.sweep_lag));

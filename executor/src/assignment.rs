@@ -24,9 +24,23 @@ use perago_proto::slot::v1::Phase;
 use serde_json::{Map, Value};
 use std::{ffi::OsStr, sync::Arc, time::Duration};
 
-/// Conductor externalizes task output above 3 MB (and fails it above 10 MB); perago fails
-/// earlier and says why.
-pub const MAX_OUTPUT_BYTES: usize = 3 * 1024 * 1024;
+/// The largest task output perago delivers: Conductor's `maxTaskOutputPayloadSizeThreshold`
+/// (10240 KB by default). Up to it the output goes inline, as the SDKs send it; the server moves
+/// what is above `taskOutputPayloadSizeThreshold` (3072 KB) to its external storage itself.
+/// Above it the server would force the task to FAILED_WITH_TERMINAL_ERROR, so perago fails it
+/// that way first, naming both sizes (see docs/executor.md).
+pub const MAX_OUTPUT_BYTES: usize = perago_proto::MAX_TASK_PAYLOAD_BYTES;
+
+/// Room for whitespace around a body's result on stdout: the result is measured after it is
+/// trimmed, so stdout may be a little longer than [`MAX_OUTPUT_BYTES`].
+const STDOUT_SLACK_BYTES: usize = 64 * 1024;
+
+/// Why an output of `size` bytes is refused: above Conductor's hard limit, terminal there too.
+pub fn output_too_large(size: u64) -> Reason {
+    Reason::new(format!(
+        "task output is {size} bytes, above Conductor's limit of {MAX_OUTPUT_BYTES} bytes (maxTaskOutputPayloadSizeThreshold, 10240 KB); the server fails such a task for good"
+    ))
+}
 
 /// A manifest this runner cannot execute.
 #[derive(Debug, thiserror::Error)]
@@ -268,12 +282,9 @@ impl AssignmentRunner {
         match self.try_execute(execution_id, attempt, io).await {
             // Every body kind (a Rust `Task` too), the whole output (workspace included).
             Ok(output) => match output.len() {
-                size if size > MAX_OUTPUT_BYTES => RuntimeResult::failed(
-                    &self.worker_id,
-                    Reason::new(format!(
-                        "task output is {size} bytes; perago fails outputs above {MAX_OUTPUT_BYTES} bytes (Conductor would move them to external storage)"
-                    )),
-                ),
+                size if size > MAX_OUTPUT_BYTES => {
+                    RuntimeResult::failed_terminal(&self.worker_id, output_too_large(size as u64))
+                }
                 _ => RuntimeResult::completed(&self.worker_id, output),
             },
             Err(Failure::Retriable(reason)) => RuntimeResult::failed(&self.worker_id, reason),
@@ -481,7 +492,7 @@ impl AssignmentRunner {
         let limits = RunLimits {
             timeout: budget.left(),
             kill_grace: self.kill_grace,
-            max_stdout: MAX_OUTPUT_BYTES,
+            max_stdout: MAX_OUTPUT_BYTES + STDOUT_SLACK_BYTES,
             ..RunLimits::default()
         };
         let result = match &self.body {
@@ -529,10 +540,7 @@ impl AssignmentRunner {
                     Ok(result) => {
                         // The size of the text that goes on to Conductor.
                         if result.len() > MAX_OUTPUT_BYTES {
-                            return Err(Failure::Retriable(Reason::new(format!(
-                                "body result is larger than {} MiB; Conductor cannot take it inline",
-                                MAX_OUTPUT_BYTES >> 20
-                            ))));
+                            return Err(Failure::Terminal(output_too_large(result.len() as u64)));
                         }
                         result
                     }
@@ -966,10 +974,7 @@ fn body_result(run: &Finished, budget: &Budget) -> Result<RawJson, Failure> {
         ended => return fail(format!("body failed ({})", ended.describe())),
     }
     if run.stdout_overflow {
-        return fail(format!(
-            "body result is larger than {} MiB; Conductor cannot take it inline",
-            MAX_OUTPUT_BYTES >> 20
-        ));
+        return Err(Failure::Terminal(output_too_large(run.stdout_len)));
     }
     let text = String::from_utf8_lossy(&run.stdout);
     if text.trim().is_empty() {

@@ -133,6 +133,8 @@ pub struct Finished {
     pub stderr_tail: String,
     /// Wall time.
     pub elapsed: Duration,
+    /// How many bytes the body wrote to stdout, kept or drained.
+    pub stdout_len: u64,
 }
 
 /// Credentials of the runtime itself, removed from every body's environment: bodies talk to
@@ -278,6 +280,7 @@ pub async fn run_with_soft_limit(
     let Kept {
         bytes: stdout,
         overflow: stdout_overflow,
+        seen: stdout_len,
         ..
     } = std::mem::take(&mut *kept.lock().expect("not poisoned"));
     let stderr_tail = match stderr_tail {
@@ -290,6 +293,7 @@ pub async fn run_with_soft_limit(
         stdout_overflow,
         stderr_tail,
         elapsed: started.elapsed(),
+        stdout_len,
     })
 }
 
@@ -449,6 +453,8 @@ struct Kept {
     bytes: Vec<u8>,
     overflow: bool,
     cap: usize,
+    /// Every byte read, kept or not.
+    seen: u64,
 }
 
 impl Kept {
@@ -460,6 +466,7 @@ impl Kept {
     }
 
     fn feed(&mut self, chunk: &[u8]) {
+        self.seen = self.seen.saturating_add(chunk.len() as u64);
         let room = self.cap.saturating_sub(self.bytes.len());
         if chunk.len() > room {
             self.overflow = true;

@@ -206,12 +206,13 @@ async fn body_output_must_be_one_json_document() {
         reason(&r, ResultStatus::Failed),
         "body printed no result on stdout (expected one JSON document): nothing to say"
     );
-    let r = Task::new("head -c 4000000 /dev/zero | tr '\\0' 'a'", "")
+    // Above Conductor's hard limit, as the server would: for good, naming both sizes.
+    let r = Task::new("head -c 11000000 /dev/zero | tr '\\0' 'a'", "")
         .run(json!({"params": {}}))
         .await;
     assert_eq!(
-        reason(&r, ResultStatus::Failed),
-        "body result is larger than 3 MiB; Conductor cannot take it inline"
+        reason(&r, ResultStatus::FailedWithTerminalError),
+        "task output is 11000000 bytes, above Conductor's limit of 10485760 bytes (maxTaskOutputPayloadSizeThreshold, 10240 KB); the server fails such a task for good"
     );
 }
 
@@ -464,7 +465,7 @@ async fn an_oversized_rust_task_output_fails_with_its_size() {
             _ctx: &perago_executor::task::TaskContext,
             _params: &serde_json::Map<String, Value>,
         ) -> Result<Value, perago_executor::task::TaskError> {
-            Ok(json!({"blob": "x".repeat(4 << 20)}))
+            Ok(json!({"blob": "x".repeat(11 << 20)}))
         }
     }
     let dir = tempfile::tempdir().unwrap();
@@ -486,8 +487,8 @@ async fn an_oversized_rust_task_output_fails_with_its_size() {
     .unwrap();
     let r = runner.execute("exec-1", &attempt).await;
     assert_eq!(
-        reason(&r, ResultStatus::Failed),
-        "task output is 4194326 bytes; perago fails outputs above 3145728 bytes (Conductor would move them to external storage)"
+        reason(&r, ResultStatus::FailedWithTerminalError),
+        "task output is 11534358 bytes, above Conductor's limit of 10485760 bytes (maxTaskOutputPayloadSizeThreshold, 10240 KB); the server fails such a task for good"
     );
 }
 

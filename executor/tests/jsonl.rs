@@ -232,10 +232,11 @@ async fn params_and_result_pass_through_as_text() {
 #[tokio::test]
 async fn a_result_above_the_limit_fails() {
     let (_dir, runner) = runner(30);
-    let r = run(&runner, "e-big", json!({"big": 3 * 1024 * 1024 + 1})).await;
-    assert_eq!(
-        reason(&r, ResultStatus::Failed),
-        "body result is larger than 3 MiB; Conductor cannot take it inline"
+    let r = run(&runner, "e-big", json!({"big": 10 * 1024 * 1024 + 1})).await;
+    let text = reason(&r, ResultStatus::FailedWithTerminalError);
+    assert!(
+        text.starts_with("task output is 1048") && text.contains("limit of 10485760 bytes"),
+        "{text}"
     );
     let ok = result(&run(&runner, "e-ok", json!({"big": 1024})).await);
     assert_eq!(ok, json!("x".repeat(1024)));

@@ -357,7 +357,7 @@ impl ConductorClient {
 
     /// A request, authenticated when the client has credentials: with the current token, and
     /// once more with a fresh one when the server rejects it.
-    async fn send(
+    pub(super) async fn send(
         &self,
         method: Method,
         path: &str,
@@ -674,7 +674,7 @@ impl ConductorClient {
         }
     }
 
-    fn decode(
+    pub(super) fn decode(
         method: &'static str,
         path: &str,
         base: &str,
@@ -1031,7 +1031,7 @@ fn declares_a_body(status: StatusCode, headers: &reqwest::header::HeaderMap) -> 
 /// Reads an answer's body as it comes, at most `limit` bytes: the bytes, and whether that is
 /// all of it. An answer whose `Content-Length` is above `limit` is not read at all; nothing
 /// is allocated from what the server declares.
-async fn read_capped(
+pub(super) async fn read_capped(
     mut resp: reqwest::Response,
     limit: usize,
 ) -> Result<(Vec<u8>, bool), reqwest::Error> {

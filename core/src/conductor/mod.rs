@@ -3,6 +3,7 @@
 mod auth;
 mod client;
 mod errors;
+mod payload;
 
 pub use auth::{AUTH_KEY_VAR, AUTH_SECRET_VAR, Credentials, CredentialsError};
 pub use client::{
@@ -10,3 +11,4 @@ pub use client::{
     Polled, TaskTypes, max_poll_answer,
 };
 pub use errors::ConductorError;
+pub use payload::{PayloadError, fetch_task_input};

@@ -11,6 +11,7 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::expr::{self, Scope};
 use super::model::{Task, TaskDef, TaskStatus, Workflow, WorkflowDef, WorkflowStatus};
+use super::payloads;
 use super::queue::queue_name;
 use super::store::State;
 use super::sweeper::deadline;
@@ -165,9 +166,48 @@ impl State {
             workflow_task: wf_task,
             def_index: index,
             alerted: false,
+            external_input_payload_storage_path: None,
         };
+        let mut task = task;
+        let too_large = self.externalize_input(&mut task);
         let due = self.scale.after(now, task.callback_after_seconds);
+        let task_id = task.task_id.clone();
         self.add_task(task, due);
+        if too_large {
+            self.on_task_terminal(&task_id, now);
+        }
+    }
+
+    /// ExternalPayloadStorageUtils.verifyAndUpload(TASK_INPUT) as a task is created: an input
+    /// above the threshold is stored and replaced by `{}` and its path; one above the hard
+    /// limit fails the task for good (`inputData: {}`, the server's reason). True when failed.
+    fn externalize_input(&mut self, task: &mut Task) -> bool {
+        if task.input_data.is_empty() {
+            return false;
+        }
+        let limits = self.payloads.thresholds;
+        let size = payloads::json_size(&task.input_data);
+        let max = limits.max_task_input_kb.saturating_mul(1024);
+        if size > max {
+            task.reason_for_incompletion = Some(payloads::task_too_large(
+                size,
+                &task.task_id,
+                &task.workflow_instance_id,
+                max,
+            ));
+            task.status = TaskStatus::FailedWithTerminalError;
+            task.input_data = Map::new();
+            tracing::info!(task_id = %task.task_id, size, max, "task input above the hard limit: task failed");
+            return true;
+        }
+        if size > limits.task_input_kb.saturating_mul(1024) {
+            let bytes = serde_json::to_vec(&task.input_data).unwrap_or_default();
+            let path = self.payloads.store(bytes);
+            tracing::debug!(task_id = %task.task_id, size, %path, "task input externalized");
+            task.input_data = Map::new();
+            task.external_input_payload_storage_path = Some(path);
+        }
+        false
     }
 
     /// Stores a new task instance, appends it to its workflow and queues it.

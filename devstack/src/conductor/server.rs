@@ -20,6 +20,7 @@ use tracing::Instrument;
 
 use super::auth::{self, AuthState, DEFAULT_TOKEN_TTL};
 use super::clock::TimeScale;
+use super::payloads::{self, PayloadStorage, PayloadThresholds, Payloads};
 use super::routes;
 use super::store::Conductor;
 use super::sweeper;
@@ -40,6 +41,8 @@ impl ConductorServer {
             token_ttl: DEFAULT_TOKEN_TTL,
             opaque_tokens: false,
             sweep_lag: Duration::ZERO,
+            thresholds: PayloadThresholds::default(),
+            payload_storage: PayloadStorage::default(),
         }
     }
 }
@@ -53,6 +56,8 @@ pub struct ConductorServerBuilder {
     token_ttl: Duration,
     opaque_tokens: bool,
     sweep_lag: Duration,
+    thresholds: PayloadThresholds,
+    payload_storage: PayloadStorage,
 }
 
 impl std::fmt::Debug for ConductorServerBuilder {
@@ -63,6 +68,8 @@ impl std::fmt::Debug for ConductorServerBuilder {
             .field("token_ttl", &self.token_ttl)
             .field("opaque_tokens", &self.opaque_tokens)
             .field("sweep_lag", &self.sweep_lag)
+            .field("thresholds", &self.thresholds)
+            .field("payload_storage", &self.payload_storage)
             .finish()
     }
 }
@@ -109,6 +116,21 @@ impl ConductorServerBuilder {
     }
 
     /// Binds `addr` (port 0 picks a free port) and starts serving and sweeping.
+    /// Conductor's payload thresholds (default: the server's, 3072 KB / 10240 KB).
+    pub fn payload_thresholds(mut self, thresholds: PayloadThresholds) -> Self {
+        self.thresholds = thresholds;
+        self
+    }
+
+    /// The external payload storage the server is configured with (default: a blob store
+    /// answering pre-signed URLs; [`PayloadStorage::Dummy`]: locations without a `uri`).
+    pub fn payload_storage(mut self, storage: PayloadStorage) -> Self {
+        self.payload_storage = storage;
+        self
+    }
+
+    /// Binds `addr` (port 0 picks a free port) and starts serving and sweeping. The blob store
+    /// of external payloads listens on a port of its own on the same IP.
     pub async fn bind(self, addr: impl ToSocketAddrs) -> Result<ConductorHandle, DevstackError> {
         let scale = TimeScale::new(self.time_scale)
             .ok_or(DevstackError::InvalidTimeScale(self.time_scale))?;
@@ -130,7 +152,15 @@ impl ConductorServerBuilder {
         let addr = listener
             .local_addr()
             .map_err(|source| DevstackError::Bind { source })?;
-        let conductor = Arc::new(Conductor::new(scale));
+        let blob_listener = TcpListener::bind((addr.ip(), 0))
+            .await
+            .map_err(|source| DevstackError::Bind { source })?;
+        let blob_addr = blob_listener
+            .local_addr()
+            .map_err(|source| DevstackError::Bind { source })?;
+        let payloads = Arc::new(Payloads::new(self.thresholds, self.payload_storage));
+        payloads.set_origin(format!("http://{blob_addr}"));
+        let conductor = Arc::new(Conductor::new(scale, Arc::clone(&payloads)));
         let lag_ms = i64::try_from(self.sweep_lag.as_millis()).unwrap_or(i64::MAX);
         conductor.with(|s| s.sweep_lag_ms = scale.ms(lag_ms));
         let faults = Faults::default();
@@ -157,6 +187,15 @@ impl ConductorServerBuilder {
             sweeper::run(Arc::clone(&conductor), shutdown_rx.clone())
                 .instrument(tracing::info_span!("conductor-sweeper")),
         );
+        // The blob store answers through the same fault rules (a path under `/payloads/`).
+        let blobs = payloads::blob_router(payloads).layer(axum::middleware::from_fn_with_state(
+            faults.clone(),
+            faults::inject,
+        ));
+        let blob_server = tokio::spawn(
+            http::serve("conductor-blobs", blob_listener, blobs, shutdown_rx.clone())
+                .instrument(tracing::info_span!("conductor-blobs", addr = %blob_addr)),
+        );
         let server = tokio::spawn(
             http::serve("conductor", listener, router, shutdown_rx)
                 .instrument(tracing::info_span!("conductor-http", %addr)),
@@ -174,7 +213,8 @@ impl ConductorServerBuilder {
             auth,
             faults,
             shutdown,
-            tasks: vec![server, sweeper],
+            tasks: vec![server, sweeper, blob_server],
+            blob_addr,
         })
     }
 }
@@ -189,6 +229,7 @@ pub struct ConductorHandle {
     faults: Faults,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    blob_addr: SocketAddr,
 }
 
 impl ConductorHandle {
@@ -200,6 +241,12 @@ impl ConductorHandle {
     /// `http://ADDR/api`, the form the SDKs take as `CONDUCTOR_SERVER_URL`.
     pub fn base_url(&self) -> String {
         format!("http://{}/api", self.addr)
+    }
+
+    /// `http://BLOB_ADDR`: the origin of the external payload store's pre-signed URLs (its own
+    /// port, not the API's).
+    pub fn payload_store_url(&self) -> String {
+        format!("http://{}", self.blob_addr)
     }
 
     /// `http://ADDR`, for the admin routes.

@@ -16,6 +16,7 @@ use tokio::sync::Notify;
 use super::clock::TimeScale;
 use super::error::ApiError;
 use super::model::{PollData, Task, TaskDef, TaskExecLog, Workflow, WorkflowDef};
+use super::payloads::Payloads;
 use super::queue::Queues;
 
 /// Everything the server knows.
@@ -38,11 +39,14 @@ pub(crate) struct State {
     /// How late (real ms, already scaled) every timeout fires after its deadline: the real
     /// server's sweep lag (see `sweeper.rs`); 0 by default.
     pub(crate) sweep_lag_ms: i64,
+    /// External payload storage and the payload thresholds.
+    pub(crate) payloads: Arc<Payloads>,
 }
 
 impl State {
-    pub(crate) fn new(scale: TimeScale) -> Self {
+    pub(crate) fn new(scale: TimeScale, payloads: Arc<Payloads>) -> Self {
         Self {
+            payloads,
             scale,
             task_defs: BTreeMap::new(),
             workflow_defs: BTreeMap::new(),
@@ -214,9 +218,9 @@ impl Drop for WaitingPoll<'_> {
 }
 
 impl Conductor {
-    pub(crate) fn new(scale: TimeScale) -> Self {
+    pub(crate) fn new(scale: TimeScale, payloads: Arc<Payloads>) -> Self {
         Self {
-            state: Mutex::new(State::new(scale)),
+            state: Mutex::new(State::new(scale, payloads)),
             sweeper_wake: Notify::new(),
             polls_waiting: AtomicUsize::new(0),
         }

@@ -199,6 +199,25 @@ impl State {
         {
             task.external_output_payload_storage_path = Some(path);
         }
+        // verifyAndUpload(TASK_OUTPUT) as the task is stored: above the hard limit the task is
+        // forced to FAILED_WITH_TERMINAL_ERROR, whatever the worker said (v1 still answers 200).
+        // Below it the server may store the output externally, which workers never see.
+        let size = super::payloads::json_size(&task.output_data);
+        let max = self
+            .payloads
+            .thresholds
+            .max_task_output_kb
+            .saturating_mul(1024);
+        if size > max {
+            task.reason_for_incompletion = Some(super::payloads::task_too_large(
+                size,
+                &task_id,
+                &workflow_id,
+                max,
+            ));
+            task.status = TaskStatus::FailedWithTerminalError;
+            task.output_data = serde_json::Map::new();
+        }
         task.update_time = now;
         let terminal = task.status.is_terminal();
         if terminal {

@@ -7,6 +7,7 @@ mod cli;
 mod faults;
 mod lakefs;
 mod metadata;
+mod payloads;
 mod poll;
 mod python_sdk;
 mod server;

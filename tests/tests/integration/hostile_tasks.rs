@@ -127,9 +127,11 @@ async fn a_body_sees_none_of_the_runtimes_variables() {
     }
 }
 
-/// Inputs above tonic's default 4 MiB message limit used to kill the executor (and every
-/// retry killed another). Up to Conductor's 10 MiB threshold they run; above it the task
-/// fails for good, naming the size and the limit, and the same executor goes on.
+/// Inputs as Conductor treats them: a 5 MiB input is moved to external payload storage (the
+/// task comes with `inputData: {}` and a path); perago fetches it and the body sees all of it,
+/// on the executor that goes on to run the next task. An 11 MiB workflow input is refused by
+/// the server itself (its hard limit), so no task reaches perago. (Inputs above tonic's default
+/// 4 MiB message limit once killed the executor.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_inputs_run_or_fail_cleanly_and_the_executor_goes_on() {
     for mode in ["process", "thread"] {
@@ -153,23 +155,28 @@ async fn large_inputs_in(mode: &str) {
         .wait_terminal(&five, Duration::from_secs(60))
         .await;
     assert_eq!(wf["status"], "COMPLETED", "{}", sup.log_text());
+    let task_record = &wf["tasks"][0];
+    assert!(
+        task_record["externalInputPayloadStoragePath"].is_string(),
+        "devstack externalized the input as Conductor does: {}",
+        task_record["inputData"]
+    );
     assert!(wf["output"]["result"]["bytes"].as_u64().unwrap() > 5 << 20);
     let executor = wf["output"]["result"]["pid"].clone();
 
-    let eleven = conductor
-        .start_workflow(&task, json!({"blob": "x".repeat(11 << 20)}))
-        .await;
-    let wf = conductor
-        .wait_terminal(&eleven, Duration::from_secs(60))
-        .await;
-    let tasks = wf["tasks"].as_array().unwrap();
-    assert_eq!(tasks.len(), 1, "a terminal failure is not retried");
-    assert_eq!(tasks[0]["status"], "FAILED_WITH_TERMINAL_ERROR");
-    let reason = tasks[0]["reasonForIncompletion"].as_str().unwrap();
+    let refused = conductor
+        .client
+        .start_workflow(
+            &format!("{}.wf", task.name),
+            &json!({"params": {"blob": "x".repeat(11 << 20)}}),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(
-        reason.starts_with("task input is 11534")
-            && reason.contains("bytes; perago takes at most 10485760 bytes inline"),
-        "{reason}"
+        refused.contains("HTTP 500")
+            && refused.contains("is greater than the permissible limit: 10485760 bytes"),
+        "{refused}"
     );
 
     let small = conductor.start_workflow(&task, json!({"n": 1})).await;
@@ -182,6 +189,150 @@ async fn large_inputs_in(mode: &str) {
         assert_eq!(wf["output"]["result"]["pid"], executor, "the same executor");
     }
     assert!(!sup.log_text().contains("restart"), "{}", sup.log_text());
+}
+
+/// An externalized input through an authenticated Conductor: the body sees the real input,
+/// and the storage never gets the Conductor token (devstack's blob store refuses a request
+/// that brings one, as S3 refuses a second credential on a pre-signed URL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_externalized_input_is_fetched_and_the_storage_never_sees_the_token() {
+    let server = perago_devstack::conductor::ConductorServer::builder()
+        .auth("key", "secret")
+        .bind("127.0.0.1:0")
+        .await
+        .unwrap();
+    let client = perago_core::conductor::ConductorClient::with_auth(
+        &server.base_url(),
+        Some(perago_core::conductor::Credentials::new("key", "secret")),
+    )
+    .unwrap();
+    let conductor = Conductor { server, client };
+    let task = TaskFixture::new(
+        "e2e.external",
+        r#"printf '{"ys": %s}' "$(tr -d -c y | wc -c)"
+"#,
+        "",
+    );
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(
+        &task,
+        &conductor,
+        1,
+        &[
+            ("CONDUCTOR_AUTH_KEY", "key"),
+            ("CONDUCTOR_AUTH_SECRET", "secret"),
+        ],
+    );
+    let wf = conductor
+        .start_workflow(&task, json!({"blob": "y".repeat(4 << 20)}))
+        .await;
+    let wf = conductor.wait_terminal(&wf, Duration::from_secs(60)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{}", sup.log_text());
+    assert_eq!(wf["output"]["result"]["ys"], 4 << 20, "{}", sup.log_text());
+}
+
+/// A storage error fails the attempt (FAILED, retried: the retry fetches and completes); a
+/// location without a `uri` (the server's DummyPayloadStorage) fails it for good, naming the
+/// server's storage configuration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_errors_are_retried_and_a_location_without_uri_is_terminal() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new(
+        "e2e.storage",
+        r#"printf '{"bytes": %s}' "$(wc -c)"
+"#,
+        "",
+    );
+    conductor.register(&task).await;
+    conductor
+        .server
+        .faults()
+        .add(perago_devstack::faults::FaultSpec {
+            path: "/payloads/".into(),
+            status: Some(503),
+            count: Some(1),
+            ..Default::default()
+        })
+        .unwrap();
+    let sup = SupervisorProc::start(&task, &conductor, 1, &[]);
+    let wf = conductor
+        .start_workflow(&task, json!({"blob": "x".repeat(4 << 20)}))
+        .await;
+    let wf = conductor.wait_terminal(&wf, Duration::from_secs(60)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{}", sup.log_text());
+    let tasks = wf["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 2, "one retry");
+    assert_eq!(tasks[0]["status"], "FAILED");
+    let reason = tasks[0]["reasonForIncompletion"].as_str().unwrap();
+    assert!(
+        reason.contains("HTTP 503") && !reason.contains("Signature"),
+        "{reason}"
+    );
+    drop(sup);
+
+    let dummy = perago_devstack::conductor::ConductorServer::builder()
+        .payload_storage(perago_devstack::conductor::PayloadStorage::Dummy)
+        .bind("127.0.0.1:0")
+        .await
+        .unwrap();
+    let client = perago_core::conductor::ConductorClient::new(&dummy.base_url()).unwrap();
+    let conductor = Conductor {
+        server: dummy,
+        client,
+    };
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(&task, &conductor, 1, &[]);
+    let wf = conductor
+        .start_workflow(&task, json!({"blob": "x".repeat(4 << 20)}))
+        .await;
+    let wf = conductor.wait_terminal(&wf, Duration::from_secs(60)).await;
+    let tasks = wf["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 1, "not retried: {}", sup.log_text());
+    assert_eq!(tasks[0]["status"], "FAILED_WITH_TERMINAL_ERROR");
+    let reason = tasks[0]["reasonForIncompletion"].as_str().unwrap();
+    assert!(
+        reason.contains("DummyPayloadStorage") && reason.contains("no uri"),
+        "{reason}"
+    );
+}
+
+/// Outputs up to Conductor's hard limit are delivered (8 MiB: COMPLETED, as the SDKs do);
+/// above it the task fails for good, the reason naming the output's size and the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outputs_up_to_the_hard_limit_complete_and_above_it_fail_for_good() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new(
+        "e2e.output",
+        r#"n=$(tr -dc 0-9)
+printf '{"blob": "'; head -c "$n" /dev/zero | tr '\0' z; printf '"}'
+"#,
+        "",
+    );
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(&task, &conductor, 1, &[]);
+    let eight = conductor.start_workflow(&task, json!({"n": 8 << 20})).await;
+    let wf = conductor
+        .wait_terminal(&eight, Duration::from_secs(60))
+        .await;
+    assert_eq!(wf["status"], "COMPLETED", "{}", sup.log_text());
+    assert_eq!(
+        wf["output"]["result"]["blob"].as_str().unwrap().len(),
+        8 << 20
+    );
+    let eleven = conductor
+        .start_workflow(&task, json!({"n": 11 << 20}))
+        .await;
+    let wf = conductor
+        .wait_terminal(&eleven, Duration::from_secs(60))
+        .await;
+    let tasks = wf["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 1, "a terminal failure is not retried");
+    assert_eq!(tasks[0]["status"], "FAILED_WITH_TERMINAL_ERROR");
+    let reason = tasks[0]["reasonForIncompletion"].as_str().unwrap();
+    assert!(
+        reason.starts_with("task output is 1153") && reason.contains("limit of 10485760 bytes"),
+        "{reason}"
+    );
 }
 
 /// A body's stderr cannot flood the runtime's logs: 20 MB of it leave a bounded log with one

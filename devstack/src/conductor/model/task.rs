@@ -117,6 +117,9 @@ pub struct Task {
     /// An ALERT_ONLY timeout already fired for this instance; it is reported once.
     #[serde(skip)]
     pub(crate) alerted: bool,
+    /// Where the input went when it was above the task-input threshold (`inputData` is `{}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub external_input_payload_storage_path: Option<String>,
 }
 
 /// A log line attached to a task.

@@ -67,7 +67,7 @@ async fn method_not_allowed(method: axum::http::Method) -> Response {
 pub(crate) struct Params(Vec<(String, String)>);
 
 impl Params {
-    fn get(&self, name: &str) -> Option<&str> {
+    pub(crate) fn get(&self, name: &str) -> Option<&str> {
         self.0
             .iter()
             .find(|(k, _)| k == name)
@@ -111,7 +111,7 @@ impl Params {
             .transpose()
     }
 
-    fn required(&self, name: &str) -> Result<&str, ApiError> {
+    pub(crate) fn required(&self, name: &str) -> Result<&str, ApiError> {
         self.get(name).ok_or_else(|| {
             ApiError::Internal(format!(
                 "Required request parameter '{name}' is not present"

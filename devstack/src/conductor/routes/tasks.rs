@@ -36,6 +36,14 @@ pub(super) fn routes() -> Router<Shared> {
         .route("/api/tasks/poll/batch/{tasktype}", get(poll_batch))
         .route("/api/tasks/{task_id}", get(get_task))
         .route("/api/tasks/{task_id}/log", get(get_logs).post(add_log))
+        .route(
+            "/api/tasks/externalstoragelocation",
+            get(external_storage_location),
+        )
+        .route(
+            "/api/tasks/external-storage-location",
+            get(external_storage_location),
+        )
         .route("/api/tasks/queue/size", get(queue_size))
         .route("/api/tasks/queue/sizes", get(queue_sizes))
         .route("/api/tasks/queue/all", get(queue_all))
@@ -225,4 +233,14 @@ async fn poll_data(State(c): State<Shared>, params: Params) -> Result<Response, 
 
 async fn poll_data_all(State(c): State<Shared>) -> Response {
     c.with(|s| Json(s.poll_data.values().collect::<Vec<_>>()).into_response())
+}
+
+/// `GET /api/tasks/externalstoragelocation?path=&operation=&payloadType=` → an
+/// `ExternalStorageLocation` (see `payloads.rs`).
+async fn external_storage_location(
+    State(c): State<Shared>,
+    params: Params,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let payloads = c.with(|s| std::sync::Arc::clone(&s.payloads));
+    payloads.location(&params).map(Json)
 }

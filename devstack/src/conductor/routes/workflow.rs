@@ -37,6 +37,7 @@ async fn start_by_name(
     let correlation_id = params.non_empty("correlationId").map(str::to_owned);
     c.with(|s| {
         let def = s.workflow_def(&name, version)?;
+        s.payloads.check_workflow_input(&input)?;
         Ok(s.start_workflow(
             StartParams {
                 def,
@@ -67,12 +68,14 @@ async fn start_with_request(State(c): State<Shared>, body: Bytes) -> Result<Stri
             "priority: Priority cannot be less than 0 or greater than 99".to_owned(),
         )]));
     }
+    let input = request.input.unwrap_or_default();
     c.with(|s| {
         let def = s.definition_for_start(&name, request.version, request.workflow_def)?;
+        s.payloads.check_workflow_input(&input)?;
         Ok(s.start_workflow(
             StartParams {
                 def,
-                input: request.input.unwrap_or_default(),
+                input,
                 correlation_id: request.correlation_id,
                 priority: request.priority.unwrap_or(0),
                 task_to_domain: request.task_to_domain.unwrap_or_default(),
