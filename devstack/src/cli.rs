@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use crate::conductor::ConductorServer;
+use crate::conductor::{ConductorServer, QueueSemantics};
 use crate::errors::DevstackError;
 use crate::lakefs::{DEFAULT_ACCESS_KEY_ID, DEFAULT_SECRET_ACCESS_KEY, LakefsServer};
 
@@ -28,6 +28,8 @@ pub const ENV_LAKEFS_ACCESS_KEY_ID: &str = "PERAGO_DEVSTACK_LAKEFS_ACCESS_KEY_ID
 pub const ENV_LAKEFS_SECRET_ACCESS_KEY: &str = "PERAGO_DEVSTACK_LAKEFS_SECRET_ACCESS_KEY";
 /// Environment variable for `--time-scale`.
 pub const ENV_TIME_SCALE: &str = "PERAGO_DEVSTACK_TIME_SCALE";
+/// Environment variable for `--queue-semantics`.
+pub const ENV_QUEUE_SEMANTICS: &str = "PERAGO_DEVSTACK_QUEUE_SEMANTICS";
 
 /// In-memory development servers for perago's tests and first runs.
 ///
@@ -80,6 +82,13 @@ pub struct Args {
     /// More logs on stderr (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
+
+    /// When a Conductor batch poll answers: fill-or-timeout (Conductor's SQL queues, the
+    /// server's default: once it holds `count` tasks or its `timeout` has passed, the tasks
+    /// popped meanwhile waiting in the server) or immediate (as soon as one task is there).
+    #[arg(long, value_name = "SEMANTICS", default_value = "fill-or-timeout",
+          env = ENV_QUEUE_SEMANTICS)]
+    pub queue_semantics: QueueSemantics,
 }
 
 /// A key id and its secret; `Debug` hides the secret.
@@ -145,7 +154,8 @@ pub async fn run(args: Args) -> Result<(), DevstackError> {
         Some(addr) => {
             let mut builder = ConductorServer::builder()
                 .time_scale(args.time_scale)
-                .token_ttl(Duration::from_secs_f64(args.conductor_token_ttl));
+                .token_ttl(Duration::from_secs_f64(args.conductor_token_ttl))
+                .queue_semantics(args.queue_semantics);
             if let Some(pair) = args.conductor_auth {
                 builder = builder.auth(pair.key_id, pair.secret);
             }

@@ -20,6 +20,7 @@ use tracing::Instrument;
 
 use super::auth::{self, AuthState, DEFAULT_TOKEN_TTL};
 use super::clock::TimeScale;
+use super::fill::QueueSemantics;
 use super::routes;
 use super::store::Conductor;
 use super::sweeper;
@@ -39,6 +40,7 @@ impl ConductorServer {
             auth: None,
             token_ttl: DEFAULT_TOKEN_TTL,
             opaque_tokens: false,
+            queue_semantics: QueueSemantics::default(),
         }
     }
 }
@@ -51,6 +53,7 @@ pub struct ConductorServerBuilder {
     auth: Option<(String, String)>,
     token_ttl: Duration,
     opaque_tokens: bool,
+    queue_semantics: QueueSemantics,
 }
 
 impl std::fmt::Debug for ConductorServerBuilder {
@@ -60,6 +63,7 @@ impl std::fmt::Debug for ConductorServerBuilder {
             .field("auth_key_id", &self.auth.as_ref().map(|(id, _)| id))
             .field("token_ttl", &self.token_ttl)
             .field("opaque_tokens", &self.opaque_tokens)
+            .field("queue_semantics", &self.queue_semantics)
             .finish()
     }
 }
@@ -96,6 +100,13 @@ impl ConductorServerBuilder {
         self
     }
 
+    /// When a batch poll answers (default [`QueueSemantics::FillOrTimeout`], as Conductor's
+    /// SQL queues and its default SQLite deployment do).
+    pub fn queue_semantics(mut self, semantics: QueueSemantics) -> Self {
+        self.queue_semantics = semantics;
+        self
+    }
+
     /// Binds `addr` (port 0 picks a free port) and starts serving and sweeping.
     pub async fn bind(self, addr: impl ToSocketAddrs) -> Result<ConductorHandle, DevstackError> {
         let scale = TimeScale::new(self.time_scale)
@@ -118,7 +129,9 @@ impl ConductorServerBuilder {
         let addr = listener
             .local_addr()
             .map_err(|source| DevstackError::Bind { source })?;
-        let conductor = Arc::new(Conductor::new(scale));
+        let mut conductor = Conductor::new(scale);
+        conductor.queue_semantics = self.queue_semantics;
+        let conductor = Arc::new(conductor);
         let faults = Faults::default();
         let mut api = routes::router(Arc::clone(&conductor));
         if let Some(auth) = &auth {
@@ -151,6 +164,7 @@ impl ConductorServerBuilder {
             %addr,
             time_scale = scale.factor(),
             auth = auth.is_some(),
+            queue_semantics = %self.queue_semantics,
             "conductor dev server listening"
         );
         Ok(ConductorHandle {

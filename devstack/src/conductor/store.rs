@@ -197,6 +197,8 @@ pub(crate) struct Conductor {
     pub(crate) sweeper_wake: Notify,
     /// Polls waiting for a task right now (see [`Conductor::polls_waiting`]).
     polls_waiting: AtomicUsize,
+    /// When a batch poll answers (`--queue-semantics`).
+    pub(crate) queue_semantics: super::fill::QueueSemantics,
 }
 
 /// Counts one waiting poll while alive.
@@ -215,6 +217,7 @@ impl Conductor {
             state: Mutex::new(State::new(scale)),
             sweeper_wake: Notify::new(),
             polls_waiting: AtomicUsize::new(0),
+            queue_semantics: super::fill::QueueSemantics::default(),
         }
     }
 
