@@ -3,7 +3,7 @@
 //! child processes.
 
 use perago_core::conductor::ConductorClient;
-use perago_devstack::conductor::{ConductorHandle, ConductorServer};
+use perago_devstack::conductor::{ConductorHandle, ConductorServer, QueueSemantics};
 use serde_json::{Value, json};
 use std::{
     fs,
@@ -137,7 +137,13 @@ pub(crate) struct Conductor {
 impl Conductor {
     /// Starts on a free loopback port.
     pub(crate) async fn start() -> Self {
+        Self::start_semantics(QueueSemantics::default()).await
+    }
+
+    /// [`start`](Self::start) with these batch-poll semantics (`--queue-semantics`).
+    pub(crate) async fn start_semantics(semantics: QueueSemantics) -> Self {
         let server = ConductorServer::builder()
+            .queue_semantics(semantics)
             .bind("127.0.0.1:0")
             .await
             .expect("devstack binds");

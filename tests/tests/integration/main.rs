@@ -22,6 +22,7 @@ mod multi_task;
 mod once;
 mod ops;
 mod poison;
+mod polls;
 mod publish_once;
 mod recycle;
 mod runtime;
