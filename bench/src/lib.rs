@@ -5,7 +5,7 @@
 //!
 //! `cargo run --release -p perago-bench -- [--runs N] [--tasks N] [--smoke] [scenario…]`
 //! with scenarios `throughput exec payload logging spawn latency slot memory startup scaling
-//! workspace`
+//! workspace polls`
 //! (default: all).
 
 mod perago;
@@ -17,6 +17,7 @@ mod workload;
 
 pub use perago::Binaries;
 use perago::{Body, Runtime};
+use perago_devstack::conductor::QueueSemantics;
 use python::PythonWorkers;
 use report::{Figure, quantile, scaling_svg, table};
 use serde_json::json;
@@ -26,7 +27,7 @@ use std::{
 };
 use workload::{Conductor, ceiling, throughput};
 
-const SCENARIOS: [&str; 11] = [
+const SCENARIOS: [&str; 12] = [
     "throughput",
     "exec",
     "payload",
@@ -38,6 +39,7 @@ const SCENARIOS: [&str; 11] = [
     "startup",
     "scaling",
     "workspace",
+    "polls",
 ];
 const TASK: &str = "bench.echo";
 
@@ -523,8 +525,10 @@ impl Bench {
 
     async fn latency(&mut self) -> Result<(), String> {
         let rounds = if self.o.smoke { 5 } else { 100 };
+        // On immediate queues, as before issue #24, so the figures compare with earlier runs
+        // (the `polls` scenario measures both queue semantics).
         // perago
-        let conductor = Conductor::start().await?;
+        let conductor = Conductor::start_semantics(QueueSemantics::Immediate).await?;
         conductor.register(TASK).await?;
         let (runtime, _) =
             Runtime::start(&self.o.binaries, &conductor.url(), TASK, Body::Rust, 1, &[]).await?;
@@ -532,7 +536,7 @@ impl Bench {
         runtime.stop().await;
         conductor.server.shutdown().await;
         // conductor-python
-        let conductor = Conductor::start().await?;
+        let conductor = Conductor::start_semantics(QueueSemantics::Immediate).await?;
         conductor.register(TASK).await?;
         let script = workspace_root().join("bench/python/python_worker.py");
         let workers = PythonWorkers::start(&self.o.python, &script, &conductor.url(), TASK, 1)?;
@@ -546,6 +550,42 @@ impl Bench {
             self.figure(&format!("schedule-to-start p99 {who}"), "ms")
                 .runs
                 .push(quantile(&samples, 0.99));
+        }
+        Ok(())
+    }
+
+    /// Issue #24, item 3, under both queue semantics at `-j 4` (the default long-poll wait):
+    /// schedule-to-start of lone tasks (one at a time, each once the previous one is done), and
+    /// throughput on a full queue (every task queued at once).
+    async fn polls(&mut self) -> Result<(), String> {
+        let rounds = if self.o.smoke { 5 } else { 100 };
+        let tasks = self.o.tasks;
+        for _ in 0..self.o.runs {
+            for semantics in [QueueSemantics::FillOrTimeout, QueueSemantics::Immediate] {
+                let conductor = Conductor::start_semantics(semantics).await?;
+                conductor.register(TASK).await?;
+                let (runtime, _) =
+                    Runtime::start(&self.o.binaries, &conductor.url(), TASK, Body::Rust, 4, &[])
+                        .await?;
+                let samples = self.one_at_a_time(&conductor, rounds).await?;
+                let ids = conductor.start_many(TASK, tasks).await?;
+                let times = conductor.wait_all(&ids, self.patience()).await?;
+                runtime.stop().await;
+                conductor.server.shutdown().await;
+                let who = format!("perago j=4 {semantics}");
+                self.figure(&format!("schedule-to-start p50 {who}"), "ms")
+                    .runs
+                    .push(quantile(&samples, 0.5));
+                self.figure(&format!("schedule-to-start p99 {who}"), "ms")
+                    .runs
+                    .push(quantile(&samples, 0.99));
+                self.figure(
+                    &format!("full queue, perago rust body j=4 {semantics}"),
+                    "tasks/s",
+                )
+                .runs
+                .push(throughput(&times));
+            }
         }
         Ok(())
     }
@@ -821,6 +861,7 @@ pub async fn run(options: Options) -> Result<(), String> {
             "startup" => bench.startup().await?,
             "scaling" => bench.scaling().await?,
             "workspace" => bench.workspace().await?,
+            "polls" => bench.polls().await?,
             _ => unreachable!("checked by parse_args"),
         }
     }

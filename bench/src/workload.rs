@@ -4,7 +4,7 @@
 //! benchmark's polling of workflow states never shows in the figures.
 
 use perago_core::conductor::ConductorClient;
-use perago_devstack::conductor::{ConductorHandle, ConductorServer};
+use perago_devstack::conductor::{ConductorHandle, ConductorServer, QueueSemantics};
 use serde_json::json;
 use std::{sync::Arc, time::Duration};
 use tokio::{sync::Semaphore, task::JoinSet};
@@ -30,7 +30,13 @@ pub(crate) struct Conductor {
 
 impl Conductor {
     pub(crate) async fn start() -> Result<Self, String> {
+        Self::start_semantics(QueueSemantics::default()).await
+    }
+
+    /// [`start`](Self::start) with these batch-poll semantics (`--queue-semantics`).
+    pub(crate) async fn start_semantics(semantics: QueueSemantics) -> Result<Self, String> {
         let server = ConductorServer::builder()
+            .queue_semantics(semantics)
             .bind("127.0.0.1:0")
             .await
             .map_err(|e| format!("cannot start devstack: {e}"))?;

@@ -1,12 +1,14 @@
-//! The poll loop: asks the actor how many slots are free, long-polls Conductor for at most
-//! that many tasks, hands them to the actor. Errors back off (capped, jittered) and are logged
-//! when the state changes, not at every retry; they never stop the broker.
+//! The poll loop: asks the actor how many tasks to poll for (the machine decides: every free
+//! slot, or one while the queue looks sparse), polls Conductor for them (a long poll for one
+//! task, at most `FILL_WAIT` for more: `state::poll_wait`), hands them to the actor. Errors
+//! back off (capped, jittered) and are logged when the state changes, not at every retry;
+//! they never stop the broker.
 
 use crate::{
     actor::Event,
     counters::{Counters, Gauges, exception, outcome},
     health::{Health, Waker},
-    state::Input,
+    state::{Input, poll_wait},
 };
 use perago_core::{backoff::Backoff, conductor::ConductorClient};
 use std::{sync::Arc, time::Duration};
@@ -45,7 +47,12 @@ impl Poller {
             let started = std::time::Instant::now();
             let polled = self.health.observe(
                 self.client
-                    .batch_poll(&self.task_name, &self.broker_id, count, self.wait)
+                    .batch_poll(
+                        &self.task_name,
+                        &self.broker_id,
+                        count,
+                        poll_wait(count, self.wait),
+                    )
                     .await,
             );
             let sdk = &self.gauges.sdk;

@@ -6,7 +6,8 @@
 //! connections and the Conductor side and carries the effects out.
 //!
 //! A slot is *free* when its current generation is attached, idle and not stopping. Polls ask
-//! for at most `free − reserved − held` tasks; a completion whose update goes through
+//! for at most `free − reserved − held` tasks, and for one while the last poll came back
+//! short (a sparse queue: see [`poll_wait`]); a completion whose update goes through
 //! update-v2 keeps its slot reserved (`AwaitingNext`) so the task the server hands back takes
 //! exactly the slot that was freed, and never more than N tasks are held.
 //!
@@ -331,6 +332,19 @@ struct Parked {
 /// idle throughout, end the run.
 pub(crate) const ONCE_EMPTY_POLLS: u32 = 3;
 
+/// The `timeout` of a poll for more than one task. Conductor's SQL queues answer a batch poll
+/// only once it holds `count` tasks or its timeout has passed, the tasks popped meanwhile
+/// waiting in the server: a poll for several tasks must not wait long.
+pub(crate) const FILL_WAIT: Duration = Duration::from_millis(100);
+
+/// How long a poll for `count` tasks may wait, given `PERAGO_POLL_WAIT_MS` (`long`): a poll
+/// for one task is answered by its first task on every queue backend, so it may wait the
+/// whole long poll; a poll for more waits at most [`FILL_WAIT`], so no task waits for a
+/// batch to fill.
+pub(crate) fn poll_wait(count: u32, long: Duration) -> Duration {
+    if count > 1 { FILL_WAIT.min(long) } else { long }
+}
+
 /// A task received for which no slot was free yet: its lease runs until one is.
 #[derive(Debug)]
 struct Held {
@@ -402,6 +416,10 @@ pub(crate) struct Machine {
     depth_unreadable: bool,
     /// Run once with the depth unreadable: empty polls in a row while everything was idle.
     once_empty_polls: u32,
+    /// The last poll came back with fewer tasks than it asked for: the queue looks sparse, so
+    /// the next poll asks for one task (a long poll that its first task answers); after a
+    /// poll that came back full, polls ask for every free slot again (with [`FILL_WAIT`]).
+    poll_sparse: bool,
 }
 
 fn unix_ms(t: SystemTime) -> i64 {
@@ -498,6 +516,7 @@ impl Machine {
             last_tick: None,
             depth_unreadable: false,
             once_empty_polls: 0,
+            poll_sparse: false,
         }
     }
 
@@ -629,6 +648,7 @@ impl Machine {
             Input::PollRequest => self.poll_wanted = true,
             Input::Polled { tasks, reserved } => {
                 self.reserved = self.reserved.saturating_sub(reserved);
+                self.poll_sparse = tasks.len() < reserved as usize;
                 if tasks.is_empty() && self.capacity.once && self.all_idle() {
                     self.once_idle_empty_poll();
                 } else {
@@ -1643,10 +1663,12 @@ impl Machine {
             return;
         }
         if available > 0 {
+            // A sparse queue: one task per poll, so none waits for a batch to fill.
+            let count = if self.poll_sparse { 1 } else { available };
             self.poll_wanted = false;
             self.poll_withheld = false;
-            self.reserved += available;
-            self.effects.push(Effect::GrantPoll(available));
+            self.reserved += count;
+            self.effects.push(Effect::GrantPoll(count));
         }
     }
 

@@ -329,7 +329,13 @@ fn polls_ask_for_free_slots_and_assignments_go_to_them() {
     h.hello(2, 1).0.unwrap();
     let effects = h.deliver(&[]);
     assert!(assignments(&effects).is_empty());
-    let effects = h.deliver(&["a", "b"]);
+    // The queue looked empty: one task per poll, until one comes back full.
+    assert_eq!(h.poll(), Some(1));
+    let mut effects = h.go(Input::Polled {
+        tasks: vec![task("a")],
+        reserved: 1,
+    });
+    effects.extend(h.deliver(&["b"]));
     let sent = assignments(&effects);
     assert_eq!(sent.len(), 2, "{effects:?}");
     assert_eq!(sent[0].2, "a");
@@ -2155,11 +2161,11 @@ fn run_once_polls_on_while_tasks_wait_or_run() {
     );
     let more = h.depth(3, t0, 2.5);
     assert!(!h.status().draining);
-    assert_eq!(grant(&more), Some(2), "polling resumes");
+    assert_eq!(grant(&more), Some(1), "polling resumes, one task per poll");
     // A failed read decides nothing.
     h.go(Input::Polled {
         tasks: vec![],
-        reserved: 2,
+        reserved: 1,
     });
     h.go(Input::QueueDepth {
         depth: None,
@@ -2502,7 +2508,7 @@ fn run_once_ends_after_empty_polls_when_the_queue_depth_cannot_be_read() {
     });
     // A task arrives and runs: the count starts again.
     let granted = h.poll().expect("polling goes on after an empty poll");
-    assert_eq!(granted, 2);
+    assert_eq!(granted, 1, "a sparse queue: one task per poll");
     let (_, a, _) = assignments(&h.go(Input::Polled {
         tasks: vec![task("a")],
         reserved: granted,
@@ -2557,7 +2563,7 @@ fn run_once_polls_again_when_the_confirming_read_fails() {
         depth: None,
         now: t0 + Duration::from_secs(1),
     });
-    assert_eq!(grant(&resumed), Some(2), "{resumed:?}");
+    assert_eq!(grant(&resumed), Some(1), "one task per poll: {resumed:?}");
     assert!(!h.status().draining);
 }
 
@@ -2666,4 +2672,50 @@ fn an_externalized_input_is_fetched_before_the_task_runs() {
         });
         assert!(assignments(&effects).is_empty() && reports(&effects).is_empty());
     }
+}
+
+/// Issue #24, item 3: Conductor's SQL queues answer a batch poll only once it holds `count`
+/// tasks or its timeout has passed. After a poll that came back short, the queue looks sparse
+/// and the next poll asks for one task, which its first task answers at once.
+#[test]
+fn a_poll_that_came_back_short_asks_for_one_task_next() {
+    let mut h = Harness::new(4, true);
+    h.up(4);
+    assert_eq!(h.poll(), Some(4), "the first poll asks for every free slot");
+    h.go(Input::Polled {
+        tasks: vec![],
+        reserved: 4,
+    });
+    assert_eq!(h.poll(), Some(1), "an empty poll: the queue looks sparse");
+    // One task of one asked for: full, so the next poll asks for every free slot again.
+    let run = h.go(Input::Polled {
+        tasks: vec![task("a")],
+        reserved: 1,
+    });
+    assert_eq!(assignments(&run).len(), 1);
+    assert_eq!(h.poll(), Some(3), "a full poll: the free slots again");
+    // Two of three: short again.
+    let run = h.go(Input::Polled {
+        tasks: vec![task("b"), task("c")],
+        reserved: 3,
+    });
+    assert_eq!(assignments(&run).len(), 2);
+    assert_eq!(h.poll(), Some(1));
+    h.go(Input::Polled {
+        tasks: vec![task("d")],
+        reserved: 1,
+    });
+    // Every slot busy: no grant until one is free, then only that one.
+    assert_eq!(h.poll(), None);
+}
+
+/// A poll for one task waits the whole long poll (its first task answers it on every queue
+/// backend); a poll for more waits at most `FILL_WAIT`, so no task waits for a batch to fill.
+#[test]
+fn only_a_poll_for_one_task_waits_the_long_poll() {
+    let long = Duration::from_secs(5);
+    assert_eq!(poll_wait(1, long), long);
+    assert_eq!(poll_wait(2, long), FILL_WAIT);
+    assert_eq!(poll_wait(64, long), Duration::from_millis(100));
+    assert_eq!(poll_wait(4, Duration::from_millis(100)), FILL_WAIT);
 }

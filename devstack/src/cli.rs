@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use crate::conductor::{ConductorServer, PayloadStorage, PayloadThresholds};
+use crate::conductor::{ConductorServer, PayloadStorage, PayloadThresholds, QueueSemantics};
 use crate::errors::DevstackError;
 use crate::lakefs::{DEFAULT_ACCESS_KEY_ID, DEFAULT_SECRET_ACCESS_KEY, LakefsServer};
 
@@ -30,6 +30,8 @@ pub const ENV_LAKEFS_SECRET_ACCESS_KEY: &str = "PERAGO_DEVSTACK_LAKEFS_SECRET_AC
 pub const ENV_TIME_SCALE: &str = "PERAGO_DEVSTACK_TIME_SCALE";
 /// Environment variable for `--sweep-lag`.
 pub const ENV_SWEEP_LAG: &str = "PERAGO_DEVSTACK_SWEEP_LAG";
+/// Environment variable for `--queue-semantics`.
+pub const ENV_QUEUE_SEMANTICS: &str = "PERAGO_DEVSTACK_QUEUE_SEMANTICS";
 
 /// In-memory development servers for perago's tests and first runs.
 ///
@@ -111,6 +113,13 @@ pub struct Args {
     /// module: locations have no `uri`).
     #[arg(long, value_name = "KIND", default_value = "blob")]
     pub payload_storage: PayloadStorage,
+
+    /// When a Conductor batch poll answers: fill-or-timeout (Conductor's SQL queues, the
+    /// server's default: once it holds `count` tasks or its `timeout` has passed, the tasks
+    /// popped meanwhile waiting in the server) or immediate (as soon as one task is there).
+    #[arg(long, value_name = "SEMANTICS", default_value = "fill-or-timeout",
+          env = ENV_QUEUE_SEMANTICS)]
+    pub queue_semantics: QueueSemantics,
 }
 
 /// A key id and its secret; `Debug` hides the secret.
@@ -192,7 +201,8 @@ pub async fn run(args: Args) -> Result<(), DevstackError> {
                 .payload_storage(args.payload_storage)
                 .time_scale(args.time_scale)
                 .token_ttl(Duration::from_secs_f64(args.conductor_token_ttl))
-                .sweep_lag(Duration::from_secs_f64(args.sweep_lag));
+                .sweep_lag(Duration::from_secs_f64(args.sweep_lag))
+                .queue_semantics(args.queue_semantics);
             if let Some(pair) = args.conductor_auth {
                 builder = builder.auth(pair.key_id, pair.secret);
             }

@@ -4,13 +4,15 @@
 //! Modules, one concept each: `model` (wire JSON), `store` (the state and its lock), `engine`
 //! (workflow decider and retries), `worker_ops` (poll and update), `sweeper` (timeouts),
 //! `queue` (delayed queues with long-poll wake-ups), `expr` (`${…}` inputs), `routes` (HTTP),
-//! `server` (builder and handle), `auth` (optional Orkes-style tokens).
+//! `server` (builder and handle), `auth` (optional Orkes-style tokens), `fill` (when a batch
+//! poll answers: the queue backend's semantics).
 
 mod auth;
 mod clock;
 mod engine;
 mod error;
 mod expr;
+mod fill;
 pub mod model;
 mod payloads;
 mod queue;
@@ -25,5 +27,6 @@ pub use auth::{AUTH_HEADER, DEFAULT_TOKEN_TTL};
 pub use clock::TimeScale;
 pub(crate) use error::INSTANCE;
 pub use error::{ErrorResponse, ValidationError};
+pub use fill::QueueSemantics;
 pub use payloads::{PayloadStorage, PayloadThresholds};
 pub use server::{ConductorHandle, ConductorServer, ConductorServerBuilder};

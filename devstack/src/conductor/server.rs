@@ -20,6 +20,7 @@ use tracing::Instrument;
 
 use super::auth::{self, AuthState, DEFAULT_TOKEN_TTL};
 use super::clock::TimeScale;
+use super::fill::QueueSemantics;
 use super::payloads::{self, PayloadStorage, PayloadThresholds, Payloads};
 use super::routes;
 use super::store::Conductor;
@@ -43,6 +44,7 @@ impl ConductorServer {
             sweep_lag: Duration::ZERO,
             thresholds: PayloadThresholds::default(),
             payload_storage: PayloadStorage::default(),
+            queue_semantics: QueueSemantics::default(),
         }
     }
 }
@@ -58,6 +60,7 @@ pub struct ConductorServerBuilder {
     sweep_lag: Duration,
     thresholds: PayloadThresholds,
     payload_storage: PayloadStorage,
+    queue_semantics: QueueSemantics,
 }
 
 impl std::fmt::Debug for ConductorServerBuilder {
@@ -70,6 +73,7 @@ impl std::fmt::Debug for ConductorServerBuilder {
             .field("sweep_lag", &self.sweep_lag)
             .field("thresholds", &self.thresholds)
             .field("payload_storage", &self.payload_storage)
+            .field("queue_semantics", &self.queue_semantics)
             .finish()
     }
 }
@@ -112,6 +116,13 @@ impl ConductorServerBuilder {
     /// Postgres. Default zero: within milliseconds of the deadline.
     pub fn sweep_lag(mut self, lag: Duration) -> Self {
         self.sweep_lag = lag;
+        self
+    }
+
+    /// When a batch poll answers (default [`QueueSemantics::FillOrTimeout`], as Conductor's
+    /// SQL queues and its default SQLite deployment do).
+    pub fn queue_semantics(mut self, semantics: QueueSemantics) -> Self {
+        self.queue_semantics = semantics;
         self
     }
 
@@ -160,7 +171,9 @@ impl ConductorServerBuilder {
             .map_err(|source| DevstackError::Bind { source })?;
         let payloads = Arc::new(Payloads::new(self.thresholds, self.payload_storage));
         payloads.set_origin(format!("http://{blob_addr}"));
-        let conductor = Arc::new(Conductor::new(scale, Arc::clone(&payloads)));
+        let mut conductor = Conductor::new(scale, Arc::clone(&payloads));
+        conductor.queue_semantics = self.queue_semantics;
+        let conductor = Arc::new(conductor);
         let lag_ms = i64::try_from(self.sweep_lag.as_millis()).unwrap_or(i64::MAX);
         conductor.with(|s| s.sweep_lag_ms = scale.ms(lag_ms));
         let faults = Faults::default();
@@ -205,6 +218,7 @@ impl ConductorServerBuilder {
             time_scale = scale.factor(),
             auth = auth.is_some(),
             sweep_lag = ?self.sweep_lag,
+            queue_semantics = %self.queue_semantics,
             "conductor dev server listening"
         );
         Ok(ConductorHandle {

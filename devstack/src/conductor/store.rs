@@ -205,6 +205,8 @@ pub(crate) struct Conductor {
     pub(crate) sweeper_wake: Notify,
     /// Polls waiting for a task right now (see [`Conductor::polls_waiting`]).
     polls_waiting: AtomicUsize,
+    /// When a batch poll answers (`--queue-semantics`).
+    pub(crate) queue_semantics: super::fill::QueueSemantics,
 }
 
 /// Counts one waiting poll while alive.
@@ -223,6 +225,7 @@ impl Conductor {
             state: Mutex::new(State::new(scale, payloads)),
             sweeper_wake: Notify::new(),
             polls_waiting: AtomicUsize::new(0),
+            queue_semantics: super::fill::QueueSemantics::default(),
         }
     }
 

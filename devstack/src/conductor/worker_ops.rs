@@ -68,6 +68,35 @@ impl State {
         handed
     }
 
+    /// Hands out tasks a fill-or-timeout poll popped earlier (`fill.rs`): each is checked again
+    /// now (it may have ended meanwhile), and the queue's poll data is updated as by [`poll`].
+    ///
+    /// [`poll`]: State::poll
+    pub(crate) fn hand_out_popped(
+        &mut self,
+        task_type: &str,
+        domain: Option<&str>,
+        worker_id: Option<&str>,
+        ids: Vec<String>,
+        now: i64,
+    ) -> Vec<Task> {
+        let queue = queue_name(task_type, domain);
+        let handed = ids
+            .iter()
+            .filter_map(|id| self.hand_out(&queue, id, worker_id, now))
+            .collect();
+        self.poll_data.insert(
+            queue.clone(),
+            PollData {
+                queue_name: queue,
+                domain: domain.filter(|d| !d.is_empty()).map(str::to_owned),
+                worker_id: worker_id.map(str::to_owned),
+                last_poll_time: now,
+            },
+        );
+        handed
+    }
+
     fn hand_out(
         &mut self,
         queue: &str,

@@ -5,6 +5,7 @@ mod auth;
 mod bad_input;
 mod cli;
 mod faults;
+mod fill;
 mod lakefs;
 mod metadata;
 mod payloads;

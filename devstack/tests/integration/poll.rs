@@ -96,10 +96,9 @@ async fn long_poll_wakes_as_soon_as_a_task_is_queued() {
         let url = format!("{}/tasks/poll/batch/work?count=1&timeout=5000", dev.api);
         tokio::spawn(async move { http.get(url).send().await.unwrap().text().await.unwrap() })
     };
-    // The workflow starts once the poll is waiting (its first look at the queue is recorded).
+    // The workflow starts once the poll is waiting (it found the queue empty).
     crate::support::eventually("the long poll is waiting", || async {
-        let data = dev.get("/tasks/queue/polldata?taskType=work").await.json();
-        (!data.as_array().unwrap().is_empty()).then_some(())
+        (dev.server.polls_waiting() == 1).then_some(())
     })
     .await;
     dev.start_workflow("wf", json!({"x": 1})).await;

@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use perago_devstack::conductor::{ConductorHandle, ConductorServer};
+use perago_devstack::conductor::{ConductorHandle, ConductorServer, QueueSemantics};
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
 
@@ -54,6 +54,11 @@ impl Dev {
     /// A server whose Conductor seconds last `scale` real seconds.
     pub(crate) async fn scaled(scale: f64) -> Self {
         Self::built(ConductorServer::builder().time_scale(scale)).await
+    }
+
+    /// A server whose batch polls answer with these queue semantics.
+    pub(crate) async fn with_semantics(semantics: QueueSemantics) -> Self {
+        Self::built(ConductorServer::builder().queue_semantics(semantics)).await
     }
 
     /// A server from `builder`.

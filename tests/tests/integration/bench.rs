@@ -45,6 +45,9 @@ fn the_benchmark_smoke_run_measures_every_scenario() {
         "perago rust body j=2 RUST_LOG=warn",
         "cpu/task bare spawn loop (cat), spawner",
         "cpu/task bare spawn loop forking (cat), spawner",
+        "schedule-to-start p50 perago j=4 fill-or-timeout",
+        "schedule-to-start p99 perago j=4 immediate",
+        "full queue, perago rust body j=4 fill-or-timeout",
     ] {
         assert!(out.stdout.contains(figure), "{figure} missing\n{out}");
     }

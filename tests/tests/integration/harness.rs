@@ -3,7 +3,7 @@
 //! child processes.
 
 use perago_core::conductor::ConductorClient;
-use perago_devstack::conductor::{ConductorHandle, ConductorServer};
+use perago_devstack::conductor::{ConductorHandle, ConductorServer, QueueSemantics};
 use serde_json::{Value, json};
 use std::{
     fs,
@@ -139,17 +139,27 @@ impl Conductor {
     /// that much late, as the real server's do (issue #24, item 7): a way to rerun any test
     /// against a late server without changing the defaults.
     pub(crate) async fn start() -> Self {
+        Self::start_semantics(QueueSemantics::default()).await
+    }
+
+    /// [`start`](Self::start) with these batch-poll semantics (`--queue-semantics`).
+    pub(crate) async fn start_semantics(semantics: QueueSemantics) -> Self {
         let lag = std::env::var("PERAGO_TEST_SWEEP_LAG")
             .ok()
             .and_then(|v| v.parse::<f64>().ok())
             .filter(|s| s.is_finite() && *s >= 0.0)
             .unwrap_or(0.0);
-        Self::with_sweep_lag(Duration::from_secs_f64(lag)).await
+        Self::started(semantics, Duration::from_secs_f64(lag)).await
     }
 
     /// Starts on a free loopback port; timeouts fire `lag` after their deadline.
     pub(crate) async fn with_sweep_lag(lag: Duration) -> Self {
+        Self::started(QueueSemantics::default(), lag).await
+    }
+
+    async fn started(semantics: QueueSemantics, lag: Duration) -> Self {
         let server = ConductorServer::builder()
+            .queue_semantics(semantics)
             .sweep_lag(lag)
             .bind("127.0.0.1:0")
             .await

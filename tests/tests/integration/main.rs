@@ -23,6 +23,7 @@ mod multi_task;
 mod once;
 mod ops;
 mod poison;
+mod polls;
 mod publish_once;
 mod recycle;
 mod runtime;

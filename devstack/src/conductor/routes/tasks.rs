@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use super::{Params, Shared};
 use crate::conductor::clock::{ms_duration, now_ms};
 use crate::conductor::error::{ApiError, parse_json};
+use crate::conductor::fill::{QueueSemantics, poll_fill};
 use crate::conductor::model::{Task, TaskResult};
 use crate::conductor::queue::queue_name;
 use crate::conductor::store::Conductor;
@@ -51,7 +52,8 @@ pub(super) fn routes() -> Router<Shared> {
         .route("/api/tasks/queue/polldata/all", get(poll_data_all))
 }
 
-/// Polls `count` tasks, waiting up to `timeout` for the first one. Waiters register on the
+/// Polls `count` tasks. On the SQL queues' semantics (the default) see [`poll_fill`]; else
+/// it waits up to `timeout` for the first one. Waiters register on the
 /// queue's `Notify` before looking at the queue, so a push in between is never missed; a
 /// delayed message wakes them at its due time.
 pub(crate) async fn poll_wait(
@@ -62,6 +64,9 @@ pub(crate) async fn poll_wait(
     count: usize,
     timeout: Duration,
 ) -> Vec<Task> {
+    if conductor.queue_semantics == QueueSemantics::FillOrTimeout {
+        return poll_fill(conductor, task_type, domain, worker_id, count, timeout).await;
+    }
     let queue = queue_name(task_type, domain);
     let notify = conductor.with(|s| s.queues.notifier(&queue));
     let deadline = Instant::now() + timeout;
