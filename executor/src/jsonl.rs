@@ -32,7 +32,7 @@ use perago_core::{json::RawJson, process};
 use serde_json::json;
 use std::{collections::VecDeque, process::Stdio, sync::Arc, time::Duration};
 use tokio::{
-    io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader},
+    io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
     process::{Child, ChildStdin, ChildStdout},
     sync::Mutex,
 };
@@ -56,6 +56,13 @@ const STDOUT_BUFFER: usize = 64 * 1024;
 /// the next (a large payload then costs no new allocation, nor the page faults a fresh one
 /// brings); one that grew past this is let go.
 const KEPT_LINE_BYTES: usize = 8 * 1024 * 1024;
+
+/// The longest answer line read, its newline included: the largest output Conductor takes
+/// ([`MAX_OUTPUT_BYTES`](crate::assignment::MAX_OUTPUT_BYTES)) and room for the envelope and
+/// the escapes around it. A body writing more, or an endless line, fails its assignment
+/// terminally (no retry would make its answer fit) and the process is replaced, instead of
+/// the executor holding whatever it wrote.
+pub(crate) const MAX_LINE_BYTES: usize = crate::assignment::MAX_OUTPUT_BYTES + 1024 * 1024;
 
 /// How one call ended, when it did not produce a result.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -362,6 +369,7 @@ impl JsonlBody {
                 }
             }
             Err(error) => {
+                let too_long = matches!(error, ProtocolError::LineTooLong { .. });
                 let mut reason = error.to_string();
                 // Stdout closes a moment before the exit status is there to read.
                 let (exiting, doing) = match error {
@@ -369,7 +377,7 @@ impl JsonlBody {
                     ProtocolError::NotTaken { .. } => (true, "before it took the request for"),
                     _ => (false, "while running"),
                 };
-                if let Some(r) = guard.as_mut()
+                if let Some(r) = guard.as_mut().filter(|_| !too_long)
                     && let Ok(Some(status)) = if exiting {
                         tokio::time::timeout(EXIT_PATIENCE, r.child.wait())
                             .await
@@ -382,6 +390,12 @@ impl JsonlBody {
                         format!("body process exited ({status}) {doing} execution {execution_id}");
                 }
                 Self::discard(&mut guard).await;
+                if too_long {
+                    return Err(JsonlFailure::Error {
+                        message: reason,
+                        terminal: true,
+                    });
+                }
                 Err(JsonlFailure::Broken {
                     reason,
                     stderr_tail: self.tail(),
@@ -444,8 +458,11 @@ async fn exchange(
     let mut watch_stdin = true;
     loop {
         line.clear();
+        // One byte more than the cap: a line that reaches it is too long, whether or not its
+        // newline came with it.
+        let mut capped = (&mut *stdout).take(MAX_LINE_BYTES as u64 + 1);
         let read = {
-            let mut next = std::pin::pin!(stdout.read_line(line));
+            let mut next = std::pin::pin!(capped.read_line(line));
             loop {
                 tokio::select! {
                     read = &mut next => break read,
@@ -478,7 +495,11 @@ async fn exchange(
                 }
             }
         };
+        let too_long = capped.limit() == 0;
         let got = match read {
+            _ if too_long => Err(ProtocolError::LineTooLong {
+                limit: MAX_LINE_BYTES,
+            }),
             Ok(0) => {
                 if took_none_of(stdin, written) {
                     return Err(ProtocolError::NotTaken { why: "exited" });

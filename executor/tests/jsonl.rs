@@ -242,6 +242,39 @@ async fn a_result_above_the_limit_fails() {
     assert_eq!(ok, json!("x".repeat(1024)));
 }
 
+/// An answer line longer than any answer Conductor could take (here 40 MiB without a newline,
+/// the process then waiting) fails its assignment terminally, at once, naming both sizes, and
+/// a fresh process takes the next one. Before, the executor read on until the time limit,
+/// holding all of it (an endless line: until memory ran out).
+#[tokio::test]
+async fn an_answer_line_above_the_cap_fails_terminally_and_the_process_is_replaced() {
+    let (_dir, runner) = runner_of(
+        r#"
+import json, os, sys, time
+for line in sys.stdin:
+    req = json.loads(line)
+    if req["params"].get("flood"):
+        chunk = "x" * (1 << 20)
+        for _ in range(40):
+            sys.stdout.write(chunk)
+        sys.stdout.flush()
+        time.sleep(60)
+    print(json.dumps({"execution_id": req["execution_id"], "result": {"pid": os.getpid()}}), flush=True)
+"#,
+        60,
+    );
+    let first = pid_of(&runner, "e-before", json!({})).await;
+    let r = run(&runner, "e-flood", json!({"flood": true})).await;
+    let text = reason(&r, ResultStatus::FailedWithTerminalError);
+    assert!(
+        text.contains("answer line of more than 11534336 bytes")
+            && text.contains("at most 10485760 bytes"),
+        "{text}"
+    );
+    let next = pid_of(&runner, "e-after", json!({})).await;
+    assert_ne!(first, next, "the flooding process was replaced");
+}
+
 /// The persistent body's stderr is read by a task that outlives each assignment; its lines
 /// carry the ids of the assignment they were written during (its span), also when the next
 /// assignment follows at once: the end of an assignment waits until the reader has taken

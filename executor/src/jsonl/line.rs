@@ -100,6 +100,15 @@ pub(super) enum ProtocolError {
         /// What it did: `exited`, `closed its stdin`.
         why: &'static str,
     },
+    /// The answer line is longer than any answer Conductor could take.
+    #[error(
+        "the body process wrote an answer line of more than {limit} bytes; Conductor takes at most {} bytes of task output (maxTaskOutputPayloadSizeThreshold, 10240 KB)",
+        crate::assignment::MAX_OUTPUT_BYTES
+    )]
+    LineTooLong {
+        /// The longest line read, its newline included.
+        limit: usize,
+    },
     /// No answer within the assignment's time limit.
     #[error("body timed out after {seconds}s (task.timeout_seconds) and was stopped")]
     TimedOut {
