@@ -179,9 +179,10 @@ pub async fn fetch_task_input(
         )));
     }
     let shown = shown(&url);
-    let transport = |source| PayloadError::Transport {
+    // reqwest's errors name their URL, query and all: the signature must not reach a reason.
+    let transport = |source: reqwest::Error| PayloadError::Transport {
         uri: shown.clone(),
-        source,
+        source: source.without_url(),
     };
     // A client of the storage's own: no default header, so no credential of Conductor's.
     let client = crate::http::client_builder(uri)
@@ -306,6 +307,31 @@ mod tests {
         assert!(
             text.contains("HTTP 503") && !text.contains("s3cr3t"),
             "{text}"
+        );
+    }
+
+    /// A storage that cannot be reached: reqwest's error names the whole URL, which must not
+    /// reach the reason (nor any error in its chain).
+    #[tokio::test]
+    async fn an_unreachable_storage_never_shows_the_signature() {
+        let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = closed.local_addr().unwrap();
+        drop(closed);
+        let conductor =
+            conductor_answering(format!(r#"{{"uri": "http://{addr}/k.json?sig=s3cr3t"}}"#)).await;
+        let e = fetch_task_input(&conductor, "k.json", 1 << 20, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(!e.is_terminal());
+        let mut chain = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            chain.push_str(&format!(" / {s}"));
+            source = s.source();
+        }
+        assert!(
+            chain.contains(&format!("http://{addr}/k.json")) && !chain.contains("s3cr3t"),
+            "{chain}"
         );
     }
 
