@@ -2,6 +2,8 @@
 //! is needed), generates the tonic/prost code from the descriptor set, and writes the encoded
 //! descriptor set to OUT_DIR for gRPC server reflection.
 
+#![forbid(unsafe_code)]
+
 use prost::Message as _;
 use std::{env, fs, path::PathBuf};
 

@@ -8,6 +8,8 @@
 //! workspace polls`
 //! (default: all).
 
+#![forbid(unsafe_code)]
+
 mod perago;
 mod procs;
 mod python;

@@ -36,7 +36,7 @@ pub(crate) enum Event {
         reply: oneshot::Sender<Result<(u32, u64), Status>>,
         /// A handle on the process that opened the stream, when it is the one the hello names
         /// (to kill it if it stalls; `None` in thread mode).
-        process: Option<perago_core::process::pidfd::ProcessHandle>,
+        process: Option<perago_sys::reaper::pidfd::ProcessHandle>,
     },
     /// A message of an attached executor, or the end of its stream.
     Slot(Input),
@@ -90,7 +90,7 @@ pub(crate) struct Actor {
     /// The gRPC health service, told NOT_SERVING once a drain starts (`None` when not served).
     health: Option<tonic_health::server::HealthReporter>,
     /// Per slot: the attached generation's process handle, to kill it if it stalls.
-    processes: HashMap<u32, (u64, perago_core::process::pidfd::ProcessHandle)>,
+    processes: HashMap<u32, (u64, perago_sys::reaper::pidfd::ProcessHandle)>,
     /// The liveness clock's period (`PERAGO_STALL_TIMEOUT` / 3), when liveness is on.
     ping_every: Option<Duration>,
     /// What queue-depth reads learned: whether the last one failed (so a failure is logged
@@ -484,7 +484,7 @@ impl Actor {
                 why,
             } => match self.processes.remove(&slot) {
                 Some((g, process)) if g == generation => {
-                    match process.signal(perago_core::process::SIGKILL) {
+                    match process.signal(perago_sys::signal::SIGKILL) {
                         Ok(()) => tracing::warn!(
                             slot,
                             generation,

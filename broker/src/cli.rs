@@ -119,17 +119,17 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
 /// Runs the broker process; returns the exit code.
 pub fn main() -> i32 {
     // Payloads up to megabytes reuse warm memory instead of fresh pages for every task.
-    perago_core::process::retain_freed_memory();
+    perago_sys::memory::retain_freed_memory();
     // Hold the workspace root's lock for as long as this process lives, but never pass it on.
-    perago_core::process::adopt_root_lock(
-        std::env::var(perago_core::process::ROOT_LOCK_FD)
+    perago_sys::fd::adopt_root_lock(
+        std::env::var(perago_core::env::PERAGO_ROOT_LOCK_FD)
             .ok()
             .as_deref(),
     );
     // It holds the control token and the Conductor credentials: no other process of this
     // user may read its memory or /proc/<pid>/environ. Its secrets come over a socket, asked for
     // only after.
-    if let Err(e) = perago_core::process::set_non_dumpable() {
+    if let Err(e) = perago_sys::memory::set_non_dumpable() {
         eprintln!("warning: cannot make the broker non-dumpable: {e}");
     }
     // No setting may fall back to its default because its value is not UTF-8.

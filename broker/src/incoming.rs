@@ -12,7 +12,7 @@
 //!   [`Limits::first_request_within`].
 //! - EMFILE/ENFILE (and ENOBUFS/ENOMEM) back off 10 ms → 1 s instead of spinning, evicting
 //!   the oldest waiting connection to give a descriptor back.
-//! - `perago_core::process::raise_nofile_limit` lifts the soft descriptor limit to the hard one at start, and the
+//! - `perago_sys::rlimit::raise_nofile_limit` lifts the soft descriptor limit to the hard one at start, and the
 //!   connection bound leaves at least half the table (and 64 descriptors) to everything else:
 //!   the Conductor client, the metrics listener, logs.
 //!

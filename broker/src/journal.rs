@@ -22,10 +22,10 @@ use perago_core::{
     attempt::{AttemptSnapshot, TaskStatus},
     backoff::Backoff,
     conductor::{ConductorClient, ConductorError},
-    process::{
-        dirfd::{Dir, EntryKind},
-        euid,
-    },
+};
+use perago_sys::{
+    fd::dir::{Dir, EntryKind},
+    user::euid,
 };
 use serde_json::{Value, json};
 use std::{
@@ -518,7 +518,7 @@ impl Journal {
             return Err("not an entry file".into());
         }
         let file = self.dir.open_file(name).map_err(|e| e.to_string())?;
-        let stat = perago_core::process::dirfd::fstat(std::os::fd::AsFd::as_fd(&file))
+        let stat = perago_sys::fd::dir::fstat(std::os::fd::AsFd::as_fd(&file))
             .map_err(|e| e.to_string())?;
         if stat.kind != EntryKind::File {
             return Err("not a regular file".into());

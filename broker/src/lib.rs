@@ -6,6 +6,8 @@
 //! Inside: one actor ([`state`]) owns every slot; the poller, the gRPC services and the
 //! reporters talk to it by message. See `docs/runtime.md`.
 
+#![forbid(unsafe_code)]
+
 mod actor;
 mod admission;
 mod applied;
@@ -91,7 +93,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     // Descriptors: as many as allowed, and the socket's connections bounded to a share of
     // them (see `incoming`), so a flood of connections cannot starve the executors' streams,
     // `status` or the Conductor client.
-    let nofile = perago_core::process::raise_nofile_limit();
+    let nofile = perago_sys::rlimit::raise_nofile_limit();
     let limits = incoming::Limits::for_descriptors(nofile, config.capacity.max_executors);
     let (listener, _socket_guard) =
         socket::bind(&config.socket)

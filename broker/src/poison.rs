@@ -222,7 +222,7 @@ pub(crate) fn judge(exit: Option<ExitEvidence>, slot: SlotState) -> Verdict {
     }
     match (exit.signal, exit.exit_code) {
         (Some(signal), _) => {
-            if SELF_INFLICTED_SIGNALS.contains(&perago_core::process::signal_name(signal)) {
+            if SELF_INFLICTED_SIGNALS.contains(&perago_sys::signal::signal_name(signal)) {
                 Verdict::SelfInflicted
             } else {
                 Verdict::Outside

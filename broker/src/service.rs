@@ -72,7 +72,7 @@ impl Slot for SlotService {
         let process = peer_pid
             .and_then(|pid| u32::try_from(pid).ok())
             .filter(|pid| *pid == hello.pid)
-            .and_then(|pid| perago_core::process::pidfd::ProcessHandle::open(pid).ok());
+            .and_then(|pid| perago_sys::reaper::pidfd::ProcessHandle::open(pid).ok());
         let (tx, rx) = mpsc::channel(16);
         let (slot, generation) = ask(&self.events, |reply| Event::Hello {
             hello,

@@ -1285,7 +1285,7 @@ impl Machine {
             self.send(
                 number,
                 generation,
-                stop_message(perago_core::process::STOP_RECYCLE),
+                stop_message(perago_core::recycle::STOP_RECYCLE),
             );
         }
     }

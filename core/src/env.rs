@@ -34,6 +34,11 @@ pub const PERAGO_SHUTDOWN_FORCE_KILL_AFTER: &str = "PERAGO_SHUTDOWN_FORCE_KILL_A
 /// The descriptor a runtime child reads its secrets from (a JSON object of variable names and
 /// values), so that they are never in its environment.
 pub const PERAGO_SECRETS_FD: &str = "PERAGO_SECRETS_FD";
+/// The variable that tells a runtime child (broker, executor) which file descriptor holds the
+/// workspace root's lock. The supervisor leaves that descriptor open across `exec`, so the
+/// `flock` stays held until the last process of the runtime has exited (see `docs/supervisor.md`,
+/// "Workspace root lock"); the child adopts it with `perago_sys::fd::adopt_root_lock`.
+pub const PERAGO_ROOT_LOCK_FD: &str = "PERAGO_ROOT_LOCK_FD";
 
 /// Address for Prometheus metrics, e.g. `127.0.0.1:9464`; unset = off. Read by the broker.
 pub const PERAGO_METRICS_ADDR: &str = "PERAGO_METRICS_ADDR";
@@ -99,7 +104,7 @@ pub const SECRET_VARS: [&str; 6] = [
 /// The lookup a runtime child (broker, executor) reads its configuration with: the secrets the
 /// supervisor handed over on [`PERAGO_SECRETS_FD`] (read once, here), then the environment.
 /// Receiving turns this process non-dumpable first, then asks for the secrets (see
-/// [`crate::process::secrets`]). A channel that is missing, not a socket or broken leaves only
+/// [`crate::secrets`]). A channel that is missing, not a socket or broken leaves only
 /// the environment, with a warning on stderr when one was named.
 pub fn secrets_then_env() -> impl Fn(&str) -> Option<String> + use<> {
     let secrets: std::collections::BTreeMap<String, String> = std::env::var(PERAGO_SECRETS_FD)
@@ -110,7 +115,7 @@ pub fn secrets_then_env() -> impl Fn(&str) -> Option<String> + use<> {
                 .parse()
                 .map_err(|_| format!("{PERAGO_SECRETS_FD} is not a descriptor number: {fd:?}"))
                 .and_then(|fd| {
-                    crate::process::secrets::receive(fd)
+                    crate::secrets::receive(fd)
                         .map_err(|e| format!("cannot take the secrets on descriptor {fd}: {e}"))
                 })
                 .and_then(|bytes| {

@@ -3,8 +3,10 @@
 //! durations and byte sizes, available memory (cgroup v2 aware), the environment variables,
 //! and the Conductor TaskDef a manifest describes.
 //!
-//! This crate depends on no other perago crate: the broker, the executors and the supervisor
-//! all build on it.
+//! It calls no libc function itself: the system layer is `perago-sys`, the one perago crate
+//! it depends on. The broker, the executors and the supervisor all build on it.
+
+#![forbid(unsafe_code)]
 
 pub mod attempt;
 pub mod backoff;
@@ -23,9 +25,10 @@ pub mod memory;
 pub mod metrics_text;
 pub mod mode;
 pub mod owner;
-pub mod process;
+pub mod recycle;
 pub mod result;
 pub mod rss;
+pub mod secrets;
 pub mod shape;
 pub mod taskdef;
 pub mod units;

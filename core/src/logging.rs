@@ -225,7 +225,7 @@ impl RotatingFile {
             .create(dir)?;
         // Through a descriptor of the folder itself: a symlink put in its place is refused,
         // not followed to chmod what it points at.
-        crate::process::dirfd::Dir::open(dir)?.chmod(0o700)?;
+        perago_sys::fd::dir::Dir::open(dir)?.chmod(0o700)?;
         let file = open_log(&dir.join(FILE_NAME))?;
         file.set_permissions(fs::Permissions::from_mode(0o600))?;
         let size = file.metadata()?.len();

@@ -20,7 +20,7 @@ pub fn tree_rss(pid: u32) -> io::Result<u64> {
         else {
             continue;
         };
-        if let Some(stat) = crate::process::stat(child)
+        if let Some(stat) = perago_sys::proc::stat(child)
             && stat.state != 'Z'
         {
             links.push((child, stat.ppid));

@@ -3,6 +3,8 @@
 //! mutations of a valid manifest. The reader must never panic or hang, and every refusal is
 //! one clear line per problem, each naming the file.
 
+#![forbid(unsafe_code)]
+
 use perago_core::manifest::Manifest;
 use proptest::prelude::*;
 use std::path::Path;

@@ -1,5 +1,7 @@
 //! Properties of the pure logic that must hold for every input, not just the examples.
 
+#![forbid(unsafe_code)]
+
 use perago_core::{
     manifest::Manifest,
     result::{MAX_REASON_CHARS, Reason},

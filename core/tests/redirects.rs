@@ -3,6 +3,8 @@
 //! no key secret (`/token`), no `X-Authorization` token, no task result — and the request
 //! fails with an error naming the status and the target.
 
+#![forbid(unsafe_code)]
+
 use perago_core::conductor::{ConductorClient, ConductorError, Credentials};
 use serde_json::json;
 use std::{

@@ -9,6 +9,8 @@
 //! into main, then downloads them the way a worker does: list pages of 1000 at the merge
 //! commit, and one GET per object.
 
+#![forbid(unsafe_code)]
+
 use std::time::{Duration, Instant};
 
 use perago_devstack::lakefs::LakefsServer;

@@ -9,6 +9,8 @@
 //! one keep-alive HTTP connection: `batch poll (count 1) + POST /api/tasks` (two requests per
 //! task), and `POST /api/tasks/update-v2` chaining (one request per task, as the SDKs do).
 
+#![forbid(unsafe_code)]
+
 use std::time::{Duration, Instant};
 
 use perago_devstack::conductor::ConductorServer;

@@ -4,6 +4,7 @@
 //!
 //! The README below is the crate documentation; its examples are compiled as doctests.
 #![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
 
 pub mod cli;
 pub mod conductor;

@@ -3,6 +3,8 @@
 //! started by the supervisor in place of `perago-executor` because the manifest names it in
 //! `body.executor`.
 
+#![forbid(unsafe_code)]
+
 use perago_executor::task::{Task, TaskContext, TaskError};
 use serde_json::{Map, Value, json};
 

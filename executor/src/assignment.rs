@@ -11,7 +11,6 @@ use crate::{
         lakefs::{LakefsClient, LakefsConfigError},
     },
 };
-use perago_core::process::dirfd::{Dir, EntryKind, fstat};
 use perago_core::{
     attempt::AttemptSnapshot,
     command::{CommandError, resolve_program},
@@ -21,6 +20,7 @@ use perago_core::{
     shape::{parse_input, workspace_free_output, workspace_output},
 };
 use perago_proto::slot::v1::Phase;
+use perago_sys::fd::dir::{Dir, EntryKind, fstat};
 use serde_json::{Map, Value};
 use std::{ffi::OsStr, sync::Arc, time::Duration};
 
@@ -59,7 +59,7 @@ pub enum RunnerError {
     Unsupported(&'static str),
     /// `body.user` cannot be used.
     #[error(transparent)]
-    User(#[from] perago_core::process::UserError),
+    User(#[from] perago_sys::user::UserError),
 }
 
 #[derive(Debug, Clone)]
@@ -184,7 +184,7 @@ impl AssignmentRunner {
             .body
             .user
             .as_deref()
-            .map(perago_core::process::body_user)
+            .map(perago_sys::user::body_user)
             .transpose()
             .map_err(RunnerError::User)?;
         let env: Vec<(String, String)> = manifest
@@ -643,7 +643,7 @@ impl AssignmentRunner {
         let threads = Arc::clone(&self.body_threads);
         let work = tokio::task::spawn_blocking(move || {
             if let Ok(mut threads) = threads.lock() {
-                let tid = perago_core::process::current_tid();
+                let tid = perago_sys::reaper::current_tid();
                 if !threads.contains(&tid) {
                     threads.push(tid);
                 }
@@ -708,7 +708,7 @@ impl AssignmentRunner {
     }
 
     /// The threads Rust bodies ran on since the last call (see
-    /// [`perago_core::process::kill_adopted_below`]).
+    /// [`perago_sys::reaper::kill_adopted_below`]).
     pub fn take_body_threads(&self) -> Vec<u32> {
         self.body_threads
             .lock()
@@ -1010,7 +1010,7 @@ mod tests {
     #[test]
     fn a_handed_over_workspace_is_the_body_users_and_closed_to_others() {
         use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _, symlink};
-        if perago_core::process::euid() != 0 {
+        if perago_sys::user::euid() != 0 {
             eprintln!("skipped: handing files to another user needs root");
             return;
         }

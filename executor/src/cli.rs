@@ -75,7 +75,7 @@ pub fn identity_from(
     let recycle = crate::recycle::RecycleLimits::from_lookup(&lookup)?;
     let completions = lookup(PERAGO_COMPLETION_FD)
         .and_then(|fd| fd.parse().ok())
-        .and_then(perago_core::process::adopt_fd)
+        .and_then(perago_sys::fd::adopt_fd)
         .map(Arc::new);
     Ok((
         SlotIdentity {
@@ -126,22 +126,22 @@ pub fn main() -> i32 {
 /// command; returns the exit code.
 pub(crate) fn main_with(task: Option<Arc<dyn crate::task::Task>>) -> i32 {
     // Payloads up to megabytes reuse warm memory instead of fresh pages for every task.
-    perago_core::process::retain_freed_memory();
+    perago_sys::memory::retain_freed_memory();
     // This process holds the workspace root's lock (inherited from the supervisor) until it
     // exits; close-on-exec keeps it from every body, which might daemonize and outlive us.
-    perago_core::process::adopt_root_lock(
-        std::env::var(perago_core::process::ROOT_LOCK_FD)
+    perago_sys::fd::adopt_root_lock(
+        std::env::var(perago_core::env::PERAGO_ROOT_LOCK_FD)
             .ok()
             .as_deref(),
     );
     // It holds its slot token and the lakeFS credentials: no body of the same user may read
     // its memory or /proc/<pid>/environ. Its secrets come over a socket, asked for only after.
-    if let Err(e) = perago_core::process::set_non_dumpable() {
+    if let Err(e) = perago_sys::memory::set_non_dumpable() {
         eprintln!("warning: cannot make the executor non-dumpable: {e}");
     }
     // A publication holds a descriptor on every folder of the workspace and on every file it
     // uploads, from the check to the upload (see `workspace::scan`).
-    perago_core::process::raise_nofile_limit();
+    perago_sys::rlimit::raise_nofile_limit();
     // No setting may fall back to its default because its value is not UTF-8.
     if let Err(errors) = perago_core::env::check_process_environment() {
         errors.iter().for_each(|e| eprintln!("error: {e}"));
@@ -172,7 +172,7 @@ pub(crate) fn main_with(task: Option<Arc<dyn crate::task::Task>>) -> i32 {
     }
     // Whatever a body starts and leaves behind is re-parented here, not to init, so it can
     // be killed when the assignment ends.
-    if let Err(e) = perago_core::process::become_subreaper() {
+    if let Err(e) = perago_sys::reaper::become_subreaper() {
         tracing::warn!(error = %e, "cannot become a child subreaper: processes a body detaches may outlive it");
     }
     let path = std::env::var_os("PATH");
@@ -222,7 +222,7 @@ pub(crate) fn main_with(task: Option<Arc<dyn crate::task::Task>>) -> i32 {
             Ok(Served::Stopped) => 0,
             Ok(Served::Recycled(why)) => {
                 tracing::info!(worker_id = %identity.worker_id, "executor recycled ({why}); exiting for the next generation");
-                perago_core::process::EXIT_RECYCLED
+                perago_core::recycle::EXIT_RECYCLED
             }
             Err(e) => {
                 tracing::error!(error = %e, "slot loop ended");

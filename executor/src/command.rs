@@ -2,7 +2,11 @@
 //! group, JSON on stdin, stdout captured up to a cap, the tail of stderr kept for the failure
 //! reason, and a time limit enforced with SIGTERM, a grace period, then SIGKILL.
 
-use perago_core::process as unix;
+use perago_sys::{
+    Spawn,
+    reaper::kill_adopted_below,
+    signal::{SIGKILL, SIGTERM, SIGUSR1, signal_group, signal_name, signal_process},
+};
 use std::{
     io,
     os::fd::OwnedFd,
@@ -114,7 +118,7 @@ impl Ended {
     pub fn describe(self) -> String {
         match self {
             Self::Exited(code) => format!("exit status {code}"),
-            Self::Signaled(signal) => format!("signal {signal} ({})", unix::signal_name(signal)),
+            Self::Signaled(signal) => format!("signal {signal} ({})", signal_name(signal)),
             Self::TimedOut => "timed out".to_owned(),
         }
     }
@@ -152,24 +156,29 @@ pub(crate) const RUNTIME_SECRETS: [&str; 3] = [
 /// this, and its manifest's `body.env`.
 const RUNTIME_PREFIXES: [&str; 3] = ["PERAGO_", "CONDUCTOR_", "LAKEFS_"];
 
-/// Removes the runtime's variables ([`RUNTIME_PREFIXES`], [`RUNTIME_SECRETS`]) from a body's
-/// environment, and keeps every descriptor of the executor but stdio from it: a body must
-/// never hold the workspace root's lock (a daemon it leaves behind would keep the root locked
-/// forever), the completion pipe or a socket of the runtime.
-pub(crate) fn strip_runtime_secrets(cmd: &mut tokio::process::Command) {
-    for name in RUNTIME_SECRETS
-        .iter()
-        .chain(&perago_core::env::SYSTEMD_NOTIFY_VARS)
-    {
-        cmd.env_remove(name);
+/// How every body starts, a command body (and a guardrail) for one run and a `jsonl` body for
+/// many alike: so what a body inherits is decided here once, and in [`Spawn`]. It runs
+/// `spec.program` (under the body guard in thread mode) with `spec.args` in `spec.dir`, as
+/// `spec.user` if set, with the executor's environment less the runtime's variables
+/// ([`inherited_environment`]), then `spec.env`, then `env` (the per-task variables). From
+/// [`Spawn`] it gets: three pipes as stdio and no other descriptor of the executor (a body must
+/// never hold the workspace root's lock, which a daemon it leaves behind would keep forever,
+/// nor the completion pipe or a socket of the runtime), a process group of its own, an empty
+/// signal mask with caught signals and SIGPIPE at their default, and SIGKILL when the spawning
+/// thread dies.
+pub(crate) fn body_spawn(spec: &CommandSpec, env: &[(String, String)]) -> Spawn {
+    let mut body = Spawn::body(&spec.program);
+    body.args(&spec.args)
+        .current_dir(&spec.dir)
+        .death_signal(SIGKILL)
+        .base_env(inherited_environment());
+    for (name, value) in spec.env.iter().chain(env) {
+        body.env(name, value);
     }
-    for (name, _) in std::env::vars_os() {
-        let text = name.to_string_lossy();
-        if RUNTIME_PREFIXES.iter().any(|p| text.starts_with(p)) {
-            cmd.env_remove(&name);
-        }
+    if let Some((uid, gid)) = spec.user {
+        body.user(uid, gid);
     }
-    unix::inherit_only_stdio(cmd);
+    body
 }
 
 /// Runs `spec` with `stdin` as its standard input, within `limits`.
@@ -188,18 +197,7 @@ pub async fn run_with_soft_limit(
     soft: Option<&SoftLimit>,
 ) -> io::Result<Finished> {
     let started = Instant::now();
-    let mut body = unix::Spawn::body(&spec.program);
-    body.args(&spec.args)
-        .current_dir(&spec.dir)
-        .death_signal(unix::SIGKILL)
-        .base_env(inherited_environment());
-    for (name, value) in &spec.env {
-        body.env(name, value);
-    }
-    if let Some((uid, gid)) = spec.user {
-        body.user(uid, gid);
-    }
-    let (mut child, managed) = body.spawn()?;
+    let (mut child, managed) = body_spawn(spec, &[]).spawn()?;
     let pgid = managed.pid();
     let start = tokio::time::Instant::now();
     let kept = Arc::new(Mutex::new(Kept::new(limits.max_stdout)));
@@ -234,10 +232,10 @@ pub async fn run_with_soft_limit(
     // `setsid`) re-parented to this subreaper: end it all, so its pipes close and nothing
     // outlives the assignment. On every path: the slot does not look again after a command
     // body (see `AssignmentRunner::collects_leftovers`).
-    let group_killed = unix::signal_group(pgid, unix::SIGKILL);
+    let group_killed = signal_group(pgid, SIGKILL);
     // Commands are spawned by the runtime's (main) thread: its children and the orphans
     // handed to it are all there is to look at.
-    let killed = unix::kill_adopted_below(&[]);
+    let killed = kill_adopted_below(&[]);
     if killed > 0 {
         tracing::info!(
             pgid,
@@ -343,7 +341,7 @@ fn drain_now(pipe: OwnedFd, mut sink: impl FnMut(&[u8])) -> Option<OwnedFd> {
 /// the child at the soft limit, SIGTERM to its group at the hard one, SIGKILL after the grace
 /// period.
 async fn wait_within_limits(
-    child: &mut unix::Child,
+    child: &mut perago_sys::Child,
     pgid: u32,
     start: tokio::time::Instant,
     limits: &RunLimits,
@@ -366,7 +364,7 @@ async fn wait_within_limits(
             tokio::select! {
                 _ = tokio::time::sleep_until(soft_at) => {
                     soft.log("SIGUSR1");
-                    unix::signal_process(pgid, unix::SIGUSR1)?;
+                    signal_process(pgid, SIGUSR1)?;
                 }
                 _ = child.wait() => {}
             }
@@ -379,13 +377,13 @@ async fn wait_within_limits(
             Ok(status) => Ended::from_status(status?),
             Err(_) => {
                 tracing::warn!(pgid, ?limit, "command hit its time limit; sending SIGTERM");
-                unix::signal_group(pgid, unix::SIGTERM)?;
+                signal_group(pgid, SIGTERM)?;
                 if tokio::time::timeout(limits.kill_grace, child.wait())
                     .await
                     .is_err()
                 {
                     tracing::warn!(pgid, grace = ?limits.kill_grace, "command ignored SIGTERM; sending SIGKILL");
-                    unix::signal_group(pgid, unix::SIGKILL)?;
+                    signal_group(pgid, SIGKILL)?;
                     child.wait().await?;
                 }
                 Ended::TimedOut
@@ -419,12 +417,13 @@ fn feed(pipe: OwnedFd, input: Vec<u8>) -> io::Result<Option<JoinHandle<()>>> {
     Ok(None)
 }
 
-/// What a body inherits of the executor's environment: all but the runtime's variables (see
-/// [`strip_runtime_secrets`]). Read once: the executor never changes its environment.
-fn inherited_environment() -> &'static unix::Environment {
-    static INHERITED: OnceLock<unix::Environment> = OnceLock::new();
+/// What a body inherits of the executor's environment: all but the runtime's variables
+/// ([`RUNTIME_PREFIXES`], [`RUNTIME_SECRETS`], systemd's notification variables). Read once:
+/// the executor never changes its environment.
+fn inherited_environment() -> &'static perago_sys::Environment {
+    static INHERITED: OnceLock<perago_sys::Environment> = OnceLock::new();
     INHERITED.get_or_init(|| {
-        unix::Environment::new(std::env::vars_os().filter(|(name, _)| {
+        perago_sys::Environment::new(std::env::vars_os().filter(|(name, _)| {
             let text = name.to_string_lossy();
             !RUNTIME_SECRETS.contains(&&*text)
                 && !perago_core::env::SYSTEMD_NOTIFY_VARS.contains(&&*text)
@@ -633,7 +632,7 @@ mod tests {
                     && e.file_name()
                         .to_str()
                         .and_then(|p| p.parse().ok())
-                        .and_then(unix::stat)
+                        .and_then(perago_sys::proc::stat)
                         .is_some_and(|s| s.state != 'Z')
             })
             .count()
@@ -696,7 +695,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_double_forked_setsid_daemon_holding_stdout_neither_delays_nor_spoils_the_result() {
-        unix::become_subreaper().unwrap();
+        perago_sys::reaper::become_subreaper().unwrap();
         let marker = format!("9000.{}1", std::process::id());
         let dir = tempfile::tempdir().unwrap();
         // The body exits only once the daemon has left its group and session.
@@ -723,7 +722,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_background_job_of_a_timed_out_body_is_killed_with_it() {
-        unix::become_subreaper().unwrap();
+        perago_sys::reaper::become_subreaper().unwrap();
         let marker = format!("9000.{}2", std::process::id());
         let limits = RunLimits {
             timeout: Some(Duration::from_millis(300)),

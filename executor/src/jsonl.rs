@@ -28,12 +28,18 @@ pub(crate) use line::Request;
 use line::{Answer, ProtocolError, answer};
 
 use crate::command::{CommandSpec, SoftLimit};
-use perago_core::{json::RawJson, process};
+use perago_core::json::RawJson;
+use perago_sys::{
+    Child, Managed,
+    fd::{pipe_state, readable_bytes, set_pipe_size},
+    reaper::kill_adopted,
+    signal::{SIGKILL, signal_group},
+};
 use serde_json::json;
-use std::{collections::VecDeque, process::Stdio, sync::Arc, time::Duration};
+use std::{collections::VecDeque, sync::Arc, time::Duration};
 use tokio::{
     io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
-    process::{Child, ChildStdin, ChildStdout},
+    net::unix::pipe,
     sync::Mutex,
 };
 
@@ -76,9 +82,9 @@ pub(crate) enum JsonlFailure {
 struct Running {
     child: Child,
     /// The process's pid and group, kept out of `kill_adopted` while it runs.
-    managed: process::Managed,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
+    managed: Managed,
+    stdin: pipe::Sender,
+    stdout: BufReader<pipe::Receiver>,
     /// The request line being written.
     request: String,
     /// The answer line being read.
@@ -88,7 +94,7 @@ struct Running {
     stderr_pending: std::os::fd::OwnedFd,
     /// A second descriptor of the stdin pipe's write end, never written to: its error
     /// readiness wakes the exchange when the body closes its stdin (every reader gone).
-    stdin_closed: tokio::net::unix::pipe::Sender,
+    stdin_closed: pipe::Sender,
     /// The execution whose answer this process gave last.
     answered: Option<String>,
     /// The process wrote a line nobody asked for: replace it after this assignment.
@@ -104,17 +110,16 @@ impl Running {
             return Some(format!("exited ({status})"));
         }
         let stdout = self.stdout.get_ref().as_raw_fd();
-        let unread =
-            self.stdout.buffer().len() + process::readable_bytes(stdout).unwrap_or_default();
+        let unread = self.stdout.buffer().len() + readable_bytes(stdout).unwrap_or_default();
         if unread > 0 {
             return Some(format!(
                 "wrote {unread} bytes on its stdout that no request asked for"
             ));
         }
-        if process::pipe_state(stdout).is_ok_and(|s| s.hung_up) {
+        if pipe_state(stdout).is_ok_and(|s| s.hung_up) {
             return Some("closed its stdout".to_owned());
         }
-        if process::pipe_state(self.stdin.as_raw_fd()).is_ok_and(|s| s.broken) {
+        if pipe_state(self.stdin.as_raw_fd()).is_ok_and(|s| s.broken) {
             return Some("closed its stdin".to_owned());
         }
         None
@@ -155,45 +160,31 @@ impl JsonlBody {
     }
 
     fn start(&self, env: &[(String, String)]) -> std::io::Result<Running> {
-        let mut cmd = process::body_command(&self.spec.program);
-        crate::command::strip_runtime_secrets(&mut cmd);
-        if let Some((uid, gid)) = self.spec.user {
-            cmd.uid(uid).gid(gid);
-        }
-        cmd.args(&self.spec.args)
-            .current_dir(&self.spec.dir)
-            .envs(self.spec.env.iter().map(|(k, v)| (k, v)))
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        process::isolate(&mut cmd, process::SIGKILL);
-        let (mut child, managed) = process::spawn(&mut cmd)?;
+        // Started as a command body is (see `body_spawn`); dropped before it was waited for,
+        // it is killed.
+        let (mut child, managed) = crate::command::body_spawn(&self.spec, env).spawn()?;
         let pgid = managed.pid();
         let stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
         // A megabyte payload crosses in one write and one read each way, not a wake-up of
         // both processes per 64 KiB (best effort: the default size still works).
         {
             use std::os::fd::AsRawFd as _;
-            for fd in [
-                stdin.as_raw_fd(),
-                child.stdout.as_ref().expect("piped").as_raw_fd(),
-            ] {
-                let _ = process::set_pipe_size(fd, PIPE_BYTES);
+            for fd in [stdin.as_raw_fd(), stdout.as_raw_fd()] {
+                let _ = set_pipe_size(fd, PIPE_BYTES);
             }
         }
-        let stdout = BufReader::with_capacity(STDOUT_BUFFER, child.stdout.take().expect("piped"));
-        let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(
-            child.stderr.take().expect("piped").into_owned_fd()?,
-        )?;
+        let stdin = pipe::Sender::from_owned_fd(stdin)?;
+        let stdout =
+            BufReader::with_capacity(STDOUT_BUFFER, pipe::Receiver::from_owned_fd(stdout)?);
+        let stderr = pipe::Receiver::from_owned_fd(child.stderr.take().expect("piped"))?;
         let stderr_pending = {
             use std::os::fd::AsFd as _;
             stderr.as_fd().try_clone_to_owned()?
         };
         let stdin_closed = {
             use std::os::fd::AsFd as _;
-            tokio::net::unix::pipe::Sender::from_owned_fd(stdin.as_fd().try_clone_to_owned()?)?
+            pipe::Sender::from_owned_fd(stdin.as_fd().try_clone_to_owned()?)?
         };
         let tail = Arc::clone(&self.stderr_tail);
         let log = Arc::clone(&self.stderr_log);
@@ -244,10 +235,10 @@ impl JsonlBody {
     /// subreaper) so the next call starts a fresh one.
     async fn discard(running: &mut Option<Running>) {
         if let Some(mut r) = running.take() {
-            let _ = process::signal_group(r.managed.pid(), process::SIGKILL);
+            let _ = signal_group(r.managed.pid(), SIGKILL);
             let _ = r.child.wait().await;
             drop(r);
-            process::kill_adopted();
+            kill_adopted();
         }
     }
 
@@ -260,8 +251,7 @@ impl JsonlBody {
         loop {
             {
                 let mut log = self.stderr_log.lock().expect("not poisoned");
-                let empty =
-                    pending.is_none_or(|fd| process::readable_bytes(fd).is_ok_and(|n| n == 0));
+                let empty = pending.is_none_or(|fd| readable_bytes(fd).is_ok_and(|n| n == 0));
                 if empty || tokio::time::Instant::now() >= deadline {
                     log.finish();
                     return;
@@ -535,7 +525,7 @@ async fn exchange(
             Ok(answer) => {
                 use std::os::fd::AsRawFd as _;
                 let more = stdout.buffer().len()
-                    + process::readable_bytes(stdout.get_ref().as_raw_fd()).unwrap_or_default();
+                    + readable_bytes(stdout.get_ref().as_raw_fd()).unwrap_or_default();
                 if more > 0 {
                     return Err(ProtocolError::MoreThanTheAnswer {
                         execution_id: execution_id.to_owned(),
@@ -551,9 +541,9 @@ async fn exchange(
 
 /// Whether the body has taken none of the `written` bytes on its stdin: they are all still
 /// in the pipe.
-fn took_none_of(stdin: &ChildStdin, written: usize) -> bool {
+fn took_none_of(stdin: &pipe::Sender, written: usize) -> bool {
     use std::os::fd::AsRawFd as _;
-    process::readable_bytes(stdin.as_raw_fd()).is_ok_and(|unread| unread == written)
+    readable_bytes(stdin.as_raw_fd()).is_ok_and(|unread| unread == written)
 }
 
 /// Lets a line buffer go when it grew past [`KEPT_LINE_BYTES`].

@@ -8,6 +8,8 @@
 //! size), [`task`] (the `Task` trait for Rust task binaries), [`workspace`] (the
 //! lakeFS workspace flow) and [`wire`] (slot-protocol conversions).
 
+#![forbid(unsafe_code)]
+
 pub mod assignment;
 pub mod cli;
 pub mod command;

@@ -1,7 +1,7 @@
 //! Executor recycling (`--max-tasks-per-executor`, `--max-executor-memory`): after each
 //! assignment the executor checks its limits; one that is reached goes with the completion to
 //! the broker, which answers with `Stop{reason: "recycle"}`, and the executor exits with
-//! [`EXIT_RECYCLED`](perago_core::process::EXIT_RECYCLED) so the supervisor starts the next
+//! [`EXIT_RECYCLED`](perago_core::recycle::EXIT_RECYCLED) so the supervisor starts the next
 //! generation at once.
 
 use perago_core::capacity::Capacity;

@@ -100,7 +100,7 @@ pub enum Served {
     /// The broker said stop (a drain), or a signal asked for it.
     Stopped,
     /// A recycling limit was reached (the reason says which) and the broker said stop: exit
-    /// with [`EXIT_RECYCLED`](perago_core::process::EXIT_RECYCLED).
+    /// with [`EXIT_RECYCLED`](perago_core::recycle::EXIT_RECYCLED).
     Recycled(String),
 }
 
@@ -291,15 +291,15 @@ async fn run_watching_broker(
             grace_s = BROKER_GONE_GRACE.as_secs(),
             "the broker is gone while an assignment runs ({error}): its result cannot be reported; stopping the body (SIGTERM, then SIGKILL)"
         );
-        perago_core::process::signal_managed(perago_core::process::SIGTERM);
+        perago_sys::reaper::signal_managed(perago_sys::signal::SIGTERM);
         if tokio::time::timeout(BROKER_GONE_GRACE, &mut work)
             .await
             .is_err()
         {
-            perago_core::process::signal_managed(perago_core::process::SIGKILL);
+            perago_sys::reaper::signal_managed(perago_sys::signal::SIGKILL);
         }
     }
-    perago_core::process::kill_adopted();
+    perago_sys::reaper::kill_adopted();
     Err(error)
 }
 
@@ -458,7 +458,7 @@ pub async fn serve(
                 // with the assignment (a command body's run has seen to it already).
                 if !runner.collects_leftovers() {
                     let threads = runner.take_body_threads();
-                    let killed = perago_core::process::kill_adopted_below(&threads);
+                    let killed = perago_sys::reaper::kill_adopted_below(&threads);
                     if killed > 0 {
                         span.in_scope(|| {
                             tracing::info!(

@@ -1,6 +1,8 @@
 //! One assignment, start to result, with real shell bodies and guardrails: every failure kind
 //! of SPEC §5 produces its status and a reason a person can act on.
 
+#![forbid(unsafe_code)]
+
 use perago_core::{
     attempt::AttemptSnapshot,
     manifest::Manifest,
@@ -434,7 +436,7 @@ async fn a_body_inherits_no_descriptor_of_its_executor_but_stdio() {
     // As the workspace root's lock is in an executor: open and inheritable.
     let lock = tempfile::NamedTempFile::new().unwrap();
     let fd = lock.as_file().as_raw_fd();
-    perago_core::process::set_cloexec(fd, false).unwrap();
+    perago_sys::fd::set_cloexec(fd, false).unwrap();
     let task = Task::new(
         r#"read params
 fd=$(printf '%s' "$params" | tr -cd 0-9)
@@ -447,7 +449,7 @@ printf '{"held": "%s"}' "$(readlink /proc/$$/fd/$fd)"
         .as_str()
         .unwrap()
         .to_owned();
-    perago_core::process::set_cloexec(fd, true).unwrap();
+    perago_sys::fd::set_cloexec(fd, true).unwrap();
     assert_ne!(
         held,
         lock.path().to_str().unwrap(),

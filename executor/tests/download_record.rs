@@ -3,6 +3,8 @@
 //! through its API; an S3-gateway multipart upload lists `<md5 of the parts' MD5s>-<parts>`, a
 //! linked or imported object its source's ETag. A loopback server lists such checksums here.
 
+#![forbid(unsafe_code)]
+
 use perago_core::shape::WorkspaceInput;
 use perago_executor::workspace::{
     flow::{Attempt, DownloadLimits, Owner},

@@ -2,6 +2,8 @@
 //! crashes, protocol breaks and overruns fail only their assignment, and the process is
 //! started again for the next one.
 
+#![forbid(unsafe_code)]
+
 use perago_core::{
     attempt::AttemptSnapshot,
     json::RawJson,

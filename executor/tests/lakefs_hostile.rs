@@ -2,6 +2,8 @@
 //! redirects are refused and never followed, answers are read only up to a cap, a pagination
 //! that does not advance is refused, a merge answer is not taken on its word.
 
+#![forbid(unsafe_code)]
+
 use perago_executor::workspace::lakefs::{LakefsClient, LakefsConfig, LakefsError};
 use serde_json::Map;
 use std::{

@@ -9,6 +9,8 @@
 //! [`FILE_DESCRIPTOR_SET`] is the encoded descriptor set of both files, for gRPC server
 //! reflection. Code generation runs in `build.rs` with protox; see `README.md`.
 
+#![forbid(unsafe_code)]
+
 /// The slot protocol.
 pub mod slot {
     /// Version 1 of the slot protocol.

@@ -1,6 +1,8 @@
 //! The exported descriptor set is what gRPC reflection serves: it must hold every service and
 //! keep the .proto comments, which `grpcurl describe` shows to operators.
 
+#![forbid(unsafe_code)]
+
 use prost::Message as _;
 use prost_types::FileDescriptorSet;
 

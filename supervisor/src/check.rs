@@ -79,7 +79,7 @@ pub(crate) fn check(
     }
     let prefix = prefix_text;
     if let Some(user) = &manifest.body.user {
-        match perago_core::process::user_ids(user) {
+        match perago_sys::user::user_ids(user) {
             Ok((uid, gid)) => problems.extend(
                 body_user_access(manifest, path_var, uid, gid)
                     .into_iter()

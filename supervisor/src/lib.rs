@@ -2,6 +2,8 @@
 //! `main` calls [`run`], which parses the arguments, runs the command and maps every expected error to its exit
 //! code (see [`errors::exit_codes`]).
 
+#![forbid(unsafe_code)]
+
 mod check;
 pub mod cli;
 mod dev;
@@ -22,10 +24,10 @@ pub fn run(bin_name: &'static str) -> i32 {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if args
         .get(1)
-        .is_some_and(|a| a == perago_core::process::BODY_GUARD_ARG)
+        .is_some_and(|a| a == perago_sys::guard::BODY_GUARD_ARG)
     {
         // This process is the guard of one thread-mode body (see children.rs).
-        return perago_core::process::body_guard_main(&args[2..]);
+        return perago_sys::guard::body_guard_main(&args[2..]);
     }
     // `dev` runs the broker and the stock executor as this program (see dev.rs); both take
     // their configuration from the environment, as their own binaries do.
@@ -36,7 +38,7 @@ pub fn run(bin_name: &'static str) -> i32 {
     }
     // Its environment may hold Conductor and lakeFS secrets, and it keeps the control and
     // slot tokens: no other process of this user (a body) may read them from /proc.
-    if let Err(e) = perago_core::process::set_non_dumpable() {
+    if let Err(e) = perago_sys::memory::set_non_dumpable() {
         eprintln!("warning: cannot make the supervisor non-dumpable: {e}");
     }
     // A setting that is not UTF-8 is an error naming it, never a silent default.

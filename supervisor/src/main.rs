@@ -1,3 +1,5 @@
+#![forbid(unsafe_code)]
+
 fn main() {
     std::process::exit(perago_supervisor::run("perago-supervisor"));
 }

@@ -337,7 +337,7 @@ pub(crate) fn start(
             .ok();
         if let Some(user) = &manifest.body.user {
             // The same checks as `check`: the user must be able to run what it is given.
-            match perago_core::process::body_user(user) {
+            match perago_sys::user::body_user(user) {
                 Ok((uid, gid)) => {
                     let path_var = vars.get("PATH").map(std::ffi::OsString::from);
                     for problem in

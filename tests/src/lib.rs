@@ -1,6 +1,8 @@
 //! Helpers for the end-to-end tests: run a real binary and keep everything about the run for
 //! failure messages.
 
+#![forbid(unsafe_code)]
+
 use std::{
     ffi::OsStr,
     fmt,

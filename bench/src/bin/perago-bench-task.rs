@@ -1,6 +1,8 @@
 //! The benchmarks' Rust task body: returns its params. Started by the supervisor in place of
 //! `perago-executor` (`body.executor`).
 
+#![forbid(unsafe_code)]
+
 use perago_executor::task::{Task, TaskContext, TaskError};
 use serde_json::{Map, Value};
 

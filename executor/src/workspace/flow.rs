@@ -18,9 +18,9 @@ use super::{
 use perago_core::{
     attempt::{AttemptSnapshot, FenceError},
     manifest::{DownloadBudget, PublishBudget, WorkspaceSpec},
-    process::dirfd::{Dir, fstat},
     shape::WorkspaceInput,
 };
+use perago_sys::fd::dir::{Dir, fstat};
 use serde_json::{Map, Value, json};
 use std::{
     collections::BTreeMap,

@@ -26,7 +26,7 @@
 
 use super::paths::{PathError, relative_to_key};
 use md5::{Digest, Md5};
-use perago_core::process::dirfd::{Dir, EntryKind, EntryStat, fstat};
+use perago_sys::fd::dir::{Dir, EntryKind, EntryStat, fstat};
 use std::{
     collections::{BTreeMap, BTreeSet},
     ffi::OsString,
@@ -619,7 +619,7 @@ mod tests {
     }
 
     fn rules() -> Rules {
-        let me = perago_core::process::euid();
+        let me = perago_sys::user::euid();
         let gid = fs::metadata("/proc/self").map_or(0, |m| std::os::unix::fs::MetadataExt::gid(&m));
         Rules {
             body_uid: me,
@@ -893,7 +893,7 @@ mod tests {
         assert!(matches!(err, ScanError::NotOwned { .. }), "{err:?}");
         // A hard link to a file of another user (made here as root: the kernel's
         // protected_hardlinks stops others) is that user's file.
-        if perago_core::process::euid() == 0 {
+        if perago_sys::user::euid() == 0 {
             let foreign = tmp.path().join("foreign");
             write(root, "sub/x", "");
             fs::write(&foreign, "root only").unwrap();

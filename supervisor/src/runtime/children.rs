@@ -11,9 +11,11 @@
 //! inherit the lock, which is opened close-on-exec).
 
 use perago_core::{
+    env,
     manifest::{BodyKind, Manifest},
-    process,
+    recycle, secrets,
 };
+use perago_sys::{guard, reaper, signal, spawn};
 use std::{
     collections::BTreeMap,
     os::fd::RawFd,
@@ -53,10 +55,10 @@ impl Ended {
     }
 
     /// An executor that left to be recycled (exit code
-    /// [`EXIT_RECYCLED`](process::EXIT_RECYCLED), or its thread-mode task's end).
+    /// [`EXIT_RECYCLED`](recycle::EXIT_RECYCLED), or its thread-mode task's end).
     pub(crate) fn recycled(&self) -> bool {
         match self {
-            Self::Process(Ok(s)) => s.code() == Some(process::EXIT_RECYCLED),
+            Self::Process(Ok(s)) => s.code() == Some(recycle::EXIT_RECYCLED),
             Self::Recycled(_) => true,
             _ => false,
         }
@@ -85,7 +87,7 @@ impl Ended {
         match self {
             Self::Process(Ok(s)) => match (s.code(), s.signal()) {
                 (Some(code), _) => format!("exit status {code}"),
-                (None, Some(sig)) => format!("signal {sig} ({})", process::signal_name(sig)),
+                (None, Some(sig)) => format!("signal {sig} ({})", signal::signal_name(sig)),
                 (None, None) => "unknown status".to_owned(),
             },
             Self::Process(Err(e)) => format!("wait failed: {e}"),
@@ -124,7 +126,7 @@ impl Child {
     /// Signals a process's group. Tasks stop through the protocol (drain), not signals.
     pub(crate) fn signal(self, signal: i32) {
         if let Self::Process(pid) = self {
-            let _ = process::signal_group(pid, signal);
+            let _ = signal::signal_group(pid, signal);
         }
     }
 }
@@ -195,7 +197,7 @@ impl Launcher {
         // Bodies run under this same binary as their guard: a subreaper that kills whatever
         // the body started when the body exits or when this process dies, even by SIGKILL.
         match std::env::current_exe() {
-            Ok(exe) => process::set_body_guard(exe),
+            Ok(exe) => guard::set_body_guard(exe),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot find this program to guard thread-mode bodies: processes a body starts may outlive a SIGKILLed supervisor")
             }
@@ -218,17 +220,17 @@ impl Launcher {
         let mut cmd = Command::new(&program.path);
         cmd.args(program.role_arg);
         if let Some(fd) = inherit {
-            process::inherit_fd(&mut cmd, fd);
+            spawn::inherit_fd(&mut cmd, fd);
         }
         cmd.arg0(argv0).envs(env.iter().map(|(k, v)| (k, v)));
-        cmd.env_remove(process::ROOT_LOCK_FD);
+        cmd.env_remove(env::PERAGO_ROOT_LOCK_FD);
         // Only the supervisor speaks for a systemd service.
         for name in super::notify::VARIABLES {
             cmd.env_remove(name);
         }
         if let Some(fd) = lock_fd {
-            process::inherit_fd(&mut cmd, fd);
-            cmd.env(process::ROOT_LOCK_FD, fd.to_string());
+            spawn::inherit_fd(&mut cmd, fd);
+            cmd.env(env::PERAGO_ROOT_LOCK_FD, fd.to_string());
         }
         // Secrets never travel in a child's environment (which /proc/<pid>/environ shows for
         // its whole life): each child gets the ones it needs over a socket of its own, once it
@@ -260,12 +262,12 @@ impl Launcher {
             }
         }
         let secrets = serde_json::to_vec(&secrets).expect("strings always serialize");
-        let (ours, theirs) = process::secrets::channel()?;
+        let (ours, theirs) = secrets::channel()?;
         let secrets_fd = std::os::fd::AsRawFd::as_raw_fd(&theirs);
-        process::inherit_fd(&mut cmd, secrets_fd);
+        spawn::inherit_fd(&mut cmd, secrets_fd);
         cmd.env(perago_core::env::PERAGO_SECRETS_FD, secrets_fd.to_string());
-        process::isolate(&mut cmd, process::SIGTERM);
-        let (mut child, managed) = process::spawn(&mut cmd)?;
+        spawn::isolate(&mut cmd, signal::SIGTERM);
+        let (mut child, managed) = reaper::spawn(&mut cmd)?;
         // The child has its own copy: its end closes with the child.
         drop(theirs);
         let pid = managed.pid();
@@ -274,14 +276,14 @@ impl Launcher {
             // The secrets go once the child says it is non-dumpable; one that does not, in
             // time, gets nothing and is stopped (a failed start). The exit is watched
             // meanwhile, so the group is signalled only while its leader is unreaped.
-            let hand_over = process::secrets::hand_over(ours, &secrets, process::secrets::TIMEOUT);
+            let hand_over = secrets::hand_over(ours, &secrets, secrets::TIMEOUT);
             let status = tokio::select! {
                 status = child.wait() => Some(status),
                 handed = hand_over => match handed {
                     Ok(()) => None,
                     Err(e) => {
                         tracing::warn!(error = %e, "the child got no secrets; it is stopped");
-                        let _ = process::signal_group(pid, process::SIGKILL);
+                        let _ = signal::signal_group(pid, signal::SIGKILL);
                         None
                     }
                 },

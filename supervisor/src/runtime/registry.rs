@@ -10,7 +10,7 @@
 //! is a regular file of this user, at most [`MAX_RECORD_BYTES`]: another user's file could
 //! point `status --probe` at a socket of theirs.
 
-use perago_core::process::{dirfd::Dir, euid};
+use perago_sys::{fd::dir::Dir, user::euid};
 use serde::{Deserialize, Serialize};
 use std::{
     collections::BTreeMap,
@@ -75,7 +75,7 @@ pub(crate) fn dir(vars: &BTreeMap<String, String>) -> PathBuf {
 
 /// The start time of `pid`, `None` if it is not running.
 fn start_time(pid: u32) -> Option<u64> {
-    perago_core::process::stat(pid)
+    perago_sys::proc::stat(pid)
         .filter(|s| s.state != 'Z')
         .and_then(|s| s.start_time)
 }

@@ -373,7 +373,7 @@ mod tests {
     fn holding_child(locked: &LockedRoot, seconds: &str) -> tokio::process::Child {
         let mut cmd = tokio::process::Command::new("sleep");
         cmd.arg(seconds).kill_on_drop(true);
-        perago_core::process::inherit_fd(&mut cmd, locked.lock_fd());
+        perago_sys::spawn::inherit_fd(&mut cmd, locked.lock_fd());
         cmd.spawn().unwrap()
     }
 

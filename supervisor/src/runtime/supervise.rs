@@ -18,12 +18,13 @@ use super::{
     children::{Child, ChildExit, ChildKind, Launcher},
     notify::{self, NotifyHandle},
 };
-use perago_core::{env, identity::Slot as SlotNumber, identity::WorkerPrefix, process};
+use perago_core::{env, identity::Slot as SlotNumber, identity::WorkerPrefix};
 use perago_proto::{
     CONTROL_TOKEN_METADATA,
     admin::v1::{self as admin, admin_client::AdminClient},
     slot::v1::{self as proto, control_client::ControlClient},
 };
+use perago_sys::{reaper, signal};
 use std::{
     collections::BTreeMap,
     path::PathBuf,
@@ -437,7 +438,7 @@ impl Supervisor {
                         // No result can be reported any more: executors stop their bodies
                         // (SIGTERM, a short grace, SIGKILL) as soon as their slot stream ends,
                         // and exit; an idle one exits on this signal.
-                        child.signal(process::SIGTERM);
+                        child.signal(signal::SIGTERM);
                         proc.killed_by = proto::ExitCause::BrokerGone;
                     }
                 }
@@ -484,7 +485,7 @@ impl Supervisor {
                 // The executor is gone, and its bodies with it (parent-death signal); whatever
                 // they started was re-parented to this subreaper: kill it before its attempt
                 // directories go.
-                let killed = process::kill_adopted();
+                let killed = reaper::kill_adopted();
                 if killed > 0 {
                     tracing::info!(worker_id = %worker_id, killed, "killed the processes its bodies left running");
                 }
@@ -589,7 +590,7 @@ impl Supervisor {
         {
             tracing::warn!(error = %e, "cannot ask the broker to drain; stopping it with SIGTERM");
             if let Some(broker) = self.broker {
-                broker.signal(process::SIGTERM);
+                broker.signal(signal::SIGTERM);
             }
         }
     }
@@ -609,7 +610,7 @@ impl Supervisor {
         tracing::error!(pid = broker.pid(), "{why}");
         self.broker_stalled = Some(why);
         match broker {
-            Child::Process(_) => broker.signal(process::SIGKILL),
+            Child::Process(_) => broker.signal(signal::SIGKILL),
             Child::Task => self.launcher.abort_all(),
         }
     }
@@ -622,7 +623,7 @@ impl Supervisor {
             if let Some(child) = proc.child {
                 let phase = phases.get(slot).map_or("unknown", String::as_str);
                 tracing::error!(worker_id = %proc.worker_id, pid = child.pid(), phase = %phase, deadline_s = deadline.as_secs(), "force-killing an executor still running after the shutdown deadline");
-                child.signal(process::SIGKILL);
+                child.signal(signal::SIGKILL);
                 proc.force_killed = true;
                 proc.killed_by = proto::ExitCause::ShutdownDeadline;
                 self.force_killed = true;
@@ -933,7 +934,7 @@ pub(crate) async fn supervise(
     let (completions_tx, mut completions) = mpsc::unbounded_channel();
     // What bodies start and leave behind is re-parented here when their executor dies (or, in
     // thread mode, when the body exits), so it can be killed.
-    if let Err(e) = process::become_subreaper() {
+    if let Err(e) = reaper::become_subreaper() {
         tracing::warn!(error = %e, "cannot become a child subreaper: processes a body detaches may outlive it");
     }
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
@@ -1007,7 +1008,7 @@ pub(crate) async fn supervise(
     let channel = match wait_for_broker(&sup.spec, broker_pid, &mut exits).await {
         Ok(c) => c,
         Err(e) => {
-            broker.signal(process::SIGKILL);
+            broker.signal(signal::SIGKILL);
             sup.launcher.abort_all();
             return Err(e);
         }
@@ -1163,14 +1164,14 @@ pub(crate) async fn supervise(
                 broker_kill_at = None;
                 if let Some(broker) = sup.broker {
                     tracing::error!(pid = broker.pid(), "force-killing the broker after the shutdown deadline");
-                    broker.signal(process::SIGKILL);
+                    broker.signal(signal::SIGKILL);
                 }
                 sup.launcher.abort_all();
             }
         }
     }
     // Bodies of executors that died last may have left processes to this subreaper.
-    process::kill_adopted();
+    reaper::kill_adopted();
     if let Some(refused) = sup.refused {
         return Err(refused);
     }

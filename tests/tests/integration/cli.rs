@@ -916,7 +916,7 @@ fn dev_runs_several_task_types() {
 #[test]
 fn check_and_start_refuse_a_body_user_that_cannot_run_the_command() {
     use std::os::unix::fs::PermissionsExt as _;
-    if perago_core::process::euid() != 0 {
+    if perago_sys::user::euid() != 0 {
         eprintln!("skipped: a body user needs root");
         return;
     }

@@ -6,7 +6,7 @@
 //! test uses, and looks for that duration in every `/proc/*/cmdline`.
 
 use crate::harness::{Conductor, SupervisorProc, TaskFixture, child_named, eventually};
-use perago_core::process::stat;
+use perago_sys::proc::stat;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -225,7 +225,7 @@ async fn the_body_guard_exits_as_its_body_did_and_kills_what_it_left() {
     let dir = tempfile::tempdir().unwrap();
     let guard = |script: &str| {
         std::process::Command::new(crate::harness::SUPERVISOR)
-            .arg(perago_core::process::BODY_GUARD_ARG)
+            .arg(perago_sys::guard::BODY_GUARD_ARG)
             .args(["sh", "-c", script])
             .current_dir(dir.path())
             .status()

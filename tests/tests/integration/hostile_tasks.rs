@@ -477,7 +477,7 @@ echo "{\"readable\": $n}"
 /// read none of the runtime's environments (root's, and non-dumpable) and owns its files.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_run_as_the_body_user_and_find_no_secret() {
-    if perago_core::process::euid() != 0 {
+    if perago_sys::user::euid() != 0 {
         eprintln!("skipped: switching users needs root");
         return;
     }

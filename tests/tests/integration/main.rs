@@ -1,5 +1,7 @@
 //! End-to-end tests that run the real perago binaries as separate processes.
 
+#![forbid(unsafe_code)]
+
 mod adaptive;
 mod admission;
 mod auth;

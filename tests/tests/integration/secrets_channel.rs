@@ -53,7 +53,7 @@ fn read_as(uid: u32, pid: &str, fd: &str) -> Result<String, String> {
 /// task completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_same_user_process_cannot_read_a_starting_childs_secrets() {
-    if perago_core::process::euid() != 0 {
+    if perago_sys::user::euid() != 0 {
         eprintln!("skipped: running the runtime as another user needs root");
         return;
     }

@@ -74,7 +74,7 @@ async fn start_runs_without_a_record_through_a_symlinked_folder_and_status_says_
 /// pointed `status --probe ready` at it. It is ignored (and left alone), and said.
 #[test]
 fn status_ignores_a_record_owned_by_another_user() {
-    if perago_core::process::euid() != 0 {
+    if perago_sys::user::euid() != 0 {
         eprintln!("skipped: planting another user's file needs root");
         return;
     }
@@ -84,7 +84,7 @@ fn status_ignores_a_record_owned_by_another_user() {
     fs::set_permissions(&folder, fs::Permissions::from_mode(0o700)).unwrap();
     // This test's own pid and start time: a record of a supervisor that is running.
     let pid = std::process::id();
-    let started = perago_core::process::stat(pid).unwrap().start_time.unwrap();
+    let started = perago_sys::proc::stat(pid).unwrap().start_time.unwrap();
     let forged = folder.join(format!("{pid}.json"));
     fs::write(
         &forged,

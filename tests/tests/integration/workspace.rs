@@ -984,7 +984,7 @@ printf '{"uid": %s}' "$(id -u)"
 /// a workspace root the user cannot reach fails the attempt saying so, publishing nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_user_works_on_its_own_files_and_its_change_is_published() {
-    if perago_core::process::euid() != 0 {
+    if perago_sys::user::euid() != 0 {
         eprintln!("skipped: switching users needs root");
         return;
     }
@@ -1584,7 +1584,7 @@ print(json.dumps(result))
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_of_one_user_cannot_make_the_executor_publish_a_swapped_in_file() {
     use std::os::unix::fs::PermissionsExt as _;
-    if perago_core::process::euid() != 0 {
+    if perago_sys::user::euid() != 0 {
         eprintln!("skipped: switching users needs root");
         return;
     }

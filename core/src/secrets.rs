@@ -35,7 +35,7 @@ pub const MAX_BYTES: usize = 64 * 1024;
 pub const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A new channel: the supervisor's end, and the child's (close-on-exec: pass it on with
-/// [`inherit_fd`](super::inherit_fd)).
+/// `perago_sys::spawn::inherit_fd`).
 pub fn channel() -> io::Result<(UnixStream, OwnedFd)> {
     let (ours, theirs) = UnixStream::pair()?;
     Ok((ours, theirs.into()))
@@ -106,12 +106,12 @@ pub enum ReceiveError {
 /// [`READY`], and reads the secrets to the end (waiting at most [`TIMEOUT`] for each read).
 pub fn receive(fd: std::os::fd::RawFd) -> Result<Vec<u8>, ReceiveError> {
     use std::os::unix::fs::FileTypeExt as _;
-    let file = super::adopt_fd(fd).ok_or(ReceiveError::NotASocket(fd))?;
+    let file = perago_sys::fd::adopt_fd(fd).ok_or(ReceiveError::NotASocket(fd))?;
     if !file.metadata()?.file_type().is_socket() {
         return Err(ReceiveError::NotASocket(fd));
     }
-    super::set_non_dumpable().map_err(ReceiveError::Dumpable)?;
-    if super::is_dumpable() {
+    perago_sys::memory::set_non_dumpable().map_err(ReceiveError::Dumpable)?;
+    if perago_sys::memory::is_dumpable() {
         return Err(ReceiveError::Dumpable(io::Error::other(
             "PR_SET_DUMPABLE did not hold",
         )));
@@ -149,7 +149,7 @@ mod tests {
         );
         let e = std::fs::File::open(&path).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENXIO), "{e}");
-        assert_eq!(super::super::is_cloexec(theirs.as_raw_fd()), Some(true));
+        assert_eq!(perago_sys::fd::is_cloexec(theirs.as_raw_fd()), Some(true));
         // What a same-user process did with the pipe.
         let (read, mut write) = std::io::pipe().unwrap();
         write.write_all(b"{\"secret\":1}").unwrap();

@@ -1,7 +1,7 @@
 //! Tests of [`super::Spawn`]: what the child gets, and how it ends.
 
 use super::*;
-use crate::process::stat;
+use crate::proc::stat;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::unix::pipe;
 
@@ -186,7 +186,7 @@ async fn the_child_runs_in_its_directory_and_inherits_no_descriptor_above_stderr
     let file = tempfile::tempfile().unwrap();
     let fd = file.as_raw_fd();
     // Inheritable as far as this process is concerned.
-    crate::process::set_cloexec(fd, false).unwrap();
+    crate::fd::set_cloexec(fd, false).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (mut child, _managed) = sh(&format!(
         "pwd; if test -e /proc/self/fd/{fd}; then echo inherited; fi"
@@ -202,7 +202,7 @@ async fn the_child_runs_in_its_directory_and_inherits_no_descriptor_above_stderr
 
 #[tokio::test]
 async fn the_child_runs_as_the_user_it_is_given() {
-    if crate::process::euid() != 0 {
+    if crate::user::euid() != 0 {
         eprintln!("skipped: switching users needs root");
         return;
     }
