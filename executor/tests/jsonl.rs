@@ -530,3 +530,97 @@ for line in sys.stdin:
     .await;
     assert_eq!(reason(&r, ResultStatus::Failed), "no");
 }
+
+/// What a body process inherited, as it sees it: open descriptors, signal mask and
+/// dispositions, process group and session, parent-death signal, user and groups, umask,
+/// descriptor limit and the names of its environment. Run as a command body it prints its
+/// report once; with `jsonl` it answers each request with it.
+const INHERITED: &str = r#"
+import ctypes, json, os, sys
+def report():
+    status = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\t" in l)
+    limits = [l for l in open("/proc/self/limits").read().splitlines() if l.startswith("Max open files")]
+    death = ctypes.c_int(-1)
+    ctypes.CDLL(None).prctl(2, ctypes.byref(death), 0, 0, 0)  # PR_GET_PDEATHSIG
+    umask = os.umask(0o22)
+    os.umask(umask)
+    return {
+        "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
+        "blocked": status["SigBlk"].strip(),
+        "ignored": status["SigIgn"].strip(),
+        "caught": status["SigCgt"].strip(),
+        "leads_its_group": os.getpgid(0) == os.getpid(),
+        "leads_a_session": os.getsid(0) == os.getpid(),
+        "parent": os.getppid(),
+        "death_signal": death.value,
+        "user": [os.getuid(), os.geteuid(), os.getgid(), os.getegid(), sorted(os.getgroups())],
+        "umask": umask,
+        "nofile": limits,
+        "env": sorted(name for name in os.environ if not name.startswith("PERAGO_")),
+    }
+if sys.argv[1:] == ["jsonl"]:
+    for line in sys.stdin:
+        eid = json.loads(line)["execution_id"]
+        print(json.dumps({"execution_id": eid, "result": {"inherited": report()}}), flush=True)
+else:
+    sys.stdin.read()
+    print(json.dumps({"inherited": report()}))
+"#;
+
+/// A `jsonl` body and a command body start through one spawn path (`command::body_spawn`):
+/// what one inherits, the other does. Fails if the two drift apart (a descriptor, a signal
+/// left blocked or ignored, another process group, no parent-death signal, another user or
+/// environment).
+#[tokio::test]
+async fn a_jsonl_body_inherits_what_a_command_body_inherits() {
+    let report = |protocol: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("inherited.py"), INHERITED).unwrap();
+        let (args, protocol) = match protocol {
+            "jsonl" => (", \"jsonl\"", "protocol = \"jsonl\"\n"),
+            _ => ("", ""),
+        };
+        fs::write(
+            dir.path().join("task.toml"),
+            format!(
+                "[task]\nname = \"jsonl.task\"\nkind = \"workspace-free\"\ntimeout_seconds = 10\n\
+                 [body]\ncommand = [\"python3\", \"-u\", \"inherited.py\"{args}]\n{protocol}\
+                 env = {{ GREETING = \"hi\" }}\n"
+            ),
+        )
+        .unwrap();
+        let manifest = Arc::new(Manifest::load(&dir.path().join("task.toml")).unwrap());
+        let runner = AssignmentRunner::new(
+            manifest,
+            "inheritedtask0001".into(),
+            std::env::var_os("PATH").as_deref(),
+        )
+        .unwrap();
+        (dir, runner)
+    };
+    let (_command_dir, command) = report("command");
+    let (_jsonl_dir, jsonl) = report("jsonl");
+    let command = run(&command, "c1", json!({})).await;
+    let jsonl = run(&jsonl, "j1", json!({})).await;
+    let inherited = |r: &RuntimeResult| match r.outcome() {
+        Outcome::Completed(out) => out.to_value().unwrap()["result"]["inherited"].clone(),
+        other => panic!("expected COMPLETED, got {other:?}"),
+    };
+    let (command, jsonl) = (inherited(&command), inherited(&jsonl));
+    assert!(command.is_object(), "{command}");
+    assert_eq!(command["leads_its_group"], true, "{command}");
+    assert_eq!(command["death_signal"], 9, "SIGKILL: {command}");
+    assert!(
+        command["env"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("GREETING"))
+    );
+    for (what, seen) in command.as_object().unwrap() {
+        assert_eq!(
+            &jsonl[what], seen,
+            "{what}: the jsonl body and the command body differ"
+        );
+    }
+    assert_eq!(jsonl, command);
+}
