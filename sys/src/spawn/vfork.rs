@@ -24,9 +24,10 @@
 //!   or a `PATH` search of our own prepared before the clone and a plain `execve`.
 //! - Sharing memory with a vfork child is what `posix_spawn` does in glibc, and it relies on the
 //!   same property: the parent's thread is suspended until the child execs or exits, so nothing
-//!   the child reads ([`ChildContext`]) can change or be freed under it. Every signal is blocked
-//!   in the parent thread across the clone, so no handler of the parent runs on the child's
-//!   stack before the child has reset the handlers.
+//!   the child reads ([`ChildContext`], on that thread's frame) can change or be freed under
+//!   it. The spawning thread blocks every signal across the clone, so the child starts with
+//!   them all blocked and unblocks them only once it has reset the handlers: no handler of the
+//!   parent ever runs on the child's stack.
 
 use std::{
     cell::RefCell,
