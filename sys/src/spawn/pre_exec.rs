@@ -46,10 +46,11 @@ pub fn inherit_fd(cmd: &mut tokio::process::Command, fd: RawFd) {
     }
 }
 
-/// Marks every descriptor above stderr close-on-exec in the child, so a body inherits only
-/// its stdin, stdout and stderr (never the root lock or a socket of the runtime), whatever the
-/// executor left open. Uses `close_range(CLOSE_RANGE_CLOEXEC)` (Linux 5.11); on older kernels
-/// the executor's own close-on-exec flags are the only guard.
+/// Marks every descriptor above stderr close-on-exec in the child, so it inherits only its
+/// stdin, stdout and stderr (never the root lock or a socket of the runtime), whatever the
+/// parent left open. Uses `close_range(CLOSE_RANGE_CLOEXEC)` (Linux 5.11); on older kernels
+/// the parent's own close-on-exec flags are the only guard. Bodies get the same step from
+/// [`Spawn`](super::Spawn), in its child; no runtime child of perago uses this one today.
 pub fn inherit_only_stdio(cmd: &mut tokio::process::Command) {
     // SAFETY: runs in the forked child before exec and only makes the close_range(2) system
     // call, which is async-signal-safe. Marking (not closing) keeps std's exec-error pipe,
