@@ -1,17 +1,30 @@
 //! The broker's state machine driven step by step: each test feeds inputs and checks the
 //! effects and answers, with no process, socket or server.
 
+use super::dispatch::FILL_WAIT;
 use super::*;
+use crate::counters::{Counters, Gauges};
 use perago_core::attempt::PolledTask;
+use perago_core::attempt::TaskRef;
+use perago_core::conductor::{Polled, TaskTypes};
+use perago_core::identity::WorkerPrefix;
+use perago_core::json::RawJson;
 use perago_core::result::{Outcome, ResultStatus};
+use perago_proto::{admin::v1 as admin, slot::v1 as proto};
 use serde_json::{Value, json};
-use std::sync::atomic::AtomicBool;
+use std::{
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+use tonic::Status;
 
 const TOKEN: &str = "secret-token";
 
 struct Harness {
     m: Machine,
     counters: Arc<Counters>,
+    /// The clock every input is handled at ([`Harness::advance`] moves it).
+    now: Now,
 }
 
 fn task(id: &str) -> Polled {
@@ -35,24 +48,34 @@ impl Harness {
     /// A machine with these capacity settings (`max_executors` slots).
     fn with_capacity(capacity: perago_core::capacity::Capacity, v2: bool) -> Self {
         let counters = Arc::new(Counters::default());
-        let m = Machine::new(
+        let now = Now {
+            instant: Instant::now(),
+            wall: SystemTime::now(),
+        };
+        let mut m = Machine::new(
             "t".into(),
             &WorkerPrefix::derive("t").unwrap(),
             capacity,
-            Arc::new(AtomicBool::new(v2)),
             Arc::clone(&counters),
             Arc::new(Gauges::default()),
-            SystemTime::now(),
+            now,
+            ExecutionIds::counter(),
         );
-        Self { m, counters }
+        // A server without update-v2, as the machine knows once the reporter told it.
+        m.v2 = v2;
+        Self { m, counters, now }
+    }
+
+    fn handle(&mut self, input: Input) -> Output {
+        self.m.handle(input, self.now)
     }
 
     fn go(&mut self, input: Input) -> Vec<Effect> {
-        self.m.handle(input).effects
+        self.handle(input).effects
     }
 
     fn started(&mut self, slot: u32, generation: u64) -> Result<(), Status> {
-        let out = self.m.handle(Input::SlotStarted(proto::SlotStarted {
+        let out = self.handle(Input::SlotStarted(proto::SlotStarted {
             slot,
             generation,
             token: format!("{TOKEN}-{generation}"),
@@ -75,7 +98,7 @@ impl Harness {
         generation: u64,
         body_at_dispatch: bool,
     ) -> (Result<(u32, u64), Status>, Vec<Effect>) {
-        let out = self.m.handle(Input::Hello(proto::Hello {
+        let out = self.handle(Input::Hello(proto::Hello {
             protocol_version: proto::ProtocolVersion::ProtocolVersion1 as i32,
             credentials: Some(proto::SlotCredentials {
                 slot,
@@ -172,7 +195,7 @@ impl Harness {
     }
 
     fn status(&mut self) -> admin::StatusResponse {
-        match self.m.handle(Input::Status).reply {
+        match self.handle(Input::Status).reply {
             Reply::Status(s) => *s,
             other => panic!("{other:?}"),
         }
@@ -296,7 +319,7 @@ fn attach_needs_the_current_generation_and_its_token() {
         h.hello(1, 1).0.unwrap_err().code(),
         tonic::Code::Unauthenticated
     );
-    let bad = h.m.handle(Input::Hello(proto::Hello {
+    let bad = h.handle(Input::Hello(proto::Hello {
         protocol_version: proto::ProtocolVersion::ProtocolVersion1 as i32,
         credentials: Some(proto::SlotCredentials {
             slot: 1,
@@ -549,7 +572,7 @@ fn slot_started_before_slot_exited_fails_the_old_generations_task() {
     let mut h = Harness::new(1, true);
     h.up(1);
     let (_, execution, _) = assignments(&h.deliver(&["a"])).remove(0);
-    let out = h.m.handle(Input::SlotStarted(proto::SlotStarted {
+    let out = h.handle(Input::SlotStarted(proto::SlotStarted {
         slot: 1,
         generation: 2,
         token: format!("{TOKEN}-2"),
@@ -596,7 +619,7 @@ fn an_old_or_unknown_slot_started_is_refused() {
 }
 
 fn started_with(h: &mut Harness, slot: u32, generation: u64, token: &str) -> Reply {
-    h.m.handle(Input::SlotStarted(proto::SlotStarted {
+    h.handle(Input::SlotStarted(proto::SlotStarted {
         slot,
         generation,
         token: token.into(),
@@ -621,7 +644,7 @@ fn slot_started_takes_generations_only_in_order() {
         // A replay of the current generation's own announcement: it is attached already.
         (1, &*format!("{TOKEN}-1")),
     ] {
-        let out = h.m.handle(Input::SlotStarted(proto::SlotStarted {
+        let out = h.handle(Input::SlotStarted(proto::SlotStarted {
             slot: 1,
             generation,
             token: token.into(),
@@ -644,7 +667,7 @@ fn slot_started_takes_generations_only_in_order() {
     // The supervisor's next generation is taken; its retry (same token, before the executor
     // attached) is answered as taken and changes nothing; another token is not.
     h.started(1, 2).unwrap();
-    let retry = h.m.handle(Input::SlotStarted(proto::SlotStarted {
+    let retry = h.handle(Input::SlotStarted(proto::SlotStarted {
         slot: 1,
         generation: 2,
         token: format!("{TOKEN}-2"),
@@ -672,7 +695,6 @@ fn the_fence_answers_only_the_current_assignment_of_the_caller() {
     let sent = assignments(&h.deliver(&["a"]));
     let (slot, execution, _) = &sent[0];
     let fence = |h: &mut Harness, slot: u32, token: String, execution: &str| match h
-        .m
         .handle(Input::FenceTarget {
             credentials: proto::SlotCredentials {
                 slot,
@@ -791,7 +813,7 @@ fn drain_with_a_poll_in_flight_runs_what_the_poll_returns() {
     h.up(2);
     let granted = h.poll().unwrap();
     assert_eq!(granted, 2);
-    let drain = h.m.handle(Input::Drain);
+    let drain = h.handle(Input::Drain);
     assert!(matches!(drain.reply, Reply::Drain(false)));
     assert!(drain.effects.contains(&Effect::DisableV2));
     assert!(
@@ -849,7 +871,7 @@ fn drain_when_idle_stops_everyone_and_completes() {
     h.up(2);
     let drain = h.go(Input::Drain);
     assert_eq!(stops(&drain), [1, 2]);
-    assert!(matches!(h.m.handle(Input::Drain).reply, Reply::Drain(true)));
+    assert!(matches!(h.handle(Input::Drain).reply, Reply::Drain(true)));
     h.go(Input::StreamEnded {
         slot: 1,
         generation: 1,
@@ -1293,8 +1315,7 @@ impl Harness {
 
     /// Moves the machine's clock (burst detection) on by `by`.
     fn advance(&mut self, by: Duration) {
-        let now = self.m.clock.unwrap_or_else(Instant::now) + by;
-        self.m.set_clock(now);
+        self.now = self.now.after(by);
     }
 }
 
@@ -2221,10 +2242,11 @@ fn a_slot_a_drain_stopped_before_its_executor_attached_is_told_on_attach() {
 const STALL: Duration = Duration::from_secs(6);
 
 fn stall_harness(slots: u32) -> Harness {
-    let Harness { m, counters } = Harness::new(slots, false);
+    let Harness { m, counters, now } = Harness::new(slots, false);
     Harness {
         m: m.with_stall_timeout(Some(STALL)),
         counters,
+        now,
     }
 }
 
