@@ -2741,3 +2741,5 @@ fn only_a_poll_for_one_task_waits_the_long_poll() {
     assert_eq!(poll_wait(64, long), Duration::from_millis(100));
     assert_eq!(poll_wait(4, Duration::from_millis(100)), FILL_WAIT);
 }
+
+mod props;
