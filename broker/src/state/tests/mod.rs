@@ -478,6 +478,52 @@ fn update_v2_keeps_the_slot_for_the_next_task() {
     assert_eq!((sent[0].0, sent[0].2.as_str()), (1, "b"));
 }
 
+/// The reporter that finds the server without update-v2 tells the machine: the completions
+/// after that go through v1 and keep no slot, so the slot is polled for at once.
+#[test]
+fn once_told_update_v2_is_missing_completions_go_through_v1_and_free_their_slot() {
+    let mut h = Harness::new(1, true);
+    h.up(1);
+    let (_, execution, _) = assignments(&h.deliver(&["a"])).remove(0);
+    let done = reports(&h.complete(1, 1, "a", &execution));
+    assert!(done[0].use_v2);
+    // Its update met a 405: the reporter says so, then resends it through v1.
+    assert!(h.go(Input::UpdateV2Unsupported).is_empty());
+    h.go(Input::UpdateDone {
+        slot: Some(1),
+        next_task: None,
+    });
+    let (_, execution, _) = assignments(&h.deliver(&["b"])).remove(0);
+    let done = reports(&h.complete(1, 1, "b", &execution));
+    assert!(!done[0].use_v2);
+    assert_eq!(done[0].slot, None);
+    assert_eq!(h.poll(), Some(1), "the slot is free at once");
+}
+
+/// The machine reads no clock and makes no ids of its own: the time a task was dispatched is
+/// the time given with the input, and its execution id comes from the source it was built
+/// with.
+#[test]
+fn the_dispatch_time_and_execution_id_are_the_ones_given() {
+    let mut h = Harness::new(1, false);
+    h.up(1);
+    h.advance(Duration::from_secs(90));
+    let sent = assignments(&h.deliver(&["a"]));
+    assert_eq!(sent[0].1, "exec-1");
+    let since = h.now.wall.duration_since(std::time::UNIX_EPOCH).unwrap();
+    assert_eq!(
+        h.status().slots[0].busy_since_unix_ms,
+        i64::try_from(since.as_millis()).unwrap()
+    );
+    h.complete(1, 1, "a", "exec-1");
+    h.go(Input::UpdateDone {
+        slot: None,
+        next_task: None,
+    });
+    let sent = assignments(&h.deliver(&["b"]));
+    assert_eq!(sent[0].1, "exec-2");
+}
+
 #[test]
 fn exit_report_then_stream_end_fail_the_assignment_once() {
     let mut h = Harness::new(1, true);
