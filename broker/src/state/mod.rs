@@ -27,7 +27,7 @@
 //! (never run, failed or completed here), and a task id already running, held or reported
 //! lately is dropped, so one task never runs twice at once (see `receive`).
 //!
-//! The files, one concern each: [`interface`](self) (inputs, replies, effects), `clock` (the
+//! The files, one concern each: `interface` (inputs, replies, effects), `clock` (the
 //! time and ids it is given), `machine` (its state and `handle`), `slots` (attach, generations,
 //! exits, the fence), `dispatch` (polls, tasks received, held, assigned, completed,
 //! reported), `crash` (poison detection), `liveness` (pings, stalls), `drain`, `once` (run
