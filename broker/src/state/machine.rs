@@ -331,7 +331,7 @@ impl Machine {
         }
     }
 
-    pub(super) fn step(&mut self, input: Input) -> Reply {
+    fn step(&mut self, input: Input) -> Reply {
         match input {
             Input::Hello(hello) => return Reply::Hello(self.attach(hello)),
             Input::Completion {
