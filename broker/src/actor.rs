@@ -5,7 +5,7 @@
 
 use crate::{
     report::{Reporter, Update},
-    state::{Assigned, Effect, Input, InputFailure, Machine, Output, Reply},
+    state::{Assigned, Effect, Input, InputFailure, Machine, Now, Output, Reply},
 };
 use perago_core::conductor::{ConductorClient, Polled};
 use perago_core::json::RawJson;
@@ -185,7 +185,7 @@ impl Actor {
                 reply,
                 process,
             } => {
-                let out = self.machine.handle(Input::Hello(hello));
+                let out = self.machine.handle(Input::Hello(hello), now());
                 let Reply::Hello(answer) = out.reply else {
                     unreachable!("Hello is answered with Reply::Hello");
                 };
@@ -232,18 +232,18 @@ impl Actor {
             }
             Event::PollRequest { reply } => {
                 self.poll_reply = Some(reply);
-                let out = self.machine.handle(Input::PollRequest);
+                let out = self.machine.handle(Input::PollRequest, now());
                 self.perform(out.effects);
             }
             Event::Drain { reply } => {
-                let out = self.machine.handle(Input::Drain);
+                let out = self.machine.handle(Input::Drain, now());
                 if let Reply::Drain(already) = out.reply {
                     let _ = reply.send(already);
                 }
                 self.perform(out.effects);
             }
             Event::Status { reply } => {
-                let out = self.machine.handle(Input::Status);
+                let out = self.machine.handle(Input::Status, now());
                 if let Reply::Status(status) = out.reply {
                     let _ = reply.send(*status);
                 }
@@ -270,7 +270,7 @@ impl Actor {
             .and_then(|execution_id| self.spans.get(execution_id))
             .cloned()
             .unwrap_or_else(Span::none);
-        let out = span.in_scope(|| self.machine.handle(input));
+        let out = span.in_scope(|| self.machine.handle(input, now()));
         // A held execution whose lease is lost is dropped: nothing else ends its span.
         if let Some(execution_id) = lease_lost {
             if self.machine.knows(&execution_id) {
@@ -522,6 +522,14 @@ impl Actor {
             }
         }
         None
+    }
+}
+
+/// The time an input is handled at: the machine reads no clock of its own.
+fn now() -> Now {
+    Now {
+        instant: std::time::Instant::now(),
+        wall: std::time::SystemTime::now(),
     }
 }
 

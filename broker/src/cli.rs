@@ -1,7 +1,12 @@
 //! The broker binary's entry: configuration from the environment the supervisor sets.
 
 use crate::{BrokerConfig, run};
-use perago_core::{conductor::ConductorClient, env, identity::WorkerPrefix};
+use perago_core::{
+    bootstrap::{self, EXIT_OK, Exit},
+    conductor::ConductorClient,
+    env,
+    identity::WorkerPrefix,
+};
 use std::path::PathBuf;
 
 use perago_core::{
@@ -116,8 +121,13 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
     })
 }
 
-/// Runs the broker process; returns the exit code.
+/// Runs the broker process; returns the exit code ([`bootstrap`]'s: 0 once drained, 2 for
+/// an environment it cannot run with, 1 for any other failure).
 pub fn main() -> i32 {
+    bootstrap::exit_code(start())
+}
+
+fn start() -> Result<i32, Exit> {
     // Payloads up to megabytes reuse warm memory instead of fresh pages for every task.
     perago_sys::memory::retain_freed_memory();
     // Hold the workspace root's lock for as long as this process lives, but never pass it on.
@@ -132,39 +142,15 @@ pub fn main() -> i32 {
     if let Err(e) = perago_sys::memory::set_non_dumpable() {
         eprintln!("warning: cannot make the broker non-dumpable: {e}");
     }
-    // No setting may fall back to its default because its value is not UTF-8.
-    if let Err(errors) = perago_core::env::check_process_environment() {
-        errors.iter().for_each(|e| eprintln!("error: {e}"));
-        return 2;
-    }
-    let config = match config_from(perago_core::env::secrets_then_env()) {
-        Ok(c) => c,
-        Err(message) => {
-            eprintln!("error: {message}");
-            return 2;
-        }
-    };
-    if let Err(message) = perago_core::logging::init_worker_from_env(
+    bootstrap::check_environment()?;
+    let config =
+        config_from(perago_core::env::secrets_then_env()).map_err(bootstrap::config_error)?;
+    bootstrap::init_logging(
         "perago-conductor-broker",
         &config.task_name,
         &config.prefix.broker_id(),
-    ) {
-        eprintln!("error: {message}");
-        return 1;
-    }
-    // One thread: the broker's work per task is a few small messages and two HTTP calls, and
-    // a second worker thread costs more in wake-ups and hand-offs between the threads (futex,
-    // park/unpark) than it saves; thread mode has always run the broker this way.
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return 1;
-        }
-    };
+    )?;
+    let runtime = bootstrap::runtime()?;
     let result = runtime.block_on(async {
         let stop = async {
             use tokio::signal::unix::{SignalKind, signal};
@@ -177,14 +163,10 @@ pub fn main() -> i32 {
         };
         run(config, stop).await
     });
-    match result {
-        Ok(()) => 0,
-        Err(e) => {
-            tracing::error!(error = %e, "broker failed");
-            eprintln!("error: {e}");
-            1
-        }
-    }
+    Ok(match result {
+        Ok(()) => EXIT_OK,
+        Err(e) => bootstrap::failed("broker failed", &e),
+    })
 }
 
 #[cfg(test)]

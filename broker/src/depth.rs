@@ -1,7 +1,7 @@
 //! Reading the task type's queue depth (run once, adaptive executor count): the route the API
 //! keeps (`GET /tasks/queue/size`), then the deprecated one (`GET /tasks/queue/sizes`) when that
 //! fails. A failure of both is logged at warn once, and once more (at info) when a read works
-//! again; the machine then falls back to what polls show (see `state.rs`, run once).
+//! again; the machine then falls back to what polls show (see `state/once.rs`).
 //!
 //! A server without the first route (it answers 404 or 405: the route never answers 404 for a
 //! task type, an unknown one counts 0) is remembered as such, and later reads go straight to

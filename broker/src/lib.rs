@@ -135,10 +135,13 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         config.task_name.clone(),
         &config.prefix,
         config.capacity.clone(),
-        reporter.v2_flag(),
         Arc::clone(&counters),
         Arc::clone(&gauges),
-        SystemTime::now(),
+        state::Now {
+            instant: std::time::Instant::now(),
+            wall: SystemTime::now(),
+        },
+        state::ExecutionIds::new(|| uuid::Uuid::new_v4().to_string()),
     );
     // The gRPC health service: SERVING while the broker takes work, NOT_SERVING from the
     // start of a drain (the actor switches it), for readiness probes and load balancers.

@@ -74,6 +74,8 @@ enum GaveUp {
 #[derive(Debug, Clone)]
 pub(crate) struct Reporter {
     client: ConductorClient,
+    /// Whether updates may go through update-v2, shared by the reporter's clones (the updates
+    /// in flight); the state machine keeps its own, told by [`Input::UpdateV2Unsupported`].
     v2: Arc<AtomicBool>,
     counters: Arc<Counters>,
     gauges: Arc<Gauges>,
@@ -187,11 +189,6 @@ impl Reporter {
         self.v2.load(Ordering::Relaxed)
     }
 
-    /// The flag the state machine reads to choose update-v2 for a completion.
-    pub(crate) fn v2_flag(&self) -> Arc<AtomicBool> {
-        Arc::clone(&self.v2)
-    }
-
     /// From now on every update goes through v1 (drain; or the server lacks update-v2).
     pub(crate) fn disable_v2(&self) {
         self.v2.store(false, Ordering::Relaxed);
@@ -204,7 +201,7 @@ impl Reporter {
         tokio::spawn(
             async move {
                 let slot = update.slot;
-                let next_task = this.deliver(update).await;
+                let next_task = this.deliver(update, &events).await;
                 let _ = events
                     .send(Event::Slot(Input::UpdateDone { slot, next_task }))
                     .await;
@@ -213,7 +210,7 @@ impl Reporter {
         );
     }
 
-    async fn deliver(&self, update: Update) -> Option<Polled> {
+    async fn deliver(&self, update: Update, events: &mpsc::Sender<Event>) -> Option<Polled> {
         let status = update.result.status();
         let worker_id = update.result.worker_id().to_owned();
         let published = published_commit(&update.result);
@@ -229,7 +226,7 @@ impl Reporter {
             None => None,
         };
         let outcome = self
-            .send_with_retries((&body).into(), update.use_v2, published.as_deref())
+            .send_with_retries((&body).into(), update.use_v2, published.as_deref(), events)
             .await;
         if let Some(lease) = &update.lease {
             lease.abort();
@@ -271,12 +268,14 @@ impl Reporter {
     }
 
     /// Sends one update; `Ok` once acknowledged (with update-v2's next task), else why it was given up. Its
-    /// lines carry the task's ids from the span it runs in.
+    /// lines carry the task's ids from the span it runs in. The first to find the server
+    /// without update-v2 tells the state machine through `events`.
     async fn send_with_retries(
         &self,
         body: JsonBody<'_>,
         use_v2: bool,
         published: Option<&str>,
+        events: &mpsc::Sender<Event>,
     ) -> Result<Sent, GaveUp> {
         let started = Instant::now();
         let mut attempt = 0u32;
@@ -313,6 +312,9 @@ impl Reporter {
                     // Concurrent updates may all see the 405; the switch is logged once.
                     if self.v2.swap(false, Ordering::Relaxed) {
                         tracing::warn!(error = %e, "the Conductor server has no usable update-v2; using v1 from now on");
+                        // The machine then keeps no slot for a next task (the answer to this
+                        // update, `UpdateDone`, follows this input).
+                        let _ = events.send(Event::Slot(Input::UpdateV2Unsupported)).await;
                     }
                 }
                 Err(e) if e.is_retryable() && started.elapsed() < MAX_UPDATE_RETRY => {
@@ -368,7 +370,9 @@ impl Reporter {
                 if let Some(output) = output {
                     body["outputData"] = output;
                 }
-                let _ = this.send_with_retries((&body).into(), false, None).await;
+                let _ = this
+                    .send_with_retries((&body).into(), false, None, &events)
+                    .await;
                 let _ = events
                     .send(Event::Slot(Input::UpdateDone {
                         slot: None,

@@ -10,6 +10,7 @@
 
 pub mod attempt;
 pub mod backoff;
+pub mod bootstrap;
 pub mod capacity;
 pub mod command;
 pub mod conductor;

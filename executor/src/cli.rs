@@ -6,7 +6,11 @@ use crate::{
     assignment::AssignmentRunner,
     slot::{Served, SlotIdentity, serve},
 };
-use perago_core::{env, manifest::Manifest};
+use perago_core::{
+    bootstrap::{self, EXIT_OK, Exit},
+    env,
+    manifest::Manifest,
+};
 use std::{
     path::PathBuf,
     sync::{
@@ -125,6 +129,13 @@ pub fn main() -> i32 {
 /// Runs an executor process whose body is `task` (a Rust task binary) or the manifest's
 /// command; returns the exit code.
 pub(crate) fn main_with(task: Option<Arc<dyn crate::task::Task>>) -> i32 {
+    bootstrap::exit_code(start(task))
+}
+
+/// The executor's start ([`bootstrap`]'s exit codes: 2 for an identity it cannot run with, 1
+/// for any other failure; 0 when stopped, [`perago_core::recycle::EXIT_RECYCLED`] when it
+/// leaves to be recycled).
+fn start(task: Option<Arc<dyn crate::task::Task>>) -> Result<i32, Exit> {
     // Payloads up to megabytes reuse warm memory instead of fresh pages for every task.
     perago_sys::memory::retain_freed_memory();
     // This process holds the workspace root's lock (inherited from the supervisor) until it
@@ -143,33 +154,11 @@ pub(crate) fn main_with(task: Option<Arc<dyn crate::task::Task>>) -> i32 {
     // uploads, from the check to the upload (see `workspace::scan`).
     perago_sys::rlimit::raise_nofile_limit();
     // No setting may fall back to its default because its value is not UTF-8.
-    if let Err(errors) = perago_core::env::check_process_environment() {
-        errors.iter().for_each(|e| eprintln!("error: {e}"));
-        return 2;
-    }
+    bootstrap::check_environment()?;
     let lookup = perago_core::env::secrets_then_env();
-    let (identity, manifest_path) = match identity_from(&lookup) {
-        Ok(v) => v,
-        Err(message) => {
-            eprintln!("error: {message}");
-            return 2;
-        }
-    };
-    let manifest = match Manifest::load(&manifest_path) {
-        Ok(m) => Arc::new(m),
-        Err(e) => {
-            eprintln!("error: {e}");
-            return 1;
-        }
-    };
-    if let Err(message) = perago_core::logging::init_worker_from_env(
-        "perago-executor",
-        &manifest.task.name,
-        &identity.worker_id,
-    ) {
-        eprintln!("error: {message}");
-        return 1;
-    }
+    let (identity, manifest_path) = identity_from(&lookup).map_err(bootstrap::config_error)?;
+    let manifest = Arc::new(Manifest::load(&manifest_path).map_err(bootstrap::start_error)?);
+    bootstrap::init_logging("perago-executor", &manifest.task.name, &identity.worker_id)?;
     // Whatever a body starts and leaves behind is re-parented here, not to init, so it can
     // be killed when the assignment ends.
     if let Err(e) = perago_sys::reaper::become_subreaper() {
@@ -183,23 +172,8 @@ pub(crate) fn main_with(task: Option<Arc<dyn crate::task::Task>>) -> i32 {
         }
     };
     let built = built.map(|runner| runner.with_workspace(workspace_runtime(&identity, &lookup)));
-    let runner = match built {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return 1;
-        }
-    };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return 1;
-        }
-    };
+    let runner = built.map_err(bootstrap::start_error)?;
+    let runtime = bootstrap::runtime()?;
     let code = runtime.block_on(async {
         let stop = Arc::new(AtomicBool::new(false));
         let (wake_tx, wake_rx) = tokio::sync::mpsc::channel(1);
@@ -219,21 +193,17 @@ pub(crate) fn main_with(task: Option<Arc<dyn crate::task::Task>>) -> i32 {
             }
         });
         match serve(&identity, &runner, stop, wake_rx).await {
-            Ok(Served::Stopped) => 0,
+            Ok(Served::Stopped) => EXIT_OK,
             Ok(Served::Recycled(why)) => {
                 tracing::info!(worker_id = %identity.worker_id, "executor recycled ({why}); exiting for the next generation");
                 perago_core::recycle::EXIT_RECYCLED
             }
-            Err(e) => {
-                tracing::error!(error = %e, "slot loop ended");
-                eprintln!("error: {e}");
-                1
-            }
+            Err(e) => bootstrap::failed("slot loop ended", &e),
         }
     });
     // A Rust body that overran may still hold a blocking thread: do not wait for it.
     runtime.shutdown_background();
-    code
+    Ok(code)
 }
 
 #[cfg(test)]

@@ -1,0 +1,425 @@
+//! The machine's state (slots, held tasks, counts) and its one entry, [`Machine::handle`]:
+//! the input's own transition (in the file of its concern), then the follow-ups every input
+//! may cause (held tasks run, a drain settles, the waiting poll is granted).
+
+use super::{Effect, ExecutionIds, Input, Now, Output, Reply};
+use crate::{
+    counters::{Counters, Gauges},
+    poison::{CrashLedger, RecentDeaths},
+    recent::RecentlyReported,
+};
+use perago_core::{
+    attempt::AttemptSnapshot,
+    capacity::Capacity,
+    identity::{Slot as SlotNumber, WorkerPrefix},
+};
+use perago_proto::slot::v1 as proto;
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+#[derive(Debug)]
+pub(super) struct Running {
+    pub(super) execution_id: String,
+    pub(super) attempt: AttemptSnapshot,
+    pub(super) dispatched_at: SystemTime,
+    pub(super) phase: proto::Phase,
+}
+
+#[derive(Debug)]
+pub(super) enum Work {
+    Idle,
+    Busy(Box<Running>),
+    /// The completion's update-v2 is in flight; the slot waits for the next task it returns.
+    AwaitingNext,
+}
+
+#[derive(Debug)]
+pub(super) struct Slot {
+    pub(super) number: u32,
+    pub(super) worker_id: String,
+    pub(super) generation: u64,
+    pub(super) token: String,
+    pub(super) pid: u32,
+    pub(super) attached: bool,
+    /// The attached executor starts bodies at dispatch (see `Hello.body_at_dispatch`).
+    pub(super) body_at_dispatch: bool,
+    pub(super) work: Work,
+    pub(super) stopping: bool,
+    /// The generation asked to be recycled and was told to stop: its exit is no failure.
+    pub(super) recycled: bool,
+    pub(super) exited: bool,
+    /// Part of the executor count the runtime wants now (`-j MIN..MAX`: the supervisor runs an
+    /// executor for a wanted slot; an unwanted one is retired). Always true with `-j N`.
+    pub(super) wanted: bool,
+    /// Since when the slot has been seen free (at a queue-depth read) without taking a task.
+    pub(super) idle_since: Option<Instant>,
+    /// Liveness: a message of the attached generation arrived since the last tick.
+    pub(super) heard: bool,
+    /// Liveness: the tick at which the attached generation was last heard from.
+    pub(super) last_heard: Option<Instant>,
+    /// This generation stopped answering and was killed by the broker (`PERAGO_STALL_TIMEOUT`):
+    /// its death is the runtime's doing, never its task's (poison detection must not count it).
+    pub(super) stalled: bool,
+}
+
+impl Slot {
+    pub(super) fn free(&self) -> bool {
+        self.attached && matches!(self.work, Work::Idle) && !self.stopping && self.wanted
+    }
+}
+
+/// A crash whose count against its workflow task waits for Conductor's record
+/// ([`Effect::ReadCrashHistory`]); its lease runs until it is reported.
+#[derive(Debug)]
+pub(super) struct Parked {
+    pub(super) run: Running,
+    pub(super) worker_id: String,
+    pub(super) crash: String,
+}
+/// A task received for which no slot was free yet: its lease runs until one is.
+#[derive(Debug)]
+pub(super) struct Held {
+    pub(super) execution_id: String,
+    pub(super) attempt: AttemptSnapshot,
+    /// Its input is being fetched from external payload storage: it waits for that, not
+    /// only for a slot.
+    pub(super) fetching: bool,
+}
+
+/// The state machine.
+#[derive(Debug)]
+pub(crate) struct Machine {
+    pub(super) task_name: String,
+    /// The capacity and lifecycle settings (`-j`, recycling, admission, poison, run once).
+    pub(super) capacity: Capacity,
+    /// Memory admission: whether new tasks may be polled (and slots added) now. Always true
+    /// without `PERAGO_MIN_FREE_MEMORY`.
+    pub(super) admission_open: bool,
+    /// The task type's queue depth as Conductor last reported it (run once, adaptive range).
+    pub(super) queue_depth: Option<u64>,
+    /// Executor crashes per workflow task (poison detection, `PERAGO_POISON_AFTER`).
+    pub(super) crashes: CrashLedger,
+    /// Unexplained executor deaths lately: the evidence of a burst (poison detection).
+    pub(super) deaths: RecentDeaths,
+    /// Crashes waiting for their workflow task's history, by execution id.
+    pub(super) parked: HashMap<String, Parked>,
+    /// The clock as of the input being handled (the actor reads it; a test sets it).
+    pub(super) now: Now,
+    /// Where execution ids come from (random in the broker, a counter in tests).
+    pub(super) ids: ExecutionIds,
+    /// Task ids reported lately: a poll that returns one again is not believed.
+    pub(super) reported: RecentlyReported,
+    /// Available memory when last measured (memory admission).
+    pub(super) available_memory: Option<u64>,
+    /// The waiting poll request has been counted as withheld by memory admission.
+    pub(super) poll_withheld: bool,
+    /// Queue-depth reads asked for so far; one is in flight while `depth_read_pending`.
+    pub(super) depth_reads: u64,
+    pub(super) depth_read_pending: bool,
+    /// Run once: a poll came back empty while everything was idle, and nothing has happened
+    /// since; the value is `depth_reads` then (only a read asked for later confirms it). While
+    /// set, no poll is granted: a confirming read of 0 drains with no poll in flight.
+    pub(super) quiet_after: Option<u64>,
+    pub(super) broker_id: String,
+    pub(super) slots: Vec<Slot>,
+    pub(super) held: VecDeque<Held>,
+    pub(super) draining: bool,
+    /// Tasks granted to the poll in flight.
+    pub(super) reserved: u32,
+    pub(super) poll_wanted: bool,
+    /// The poller has been told to stop.
+    pub(super) poll_stopped: bool,
+    pub(super) updates_in_flight: u32,
+    /// Whether completions go through update-v2: until the reporter finds the server lacks
+    /// it ([`Input::UpdateV2Unsupported`]).
+    pub(super) v2: bool,
+    pub(super) counters: Arc<Counters>,
+    pub(super) gauges: Arc<Gauges>,
+    pub(super) started_at: SystemTime,
+    pub(super) drained: bool,
+    pub(super) effects: Vec<Effect>,
+    /// `PERAGO_STALL_TIMEOUT` (`None`: liveness off).
+    pub(super) stall_timeout: Option<Duration>,
+    /// The last ping's sequence number.
+    pub(super) ping_sequence: u64,
+    /// When the last liveness tick came (a late one means the broker itself was not running).
+    pub(super) last_tick: Option<Instant>,
+    /// The last queue-depth read failed (both routes): run once cannot confirm an empty
+    /// queue that way and counts empty polls instead.
+    pub(super) depth_unreadable: bool,
+    /// Run once with the depth unreadable: empty polls in a row while everything was idle.
+    pub(super) once_empty_polls: u32,
+    /// The last poll came back with fewer tasks than it asked for: the queue looks sparse, so
+    /// the next poll asks for one task (a long poll that its first task answers); after a
+    /// poll that came back full, polls ask for every free slot again (with [`FILL_WAIT`]).
+    pub(super) poll_sparse: bool,
+}
+
+/// Compares secrets without an early exit on the first differing byte.
+pub(super) fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+pub(super) fn stop_message(reason: &str) -> proto::BrokerMessage {
+    proto::BrokerMessage {
+        message: Some(proto::broker_message::Message::Stop(proto::Stop {
+            reason: reason.to_owned(),
+        })),
+    }
+}
+
+impl Machine {
+    pub(crate) fn new(
+        task_name: String,
+        prefix: &WorkerPrefix,
+        capacity: Capacity,
+        counters: Arc<Counters>,
+        gauges: Arc<Gauges>,
+        started: Now,
+        ids: ExecutionIds,
+    ) -> Self {
+        let slots = capacity.max_executors;
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        gauges.slots.store(u64::from(slots), relaxed);
+        gauges
+            .wanted_executors
+            .store(u64::from(capacity.min_executors), relaxed);
+        gauges.queue_depth.store(u64::MAX, relaxed);
+        gauges.admission_open.store(1, relaxed);
+        let slots = (1..=slots)
+            .map(|n| Slot {
+                number: n,
+                worker_id: prefix.worker_id(SlotNumber::new(u64::from(n)).expect("1..=N")),
+                generation: 0,
+                token: String::new(),
+                pid: 0,
+                attached: false,
+                body_at_dispatch: false,
+                work: Work::Idle,
+                stopping: false,
+                recycled: false,
+                exited: false,
+                wanted: n <= capacity.min_executors,
+                idle_since: None,
+                heard: false,
+                last_heard: None,
+                stalled: false,
+            })
+            .collect();
+        Self {
+            task_name,
+            capacity,
+            admission_open: true,
+            queue_depth: None,
+            crashes: CrashLedger::default(),
+            deaths: RecentDeaths::default(),
+            parked: HashMap::new(),
+            now: started,
+            ids,
+            reported: RecentlyReported::default(),
+            available_memory: None,
+            poll_withheld: false,
+            depth_reads: 0,
+            depth_read_pending: false,
+            quiet_after: None,
+            broker_id: prefix.broker_id(),
+            slots,
+            held: VecDeque::new(),
+            draining: false,
+            reserved: 0,
+            poll_wanted: false,
+            poll_stopped: false,
+            updates_in_flight: 0,
+            v2: true,
+            counters,
+            gauges,
+            started_at: started.wall,
+            drained: false,
+            effects: Vec::new(),
+            stall_timeout: None,
+            ping_sequence: 0,
+            last_tick: None,
+            depth_unreadable: false,
+            once_empty_polls: 0,
+            poll_sparse: false,
+        }
+    }
+
+    /// Turns liveness on (`PERAGO_STALL_TIMEOUT`): [`Input::Tick`] pings and judges.
+    pub(crate) fn with_stall_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.stall_timeout = timeout;
+        self
+    }
+
+    /// The broker's own worker id (polls, hand-backs).
+    pub(crate) fn broker_id(&self) -> &str {
+        &self.broker_id
+    }
+
+    /// The execution slot `number` runs now, if it is busy.
+    pub(crate) fn execution_of(&self, number: u32) -> Option<&str> {
+        let slot = self
+            .slots
+            .get(usize::try_from(number).ok()?.checked_sub(1)?)?;
+        match &slot.work {
+            Work::Busy(run) => Some(&run.execution_id),
+            _ => None,
+        }
+    }
+
+    /// Whether `execution_id` is held or running here.
+    pub(crate) fn knows(&self, execution_id: &str) -> bool {
+        self.held.iter().any(|h| h.execution_id == execution_id)
+            || self.parked.contains_key(execution_id)
+            || self
+                .slots
+                .iter()
+                .any(|s| matches!(&s.work, Work::Busy(run) if run.execution_id == execution_id))
+    }
+
+    /// The execution an input is about, if it concerns one the machine holds or runs: the
+    /// actor handles it within that assignment's span.
+    pub(crate) fn execution_of_input<'a>(&'a self, input: &'a Input) -> Option<&'a str> {
+        match input {
+            Input::Completion { completion, .. } => Some(&completion.execution_id),
+            Input::Progress { progress, .. } => Some(&progress.execution_id),
+            Input::LeaseLost { execution_id }
+            | Input::FenceTarget { execution_id, .. }
+            | Input::PayloadFetched { execution_id, .. } => Some(execution_id),
+            Input::StreamEnded { slot, .. }
+            | Input::StreamGraceOver { slot, .. }
+            | Input::SendFailed { slot, .. } => self.execution_of(*slot),
+            Input::SlotStarted(started) => self.execution_of(started.slot),
+            Input::SlotExited(exited) => self.execution_of(exited.slot),
+            Input::CrashHistory { execution_id, .. } => Some(execution_id),
+            _ => None,
+        }
+    }
+
+    /// One transition: the answer to `input` and the effects to perform, in order.
+    pub(crate) fn handle(&mut self, input: Input, now: Now) -> Output {
+        self.now = now;
+        self.note_heard(&input);
+        let reply = self.step(input);
+        self.run_held();
+        self.settle_drain();
+        self.grant_poll();
+        self.check_drained();
+        if !self.all_idle() {
+            self.quiet_after = None;
+            self.once_empty_polls = 0;
+        }
+        self.request_queue_depth();
+        let busy = self
+            .slots
+            .iter()
+            .filter(|s| matches!(s.work, Work::Busy(_)))
+            .count() as u64;
+        self.gauges
+            .busy_slots
+            .store(busy, std::sync::atomic::Ordering::Relaxed);
+        Output {
+            reply,
+            effects: std::mem::take(&mut self.effects),
+        }
+    }
+
+    fn step(&mut self, input: Input) -> Reply {
+        match input {
+            Input::Hello(hello) => return Reply::Hello(self.attach(hello)),
+            Input::Completion {
+                slot,
+                generation,
+                completion,
+            } => self.complete(slot, generation, completion),
+            Input::Progress {
+                slot,
+                generation,
+                progress,
+            } => {
+                if let Some(s) = self.slot_mut(slot)
+                    && s.generation == generation
+                    && let Work::Busy(run) = &mut s.work
+                    && run.execution_id == progress.execution_id
+                {
+                    run.phase =
+                        proto::Phase::try_from(progress.phase).unwrap_or(proto::Phase::Unspecified);
+                }
+            }
+            Input::StreamEnded { slot, generation } => self.stream_ended(slot, generation),
+            Input::StreamGraceOver { slot, generation } => {
+                self.generation_gone(slot, generation, "attach stream closed");
+            }
+            Input::SendFailed { slot, generation } => {
+                self.generation_gone(slot, generation, "its stream closed");
+            }
+            Input::SlotStarted(started) => return Reply::SlotStarted(self.slot_started(started)),
+            Input::SlotExited(exited) => self.slot_exited(exited),
+            Input::FenceTarget {
+                credentials,
+                execution_id,
+            } => return Reply::Fence(self.fence_target(&credentials, &execution_id)),
+            Input::PollRequest => self.poll_wanted = true,
+            Input::Polled { tasks, reserved } => self.polled(tasks, reserved),
+            Input::PollFailed { reserved } => {
+                self.reserved = self.reserved.saturating_sub(reserved);
+            }
+            Input::UpdateDone { slot, next_task } => self.update_done(slot, next_task),
+            Input::UpdateV2Unsupported => self.v2 = false,
+            Input::LeaseLost { execution_id } => self.lease_lost(&execution_id),
+            Input::Drain => {
+                let already = self.draining;
+                self.start_drain();
+                return Reply::Drain(already);
+            }
+            Input::Status => return Reply::Status(Box::new(self.status())),
+            Input::Memory { available } => self.memory_measured(available),
+            Input::QueueDepth { depth, now } => self.queue_depth_read(depth, now),
+            Input::CrashHistory {
+                execution_id,
+                counted,
+            } => self.crash_history_read(&execution_id, counted),
+            Input::Tick { now } => self.tick(now),
+            // Heard (see `note_heard`): nothing more to do.
+            Input::Pong { .. } => {}
+            Input::PayloadFetched {
+                execution_id,
+                input,
+            } => self.input_fetched(&execution_id, input),
+        }
+        Reply::None
+    }
+
+    pub(super) fn slot_mut(&mut self, number: u32) -> Option<&mut Slot> {
+        self.slots
+            .get_mut(usize::try_from(number).ok()?.checked_sub(1)?)
+    }
+
+    pub(super) fn send(&mut self, slot: u32, generation: u64, message: proto::BrokerMessage) {
+        self.effects.push(Effect::Send {
+            slot,
+            generation,
+            message,
+        });
+    }
+
+    /// Nothing running, reported or held: no slot busy or awaiting update-v2's next task, no
+    /// held task, no update in flight.
+    pub(super) fn all_idle(&self) -> bool {
+        self.held.is_empty()
+            && self.updates_in_flight == 0
+            && self.slots.iter().all(|s| matches!(s.work, Work::Idle))
+    }
+
+    /// Whether a drain has started.
+    pub(crate) fn draining(&self) -> bool {
+        self.draining
+    }
+}

@@ -1,0 +1,120 @@
+//! `Admin.Status`: the slots, counters and capacity figures as the machine sees them.
+
+use super::machine::{Machine, Work};
+use perago_core::{capacity::PERAGO_MIN_FREE_MEMORY, memory::format_bytes};
+use perago_proto::{admin::v1 as admin, slot::v1 as proto};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+impl Machine {
+    pub(super) fn status(&self) -> admin::StatusResponse {
+        let slots = self
+            .slots
+            .iter()
+            .map(|s| {
+                let state = match (s.attached, &s.work) {
+                    (false, _) if !s.wanted => admin::SlotState::Retired,
+                    (false, _) if s.exited => admin::SlotState::Exited,
+                    (false, _) => admin::SlotState::Waiting,
+                    (true, _) if s.stopping => admin::SlotState::Stopping,
+                    (true, Work::Busy(_) | Work::AwaitingNext) => admin::SlotState::Busy,
+                    (true, Work::Idle) => admin::SlotState::Idle,
+                };
+                let (task_id, execution_id, since, phase) = match &s.work {
+                    Work::Busy(run) => (
+                        run.attempt.task_id.clone(),
+                        run.execution_id.clone(),
+                        unix_ms(run.dispatched_at),
+                        phase_name(run.phase),
+                    ),
+                    // The result is being reported; update-v2 may bring the next task.
+                    Work::AwaitingNext => (String::new(), String::new(), 0, "reporting"),
+                    Work::Idle => (String::new(), String::new(), 0, ""),
+                };
+                admin::SlotStatus {
+                    slot: s.number,
+                    worker_id: s.worker_id.clone(),
+                    generation: s.generation,
+                    pid: s.pid,
+                    state: state as i32,
+                    task_id,
+                    execution_id,
+                    busy_since_unix_ms: since,
+                    phase: phase.to_owned(),
+                    recycling: s.recycled,
+                }
+            })
+            .collect();
+        admin::StatusResponse {
+            task_name: self.task_name.clone(),
+            broker_worker_id: self.broker_id.clone(),
+            draining: self.draining,
+            slots,
+            counters: Some(self.counters.snapshot()),
+            broker_pid: std::process::id(),
+            started_at_unix_ms: unix_ms(self.started_at),
+            capacity: Some(self.capacity_status()),
+        }
+    }
+
+    /// The capacity settings and the live figures they act on, for Admin.Status.
+    pub(super) fn capacity_status(&self) -> admin::Capacity {
+        let c = &self.capacity;
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        admin::Capacity {
+            once: c.once,
+            max_tasks_per_executor: c.max_tasks_per_executor.unwrap_or(0),
+            max_executor_memory_bytes: c.max_executor_memory.unwrap_or(0),
+            min_executors: c.min_executors,
+            max_executors: c.max_executors,
+            scale_down_after_ms: u64::try_from(c.scale_down_after.as_millis()).unwrap_or(u64::MAX),
+            min_free_memory_bytes: c.min_free_memory.unwrap_or(0),
+            poison_after: c.poison_after,
+            wanted_executors: u32::try_from(self.gauges.wanted_executors.load(relaxed))
+                .unwrap_or(u32::MAX),
+            queue_depth: self
+                .queue_depth
+                .map_or(-1, |d| i64::try_from(d).unwrap_or(i64::MAX)),
+            available_memory_bytes: self.gauges.available_memory.load(relaxed),
+            admission_open: self.admission_open,
+            admission_reason: self.admission_reason(),
+        }
+    }
+
+    /// Why admission is closed, for Admin.Status (empty while open).
+    pub(super) fn admission_reason(&self) -> String {
+        match (
+            self.admission_open,
+            self.available_memory,
+            self.capacity.min_free_memory,
+        ) {
+            (false, Some(available), Some(min)) => format!(
+                "available memory {} is below {PERAGO_MIN_FREE_MEMORY} {}",
+                format_bytes(available),
+                format_bytes(min)
+            ),
+            _ => String::new(),
+        }
+    }
+}
+
+/// `body`, `staging`, … for status and logs.
+pub(crate) fn phase_name(phase: proto::Phase) -> &'static str {
+    match phase {
+        // Dispatched, nothing reported yet: the executor is checking the input and running
+        // the pre guardrail (it sends no message for that, see the executor).
+        proto::Phase::Unspecified => "preparing",
+        proto::Phase::Idle => "idle",
+        proto::Phase::Preparing => "preparing",
+        proto::Phase::Downloading => "downloading",
+        proto::Phase::Body => "body",
+        proto::Phase::Staging => "staging",
+        proto::Phase::Publishing => "publishing",
+        proto::Phase::Cleanup => "cleanup",
+        proto::Phase::Reporting => "reporting",
+    }
+}
+
+fn unix_ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
