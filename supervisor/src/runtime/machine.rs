@@ -1,0 +1,1015 @@
+//! The supervisor's decisions, as a machine: [`Machine::handle`] takes one [`Input`] (a child
+//! exited, a signal, the broker's state, the result of an effect, time passing) at `now` and
+//! returns the [`Effect`]s to perform; it never reads the clock, never waits and does no I/O
+//! (it logs). The actor (`actor.rs`) owns it, performs the effects as tasks and feeds their
+//! results back as inputs; [`Machine::next_wake`] says when time next matters.
+//!
+//! ```text
+//! Begin → per slot 1..=MIN in turn: Announce(gen, token) → Announced → Spawn → Spawned
+//! executor Exited → HandleExit (SlotExited, kill adopted, GC, the broker's view) → ExitHandled
+//!   → retired (stays empty) | draining (stays empty) | recycled (restart now) | restart after
+//!     1, 2, 4, 8, 16, 30, 30… s (reset after a 60 s run or a completed assignment)
+//! BrokerState every second: STATUS=, a drain seen, slots wanted (ReadStatus → start them)
+//! Signal / Stop → Drain (once; a second one is ignored with a warning)
+//! force-kill due → ReadStatus(phases) → SIGKILL executors → broker kill due → SIGKILL broker
+//! broker Exited: clean = a finished drain; else SIGTERM executors (BROKER_GONE), exit 1
+//! ```
+
+use super::children::{Child, ChildExit, ChildKind};
+use super::notify;
+use crate::errors::RuntimeError;
+use perago_core::{capacity::Capacity, process};
+use perago_proto::{admin::v1 as admin, slot::v1 as proto};
+use std::{
+    collections::{BTreeMap, VecDeque},
+    time::{Duration, Instant},
+};
+
+/// After the executors are force-killed, the broker gets this long to report their failures.
+pub(crate) const BROKER_KILL_DELAY: Duration = Duration::from_secs(2);
+/// A replacement that has run this long resets its slot's restart backoff (so does its first
+/// completed assignment).
+pub(crate) const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
+/// How often the broker's state is expected (the watcher's pace): the watchdog accepts a state
+/// up to three of these old.
+pub(crate) const STATUS_INTERVAL: Duration = Duration::from_secs(1);
+/// How often readiness for systemd is checked until the starting executors are attached.
+pub(crate) const READY_CHECK_INTERVAL: Duration = Duration::from_millis(25);
+
+/// The restart delay before the `n`-th consecutive restart of a slot (0-based).
+pub(crate) fn restart_delay(n: u32) -> Duration {
+    const STEPS: [u64; 6] = [1, 2, 4, 8, 16, 30];
+    Duration::from_secs(STEPS[(n as usize).min(STEPS.len() - 1)])
+}
+
+/// What the machine needs to know of the runtime.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) capacity: Capacity,
+    /// Each slot's worker id, slot 1 first (`max_executors` of them).
+    pub(crate) worker_ids: Vec<String>,
+    pub(crate) force_kill_after: Option<Duration>,
+    pub(crate) gc_interval: Duration,
+    pub(crate) stall_timeout: Option<Duration>,
+    /// Under a `Type=notify` unit (systemd's notify socket is set).
+    pub(crate) notify: bool,
+    /// How often systemd wants `WATCHDOG=1`, when it does.
+    pub(crate) watchdog: Option<Duration>,
+}
+
+/// Something that happened.
+#[derive(Debug)]
+pub(crate) enum Input {
+    /// The broker serves: the start-up executors start.
+    Begin,
+    /// A child ended.
+    Exited(ChildExit),
+    /// An executor generation completed an assignment (its completion byte).
+    Completed(ChildKind),
+    /// SIGTERM or SIGINT.
+    Signal(&'static str),
+    /// Another runtime failed (or `dev`'s workflows ended): drain, with this reason.
+    Stop(String),
+    /// The broker's state, from the watcher.
+    BrokerState(admin::StatusResponse),
+    /// A [`Effect::ReadStatus`] answered (`None`: no answer within its deadline).
+    StatusRead {
+        purpose: Read,
+        status: Option<admin::StatusResponse>,
+    },
+    /// An [`Effect::Announce`] ended.
+    Announced {
+        slot: u32,
+        generation: u64,
+        result: Result<(), AnnounceError>,
+    },
+    /// An [`Effect::Spawn`] ended.
+    Spawned {
+        slot: u32,
+        generation: u64,
+        result: std::io::Result<Child>,
+    },
+    /// An [`Effect::HandleExit`] ended, with the broker's view after the exit (`None`: not
+    /// asked, or no answer).
+    ExitHandled {
+        slot: u32,
+        generation: u64,
+        seen: Option<admin::StatusResponse>,
+    },
+    /// An [`Effect::SweepExpired`] ended.
+    GcDone,
+    /// An [`Effect::Drain`] failed.
+    DrainFailed(tonic::Status),
+    /// Time passed (a deadline [`Machine::next_wake`] named).
+    Tick,
+}
+
+/// How an announcement failed.
+#[derive(Debug)]
+pub(crate) enum AnnounceError {
+    /// The broker refused the generation (`FAILED_PRECONDITION`, `NOT_FOUND`): final.
+    Refused(String),
+    /// Lost or not delivered: the next try repeats it, token and all.
+    Lost(tonic::Status),
+}
+
+/// Why the broker's status is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Read {
+    /// Before scaling up: a slot retired since the last state is left alone.
+    ScaleUp,
+    /// Whether every start-up executor is attached (systemd's `READY=1`).
+    Ready,
+    /// Each slot's phase, for the force-kill lines.
+    Phases,
+}
+
+/// A message for systemd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Notice {
+    Ready(String),
+    Status(String),
+    Stopping(String),
+    Ping,
+}
+
+/// Something to do.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Effect {
+    /// `Control.SlotStarted` (bounded); answers [`Input::Announced`].
+    Announce {
+        slot: u32,
+        generation: u64,
+        token: String,
+    },
+    /// Start the executor; answers [`Input::Spawned`].
+    Spawn {
+        slot: u32,
+        generation: u64,
+        token: String,
+        worker_id: String,
+    },
+    /// Signal a child's process group (a task ignores it).
+    Signal { child: Child, signal: i32 },
+    /// Thread mode: end every executor task.
+    AbortExecutors,
+    /// Thread mode: end every task, the broker's too.
+    AbortAll,
+    /// `Admin.Drain` (bounded); a failure answers [`Input::DrainFailed`].
+    Drain,
+    /// In order, on the cleanup worker: `SlotExited` (when `tell_broker`), kill what the
+    /// bodies left to this subreaper, sweep the generation's attempts, then (when
+    /// `read_status`) read the broker's view; answers [`Input::ExitHandled`].
+    HandleExit {
+        report: proto::SlotExited,
+        worker_id: String,
+        tell_broker: bool,
+        read_status: bool,
+        /// A failed report is expected then (a broker that drained has closed its socket).
+        draining: bool,
+    },
+    /// The periodic GC, on the cleanup worker, given each slot's current generation; answers
+    /// [`Input::GcDone`].
+    SweepExpired { current: BTreeMap<u32, u64> },
+    /// `Admin.Status` (1 s); answers [`Input::StatusRead`].
+    ReadStatus(Read),
+    /// Tell systemd.
+    Notify(Notice),
+}
+
+/// Why a slot's executor is being started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// One of the runtime's first `min_executors`: a failure stops the runtime.
+    Startup,
+    /// A restart (after an exit, or a failed start): a failure backs off.
+    Restart,
+    /// A slot the broker wants (`-j MIN..MAX`): a failure backs off.
+    ScaleUp,
+}
+
+/// An exit whose handling (report, cleanup, the broker's view) is under way.
+#[derive(Debug)]
+struct PendingExit {
+    generation: u64,
+    pid: u32,
+    status: String,
+    ran: Duration,
+    recycled: bool,
+}
+
+#[derive(Debug)]
+struct SlotProc {
+    worker_id: String,
+    generation: u64,
+    /// The generation announced to the broker and not yet acknowledged (a call that timed out
+    /// may or may not have been taken): the next try repeats it, token and all, and the broker
+    /// answers a repeat as taken. `generation` moves only once the broker took it.
+    announcing: Option<(u64, String)>,
+    child: Option<Child>,
+    started_at: Instant,
+    restarts: u32,
+    restart_at: Option<Instant>,
+    /// Killed at the shutdown deadline (its exit report says so).
+    force_killed: bool,
+    /// Why the supervisor signalled this generation itself, if it did: its exit report says
+    /// so, and the broker never counts such a death against the task it ran.
+    killed_by: proto::ExitCause,
+    /// An announcement or spawn under way, and why.
+    starting: Option<Start>,
+    /// The last exit, while it is handled.
+    exiting: Option<PendingExit>,
+}
+
+/// The supervisor's state for one runtime, and its decisions.
+#[derive(Debug)]
+pub(crate) struct Machine {
+    config: Config,
+    /// A fresh control token for each new generation (random in the actor).
+    tokens: fn() -> String,
+    slots: BTreeMap<u32, SlotProc>,
+    broker: Option<Child>,
+    begun: bool,
+    /// Start-up slots not started yet (one at a time, in order).
+    startup: VecDeque<u32>,
+    draining: bool,
+    broker_failed: Option<String>,
+    /// The broker refused one of this supervisor's generations: the runtime stops with it.
+    refused: Option<RuntimeError>,
+    /// When the running executors are force-killed (`PERAGO_SHUTDOWN_FORCE_KILL_AFTER` after
+    /// the drain started, whoever started it).
+    force_kill_at: Option<Instant>,
+    /// The force kill's phase read is under way.
+    force_kill_reading: bool,
+    /// The deadline passed and executors still running were killed.
+    force_killed: bool,
+    broker_kill_at: Option<Instant>,
+    /// The broker stopped answering for `PERAGO_STALL_TIMEOUT` and was killed: why, for the
+    /// error its exit ends the runtime with.
+    broker_stalled: Option<String>,
+    /// When the broker's state last came.
+    status_at: Instant,
+    gc_at: Instant,
+    gc_running: bool,
+    watchdog_at: Option<Instant>,
+    ready_at: Instant,
+    ready_reading: bool,
+    /// This runtime told systemd it is ready.
+    ready: bool,
+    scale_reading: bool,
+}
+
+impl Machine {
+    /// A runtime whose broker (`broker`) serves; nothing starts before [`Input::Begin`].
+    pub(crate) fn new(config: Config, tokens: fn() -> String, broker: Child, now: Instant) -> Self {
+        let slots = config
+            .worker_ids
+            .iter()
+            .zip(1..)
+            .map(|(worker_id, n)| {
+                let proc = SlotProc {
+                    worker_id: worker_id.clone(),
+                    generation: 0,
+                    announcing: None,
+                    child: None,
+                    started_at: now,
+                    restarts: 0,
+                    restart_at: None,
+                    force_killed: false,
+                    killed_by: proto::ExitCause::Unspecified,
+                    starting: None,
+                    exiting: None,
+                };
+                (n, proc)
+            })
+            .collect();
+        Self {
+            gc_at: now + config.gc_interval,
+            config,
+            tokens,
+            slots,
+            broker: Some(broker),
+            begun: false,
+            startup: VecDeque::new(),
+            draining: false,
+            broker_failed: None,
+            refused: None,
+            force_kill_at: None,
+            force_kill_reading: false,
+            force_killed: false,
+            broker_kill_at: None,
+            broker_stalled: None,
+            status_at: now,
+            gc_running: false,
+            watchdog_at: None,
+            ready_at: now,
+            ready_reading: false,
+            ready: false,
+            scale_reading: false,
+        }
+    }
+
+    /// Takes `input` at `now`; returns what to do.
+    pub(crate) fn handle(&mut self, input: Input, now: Instant) -> Vec<Effect> {
+        let mut out = Vec::new();
+        match input {
+            Input::Begin => self.begin(now, &mut out),
+            Input::Exited(exit) => self.on_exit(exit, now, &mut out),
+            Input::Completed(kind) => self.on_completion(kind),
+            Input::Signal(why) => self.start_drain(why, now, &mut out),
+            Input::Stop(why) => self.start_drain(&why, now, &mut out),
+            Input::BrokerState(seen) => self.on_broker_state(&seen, now, &mut out),
+            Input::StatusRead { purpose, status } => {
+                self.on_status_read(purpose, status, now, &mut out);
+            }
+            Input::Announced {
+                slot,
+                generation,
+                result,
+            } => self.on_announced(slot, generation, result, now, &mut out),
+            Input::Spawned {
+                slot,
+                generation,
+                result,
+            } => self.on_spawned(slot, generation, result, now, &mut out),
+            Input::ExitHandled {
+                slot,
+                generation,
+                seen,
+            } => self.on_exit_handled(slot, generation, seen, now),
+            Input::GcDone => self.gc_running = false,
+            Input::DrainFailed(e) => {
+                tracing::warn!(error = %e, "cannot ask the broker to drain; stopping it with SIGTERM");
+                if let Some(broker) = self.broker {
+                    out.push(Effect::Signal {
+                        child: broker,
+                        signal: process::SIGTERM,
+                    });
+                }
+            }
+            Input::Tick => {}
+        }
+        if self.begun {
+            self.timers(now, &mut out);
+        }
+        out
+    }
+
+    /// The next time something is due (a restart, a deadline, a periodic check), if any.
+    pub(crate) fn next_wake(&self) -> Option<Instant> {
+        if !self.begun {
+            return None;
+        }
+        let restart = self.next_restart().map(|(_, at)| at);
+        let stall = self
+            .stall_watched()
+            .then(|| self.status_at + self.config.stall_timeout.unwrap_or_default());
+        let ready = self.ready_watched().then_some(self.ready_at);
+        let gc = (!self.gc_running).then_some(self.gc_at);
+        [
+            restart,
+            self.force_kill_at,
+            self.broker_kill_at,
+            stall,
+            ready,
+            gc,
+            self.watchdog_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// The runtime is over: no broker, no executor, and nothing of theirs under way.
+    pub(crate) fn done(&self) -> bool {
+        self.begun
+            && self.broker.is_none()
+            && !self.gc_running
+            && self
+                .slots
+                .values()
+                .all(|p| p.child.is_none() && p.starting.is_none() && p.exiting.is_none())
+    }
+
+    /// How the runtime ended (once [`done`](Self::done)).
+    pub(crate) fn outcome(self) -> Result<(), RuntimeError> {
+        if let Some(refused) = self.refused {
+            return Err(refused);
+        }
+        match (self.broker_failed, self.force_killed) {
+            (Some(status), _) => Err(RuntimeError::BrokerDied { status }),
+            (None, true) => Err(RuntimeError::ForceKilled {
+                deadline: self.config.force_kill_after.unwrap_or_default(),
+            }),
+            (None, false) => Ok(()),
+        }
+    }
+
+    /// Whether the runtime is draining (no restarts).
+    #[cfg(test)]
+    pub(crate) fn draining(&self) -> bool {
+        self.draining
+    }
+
+    /// A slot's generation, restart count and pending restart (for tests).
+    #[cfg(test)]
+    pub(crate) fn slot(&self, slot: u32) -> (u64, u32, Option<Instant>) {
+        let p = &self.slots[&slot];
+        (p.generation, p.restarts, p.restart_at)
+    }
+
+    fn begin(&mut self, now: Instant, out: &mut Vec<Effect>) {
+        self.begun = true;
+        self.status_at = now;
+        self.ready_at = now;
+        self.gc_at = now + self.config.gc_interval;
+        self.watchdog_at = self.config.watchdog.map(|_| now);
+        // An adaptive runtime starts its minimum; the slots above it start when the queue has
+        // a backlog.
+        self.startup = (1..=self.config.capacity.min_executors).collect();
+        self.next_startup(now, out);
+    }
+
+    fn next_startup(&mut self, now: Instant, out: &mut Vec<Effect>) {
+        if let Some(slot) = self.startup.pop_front() {
+            self.start_executor(slot, Start::Startup, now, out);
+        }
+    }
+
+    fn stall_watched(&self) -> bool {
+        self.config.stall_timeout.is_some()
+            && self.broker.is_some()
+            && self.broker_stalled.is_none()
+    }
+
+    fn ready_watched(&self) -> bool {
+        self.config.notify && !self.ready && !self.draining && !self.ready_reading
+    }
+
+    fn timers(&mut self, now: Instant, out: &mut Vec<Effect>) {
+        while let Some((slot, at)) = self.next_restart()
+            && at <= now
+        {
+            tracing::info!(slot, "restarting the slot");
+            self.start_executor(slot, Start::Restart, now, out);
+        }
+        if self.force_kill_at.is_some_and(|at| at <= now) {
+            self.force_kill_at = None;
+            self.force_kill_reading = true;
+            out.push(Effect::ReadStatus(Read::Phases));
+        }
+        if self.broker_kill_at.is_some_and(|at| at <= now) {
+            self.broker_kill_at = None;
+            if let Some(broker) = self.broker {
+                tracing::error!(
+                    pid = broker.pid(),
+                    "force-killing the broker after the shutdown deadline"
+                );
+                out.push(Effect::Signal {
+                    child: broker,
+                    signal: process::SIGKILL,
+                });
+            }
+            out.push(Effect::AbortAll);
+        }
+        if self.stall_watched()
+            && let Some(timeout) = self.config.stall_timeout
+            && now.saturating_duration_since(self.status_at) >= timeout
+        {
+            self.broker_is_stalled(timeout, out);
+        }
+        if self.ready_watched() && self.ready_at <= now {
+            self.ready_reading = true;
+            self.ready_at = now + READY_CHECK_INTERVAL;
+            out.push(Effect::ReadStatus(Read::Ready));
+        }
+        if !self.gc_running && self.gc_at <= now {
+            self.gc_running = true;
+            self.gc_at = now + self.config.gc_interval;
+            let current = self.slots.iter().map(|(n, p)| (*n, p.generation)).collect();
+            out.push(Effect::SweepExpired { current });
+        }
+        if let (Some(at), Some(every)) = (self.watchdog_at, self.config.watchdog)
+            && at <= now
+        {
+            self.watchdog_at = Some(now + every);
+            // Fresh state, or a drain: the runtime is alive.
+            if self.draining
+                || now.saturating_duration_since(self.status_at) < every.max(STATUS_INTERVAL * 3)
+            {
+                out.push(Effect::Notify(Notice::Ping));
+            }
+        }
+    }
+
+    /// From now on no slot restarts, and the shutdown deadline runs (once, from the first
+    /// drain: a signal, Admin.Drain or the broker's death).
+    fn set_draining(&mut self, now: Instant) {
+        self.draining = true;
+        self.startup.clear();
+        for proc in self.slots.values_mut() {
+            proc.restart_at = None;
+        }
+        if self.force_kill_at.is_none()
+            && !self.force_kill_reading
+            && !self.force_killed
+            && let Some(after) = self.config.force_kill_after
+        {
+            self.force_kill_at = Some(now + after);
+        }
+    }
+
+    /// Announces the slot's next generation (or repeats the one announced last, if the
+    /// broker's answer was lost) before its process exists, so the executor can never attach
+    /// before it is expected. The broker takes generations only in order.
+    fn start_executor(&mut self, slot: u32, why: Start, _now: Instant, out: &mut Vec<Effect>) {
+        let tokens = self.tokens;
+        let proc = self.slots.get_mut(&slot).expect("known slot");
+        proc.restart_at = None;
+        proc.starting = Some(why);
+        let (generation, token) = proc
+            .announcing
+            .get_or_insert_with(|| (proc.generation + 1, tokens()))
+            .clone();
+        out.push(Effect::Announce {
+            slot,
+            generation,
+            token,
+        });
+    }
+
+    fn on_announced(
+        &mut self,
+        slot: u32,
+        generation: u64,
+        result: Result<(), AnnounceError>,
+        now: Instant,
+        out: &mut Vec<Effect>,
+    ) {
+        let Some(proc) = self.slots.get_mut(&slot) else {
+            return;
+        };
+        let Some(why) = proc.starting else {
+            return;
+        };
+        match result {
+            Ok(()) => {
+                let token = proc
+                    .announcing
+                    .take()
+                    .map(|(_, token)| token)
+                    .unwrap_or_default();
+                proc.generation = generation;
+                if self.broker.is_none() {
+                    // Taken, but nothing is left to attach to.
+                    proc.starting = None;
+                    return;
+                }
+                out.push(Effect::Spawn {
+                    slot,
+                    generation,
+                    token,
+                    worker_id: proc.worker_id.clone(),
+                });
+            }
+            Err(AnnounceError::Refused(reason)) => {
+                proc.starting = None;
+                // Refused, not lost: the broker's slot is at another generation than this
+                // supervisor's (see `RuntimeError::GenerationRefused`). Retrying could never
+                // succeed, and re-announcing the generation the broker expects would race
+                // whoever holds the token: stop, loudly.
+                let error = RuntimeError::GenerationRefused {
+                    slot,
+                    generation,
+                    reason,
+                };
+                self.start_failed(slot, why, error, now, out);
+            }
+            Err(AnnounceError::Lost(status)) => {
+                proc.starting = None;
+                self.start_failed(slot, why, status.into(), now, out);
+            }
+        }
+    }
+
+    fn on_spawned(
+        &mut self,
+        slot: u32,
+        generation: u64,
+        result: std::io::Result<Child>,
+        now: Instant,
+        out: &mut Vec<Effect>,
+    ) {
+        let Some(proc) = self.slots.get_mut(&slot) else {
+            return;
+        };
+        let Some(why) = proc.starting.take() else {
+            return;
+        };
+        match result {
+            Ok(child) => {
+                proc.child = Some(child);
+                proc.started_at = now;
+                tracing::info!(worker_id = %proc.worker_id, slot, generation, pid = child.pid(), "executor started");
+                if why == Start::Startup {
+                    self.next_startup(now, out);
+                }
+            }
+            Err(source) => {
+                let error = RuntimeError::Spawn {
+                    what: format!("executor {}", proc.worker_id),
+                    source,
+                };
+                self.start_failed(slot, why, error, now, out);
+            }
+        }
+    }
+
+    /// A start failed: at start-up the runtime stops; later, a refused generation stops it
+    /// and anything else is retried with backoff.
+    fn start_failed(
+        &mut self,
+        slot: u32,
+        why: Start,
+        error: RuntimeError,
+        now: Instant,
+        out: &mut Vec<Effect>,
+    ) {
+        let refused = matches!(error, RuntimeError::GenerationRefused { .. });
+        match why {
+            Start::Startup => {
+                tracing::error!(error = %error, "cannot start an executor; stopping");
+                self.start_drain("start-up failure", now, out);
+                if refused {
+                    self.refused.get_or_insert(error);
+                } else {
+                    self.broker_failed.get_or_insert_with(|| error.to_string());
+                }
+            }
+            _ if refused => {
+                tracing::error!(error = %error, "the broker refused an executor generation; stopping the runtime");
+                self.start_drain("a refused generation", now, out);
+                self.refused.get_or_insert(error);
+            }
+            Start::Restart | Start::ScaleUp => {
+                if why == Start::Restart {
+                    tracing::error!(error = %error, "cannot restart an executor; retrying with backoff");
+                } else {
+                    tracing::error!(error = %error, "cannot start an executor; retrying with backoff");
+                }
+                // A drain started while the start was under way: no restart any more.
+                if !self.draining {
+                    let proc = self.slots.get_mut(&slot).expect("known slot");
+                    proc.restart_at = Some(now + restart_delay(proc.restarts));
+                    proc.restarts += 1;
+                }
+            }
+        }
+    }
+
+    fn on_exit(&mut self, exit: ChildExit, now: Instant, out: &mut Vec<Effect>) {
+        let status = exit.ended.describe();
+        match exit.kind {
+            ChildKind::Broker => {
+                self.broker = None;
+                // A broker exits 0 only after a completed drain, also one an operator started
+                // with Admin.Drain or one it started itself (run once: no task left).
+                let clean = exit.ended.success();
+                if clean && !self.draining {
+                    tracing::info!(
+                        "the broker finished a drain (Admin.Drain, or run once with no task left)"
+                    );
+                    self.set_draining(now);
+                }
+                if clean {
+                    tracing::info!(pid = exit.pid, "broker finished its drain");
+                    return;
+                }
+                let status = match self.broker_stalled.take() {
+                    Some(why) => format!("{status}: {why}"),
+                    None => status,
+                };
+                tracing::error!(pid = exit.pid, status = %status, "broker exited; stopping the runtime");
+                self.broker_failed = Some(status);
+                self.set_draining(now);
+                for proc in self.slots.values_mut() {
+                    if let Some(child) = proc.child {
+                        // No result can be reported any more: executors stop their bodies
+                        // (SIGTERM, a short grace, SIGKILL) as soon as their slot stream ends,
+                        // and exit; an idle one exits on this signal.
+                        out.push(Effect::Signal {
+                            child,
+                            signal: process::SIGTERM,
+                        });
+                        proc.killed_by = proto::ExitCause::BrokerGone;
+                    }
+                }
+            }
+            ChildKind::Executor { slot, generation } => {
+                let Some(proc) = self.slots.get_mut(&slot) else {
+                    return;
+                };
+                if proc.generation != generation || proc.child.is_none() {
+                    return;
+                }
+                proc.child = None;
+                let cause = std::mem::replace(&mut proc.killed_by, proto::ExitCause::Unspecified);
+                let status = if std::mem::take(&mut proc.force_killed) {
+                    // The broker puts this in the FAILED reason Conductor gets.
+                    format!(
+                        "killed by the supervisor at the shutdown deadline, PERAGO_SHUTDOWN_FORCE_KILL_AFTER={}s after the drain started: {status}",
+                        self.config.force_kill_after.unwrap_or_default().as_secs()
+                    )
+                } else {
+                    status
+                };
+                proc.exiting = Some(PendingExit {
+                    generation,
+                    pid: exit.pid,
+                    status: status.clone(),
+                    ran: now.saturating_duration_since(proc.started_at),
+                    recycled: exit.ended.recycled(),
+                });
+                out.push(Effect::HandleExit {
+                    report: proto::SlotExited {
+                        slot,
+                        generation,
+                        pid: exit.pid,
+                        status,
+                        cause: cause.into(),
+                        signal: exit.ended.signal(),
+                        exit_code: exit.ended.exit_code(),
+                    },
+                    worker_id: proc.worker_id.clone(),
+                    tell_broker: self.broker.is_some(),
+                    read_status: !self.draining,
+                    draining: self.draining,
+                });
+            }
+        }
+    }
+
+    /// What comes after an executor's exit, now that it is reported and cleaned up: one read
+    /// of the broker's view of the slot decides.
+    fn on_exit_handled(
+        &mut self,
+        slot: u32,
+        generation: u64,
+        seen: Option<admin::StatusResponse>,
+        now: Instant,
+    ) {
+        let Some(proc) = self.slots.get_mut(&slot) else {
+            return;
+        };
+        let Some(exit) = proc.exiting.take_if(|e| e.generation == generation) else {
+            return;
+        };
+        let worker_id = proc.worker_id.clone();
+        let seen = seen.filter(|_| !self.draining);
+        let slot_seen = seen
+            .as_ref()
+            .and_then(|s| s.slots.iter().find(|s| s.slot == slot).cloned());
+        if seen.as_ref().is_some_and(|s| s.draining) && !self.draining {
+            tracing::info!("the broker is draining (Admin.Drain): no restarts");
+            self.set_draining(now);
+        }
+        let (pid, status) = (exit.pid, &exit.status);
+        if !self.draining
+            && self.config.capacity.adaptive()
+            && slot_seen
+                .as_ref()
+                .is_some_and(|s| s.state() == admin::SlotState::Retired)
+        {
+            tracing::info!(worker_id = %worker_id, pid, generation, status = %status, "executor retired (scale down): its slot stays empty until the broker wants it again");
+            self.slots.get_mut(&slot).expect("checked above").restarts = 0;
+            return;
+        }
+        let proc = self.slots.get_mut(&slot).expect("checked above");
+        if self.draining {
+            tracing::info!(worker_id = %worker_id, pid, generation, status = %status, "executor exited");
+            return;
+        }
+        // Recycled: it said so with its last completion (the broker's word, for this
+        // generation) and exited with the recycling code. The exit code alone is not enough: a
+        // `body.executor` binary exiting 75 on its own must not restart in a tight loop.
+        let broker_says_recycled = slot_seen
+            .as_ref()
+            .is_some_and(|s| s.generation == generation && s.recycling);
+        if exit.recycled && broker_says_recycled {
+            // It left on purpose between assignments: no failure, no backoff.
+            proc.restart_at = Some(now);
+            tracing::info!(
+                worker_id = %worker_id, pid, generation, status = %status,
+                "executor recycled: restarting the slot at once"
+            );
+            return;
+        }
+        if exit.ran >= BACKOFF_RESET_AFTER {
+            proc.restarts = 0;
+        }
+        let delay = restart_delay(proc.restarts);
+        proc.restarts += 1;
+        proc.restart_at = Some(now + delay);
+        tracing::warn!(
+            worker_id = %worker_id, pid, generation, status = %status,
+            restart_in_s = delay.as_secs(), "executor exited; slot restart scheduled"
+        );
+    }
+
+    /// An executor generation completed an assignment: it works, so the slot's next restart
+    /// starts the backoff over (an agent killing executors now and then cannot park a slot at
+    /// the 30 s cap while it does useful work in between).
+    fn on_completion(&mut self, kind: ChildKind) {
+        if let ChildKind::Executor { slot, generation } = kind
+            && let Some(proc) = self.slots.get_mut(&slot)
+            && proc.generation == generation
+            && proc.restarts > 0
+        {
+            tracing::debug!(
+                slot,
+                generation,
+                "a replacement completed an assignment: restart backoff reset"
+            );
+            proc.restarts = 0;
+        }
+    }
+
+    fn start_drain(&mut self, why: &str, now: Instant, out: &mut Vec<Effect>) {
+        if self.draining {
+            tracing::warn!(
+                "{why} during drain: ignored; the drain goes on (set PERAGO_SHUTDOWN_FORCE_KILL_AFTER to bound it)"
+            );
+            return;
+        }
+        tracing::info!("{why}: draining (no new tasks; running ones finish and are reported)");
+        if self.config.notify {
+            out.push(Effect::Notify(Notice::Stopping(why.to_owned())));
+        }
+        self.set_draining(now);
+        if self.broker.is_some() {
+            out.push(Effect::Drain);
+        }
+    }
+
+    fn on_broker_state(
+        &mut self,
+        seen: &admin::StatusResponse,
+        now: Instant,
+        out: &mut Vec<Effect>,
+    ) {
+        self.status_at = now;
+        // A drain's STATUS= (STOPPING=1) stays: the state keeps coming through a drain only
+        // for the broker's liveness.
+        if self.config.notify && self.ready && !self.draining {
+            out.push(Effect::Notify(Notice::Status(notify::status_text(seen))));
+        }
+        if seen.draining {
+            if !self.draining {
+                tracing::info!("the broker is draining (Admin.Drain or run once): no restarts");
+                self.set_draining(now);
+            }
+        } else if !self.slots_to_start(seen).is_empty() && !self.scale_reading {
+            // The broker is asked again before anything starts, so a slot retired since is
+            // left alone.
+            self.scale_reading = true;
+            out.push(Effect::ReadStatus(Read::ScaleUp));
+        }
+    }
+
+    fn on_status_read(
+        &mut self,
+        purpose: Read,
+        status: Option<admin::StatusResponse>,
+        now: Instant,
+        out: &mut Vec<Effect>,
+    ) {
+        match purpose {
+            Read::ScaleUp => {
+                self.scale_reading = false;
+                let Some(fresh) = status else { return };
+                for slot in self.slots_to_start(&fresh) {
+                    tracing::info!(slot, "scaling up: the broker wants this slot's executor");
+                    self.start_executor(slot, Start::ScaleUp, now, out);
+                }
+            }
+            Read::Ready => {
+                self.ready_reading = false;
+                if let Some(status) = status
+                    && !self.ready
+                    && !self.draining
+                    && notify::all_attached(&status, self.config.capacity.min_executors)
+                {
+                    tracing::info!("every executor attached: telling systemd the service is ready");
+                    self.ready = true;
+                    out.push(Effect::Notify(Notice::Ready(notify::status_text(&status))));
+                }
+            }
+            Read::Phases => {
+                self.force_kill_reading = false;
+                let phases = status.map_or_else(BTreeMap::new, |s| phases(&s));
+                self.force_kill(&phases, now, out);
+            }
+        }
+    }
+
+    /// Kills every executor still running. The broker stays up to report their assignments
+    /// FAILED (with the deadline as the reason); it is killed [`BROKER_KILL_DELAY`] later.
+    fn force_kill(&mut self, phases: &BTreeMap<u32, String>, now: Instant, out: &mut Vec<Effect>) {
+        let deadline = self.config.force_kill_after.unwrap_or_default();
+        for (slot, proc) in &mut self.slots {
+            if let Some(child) = proc.child {
+                let phase = phases.get(slot).map_or("unknown", String::as_str);
+                tracing::error!(worker_id = %proc.worker_id, pid = child.pid(), phase = %phase, deadline_s = deadline.as_secs(), "force-killing an executor still running after the shutdown deadline");
+                out.push(Effect::Signal {
+                    child,
+                    signal: process::SIGKILL,
+                });
+                proc.force_killed = true;
+                proc.killed_by = proto::ExitCause::ShutdownDeadline;
+                self.force_killed = true;
+            }
+        }
+        out.push(Effect::AbortExecutors);
+        self.broker_kill_at = Some(now + BROKER_KILL_DELAY);
+    }
+
+    /// The broker's state has not come for `timeout`: it is treated as dead. A broker process
+    /// is SIGKILLed (its exit then stops the runtime as any broker death does: executors told
+    /// to stop, exit 1); a thread-mode broker is aborted.
+    fn broker_is_stalled(&mut self, timeout: Duration, out: &mut Vec<Effect>) {
+        let t = perago_core::liveness::describe(timeout);
+        let why = format!(
+            "the broker did not answer for {t} ({}={t}); killed",
+            perago_core::liveness::PERAGO_STALL_TIMEOUT
+        );
+        let Some(broker) = self.broker else {
+            return;
+        };
+        tracing::error!(pid = broker.pid(), "{why}");
+        self.broker_stalled = Some(why);
+        out.push(match broker {
+            Child::Process(_) => Effect::Signal {
+                child: broker,
+                signal: process::SIGKILL,
+            },
+            Child::Task => Effect::AbortAll,
+        });
+    }
+
+    /// The slots the broker wants run (`-j MIN..MAX`) that have no executor here, none
+    /// starting (or still to start with the runtime), none exiting and no restart pending, as of `status` (a slot whose generation
+    /// moved since is not one).
+    fn slots_to_start(&self, status: &admin::StatusResponse) -> Vec<u32> {
+        if !self.config.capacity.adaptive() || self.draining || status.draining {
+            return Vec::new();
+        }
+        status
+            .slots
+            .iter()
+            .filter(|s| {
+                matches!(
+                    s.state(),
+                    admin::SlotState::Waiting | admin::SlotState::Exited
+                )
+            })
+            .filter(|s| {
+                self.slots.get(&s.slot).is_some_and(|p| {
+                    p.child.is_none()
+                        && !self.startup.contains(&s.slot)
+                        && p.restart_at.is_none()
+                        && p.starting.is_none()
+                        && p.exiting.is_none()
+                        && p.generation == s.generation
+                })
+            })
+            .map(|s| s.slot)
+            .collect()
+    }
+
+    fn next_restart(&self) -> Option<(u32, Instant)> {
+        self.slots
+            .iter()
+            .filter_map(|(slot, p)| p.restart_at.map(|at| (*slot, at)))
+            .min_by_key(|(_, at)| *at)
+    }
+}
+
+/// Each slot's phase as the broker tells it (`idle` when it names none).
+fn phases(status: &admin::StatusResponse) -> BTreeMap<u32, String> {
+    status
+        .slots
+        .iter()
+        .map(|s| {
+            let phase = if s.phase.is_empty() {
+                "idle".to_owned()
+            } else {
+                s.phase.clone()
+            };
+            (s.slot, phase)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[path = "machine_tests.rs"]
+mod tests;
