@@ -148,7 +148,7 @@ fn watch_status(
 /// Work for the cleanup worker, done in the order it was asked for.
 enum Cleanup {
     Exit(Box<ExitCleanup>),
-    Expired { current: BTreeMap<u32, u64> },
+    Expired,
 }
 
 /// An executor's exit to handle (see [`handle_exit`]).
@@ -168,6 +168,8 @@ struct CleanupRoot {
     socket: PathBuf,
     gc_ttl: Duration,
     lakefs: Option<perago_executor::workspace::lakefs::LakefsClient>,
+    /// Each slot's current generation, as the machine has it now.
+    generations: tokio::sync::watch::Receiver<BTreeMap<u32, u64>>,
 }
 
 /// Exit handling and the GC, one request at a time (the sweeps of one root never run
@@ -180,7 +182,8 @@ async fn cleanup_worker(
     while let Some(request) = requests.recv().await {
         let answer = match request {
             Cleanup::Exit(exit) => handle_exit(&root, *exit).await,
-            Cleanup::Expired { current } => {
+            Cleanup::Expired => {
+                let current = root.generations.borrow().clone();
                 super::gc::sweep_expired(
                     &root.workspace_root,
                     root.gc_ttl,
@@ -321,6 +324,8 @@ struct Actor {
     /// Results of effects, back as inputs.
     inputs: mpsc::UnboundedSender<Input>,
     cleanup: mpsc::UnboundedSender<Cleanup>,
+    /// Each slot's current generation, for the GC.
+    generations: tokio::sync::watch::Sender<BTreeMap<u32, u64>>,
     /// The broker's clients, while it lives.
     control: Option<Control>,
     admin: Option<AdminClient<Channel>>,
@@ -339,6 +344,12 @@ impl Actor {
                 }
             }
         }
+        let now = self.machine.generations();
+        self.generations.send_if_modified(|current| {
+            let changed = *current != now;
+            *current = now;
+            changed
+        });
     }
 
     fn on_exit(&mut self, exit: ChildExit) {
@@ -430,8 +441,8 @@ impl Actor {
                 }));
                 let _ = self.cleanup.send(request);
             }
-            Effect::SweepExpired { current } => {
-                let _ = self.cleanup.send(Cleanup::Expired { current });
+            Effect::SweepExpired => {
+                let _ = self.cleanup.send(Cleanup::Expired);
             }
             Effect::ReadStatus(purpose) => {
                 let Some(admin) = self.admin.clone() else {
@@ -538,6 +549,7 @@ pub(crate) async fn supervise(
     };
     let (inputs_tx, mut inputs) = mpsc::unbounded_channel();
     let (cleanup_tx, cleanup_rx) = mpsc::unbounded_channel();
+    let (generations_tx, generations) = tokio::sync::watch::channel(BTreeMap::new());
     let cleanup = tokio::spawn(
         cleanup_worker(
             CleanupRoot {
@@ -545,6 +557,7 @@ pub(crate) async fn supervise(
                 socket: spec.socket.clone(),
                 gc_ttl: spec.gc_ttl,
                 lakefs: spec.lakefs.take(),
+                generations,
             },
             cleanup_rx,
             inputs_tx.clone(),
@@ -562,6 +575,7 @@ pub(crate) async fn supervise(
         completions: completions_tx,
         inputs: inputs_tx,
         cleanup: cleanup_tx,
+        generations: generations_tx,
         control: Some(control),
         admin: Some(admin),
         notifier,

@@ -42,140 +42,11 @@ pub(crate) fn restart_delay(n: u32) -> Duration {
     Duration::from_secs(STEPS[(n as usize).min(STEPS.len() - 1)])
 }
 
-/// What the machine needs to know of the runtime.
-#[derive(Debug, Clone)]
-pub(crate) struct Config {
-    pub(crate) capacity: Capacity,
-    /// Each slot's worker id, slot 1 first (`max_executors` of them).
-    pub(crate) worker_ids: Vec<String>,
-    pub(crate) force_kill_after: Option<Duration>,
-    pub(crate) gc_interval: Duration,
-    pub(crate) stall_timeout: Option<Duration>,
-    /// Under a `Type=notify` unit (systemd's notify socket is set).
-    pub(crate) notify: bool,
-    /// How often systemd wants `WATCHDOG=1`, when it does.
-    pub(crate) watchdog: Option<Duration>,
-}
+mod broker_state;
+mod exits;
+mod protocol;
 
-/// Something that happened.
-#[derive(Debug)]
-pub(crate) enum Input {
-    /// The broker serves: the start-up executors start.
-    Begin,
-    /// A child ended.
-    Exited(ChildExit),
-    /// An executor generation completed an assignment (its completion byte).
-    Completed(ChildKind),
-    /// SIGTERM or SIGINT.
-    Signal(&'static str),
-    /// Another runtime failed (or `dev`'s workflows ended): drain, with this reason.
-    Stop(String),
-    /// The broker's state, from the watcher.
-    BrokerState(admin::StatusResponse),
-    /// A [`Effect::ReadStatus`] answered (`None`: no answer within its deadline).
-    StatusRead {
-        purpose: Read,
-        status: Option<admin::StatusResponse>,
-    },
-    /// An [`Effect::Announce`] ended.
-    Announced {
-        slot: u32,
-        generation: u64,
-        result: Result<(), AnnounceError>,
-    },
-    /// An [`Effect::Spawn`] ended.
-    Spawned {
-        slot: u32,
-        generation: u64,
-        result: std::io::Result<Child>,
-    },
-    /// An [`Effect::HandleExit`] ended, with the broker's view after the exit (`None`: not
-    /// asked, or no answer).
-    ExitHandled {
-        slot: u32,
-        generation: u64,
-        seen: Option<admin::StatusResponse>,
-    },
-    /// An [`Effect::SweepExpired`] ended.
-    GcDone,
-    /// An [`Effect::Drain`] failed.
-    DrainFailed(tonic::Status),
-    /// Time passed (a deadline [`Machine::next_wake`] named).
-    Tick,
-}
-
-/// How an announcement failed.
-#[derive(Debug)]
-pub(crate) enum AnnounceError {
-    /// The broker refused the generation (`FAILED_PRECONDITION`, `NOT_FOUND`): final.
-    Refused(String),
-    /// Lost or not delivered: the next try repeats it, token and all.
-    Lost(tonic::Status),
-}
-
-/// Why the broker's status is read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Read {
-    /// Before scaling up: a slot retired since the last state is left alone.
-    ScaleUp,
-    /// Whether every start-up executor is attached (systemd's `READY=1`).
-    Ready,
-    /// Each slot's phase, for the force-kill lines.
-    Phases,
-}
-
-/// A message for systemd.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Notice {
-    Ready(String),
-    Status(String),
-    Stopping(String),
-    Ping,
-}
-
-/// Something to do.
-#[derive(Debug, PartialEq)]
-pub(crate) enum Effect {
-    /// `Control.SlotStarted` (bounded); answers [`Input::Announced`].
-    Announce {
-        slot: u32,
-        generation: u64,
-        token: String,
-    },
-    /// Start the executor; answers [`Input::Spawned`].
-    Spawn {
-        slot: u32,
-        generation: u64,
-        token: String,
-        worker_id: String,
-    },
-    /// Signal a child's process group (a task ignores it).
-    Signal { child: Child, signal: i32 },
-    /// Thread mode: end every executor task.
-    AbortExecutors,
-    /// Thread mode: end every task, the broker's too.
-    AbortAll,
-    /// `Admin.Drain` (bounded); a failure answers [`Input::DrainFailed`].
-    Drain,
-    /// In order, on the cleanup worker: `SlotExited` (when `tell_broker`), kill what the
-    /// bodies left to this subreaper, sweep the generation's attempts, then (when
-    /// `read_status`) read the broker's view; answers [`Input::ExitHandled`].
-    HandleExit {
-        report: proto::SlotExited,
-        worker_id: String,
-        tell_broker: bool,
-        read_status: bool,
-        /// A failed report is expected then (a broker that drained has closed its socket).
-        draining: bool,
-    },
-    /// The periodic GC, on the cleanup worker, given each slot's current generation; answers
-    /// [`Input::GcDone`].
-    SweepExpired { current: BTreeMap<u32, u64> },
-    /// `Admin.Status` (1 s); answers [`Input::StatusRead`].
-    ReadStatus(Read),
-    /// Tell systemd.
-    Notify(Notice),
-}
+pub(crate) use protocol::{AnnounceError, Config, Effect, Input, Notice, Read};
 
 /// Why a slot's executor is being started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -405,6 +276,13 @@ impl Machine {
         }
     }
 
+    /// Each slot's current generation (the last the broker took): the GC keeps what a live
+    /// executor of one of them owns. Read when the sweep runs, not when it was asked for: a
+    /// sweep queued behind an exit must know of the generation that exit's restart started.
+    pub(crate) fn generations(&self) -> BTreeMap<u32, u64> {
+        self.slots.iter().map(|(n, p)| (*n, p.generation)).collect()
+    }
+
     /// Whether the runtime is draining (no restarts).
     #[cfg(test)]
     pub(crate) fn draining(&self) -> bool {
@@ -486,13 +364,12 @@ impl Machine {
         if !self.gc_running && self.gc_at <= now {
             self.gc_running = true;
             self.gc_at = now + self.config.gc_interval;
-            let current = self.slots.iter().map(|(n, p)| (*n, p.generation)).collect();
-            out.push(Effect::SweepExpired { current });
+            out.push(Effect::SweepExpired);
         }
         if let (Some(at), Some(every)) = (self.watchdog_at, self.config.watchdog)
             && at <= now
         {
-            self.watchdog_at = Some(now + every);
+            self.watchdog_at = Some(now + every.max(Duration::from_millis(1)));
             // Fresh state, or a drain: the runtime is alive.
             if self.draining
                 || now.saturating_duration_since(self.status_at) < every.max(STATUS_INTERVAL * 3)
@@ -667,173 +544,6 @@ impl Machine {
         }
     }
 
-    fn on_exit(&mut self, exit: ChildExit, now: Instant, out: &mut Vec<Effect>) {
-        let status = exit.ended.describe();
-        match exit.kind {
-            ChildKind::Broker => {
-                self.broker = None;
-                // A broker exits 0 only after a completed drain, also one an operator started
-                // with Admin.Drain or one it started itself (run once: no task left).
-                let clean = exit.ended.success();
-                if clean && !self.draining {
-                    tracing::info!(
-                        "the broker finished a drain (Admin.Drain, or run once with no task left)"
-                    );
-                    self.set_draining(now);
-                }
-                if clean {
-                    tracing::info!(pid = exit.pid, "broker finished its drain");
-                    return;
-                }
-                let status = match self.broker_stalled.take() {
-                    Some(why) => format!("{status}: {why}"),
-                    None => status,
-                };
-                tracing::error!(pid = exit.pid, status = %status, "broker exited; stopping the runtime");
-                self.broker_failed = Some(status);
-                self.set_draining(now);
-                for proc in self.slots.values_mut() {
-                    if let Some(child) = proc.child {
-                        // No result can be reported any more: executors stop their bodies
-                        // (SIGTERM, a short grace, SIGKILL) as soon as their slot stream ends,
-                        // and exit; an idle one exits on this signal.
-                        out.push(Effect::Signal {
-                            child,
-                            signal: process::SIGTERM,
-                        });
-                        proc.killed_by = proto::ExitCause::BrokerGone;
-                    }
-                }
-            }
-            ChildKind::Executor { slot, generation } => {
-                let Some(proc) = self.slots.get_mut(&slot) else {
-                    return;
-                };
-                if proc.generation != generation || proc.child.is_none() {
-                    return;
-                }
-                proc.child = None;
-                let cause = std::mem::replace(&mut proc.killed_by, proto::ExitCause::Unspecified);
-                let status = if std::mem::take(&mut proc.force_killed) {
-                    // The broker puts this in the FAILED reason Conductor gets.
-                    format!(
-                        "killed by the supervisor at the shutdown deadline, PERAGO_SHUTDOWN_FORCE_KILL_AFTER={}s after the drain started: {status}",
-                        self.config.force_kill_after.unwrap_or_default().as_secs()
-                    )
-                } else {
-                    status
-                };
-                proc.exiting = Some(PendingExit {
-                    generation,
-                    pid: exit.pid,
-                    status: status.clone(),
-                    ran: now.saturating_duration_since(proc.started_at),
-                    recycled: exit.ended.recycled(),
-                });
-                out.push(Effect::HandleExit {
-                    report: proto::SlotExited {
-                        slot,
-                        generation,
-                        pid: exit.pid,
-                        status,
-                        cause: cause.into(),
-                        signal: exit.ended.signal(),
-                        exit_code: exit.ended.exit_code(),
-                    },
-                    worker_id: proc.worker_id.clone(),
-                    tell_broker: self.broker.is_some(),
-                    read_status: !self.draining,
-                    draining: self.draining,
-                });
-            }
-        }
-    }
-
-    /// What comes after an executor's exit, now that it is reported and cleaned up: one read
-    /// of the broker's view of the slot decides.
-    fn on_exit_handled(
-        &mut self,
-        slot: u32,
-        generation: u64,
-        seen: Option<admin::StatusResponse>,
-        now: Instant,
-    ) {
-        let Some(proc) = self.slots.get_mut(&slot) else {
-            return;
-        };
-        let Some(exit) = proc.exiting.take_if(|e| e.generation == generation) else {
-            return;
-        };
-        let worker_id = proc.worker_id.clone();
-        let seen = seen.filter(|_| !self.draining);
-        let slot_seen = seen
-            .as_ref()
-            .and_then(|s| s.slots.iter().find(|s| s.slot == slot).cloned());
-        if seen.as_ref().is_some_and(|s| s.draining) && !self.draining {
-            tracing::info!("the broker is draining (Admin.Drain): no restarts");
-            self.set_draining(now);
-        }
-        let (pid, status) = (exit.pid, &exit.status);
-        if !self.draining
-            && self.config.capacity.adaptive()
-            && slot_seen
-                .as_ref()
-                .is_some_and(|s| s.state() == admin::SlotState::Retired)
-        {
-            tracing::info!(worker_id = %worker_id, pid, generation, status = %status, "executor retired (scale down): its slot stays empty until the broker wants it again");
-            self.slots.get_mut(&slot).expect("checked above").restarts = 0;
-            return;
-        }
-        let proc = self.slots.get_mut(&slot).expect("checked above");
-        if self.draining {
-            tracing::info!(worker_id = %worker_id, pid, generation, status = %status, "executor exited");
-            return;
-        }
-        // Recycled: it said so with its last completion (the broker's word, for this
-        // generation) and exited with the recycling code. The exit code alone is not enough: a
-        // `body.executor` binary exiting 75 on its own must not restart in a tight loop.
-        let broker_says_recycled = slot_seen
-            .as_ref()
-            .is_some_and(|s| s.generation == generation && s.recycling);
-        if exit.recycled && broker_says_recycled {
-            // It left on purpose between assignments: no failure, no backoff.
-            proc.restart_at = Some(now);
-            tracing::info!(
-                worker_id = %worker_id, pid, generation, status = %status,
-                "executor recycled: restarting the slot at once"
-            );
-            return;
-        }
-        if exit.ran >= BACKOFF_RESET_AFTER {
-            proc.restarts = 0;
-        }
-        let delay = restart_delay(proc.restarts);
-        proc.restarts += 1;
-        proc.restart_at = Some(now + delay);
-        tracing::warn!(
-            worker_id = %worker_id, pid, generation, status = %status,
-            restart_in_s = delay.as_secs(), "executor exited; slot restart scheduled"
-        );
-    }
-
-    /// An executor generation completed an assignment: it works, so the slot's next restart
-    /// starts the backoff over (an agent killing executors now and then cannot park a slot at
-    /// the 30 s cap while it does useful work in between).
-    fn on_completion(&mut self, kind: ChildKind) {
-        if let ChildKind::Executor { slot, generation } = kind
-            && let Some(proc) = self.slots.get_mut(&slot)
-            && proc.generation == generation
-            && proc.restarts > 0
-        {
-            tracing::debug!(
-                slot,
-                generation,
-                "a replacement completed an assignment: restart backoff reset"
-            );
-            proc.restarts = 0;
-        }
-    }
-
     fn start_drain(&mut self, why: &str, now: Instant, out: &mut Vec<Effect>) {
         if self.draining {
             tracing::warn!(
@@ -851,163 +561,12 @@ impl Machine {
         }
     }
 
-    fn on_broker_state(
-        &mut self,
-        seen: &admin::StatusResponse,
-        now: Instant,
-        out: &mut Vec<Effect>,
-    ) {
-        self.status_at = now;
-        // A drain's STATUS= (STOPPING=1) stays: the state keeps coming through a drain only
-        // for the broker's liveness.
-        if self.config.notify && self.ready && !self.draining {
-            out.push(Effect::Notify(Notice::Status(notify::status_text(seen))));
-        }
-        if seen.draining {
-            if !self.draining {
-                tracing::info!("the broker is draining (Admin.Drain or run once): no restarts");
-                self.set_draining(now);
-            }
-        } else if !self.slots_to_start(seen).is_empty() && !self.scale_reading {
-            // The broker is asked again before anything starts, so a slot retired since is
-            // left alone.
-            self.scale_reading = true;
-            out.push(Effect::ReadStatus(Read::ScaleUp));
-        }
-    }
-
-    fn on_status_read(
-        &mut self,
-        purpose: Read,
-        status: Option<admin::StatusResponse>,
-        now: Instant,
-        out: &mut Vec<Effect>,
-    ) {
-        match purpose {
-            Read::ScaleUp => {
-                self.scale_reading = false;
-                let Some(fresh) = status else { return };
-                for slot in self.slots_to_start(&fresh) {
-                    tracing::info!(slot, "scaling up: the broker wants this slot's executor");
-                    self.start_executor(slot, Start::ScaleUp, now, out);
-                }
-            }
-            Read::Ready => {
-                self.ready_reading = false;
-                if let Some(status) = status
-                    && !self.ready
-                    && !self.draining
-                    && notify::all_attached(&status, self.config.capacity.min_executors)
-                {
-                    tracing::info!("every executor attached: telling systemd the service is ready");
-                    self.ready = true;
-                    out.push(Effect::Notify(Notice::Ready(notify::status_text(&status))));
-                }
-            }
-            Read::Phases => {
-                self.force_kill_reading = false;
-                let phases = status.map_or_else(BTreeMap::new, |s| phases(&s));
-                self.force_kill(&phases, now, out);
-            }
-        }
-    }
-
-    /// Kills every executor still running. The broker stays up to report their assignments
-    /// FAILED (with the deadline as the reason); it is killed [`BROKER_KILL_DELAY`] later.
-    fn force_kill(&mut self, phases: &BTreeMap<u32, String>, now: Instant, out: &mut Vec<Effect>) {
-        let deadline = self.config.force_kill_after.unwrap_or_default();
-        for (slot, proc) in &mut self.slots {
-            if let Some(child) = proc.child {
-                let phase = phases.get(slot).map_or("unknown", String::as_str);
-                tracing::error!(worker_id = %proc.worker_id, pid = child.pid(), phase = %phase, deadline_s = deadline.as_secs(), "force-killing an executor still running after the shutdown deadline");
-                out.push(Effect::Signal {
-                    child,
-                    signal: process::SIGKILL,
-                });
-                proc.force_killed = true;
-                proc.killed_by = proto::ExitCause::ShutdownDeadline;
-                self.force_killed = true;
-            }
-        }
-        out.push(Effect::AbortExecutors);
-        self.broker_kill_at = Some(now + BROKER_KILL_DELAY);
-    }
-
-    /// The broker's state has not come for `timeout`: it is treated as dead. A broker process
-    /// is SIGKILLed (its exit then stops the runtime as any broker death does: executors told
-    /// to stop, exit 1); a thread-mode broker is aborted.
-    fn broker_is_stalled(&mut self, timeout: Duration, out: &mut Vec<Effect>) {
-        let t = perago_core::liveness::describe(timeout);
-        let why = format!(
-            "the broker did not answer for {t} ({}={t}); killed",
-            perago_core::liveness::PERAGO_STALL_TIMEOUT
-        );
-        let Some(broker) = self.broker else {
-            return;
-        };
-        tracing::error!(pid = broker.pid(), "{why}");
-        self.broker_stalled = Some(why);
-        out.push(match broker {
-            Child::Process(_) => Effect::Signal {
-                child: broker,
-                signal: process::SIGKILL,
-            },
-            Child::Task => Effect::AbortAll,
-        });
-    }
-
-    /// The slots the broker wants run (`-j MIN..MAX`) that have no executor here, none
-    /// starting (or still to start with the runtime), none exiting and no restart pending, as of `status` (a slot whose generation
-    /// moved since is not one).
-    fn slots_to_start(&self, status: &admin::StatusResponse) -> Vec<u32> {
-        if !self.config.capacity.adaptive() || self.draining || status.draining {
-            return Vec::new();
-        }
-        status
-            .slots
-            .iter()
-            .filter(|s| {
-                matches!(
-                    s.state(),
-                    admin::SlotState::Waiting | admin::SlotState::Exited
-                )
-            })
-            .filter(|s| {
-                self.slots.get(&s.slot).is_some_and(|p| {
-                    p.child.is_none()
-                        && !self.startup.contains(&s.slot)
-                        && p.restart_at.is_none()
-                        && p.starting.is_none()
-                        && p.exiting.is_none()
-                        && p.generation == s.generation
-                })
-            })
-            .map(|s| s.slot)
-            .collect()
-    }
-
     fn next_restart(&self) -> Option<(u32, Instant)> {
         self.slots
             .iter()
             .filter_map(|(slot, p)| p.restart_at.map(|at| (*slot, at)))
             .min_by_key(|(_, at)| *at)
     }
-}
-
-/// Each slot's phase as the broker tells it (`idle` when it names none).
-fn phases(status: &admin::StatusResponse) -> BTreeMap<u32, String> {
-    status
-        .slots
-        .iter()
-        .map(|s| {
-            let phase = if s.phase.is_empty() {
-                "idle".to_owned()
-            } else {
-                s.phase.clone()
-            };
-            (s.slot, phase)
-        })
-        .collect()
 }
 
 #[cfg(test)]

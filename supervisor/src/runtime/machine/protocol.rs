@@ -1,0 +1,139 @@
+//! The machine's inputs and effects, and what it is told of the runtime.
+
+use super::*;
+
+/// What the machine needs to know of the runtime.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) capacity: Capacity,
+    /// Each slot's worker id, slot 1 first (`max_executors` of them).
+    pub(crate) worker_ids: Vec<String>,
+    pub(crate) force_kill_after: Option<Duration>,
+    pub(crate) gc_interval: Duration,
+    pub(crate) stall_timeout: Option<Duration>,
+    /// Under a `Type=notify` unit (systemd's notify socket is set).
+    pub(crate) notify: bool,
+    /// How often systemd wants `WATCHDOG=1`, when it does.
+    pub(crate) watchdog: Option<Duration>,
+}
+
+/// Something that happened.
+#[derive(Debug)]
+pub(crate) enum Input {
+    /// The broker serves: the start-up executors start.
+    Begin,
+    /// A child ended.
+    Exited(ChildExit),
+    /// An executor generation completed an assignment (its completion byte).
+    Completed(ChildKind),
+    /// SIGTERM or SIGINT.
+    Signal(&'static str),
+    /// Another runtime failed (or `dev`'s workflows ended): drain, with this reason.
+    Stop(String),
+    /// The broker's state, from the watcher.
+    BrokerState(admin::StatusResponse),
+    /// A [`Effect::ReadStatus`] answered (`None`: no answer within its deadline).
+    StatusRead {
+        purpose: Read,
+        status: Option<admin::StatusResponse>,
+    },
+    /// An [`Effect::Announce`] ended.
+    Announced {
+        slot: u32,
+        generation: u64,
+        result: Result<(), AnnounceError>,
+    },
+    /// An [`Effect::Spawn`] ended.
+    Spawned {
+        slot: u32,
+        generation: u64,
+        result: std::io::Result<Child>,
+    },
+    /// An [`Effect::HandleExit`] ended, with the broker's view after the exit (`None`: not
+    /// asked, or no answer).
+    ExitHandled {
+        slot: u32,
+        generation: u64,
+        seen: Option<admin::StatusResponse>,
+    },
+    /// An [`Effect::SweepExpired`] ended.
+    GcDone,
+    /// An [`Effect::Drain`] failed.
+    DrainFailed(tonic::Status),
+    /// Time passed (a deadline [`Machine::next_wake`] named).
+    Tick,
+}
+
+/// How an announcement failed.
+#[derive(Debug)]
+pub(crate) enum AnnounceError {
+    /// The broker refused the generation (`FAILED_PRECONDITION`, `NOT_FOUND`): final.
+    Refused(String),
+    /// Lost or not delivered: the next try repeats it, token and all.
+    Lost(tonic::Status),
+}
+
+/// Why the broker's status is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Read {
+    /// Before scaling up: a slot retired since the last state is left alone.
+    ScaleUp,
+    /// Whether every start-up executor is attached (systemd's `READY=1`).
+    Ready,
+    /// Each slot's phase, for the force-kill lines.
+    Phases,
+}
+
+/// A message for systemd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Notice {
+    Ready(String),
+    Status(String),
+    Stopping(String),
+    Ping,
+}
+
+/// Something to do.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Effect {
+    /// `Control.SlotStarted` (bounded); answers [`Input::Announced`].
+    Announce {
+        slot: u32,
+        generation: u64,
+        token: String,
+    },
+    /// Start the executor; answers [`Input::Spawned`].
+    Spawn {
+        slot: u32,
+        generation: u64,
+        token: String,
+        worker_id: String,
+    },
+    /// Signal a child's process group (a task ignores it).
+    Signal { child: Child, signal: i32 },
+    /// Thread mode: end every executor task.
+    AbortExecutors,
+    /// Thread mode: end every task, the broker's too.
+    AbortAll,
+    /// `Admin.Drain` (bounded); a failure answers [`Input::DrainFailed`].
+    Drain,
+    /// In order, on the cleanup worker: `SlotExited` (when `tell_broker`), kill what the
+    /// bodies left to this subreaper, sweep the generation's attempts, then (when
+    /// `read_status`) read the broker's view; answers [`Input::ExitHandled`].
+    HandleExit {
+        report: proto::SlotExited,
+        worker_id: String,
+        tell_broker: bool,
+        read_status: bool,
+        /// A failed report is expected then (a broker that drained has closed its socket).
+        draining: bool,
+    },
+    /// The periodic GC, on the cleanup worker, with each slot's current generation
+    /// ([`Machine::generations`](super::Machine::generations) when it runs); answers
+    /// [`Input::GcDone`].
+    SweepExpired,
+    /// `Admin.Status` (1 s); answers [`Input::StatusRead`].
+    ReadStatus(Read),
+    /// Tell systemd.
+    Notify(Notice),
+}
