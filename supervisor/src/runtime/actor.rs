@@ -233,7 +233,9 @@ async fn handle_exit(root: &CleanupRoot, exit: ExitCleanup) -> Input {
     Input::ExitHandled {
         slot,
         generation,
-        seen: read_status(admin).await,
+        seen: read_status(admin)
+            .await
+            .map(|s| machine::SlotView::from_status(&s, slot, generation)),
     }
 }
 

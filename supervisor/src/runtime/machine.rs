@@ -46,7 +46,7 @@ mod broker_state;
 mod exits;
 mod protocol;
 
-pub(crate) use protocol::{AnnounceError, Config, Effect, Input, Notice, Read};
+pub(crate) use protocol::{AnnounceError, Config, Effect, Input, Notice, Read, SlotView};
 
 /// Why a slot's executor is being started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -151,7 +151,7 @@ impl Rig {
         self.go(Input::ExitHandled {
             slot,
             generation,
-            seen,
+            seen: seen.map(|s| SlotView::from_status(&s, slot, generation)),
         })
     }
 

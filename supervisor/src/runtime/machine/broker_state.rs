@@ -67,7 +67,12 @@ impl Machine {
 
     /// Kills every executor still running. The broker stays up to report their assignments
     /// FAILED (with the deadline as the reason); it is killed [`BROKER_KILL_DELAY`] later.
-    pub(super) fn force_kill(&mut self, phases: &BTreeMap<u32, String>, now: Instant, out: &mut Vec<Effect>) {
+    pub(super) fn force_kill(
+        &mut self,
+        phases: &BTreeMap<u32, String>,
+        now: Instant,
+        out: &mut Vec<Effect>,
+    ) {
         let deadline = self.config.force_kill_after.unwrap_or_default();
         for (slot, proc) in &mut self.slots {
             if let Some(child) = proc.child {

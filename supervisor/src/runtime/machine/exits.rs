@@ -92,7 +92,7 @@ impl Machine {
         &mut self,
         slot: u32,
         generation: u64,
-        seen: Option<admin::StatusResponse>,
+        seen: Option<SlotView>,
         now: Instant,
     ) {
         let Some(proc) = self.slots.get_mut(&slot) else {
@@ -102,21 +102,13 @@ impl Machine {
             return;
         };
         let worker_id = proc.worker_id.clone();
-        let seen = seen.filter(|_| !self.draining);
-        let slot_seen = seen
-            .as_ref()
-            .and_then(|s| s.slots.iter().find(|s| s.slot == slot).cloned());
-        if seen.as_ref().is_some_and(|s| s.draining) && !self.draining {
+        let seen = seen.filter(|_| !self.draining).unwrap_or_default();
+        if seen.draining && !self.draining {
             tracing::info!("the broker is draining (Admin.Drain): no restarts");
             self.set_draining(now);
         }
         let (pid, status) = (exit.pid, &exit.status);
-        if !self.draining
-            && self.config.capacity.adaptive()
-            && slot_seen
-                .as_ref()
-                .is_some_and(|s| s.state() == admin::SlotState::Retired)
-        {
+        if !self.draining && self.config.capacity.adaptive() && seen.retired {
             tracing::info!(worker_id = %worker_id, pid, generation, status = %status, "executor retired (scale down): its slot stays empty until the broker wants it again");
             self.slots.get_mut(&slot).expect("checked above").restarts = 0;
             return;
@@ -129,10 +121,7 @@ impl Machine {
         // Recycled: it said so with its last completion (the broker's word, for this
         // generation) and exited with the recycling code. The exit code alone is not enough: a
         // `body.executor` binary exiting 75 on its own must not restart in a tight loop.
-        let broker_says_recycled = slot_seen
-            .as_ref()
-            .is_some_and(|s| s.generation == generation && s.recycling);
-        if exit.recycled && broker_says_recycled {
+        if exit.recycled && seen.recycling {
             // It left on purpose between assignments: no failure, no backoff.
             proc.restart_at = Some(now);
             tracing::info!(

@@ -54,7 +54,7 @@ pub(crate) enum Input {
     ExitHandled {
         slot: u32,
         generation: u64,
-        seen: Option<admin::StatusResponse>,
+        seen: Option<SlotView>,
     },
     /// An [`Effect::SweepExpired`] ended.
     GcDone,
@@ -62,6 +62,30 @@ pub(crate) enum Input {
     DrainFailed(tonic::Status),
     /// Time passed (a deadline [`Machine::next_wake`] named).
     Tick,
+}
+
+/// The broker's view of a slot after one of its executors exited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SlotView {
+    /// The broker is draining.
+    pub(crate) draining: bool,
+    /// The slot is retired (an adaptive runtime does not want it now).
+    pub(crate) retired: bool,
+    /// The generation that exited said with its last completion that it was leaving to be
+    /// recycled.
+    pub(crate) recycling: bool,
+}
+
+impl SlotView {
+    /// The view `status` (read after the exit) gives of `slot`'s `generation`.
+    pub(crate) fn from_status(status: &admin::StatusResponse, slot: u32, generation: u64) -> Self {
+        let seen = status.slots.iter().find(|s| s.slot == slot);
+        Self {
+            draining: status.draining,
+            retired: seen.is_some_and(|s| s.state() == admin::SlotState::Retired),
+            recycling: seen.is_some_and(|s| s.generation == generation && s.recycling),
+        }
+    }
 }
 
 /// How an announcement failed.
