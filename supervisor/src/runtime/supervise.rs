@@ -1294,8 +1294,8 @@ mod tests {
         async fn slot_exited(
             &self,
             _request: tonic::Request<proto::SlotExited>,
-        ) -> Result<tonic::Response<proto::ControlAck>, tonic::Status> {
-            Ok(tonic::Response::new(proto::ControlAck {}))
+        ) -> Result<tonic::Response<proto::SlotExitedAck>, tonic::Status> {
+            Ok(tonic::Response::new(proto::SlotExitedAck::default()))
         }
     }
 
