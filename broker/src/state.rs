@@ -315,6 +315,29 @@ impl Slot {
     fn free(&self) -> bool {
         self.attached && matches!(self.work, Work::Idle) && !self.stopping && self.wanted
     }
+
+    /// What the slot is doing, as Admin.Status shows it.
+    fn state(&self) -> admin::SlotState {
+        match (self.attached, &self.work) {
+            (false, _) if !self.wanted => admin::SlotState::Retired,
+            (false, _) if self.exited => admin::SlotState::Exited,
+            (false, _) => admin::SlotState::Waiting,
+            (true, _) if self.stopping => admin::SlotState::Stopping,
+            (true, Work::Busy(_) | Work::AwaitingNext) => admin::SlotState::Busy,
+            (true, Work::Idle) => admin::SlotState::Idle,
+        }
+    }
+}
+
+/// The part of the state a supervisor acts on (see `Admin.Watch`): the actor compares it after
+/// each event, in place, and tells the watchers only when it changed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct WatchView {
+    draining: bool,
+    admission_open: bool,
+    wanted_executors: u64,
+    /// Per slot: state, generation, pid, recycling.
+    slots: Vec<(admin::SlotState, u64, u32, bool)>,
 }
 
 /// How often the queue depth is read (run once, adaptive executor count).
@@ -1983,19 +2006,62 @@ impl Machine {
         self.draining
     }
 
+    /// The broker's view of `slot` after an exit report of its `generation` (the answer to
+    /// `Control.SlotExited`): exactly what Admin.Status would show the supervisor then.
+    pub(crate) fn exit_ack(&self, slot: u32, generation: u64) -> proto::SlotExitedAck {
+        let seen = usize::try_from(slot)
+            .ok()
+            .and_then(|n| n.checked_sub(1))
+            .and_then(|i| self.slots.get(i));
+        proto::SlotExitedAck {
+            draining: self.draining,
+            retired: seen.is_some_and(|s| s.state() == admin::SlotState::Retired),
+            recycling: seen.is_some_and(|s| s.generation == generation && s.recycled),
+        }
+    }
+
+    /// Brings `view` up to date with the supervisor-relevant state; true if anything changed.
+    /// Cheap (no allocation once `view` has its slots): called after every event while
+    /// someone watches.
+    pub(crate) fn update_watch_view(&self, view: &mut WatchView) -> bool {
+        let mut changed = false;
+        let mut set = |field: &mut bool, value: bool| {
+            if *field != value {
+                *field = value;
+                changed = true;
+            }
+        };
+        set(&mut view.draining, self.draining);
+        set(&mut view.admission_open, self.admission_open);
+        let wanted = self
+            .gauges
+            .wanted_executors
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if view.wanted_executors != wanted {
+            view.wanted_executors = wanted;
+            changed = true;
+        }
+        if view.slots.len() != self.slots.len() {
+            view.slots.clear();
+            view.slots.resize(self.slots.len(), Default::default());
+            changed = true;
+        }
+        for (seen, s) in view.slots.iter_mut().zip(&self.slots) {
+            let now = (s.state(), s.generation, s.pid, s.recycled);
+            if *seen != now {
+                *seen = now;
+                changed = true;
+            }
+        }
+        changed
+    }
+
     fn status(&self) -> admin::StatusResponse {
         let slots = self
             .slots
             .iter()
             .map(|s| {
-                let state = match (s.attached, &s.work) {
-                    (false, _) if !s.wanted => admin::SlotState::Retired,
-                    (false, _) if s.exited => admin::SlotState::Exited,
-                    (false, _) => admin::SlotState::Waiting,
-                    (true, _) if s.stopping => admin::SlotState::Stopping,
-                    (true, Work::Busy(_) | Work::AwaitingNext) => admin::SlotState::Busy,
-                    (true, Work::Idle) => admin::SlotState::Idle,
-                };
+                let state = s.state();
                 let (task_id, execution_id, since, phase) = match &s.work {
                     Work::Busy(run) => (
                         run.attempt.task_id.clone(),

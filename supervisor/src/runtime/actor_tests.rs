@@ -52,8 +52,8 @@ impl proto::control_server::Control for ScriptedControl {
     async fn slot_exited(
         &self,
         _request: tonic::Request<proto::SlotExited>,
-    ) -> Result<tonic::Response<proto::ControlAck>, tonic::Status> {
-        Ok(tonic::Response::new(proto::ControlAck {}))
+    ) -> Result<tonic::Response<proto::SlotExitedAck>, tonic::Status> {
+        Ok(tonic::Response::new(proto::SlotExitedAck::default()))
     }
 }
 
