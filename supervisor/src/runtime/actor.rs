@@ -117,32 +117,52 @@ async fn read_status(admin: Option<AdminClient<Channel>>) -> Option<admin::Statu
     }
 }
 
-/// Reads the broker's status every [`machine::STATUS_INTERVAL`] on its own task (a wedged
-/// broker must not stall the runtime) and publishes the latest, for as long as the actor
-/// listens: through a drain too, where its freshness is the broker's liveness
-/// (`PERAGO_STALL_TIMEOUT`).
+/// Follows the broker's `Admin.Watch` stream on its own task (heartbeat
+/// [`machine::STATUS_INTERVAL`]) and publishes the latest state (states that come faster than
+/// the actor takes them are merged), through a drain too, where the stream's messages are the
+/// broker's liveness (`PERAGO_STALL_TIMEOUT`: a wedged broker sends nothing). A clean end (the
+/// broker drained) is [`Input::BrokerDrained`]; a broken stream is followed again after a
+/// heartbeat. The actor aborts the task when the broker exits.
 fn watch_status(
-    admin: Option<AdminClient<Channel>>,
-) -> tokio::sync::watch::Receiver<Option<admin::StatusResponse>> {
+    mut admin: AdminClient<Channel>,
+    inputs: mpsc::UnboundedSender<Input>,
+) -> (
+    tokio::sync::watch::Receiver<Option<admin::StatusResponse>>,
+    tokio::task::JoinHandle<()>,
+) {
     let (tx, rx) = tokio::sync::watch::channel(None);
-    if let Some(mut admin) = admin {
-        tokio::spawn(async move {
+    let request = admin::WatchRequest {
+        heartbeat_ms: u32::try_from(machine::STATUS_INTERVAL.as_millis()).unwrap_or(1000),
+    };
+    let task = tokio::spawn(
+        async move {
             while !tx.is_closed() {
-                tokio::time::sleep(machine::STATUS_INTERVAL).await;
-                let status = tokio::time::timeout(
-                    machine::STATUS_INTERVAL,
-                    admin.status(admin::StatusRequest {}),
-                )
-                .await;
-                if let Ok(Ok(status)) = status
-                    && tx.send(Some(status.into_inner())).is_err()
-                {
-                    return;
+                if let Ok(stream) = admin.watch(request).await {
+                    let mut stream = stream.into_inner();
+                    loop {
+                        match stream.message().await {
+                            Ok(Some(status)) => {
+                                if tx.send(Some(status)).is_err() {
+                                    return;
+                                }
+                            }
+                            Ok(None) => {
+                                let _ = inputs.send(Input::BrokerDrained);
+                                return;
+                            }
+                            Err(e) => {
+                                tracing::debug!(error = %e, "the broker's state stream broke; following it again");
+                                break;
+                            }
+                        }
+                    }
                 }
+                tokio::time::sleep(machine::STATUS_INTERVAL).await;
             }
-        });
-    }
-    rx
+        }
+        .in_current_span(),
+    );
+    (rx, task)
 }
 
 /// Work for the cleanup worker, done in the order it was asked for.
@@ -157,8 +177,6 @@ struct ExitCleanup {
     worker_id: String,
     /// The broker to report to (`None`: not told).
     control: Option<Control>,
-    /// The broker to read the slot's view from (`None`: not asked).
-    admin: Option<AdminClient<Channel>>,
     draining: bool,
 }
 
@@ -206,13 +224,13 @@ async fn handle_exit(root: &CleanupRoot, exit: ExitCleanup) -> Input {
         report,
         worker_id,
         control,
-        admin,
         draining,
     } = exit;
     let (slot, generation) = (report.slot, report.generation);
+    let mut seen = None;
     if let Some(mut control) = control {
         match bounded(control.slot_exited(report)).await {
-            Ok(_) => {}
+            Ok(ack) => seen = Some(machine::SlotView::from(ack.into_inner())),
             // A broker that finished its drain has closed its socket.
             Err(e) if draining => tracing::debug!(error = %e, "broker gone"),
             Err(e) => {
@@ -233,9 +251,7 @@ async fn handle_exit(root: &CleanupRoot, exit: ExitCleanup) -> Input {
     Input::ExitHandled {
         slot,
         generation,
-        seen: read_status(admin)
-            .await
-            .map(|s| machine::SlotView::from_status(&s, slot, generation)),
+        seen,
     }
 }
 
@@ -328,6 +344,8 @@ struct Actor {
     cleanup: mpsc::UnboundedSender<Cleanup>,
     /// Each slot's current generation, for the GC.
     generations: tokio::sync::watch::Sender<BTreeMap<u32, u64>>,
+    /// The task following the broker's state, while the broker lives.
+    watcher: Option<tokio::task::JoinHandle<()>>,
     /// The broker's clients, while it lives.
     control: Option<Control>,
     admin: Option<AdminClient<Channel>>,
@@ -358,6 +376,9 @@ impl Actor {
         if exit.kind == ChildKind::Broker {
             self.control = None;
             self.admin = None;
+            if let Some(watcher) = self.watcher.take() {
+                watcher.abort();
+            }
         }
         self.feed(Input::Exited(exit));
     }
@@ -431,14 +452,12 @@ impl Actor {
                 report,
                 worker_id,
                 tell_broker,
-                read_status,
                 draining,
             } => {
                 let request = Cleanup::Exit(Box::new(ExitCleanup {
                     report,
                     worker_id,
                     control: self.control.clone().filter(|_| tell_broker),
-                    admin: self.admin.clone().filter(|_| read_status),
                     draining,
                 }));
                 let _ = self.cleanup.send(request);
@@ -446,18 +465,15 @@ impl Actor {
             Effect::SweepExpired => {
                 let _ = self.cleanup.send(Cleanup::Expired);
             }
-            Effect::ReadStatus(purpose) => {
+            Effect::ReadPhases => {
                 let Some(admin) = self.admin.clone() else {
-                    return Some(Input::StatusRead {
-                        purpose,
-                        status: None,
-                    });
+                    return Some(Input::PhasesRead(None));
                 };
                 let inputs = self.inputs.clone();
                 tokio::spawn(
                     async move {
                         let status = read_status(Some(admin)).await;
-                        let _ = inputs.send(Input::StatusRead { purpose, status });
+                        let _ = inputs.send(Input::PhasesRead(status));
                     }
                     .in_current_span(),
                 );
@@ -568,7 +584,7 @@ pub(crate) async fn supervise(
     );
     // How the supervisor learns of a drain started over Admin.Drain while executors are busy,
     // of the slots an adaptive runtime wants, and that the broker is alive.
-    let mut status_seen = watch_status(Some(admin.clone()));
+    let (mut status_seen, watcher) = watch_status(admin.clone(), inputs_tx.clone());
     let mut actor = Actor {
         machine: Machine::new(config, secret, broker, Instant::now()),
         spec,
@@ -578,6 +594,7 @@ pub(crate) async fn supervise(
         inputs: inputs_tx,
         cleanup: cleanup_tx,
         generations: generations_tx,
+        watcher: Some(watcher),
         control: Some(control),
         admin: Some(admin),
         notifier,

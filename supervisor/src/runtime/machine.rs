@@ -6,12 +6,13 @@
 //!
 //! ```text
 //! Begin → per slot 1..=MIN in turn: Announce(gen, token) → Announced → Spawn → Spawned
-//! executor Exited → HandleExit (SlotExited, kill adopted, GC, the broker's view) → ExitHandled
-//!   → retired (stays empty) | draining (stays empty) | recycled (restart now) | restart after
-//!     1, 2, 4, 8, 16, 30, 30… s (reset after a 60 s run or a completed assignment)
-//! BrokerState every second: STATUS=, a drain seen, slots wanted (ReadStatus → start them)
+//! executor Exited → HandleExit (SlotExited, answered with the broker's view; kill adopted; GC)
+//!   → ExitHandled → retired (stays empty) | draining (stays empty) | recycled (restart now)
+//!   | restart after 1, 2, 4, 8, 16, 30, 30… s (reset after a 60 s run or a completed assignment)
+//! BrokerState (Admin.Watch: each change, a heartbeat every second): READY=1, STATUS=, a drain
+//!   seen, the slots wanted started; none for PERAGO_STALL_TIMEOUT: the broker is killed
 //! Signal / Stop → Drain (once; a second one is ignored with a warning)
-//! force-kill due → ReadStatus(phases) → SIGKILL executors → broker kill due → SIGKILL broker
+//! force-kill due → ReadPhases → SIGKILL executors → broker kill due → SIGKILL broker
 //! broker Exited: clean = a finished drain; else SIGTERM executors (BROKER_GONE), exit 1
 //! ```
 
@@ -30,11 +31,9 @@ pub(crate) const BROKER_KILL_DELAY: Duration = Duration::from_secs(2);
 /// A replacement that has run this long resets its slot's restart backoff (so does its first
 /// completed assignment).
 pub(crate) const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
-/// How often the broker's state is expected (the watcher's pace): the watchdog accepts a state
-/// up to three of these old.
+/// The heartbeat the watcher asks the broker's `Admin.Watch` for (the most it stays quiet): the
+/// watchdog accepts a state up to three of these old.
 pub(crate) const STATUS_INTERVAL: Duration = Duration::from_secs(1);
-/// How often readiness for systemd is checked until the starting executors are attached.
-pub(crate) const READY_CHECK_INTERVAL: Duration = Duration::from_millis(25);
 
 /// The restart delay before the `n`-th consecutive restart of a slot (0-based).
 pub(crate) fn restart_delay(n: u32) -> Duration {
@@ -46,7 +45,7 @@ mod broker_state;
 mod exits;
 mod protocol;
 
-pub(crate) use protocol::{AnnounceError, Config, Effect, Input, Notice, Read, SlotView};
+pub(crate) use protocol::{AnnounceError, Config, Effect, Input, Notice, SlotView};
 
 /// Why a slot's executor is being started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,11 +122,10 @@ pub(crate) struct Machine {
     gc_at: Instant,
     gc_running: bool,
     watchdog_at: Option<Instant>,
-    ready_at: Instant,
-    ready_reading: bool,
     /// This runtime told systemd it is ready.
     ready: bool,
-    scale_reading: bool,
+    /// The broker's state stream ended cleanly (it drained and exits).
+    broker_drained: bool,
 }
 
 impl Machine {
@@ -173,10 +171,8 @@ impl Machine {
             status_at: now,
             gc_running: false,
             watchdog_at: None,
-            ready_at: now,
-            ready_reading: false,
             ready: false,
-            scale_reading: false,
+            broker_drained: false,
         }
     }
 
@@ -190,9 +186,8 @@ impl Machine {
             Input::Signal(why) => self.start_drain(why, now, &mut out),
             Input::Stop(why) => self.start_drain(&why, now, &mut out),
             Input::BrokerState(seen) => self.on_broker_state(&seen, now, &mut out),
-            Input::StatusRead { purpose, status } => {
-                self.on_status_read(purpose, status, now, &mut out);
-            }
+            Input::BrokerDrained => self.on_broker_drained(now),
+            Input::PhasesRead(status) => self.on_phases_read(status, now, &mut out),
             Input::Announced {
                 slot,
                 generation,
@@ -235,14 +230,12 @@ impl Machine {
         let stall = self
             .stall_watched()
             .then(|| self.status_at + self.config.stall_timeout.unwrap_or_default());
-        let ready = self.ready_watched().then_some(self.ready_at);
         let gc = (!self.gc_running).then_some(self.gc_at);
         [
             restart,
             self.force_kill_at,
             self.broker_kill_at,
             stall,
-            ready,
             gc,
             self.watchdog_at,
         ]
@@ -299,7 +292,6 @@ impl Machine {
     fn begin(&mut self, now: Instant, out: &mut Vec<Effect>) {
         self.begun = true;
         self.status_at = now;
-        self.ready_at = now;
         self.gc_at = now + self.config.gc_interval;
         self.watchdog_at = self.config.watchdog.map(|_| now);
         // An adaptive runtime starts its minimum; the slots above it start when the queue has
@@ -317,11 +309,8 @@ impl Machine {
     fn stall_watched(&self) -> bool {
         self.config.stall_timeout.is_some()
             && self.broker.is_some()
+            && !self.broker_drained
             && self.broker_stalled.is_none()
-    }
-
-    fn ready_watched(&self) -> bool {
-        self.config.notify && !self.ready && !self.draining && !self.ready_reading
     }
 
     fn timers(&mut self, now: Instant, out: &mut Vec<Effect>) {
@@ -334,7 +323,7 @@ impl Machine {
         if self.force_kill_at.is_some_and(|at| at <= now) {
             self.force_kill_at = None;
             self.force_kill_reading = true;
-            out.push(Effect::ReadStatus(Read::Phases));
+            out.push(Effect::ReadPhases);
         }
         if self.broker_kill_at.is_some_and(|at| at <= now) {
             self.broker_kill_at = None;
@@ -355,11 +344,6 @@ impl Machine {
             && now.saturating_duration_since(self.status_at) >= timeout
         {
             self.broker_is_stalled(timeout, out);
-        }
-        if self.ready_watched() && self.ready_at <= now {
-            self.ready_reading = true;
-            self.ready_at = now + READY_CHECK_INTERVAL;
-            out.push(Effect::ReadStatus(Read::Ready));
         }
         if !self.gc_running && self.gc_at <= now {
             self.gc_running = true;

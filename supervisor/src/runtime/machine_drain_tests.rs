@@ -37,7 +37,6 @@ fn a_signal_drains_once_and_stops_restarts() {
             out.as_slice(),
             [Effect::HandleExit {
                 tell_broker: true,
-                read_status: false,
                 draining: true,
                 ..
             }]
@@ -130,16 +129,10 @@ fn the_shutdown_deadline_kills_executors_then_the_broker_and_exits_3() {
     // Slot 2 finishes in time.
     rig.exit(2, 1, code(0));
     rig.handled(2, 1, None);
-    assert_eq!(
-        rig.after(Duration::from_millis(500)),
-        [Effect::ReadStatus(Read::Phases)]
-    );
+    assert_eq!(rig.after(Duration::from_millis(500)), [Effect::ReadPhases]);
     let mut phases = state(&[(1, Busy, 1, false)], true);
     phases.slots[0].phase = "body".into();
-    let out = rig.go(Input::StatusRead {
-        purpose: Read::Phases,
-        status: Some(phases),
-    });
+    let out = rig.go(Input::PhasesRead(Some(phases)));
     assert_eq!(
         out,
         [
@@ -177,11 +170,8 @@ fn a_broker_still_there_2_seconds_after_the_force_kill_is_killed() {
     c.force_kill_after = Some(secs(5));
     let mut rig = Rig::running(c);
     rig.go(Input::Signal("SIGINT"));
-    assert_eq!(rig.after(secs(5)), [Effect::ReadStatus(Read::Phases)]);
-    let out = rig.go(Input::StatusRead {
-        purpose: Read::Phases,
-        status: None,
-    });
+    assert_eq!(rig.after(secs(5)), [Effect::ReadPhases]);
+    let out = rig.go(Input::PhasesRead(None));
     assert_eq!(signals(&out), [(Rig::pid(1, 1), process::SIGKILL)]);
     assert_eq!(rig.after(secs(1)), []);
     assert_eq!(
@@ -220,7 +210,6 @@ fn the_brokers_death_stops_the_executors_and_exits_1() {
         Effect::HandleExit {
             report,
             tell_broker: false,
-            read_status: false,
             ..
         },
     ] = out.as_slice()
@@ -308,43 +297,29 @@ fn the_gc_runs_every_interval_one_at_a_time() {
     assert!(rig.m.done());
 }
 
-/// Under systemd: READY=1 once every start-up executor is attached (read every 25 ms until
-/// then), STATUS= with each state afterwards but not during a drain, STOPPING=1 at the drain.
+/// Under systemd: READY=1 with the first state in which every start-up executor is
+/// attached (no reads of its own), STATUS= with each state afterwards but not during a drain,
+/// STOPPING=1 at the drain.
 #[test]
 fn systemd_hears_ready_status_and_stopping() {
     let mut c = config(2, 3);
     c.notify = true;
-    let mut rig = Rig::new(c);
+    let mut rig = Rig::new(c.clone());
     let out = rig.go(Input::Begin);
-    assert!(out.contains(&Effect::ReadStatus(Read::Ready)), "{out:?}");
-    assert_eq!(
-        rig.after(Duration::from_millis(25)),
-        [],
-        "one read at a time"
-    );
+    assert_eq!(announced(&out), Some((1, 1)));
+    assert_eq!(out.len(), 1, "nothing is read: {out:?}");
+    assert_eq!(rig.after(Duration::from_millis(25)), [], "no polling");
     let one = state(&[(1, Idle, 1, false), (2, Waiting, 0, false)], false);
-    assert_eq!(
-        rig.go(Input::StatusRead {
-            purpose: Read::Ready,
-            status: Some(one.clone()),
-        }),
-        [Effect::ReadStatus(Read::Ready)],
-        "overdue: read again"
-    );
     assert_eq!(
         rig.go(Input::BrokerState(one.clone())),
         [],
-        "no STATUS= before READY=1"
+        "not ready, and no STATUS= before READY=1"
     );
     let both = state(&[(1, Idle, 1, false), (2, Busy, 1, false)], false);
     assert_eq!(
-        rig.go(Input::StatusRead {
-            purpose: Read::Ready,
-            status: Some(both.clone()),
-        }),
+        rig.go(Input::BrokerState(both.clone())),
         [Effect::Notify(Notice::Ready("t: 1 busy, 1 idle".into()))]
     );
-    assert_eq!(rig.after(secs(1)), [], "no more readiness reads");
     assert_eq!(
         rig.go(Input::BrokerState(one)),
         [Effect::Notify(Notice::Status("t: 0 busy, 1 idle".into()))]
@@ -356,6 +331,12 @@ fn systemd_hears_ready_status_and_stopping() {
             Effect::Drain
         ]
     );
+    assert_eq!(rig.go(Input::BrokerState(both.clone())), []);
+
+    // A drain before readiness: never ready.
+    let mut rig = Rig::new(c);
+    rig.go(Input::Begin);
+    rig.go(Input::Signal("SIGTERM"));
     assert_eq!(rig.go(Input::BrokerState(both)), []);
 }
 
@@ -370,14 +351,69 @@ fn the_watchdog_is_pinged_while_the_brokers_state_is_fresh() {
     let out = rig.go(Input::Begin);
     assert!(out.contains(&Effect::Notify(Notice::Ping)), "{out:?}");
     rig.start(1, 1);
-    rig.go(Input::StatusRead {
-        purpose: Read::Ready,
-        status: Some(state(&[(1, Idle, 1, false)], false)),
-    });
     rig.now += secs(9);
     rig.go(Input::BrokerState(state(&[(1, Idle, 1, false)], false)));
     assert_eq!(rig.after(secs(1)), [Effect::Notify(Notice::Ping)]);
     assert_eq!(rig.after(secs(10)), [], "the state is 11 s old");
     rig.go(Input::Signal("SIGTERM"));
     assert_eq!(rig.after(secs(10)), [Effect::Notify(Notice::Ping)]);
+}
+
+/// The broker's stream ended cleanly (it drained): no more messages come, and that silence is
+/// not a stall; nothing restarts.
+#[test]
+fn a_broker_that_drained_is_not_a_stalled_one() {
+    let mut c = config(1, 1);
+    c.stall_timeout = Some(secs(5));
+    let mut rig = Rig::running(c);
+    rig.exit(1, 1, code(1));
+    rig.handled(1, 1, None);
+    assert_eq!(rig.go(Input::BrokerDrained), []);
+    assert!(rig.m.draining());
+    assert_eq!(rig.m.slot(1).2, None, "no restart");
+    assert_eq!(rig.after(secs(60)), [], "no stall kill");
+    rig.broker_exit(code(0));
+    assert!(rig.m.done());
+    assert!(rig.m.outcome().is_ok());
+}
+
+/// The exit decision reads the broker's answer to the report: `SlotExitedAck` is the view.
+#[test]
+fn the_exit_reports_answer_is_the_brokers_view() {
+    let view = SlotView::from(proto::SlotExitedAck {
+        draining: false,
+        retired: true,
+        recycling: true,
+    });
+    assert_eq!(
+        view,
+        SlotView {
+            draining: false,
+            retired: true,
+            recycling: true
+        }
+    );
+    let mut rig = Rig::running(config(1, 2));
+    rig.exit(1, 1, code(75));
+    let out = rig.go(Input::ExitHandled {
+        slot: 1,
+        generation: 1,
+        seen: Some(SlotView {
+            recycling: true,
+            ..SlotView::default()
+        }),
+    });
+    assert_eq!(announced(&out), Some((1, 2)), "recycled");
+    rig.start(1, 2);
+    rig.exit(1, 2, code(0));
+    let out = rig.go(Input::ExitHandled {
+        slot: 1,
+        generation: 2,
+        seen: Some(SlotView {
+            retired: true,
+            ..SlotView::default()
+        }),
+    });
+    assert_eq!(out, []);
+    assert_eq!(rig.m.slot(1).2, None, "retired");
 }

@@ -373,10 +373,10 @@ fn a_retired_slot_stays_empty_and_resets_its_backoff() {
 }
 
 /// Scaling up: a slot the broker wants (waiting or exited at this supervisor's generation,
-/// with nothing running, starting, exiting or pending) starts at once, after a second read;
-/// one retired since that read is left alone.
+/// with nothing running, starting, exiting or pending) starts at once, as the broker's state
+/// says; a retired one is left alone.
 #[test]
-fn scaling_up_starts_the_slots_the_broker_wants_after_asking_again() {
+fn scaling_up_starts_the_slots_the_broker_wants() {
     let mut rig = Rig::running(config(1, 3));
     let wanted = state(
         &[
@@ -386,24 +386,9 @@ fn scaling_up_starts_the_slots_the_broker_wants_after_asking_again() {
         ],
         false,
     );
-    assert_eq!(
-        rig.go(Input::BrokerState(wanted.clone())),
-        [Effect::ReadStatus(Read::ScaleUp)]
-    );
-    // One read at a time.
-    assert_eq!(rig.go(Input::BrokerState(wanted.clone())), []);
-    // Retired since: nothing starts.
-    let out = rig.go(Input::StatusRead {
-        purpose: Read::ScaleUp,
-        status: Some(state(&[(2, Retired, 0, false)], false)),
-    });
-    assert_eq!(out, []);
-    rig.go(Input::BrokerState(wanted.clone()));
-    let out = rig.go(Input::StatusRead {
-        purpose: Read::ScaleUp,
-        status: Some(wanted.clone()),
-    });
-    assert_eq!(announced(&out), Some((2, 1)));
+    let out = rig.go(Input::BrokerState(wanted.clone()));
+    assert_eq!(announced(&out), Some((2, 1)), "{out:?}");
+    assert_eq!(out.len(), 1, "slot 3 is retired: {out:?}");
     // Starting: not wanted again.
     assert_eq!(rig.go(Input::BrokerState(wanted)), []);
     rig.start(2, 1);
@@ -412,16 +397,31 @@ fn scaling_up_starts_the_slots_the_broker_wants_after_asking_again() {
     let exited = state(&[(2, Exited, 1, false)], false);
     assert_eq!(rig.go(Input::BrokerState(exited.clone())), []);
     rig.handled(2, 1, Some(state(&[(2, Retired, 1, false)], false)));
-    // Retired, then wanted again at the generation it ended with.
     assert_eq!(
-        rig.go(Input::BrokerState(exited.clone())),
-        [Effect::ReadStatus(Read::ScaleUp)]
+        rig.go(Input::BrokerState(state(&[(2, Retired, 1, false)], false))),
+        []
     );
-    let out = rig.go(Input::StatusRead {
-        purpose: Read::ScaleUp,
-        status: Some(exited),
-    });
+    // Retired, then wanted again at the generation it ended with.
+    let out = rig.go(Input::BrokerState(exited));
     assert_eq!(announced(&out), Some((2, 2)));
+    // A slot at another generation than this supervisor's is not one it can start.
+    let mut other = Rig::running(config(1, 2));
+    assert_eq!(
+        other.go(Input::BrokerState(state(&[(2, Waiting, 4, false)], false))),
+        []
+    );
+    // Nor one still to start with the runtime.
+    let mut starting = Rig::new(config(2, 3));
+    starting.go(Input::Begin);
+    assert_eq!(
+        starting.go(Input::BrokerState(state(&[(2, Waiting, 0, false)], false))),
+        []
+    );
+    // Nor anything while the broker drains.
+    assert_eq!(
+        other.go(Input::BrokerState(state(&[(2, Waiting, 0, false)], true))),
+        []
+    );
     // A fixed runtime never scales.
     let mut fixed = Rig::running(config(1, 1));
     assert_eq!(

@@ -1,5 +1,6 @@
-//! The machine and the broker's state: the watcher's, the reads it asked for (scaling up,
-//! readiness, the force kill's phases), and the broker's stall.
+//! The machine and the broker's state: each message of its `Admin.Watch` stream (readiness,
+//! `STATUS=`, a drain, the slots it wants), the force kill's read of the phases, and the
+//! broker's stall.
 
 use super::*;
 
@@ -11,58 +12,53 @@ impl Machine {
         out: &mut Vec<Effect>,
     ) {
         self.status_at = now;
-        // A drain's STATUS= (STOPPING=1) stays: the state keeps coming through a drain only
-        // for the broker's liveness.
-        if self.config.notify && self.ready && !self.draining {
-            out.push(Effect::Notify(Notice::Status(notify::status_text(seen))));
+        if self.config.notify && !self.draining {
+            if self.ready {
+                // A drain's STATUS= (STOPPING=1) stays: the state keeps coming through a drain
+                // only for the broker's liveness.
+                out.push(Effect::Notify(Notice::Status(notify::status_text(seen))));
+            } else if notify::all_attached(seen, self.config.capacity.min_executors) {
+                tracing::info!("every executor attached: telling systemd the service is ready");
+                self.ready = true;
+                out.push(Effect::Notify(Notice::Ready(notify::status_text(seen))));
+            }
         }
         if seen.draining {
             if !self.draining {
                 tracing::info!("the broker is draining (Admin.Drain or run once): no restarts");
                 self.set_draining(now);
             }
-        } else if !self.slots_to_start(seen).is_empty() && !self.scale_reading {
-            // The broker is asked again before anything starts, so a slot retired since is
-            // left alone.
-            self.scale_reading = true;
-            out.push(Effect::ReadStatus(Read::ScaleUp));
+        } else {
+            // The state is the broker's latest (it pushes each change): a slot it retired
+            // since is not in it as wanted.
+            for slot in self.slots_to_start(seen) {
+                tracing::info!(slot, "scaling up: the broker wants this slot's executor");
+                self.start_executor(slot, Start::ScaleUp, now, out);
+            }
         }
     }
 
-    pub(super) fn on_status_read(
+    /// The broker's stream ended cleanly: it has drained and is exiting, and sends nothing
+    /// more; its silence from now on is not a stall.
+    pub(super) fn on_broker_drained(&mut self, now: Instant) {
+        tracing::debug!("the broker's state stream ended: it has drained");
+        self.broker_drained = true;
+        if !self.draining {
+            tracing::info!("the broker is draining (Admin.Drain or run once): no restarts");
+            self.set_draining(now);
+        }
+    }
+
+    /// The force kill's phases, read (`None`: no answer).
+    pub(super) fn on_phases_read(
         &mut self,
-        purpose: Read,
         status: Option<admin::StatusResponse>,
         now: Instant,
         out: &mut Vec<Effect>,
     ) {
-        match purpose {
-            Read::ScaleUp => {
-                self.scale_reading = false;
-                let Some(fresh) = status else { return };
-                for slot in self.slots_to_start(&fresh) {
-                    tracing::info!(slot, "scaling up: the broker wants this slot's executor");
-                    self.start_executor(slot, Start::ScaleUp, now, out);
-                }
-            }
-            Read::Ready => {
-                self.ready_reading = false;
-                if let Some(status) = status
-                    && !self.ready
-                    && !self.draining
-                    && notify::all_attached(&status, self.config.capacity.min_executors)
-                {
-                    tracing::info!("every executor attached: telling systemd the service is ready");
-                    self.ready = true;
-                    out.push(Effect::Notify(Notice::Ready(notify::status_text(&status))));
-                }
-            }
-            Read::Phases => {
-                self.force_kill_reading = false;
-                let phases = status.map_or_else(BTreeMap::new, |s| phases(&s));
-                self.force_kill(&phases, now, out);
-            }
-        }
+        self.force_kill_reading = false;
+        let phases = status.map_or_else(BTreeMap::new, |s| phases(&s));
+        self.force_kill(&phases, now, out);
     }
 
     /// Kills every executor still running. The broker stays up to report their assignments

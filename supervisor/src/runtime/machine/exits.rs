@@ -79,15 +79,14 @@ impl Machine {
                     },
                     worker_id: proc.worker_id.clone(),
                     tell_broker: self.broker.is_some(),
-                    read_status: !self.draining,
                     draining: self.draining,
                 });
             }
         }
     }
 
-    /// What comes after an executor's exit, now that it is reported and cleaned up: one read
-    /// of the broker's view of the slot decides.
+    /// What comes after an executor's exit, now that it is reported and cleaned up: the
+    /// broker's view of the slot (its answer to the report) decides.
     pub(super) fn on_exit_handled(
         &mut self,
         slot: u32,

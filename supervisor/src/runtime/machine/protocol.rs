@@ -30,13 +30,13 @@ pub(crate) enum Input {
     Signal(&'static str),
     /// Another runtime failed (or `dev`'s workflows ended): drain, with this reason.
     Stop(String),
-    /// The broker's state, from the watcher.
+    /// The broker's state: a message of its `Admin.Watch` stream (each change, and a
+    /// heartbeat every [`STATUS_INTERVAL`](super::STATUS_INTERVAL) otherwise).
     BrokerState(admin::StatusResponse),
-    /// A [`Effect::ReadStatus`] answered (`None`: no answer within its deadline).
-    StatusRead {
-        purpose: Read,
-        status: Option<admin::StatusResponse>,
-    },
+    /// The broker's `Admin.Watch` stream ended cleanly: it has drained.
+    BrokerDrained,
+    /// An [`Effect::ReadPhases`] answered (`None`: no answer within its deadline).
+    PhasesRead(Option<admin::StatusResponse>),
     /// An [`Effect::Announce`] ended.
     Announced {
         slot: u32,
@@ -50,7 +50,7 @@ pub(crate) enum Input {
         result: std::io::Result<Child>,
     },
     /// An [`Effect::HandleExit`] ended, with the broker's view after the exit (`None`: not
-    /// asked, or no answer).
+    /// told, or no answer).
     ExitHandled {
         slot: u32,
         generation: u64,
@@ -76,8 +76,20 @@ pub(crate) struct SlotView {
     pub(crate) recycling: bool,
 }
 
+impl From<proto::SlotExitedAck> for SlotView {
+    fn from(ack: proto::SlotExitedAck) -> Self {
+        Self {
+            draining: ack.draining,
+            retired: ack.retired,
+            recycling: ack.recycling,
+        }
+    }
+}
+
+#[cfg(test)]
 impl SlotView {
-    /// The view `status` (read after the exit) gives of `slot`'s `generation`.
+    /// The view `status` (read after the exit) gives of `slot`'s `generation`: what
+    /// `SlotExitedAck` says, as `Admin.Status` shows it.
     pub(crate) fn from_status(status: &admin::StatusResponse, slot: u32, generation: u64) -> Self {
         let seen = status.slots.iter().find(|s| s.slot == slot);
         Self {
@@ -95,17 +107,6 @@ pub(crate) enum AnnounceError {
     Refused(String),
     /// Lost or not delivered: the next try repeats it, token and all.
     Lost(tonic::Status),
-}
-
-/// Why the broker's status is read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Read {
-    /// Before scaling up: a slot retired since the last state is left alone.
-    ScaleUp,
-    /// Whether every start-up executor is attached (systemd's `READY=1`).
-    Ready,
-    /// Each slot's phase, for the force-kill lines.
-    Phases,
 }
 
 /// A message for systemd.
@@ -141,14 +142,13 @@ pub(crate) enum Effect {
     AbortAll,
     /// `Admin.Drain` (bounded); a failure answers [`Input::DrainFailed`].
     Drain,
-    /// In order, on the cleanup worker: `SlotExited` (when `tell_broker`), kill what the
-    /// bodies left to this subreaper, sweep the generation's attempts, then (when
-    /// `read_status`) read the broker's view; answers [`Input::ExitHandled`].
+    /// In order, on the cleanup worker: `SlotExited` (when `tell_broker`; its answer is the
+    /// broker's view of the slot), kill what the bodies left to this subreaper, sweep the
+    /// generation's attempts; answers [`Input::ExitHandled`].
     HandleExit {
         report: proto::SlotExited,
         worker_id: String,
         tell_broker: bool,
-        read_status: bool,
         /// A failed report is expected then (a broker that drained has closed its socket).
         draining: bool,
     },
@@ -156,8 +156,9 @@ pub(crate) enum Effect {
     /// ([`Machine::generations`](super::Machine::generations) when it runs); answers
     /// [`Input::GcDone`].
     SweepExpired,
-    /// `Admin.Status` (1 s); answers [`Input::StatusRead`].
-    ReadStatus(Read),
+    /// One `Admin.Status` read (1 s) at the shutdown deadline, for each slot's phase in the
+    /// force-kill lines; answers [`Input::PhasesRead`].
+    ReadPhases,
     /// Tell systemd.
     Notify(Notice),
 }
