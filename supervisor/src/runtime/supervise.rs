@@ -8,9 +8,11 @@
 //! executor exits, not draining → SlotExited → restart after 1, 2, 4, 8, 16, 30, 30… s
 //!   (not when the broker retired its slot: `-j MIN..MAX` scaling down)
 //! executor exits EXIT_RECYCLED (a recycling limit) → SlotExited → restart at once, no backoff
-//! Admin.Status every second: start the executors of slots the broker wants (scaling up)
+//! Admin.Watch (each change, a heartbeat every second): start the executors of slots the
+//!   broker wants (scaling up); silent for PERAGO_STALL_TIMEOUT: the broker is killed
 //! under systemd (`NOTIFY_SOCKET`): READY=1 once the starting executors are attached, STATUS=
-//!   busy/idle as Admin.Status changes, STOPPING=1 at a drain, WATCHDOG=1 while the broker answers
+//!   busy/idle as the broker's state changes, STOPPING=1 at a drain, WATCHDOG=1 while its state
+//!   keeps coming
 //! SIGINT/SIGTERM → Admin.Drain; the broker stops executors and exits once all is reported
 //! broker exits unexpectedly → SIGTERM executors, wait, exit 1
 //! ```
@@ -55,8 +57,8 @@ pub(crate) struct RuntimeSpec {
     /// When the supervisor runs several task types: the task name, after an `@` in each
     /// child's argv[0] (`perago-executor-0001@orders.ship`), so `ps` tells them apart.
     pub(crate) process_label: Option<String>,
-    /// `PERAGO_STALL_TIMEOUT` (`None`: off): passed to every child; a broker whose
-    /// `Admin.Status` has not answered for this long is killed.
+    /// `PERAGO_STALL_TIMEOUT` (`None`: off): passed to every child; a broker whose state
+    /// stream (`Admin.Watch`) has sent nothing for this long is killed.
     pub(crate) stall_timeout: Option<Duration>,
 }
 
