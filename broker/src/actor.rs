@@ -40,6 +40,12 @@ pub(crate) enum Event {
     },
     /// A message of an attached executor, or the end of its stream.
     Slot(Input),
+    /// The supervisor reaped a slot's generation; answered with the broker's view of the slot
+    /// once the report is taken.
+    SlotExited {
+        exited: proto::SlotExited,
+        reply: oneshot::Sender<proto::SlotExitedAck>,
+    },
     /// The supervisor (re)started a slot.
     SlotStarted {
         started: proto::SlotStarted,
@@ -101,6 +107,27 @@ pub(crate) struct Actor {
     lost_leases: std::collections::HashSet<String>,
     /// Executions with a failed lease extension: their report is doubted too.
     doubted_leases: std::collections::HashSet<String>,
+    /// `Admin.Watch`: bumped each time the supervisor-relevant state changes (see
+    /// [`crate::state::WatchView`]); dropped once drained, which ends every watch stream.
+    watch: Option<tokio::sync::watch::Sender<u64>>,
+    /// The supervisor-relevant state the watchers were last told about.
+    watch_view: crate::state::WatchView,
+    /// The drain completed: the watchers are let go after this event.
+    watch_closing: bool,
+}
+
+/// What `Admin.Watch` streams subscribe to: a counter the actor bumps at each change that
+/// matters to a supervisor. The watchers read the state itself through [`Event::Status`].
+#[derive(Debug, Clone)]
+pub(crate) struct Watchers(std::sync::Arc<tokio::sync::watch::Receiver<u64>>);
+
+impl Watchers {
+    /// A receiver that has seen the current value: it wakes at the next change.
+    pub(crate) fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        let mut rx = (*self.0).clone();
+        rx.mark_unchanged();
+        rx
+    }
 }
 
 impl Actor {
@@ -127,7 +154,17 @@ impl Actor {
             depth_failing: std::sync::Arc::default(),
             lost_leases: std::collections::HashSet::new(),
             doubted_leases: std::collections::HashSet::new(),
+            watch: None,
+            watch_view: crate::state::WatchView::default(),
+            watch_closing: false,
         }
+    }
+
+    /// Serves `Admin.Watch`: the returned handle is what the service subscribes with.
+    pub(crate) fn watchers(&mut self) -> Watchers {
+        let (tx, rx) = tokio::sync::watch::channel(0);
+        self.watch = Some(tx);
+        Watchers(std::sync::Arc::new(rx))
     }
 
     /// Turns liveness on: the machine judges and pings at every tick, every third of
@@ -165,6 +202,7 @@ impl Actor {
 
     fn on_event(&mut self, event: Event) {
         self.handle_event(event);
+        self.publish();
         // Whoever started it (Admin.Drain, a signal, run once), a drain takes no more work.
         if self.machine.draining()
             && let Some(health) = self.health.take()
@@ -174,6 +212,21 @@ impl Actor {
                     .set_service_status("", tonic_health::ServingStatus::NotServing)
                     .await;
             });
+        }
+    }
+
+    /// Tells the watchers when the supervisor-relevant state changed: a comparison in place
+    /// while someone watches (the handle [`Watchers`] holds counts as one receiver), nothing
+    /// otherwise; never a rendered status. Once drained, the watchers are let go.
+    fn publish(&mut self) {
+        let Some(watch) = &self.watch else {
+            return;
+        };
+        if watch.receiver_count() > 1 && self.machine.update_watch_view(&mut self.watch_view) {
+            watch.send_modify(|version| *version = version.wrapping_add(1));
+        }
+        if self.watch_closing {
+            self.watch = None;
         }
     }
 
@@ -208,6 +261,13 @@ impl Actor {
             Event::Slot(input) => {
                 let out = self.handle_input(input);
                 self.perform(out.effects);
+            }
+            Event::SlotExited { exited, reply } => {
+                let (slot, generation) = (exited.slot, exited.generation);
+                let out = self.handle_input(Input::SlotExited(exited));
+                self.perform(out.effects);
+                // The view after the report and everything it set off.
+                let _ = reply.send(self.machine.exit_ack(slot, generation));
             }
             Event::SlotStarted { started, reply } => {
                 let out = self.handle_input(Input::SlotStarted(started));
@@ -412,6 +472,7 @@ impl Actor {
             }
             Effect::DisableV2 => self.reporter.disable_v2(),
             Effect::Drained => {
+                self.watch_closing = true;
                 if let Some(done) = self.drained.take() {
                     let _ = done.send(());
                 }

@@ -149,7 +149,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     health_reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
-    let actor = actor::Actor::new(
+    let mut actor = actor::Actor::new(
         machine,
         config.capacity.max_executors,
         reporter,
@@ -159,6 +159,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     .with_queue_depth(config.conductor.clone(), config.task_name.clone())
     .with_health(health_reporter.clone())
     .with_stall_timeout(config.stall_timeout);
+    let watchers = actor.watchers();
     let actor = tokio::spawn(actor.run(rx));
     if config.capacity.min_free_memory.is_some() {
         // Measured once before the poller asks for its first grant, so a runtime started
@@ -220,6 +221,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     let admin = AdminServer::new(service::AdminService {
         events: events.clone(),
         metrics: registry,
+        watchers,
     });
     drop(events);
     // Operators' tools: grpcurl needs reflection (many builds in use, the PyPI one included,

@@ -19,6 +19,27 @@ use tonic::{Request, Response, Status, Streaming};
 /// An executor must say hello this soon after opening its stream.
 const HELLO_DEADLINE: Duration = Duration::from_secs(10);
 
+/// The longest `Control.SlotExited` waits for the actor to take the report: the supervisor
+/// gives up at 5 s, and a broker's own answer says more than the supervisor's timeout.
+const EXIT_ACK_DEADLINE: Duration = Duration::from_secs(4);
+
+/// `Admin.Watch`: the heartbeat when the request leaves it 0, and the range it is clamped to.
+const WATCH_HEARTBEAT_DEFAULT: Duration = Duration::from_millis(1000);
+const WATCH_HEARTBEAT_MIN: Duration = Duration::from_millis(100);
+const WATCH_HEARTBEAT_MAX: Duration = Duration::from_secs(60);
+
+/// How long a watcher waits for the actor's state before giving that message up: a wedged
+/// actor sends nothing, and the watcher asks again a heartbeat later.
+const WATCH_ASK_DEADLINE: Duration = Duration::from_secs(1);
+
+/// The heartbeat a `WatchRequest` asks for, defaulted and clamped.
+fn watch_heartbeat(heartbeat_ms: u32) -> Duration {
+    if heartbeat_ms == 0 {
+        return WATCH_HEARTBEAT_DEFAULT;
+    }
+    Duration::from_millis(u64::from(heartbeat_ms)).clamp(WATCH_HEARTBEAT_MIN, WATCH_HEARTBEAT_MAX)
+}
+
 async fn ask<T>(
     events: &mpsc::Sender<Event>,
     make: impl FnOnce(oneshot::Sender<T>) -> Event,
@@ -218,13 +239,18 @@ impl Control for ControlService {
     async fn slot_exited(
         &self,
         request: Request<proto::SlotExited>,
-    ) -> Result<Response<proto::ControlAck>, Status> {
+    ) -> Result<Response<proto::SlotExitedAck>, Status> {
         self.authorize(&request)?;
-        self.events
-            .send(Event::Slot(Input::SlotExited(request.into_inner())))
-            .await
-            .map_err(|_| Status::unavailable("the broker is shutting down"))?;
-        Ok(Response::new(proto::ControlAck {}))
+        let exited = request.into_inner();
+        let ack = tokio::time::timeout(
+            EXIT_ACK_DEADLINE,
+            ask(&self.events, |reply| Event::SlotExited { exited, reply }),
+        )
+        .await
+        .map_err(|_| {
+            Status::deadline_exceeded("the broker did not take the exit report within 4 s")
+        })??;
+        Ok(Response::new(ack))
     }
 }
 
@@ -234,10 +260,72 @@ pub(crate) struct AdminService {
     pub(crate) events: mpsc::Sender<Event>,
     /// The registry `/metrics` serves, for `Admin.Metrics`.
     pub(crate) metrics: std::sync::Arc<prometheus_client::registry::Registry>,
+    /// What `Admin.Watch` streams wake on.
+    pub(crate) watchers: crate::actor::Watchers,
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<admin::StatusResponse, Status>> + Send>>;
+
+/// One `Admin.Watch` stream after its first message: the state again at each change the actor
+/// signals and after `heartbeat` of quiet, always read from the actor (bounded), so a wedged
+/// actor sends nothing. A slow reader holds up only this task, never the actor: changes that
+/// come meanwhile are merged into the next read. Ends when the reader goes or the broker has
+/// drained.
+async fn follow(
+    events: mpsc::Sender<Event>,
+    mut changes: tokio::sync::watch::Receiver<u64>,
+    heartbeat: Duration,
+    tx: mpsc::Sender<Result<admin::StatusResponse, Status>>,
+) {
+    loop {
+        tokio::select! {
+            () = tx.closed() => return,
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            () = tokio::time::sleep(heartbeat) => {}
+        }
+        let status = tokio::time::timeout(
+            WATCH_ASK_DEADLINE,
+            ask(&events, |reply| Event::Status { reply }),
+        )
+        .await;
+        match status {
+            Ok(Ok(status)) => {
+                if tx.send(Ok(status)).await.is_err() {
+                    return;
+                }
+            }
+            // The actor is gone: so is the broker.
+            Ok(Err(_)) => return,
+            // The actor did not answer in time: nothing is sent for this beat.
+            Err(_) => tracing::debug!("a watcher's status read timed out"),
+        }
+    }
 }
 
 #[tonic::async_trait]
 impl Admin for AdminService {
+    type WatchStream = WatchStream;
+
+    async fn watch(
+        &self,
+        request: Request<admin::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let heartbeat = watch_heartbeat(request.into_inner().heartbeat_ms);
+        // Subscribed before the first read: a change after it is not missed.
+        let changes = self.watchers.subscribe();
+        let first = ask(&self.events, |reply| Event::Status { reply }).await?;
+        let (tx, rx) = mpsc::channel(1);
+        tx.send(Ok(first))
+            .await
+            .map_err(|_| Status::cancelled("the watcher went away"))?;
+        tokio::spawn(follow(self.events.clone(), changes, heartbeat, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
     async fn status(
         &self,
         _request: Request<admin::StatusRequest>,

@@ -124,6 +124,26 @@ fn the_admin_service_has_its_methods_with_comments() {
                 ".perago.admin.v1.MetricsRequest",
                 ".perago.admin.v1.MetricsResponse"
             ),
+            (
+                "Watch",
+                ".perago.admin.v1.WatchRequest",
+                ".perago.admin.v1.StatusResponse"
+            ),
+        ]
+    );
+    // Watch is the one stream: the broker pushes, the request is one message.
+    let streaming: Vec<(&str, bool, bool)> = service
+        .method
+        .iter()
+        .map(|m| (m.name(), m.client_streaming(), m.server_streaming()))
+        .collect();
+    assert_eq!(
+        streaming,
+        [
+            ("Status", false, false),
+            ("Drain", false, false),
+            ("Metrics", false, false),
+            ("Watch", false, true),
         ]
     );
     // 6 = service, 2 = method (descriptor.proto field numbers).
@@ -149,4 +169,32 @@ fn the_admin_service_has_its_methods_with_comments() {
         .map(|f| (f.name(), f.number()))
         .collect();
     assert_eq!(fields, [("text", 1), ("content_type", 2)]);
+}
+
+#[test]
+fn slot_exited_answers_the_brokers_view_of_the_slot() {
+    let set = descriptor_set();
+    let slot = set
+        .file
+        .iter()
+        .find(|f| f.name() == "perago/slot/v1/slot.proto")
+        .expect("slot.proto is in the set");
+    let control = slot
+        .service
+        .iter()
+        .find(|s| s.name() == "Control")
+        .expect("Control");
+    let exited = control
+        .method
+        .iter()
+        .find(|m| m.name() == "SlotExited")
+        .expect("SlotExited");
+    assert_eq!(exited.output_type(), ".perago.slot.v1.SlotExitedAck");
+    let ack = slot
+        .message_type
+        .iter()
+        .find(|m| m.name() == "SlotExitedAck")
+        .expect("SlotExitedAck");
+    let fields: Vec<(&str, i32)> = ack.field.iter().map(|f| (f.name(), f.number())).collect();
+    assert_eq!(fields, [("draining", 1), ("retired", 2), ("recycling", 3)]);
 }

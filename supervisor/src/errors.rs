@@ -1,11 +1,10 @@
 //! Errors the command line expects, and the exit code of each.
 
 use perago_core::{manifest::ManifestError, mode::ExecutionModeError, mode::WorkerCountError};
-use std::{io, path::PathBuf};
+use std::{io, path::PathBuf, time::Duration};
 
 pub use crate::dev::DevError;
 pub use crate::runtime::root::RootError;
-pub use crate::runtime::supervise::RuntimeError;
 pub use crate::status::{NoAnswer, ProbeError};
 
 /// Thread mode cannot run this manifest.
@@ -19,6 +18,79 @@ pub enum ThreadModeError {
     ExecutorBinary {
         /// The executor binary.
         path: PathBuf,
+    },
+}
+
+/// Why the runtime ended with a failure.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The supervision of the runtime panicked (a bug); the other task types' runtimes drain.
+    #[error("the supervision of this runtime failed: {cause}")]
+    Panicked {
+        /// The panic, as the task's join error tells it.
+        cause: String,
+    },
+    /// A child process or thread cannot be started.
+    #[error("cannot start {what}: {source}")]
+    Spawn {
+        /// What was being started.
+        what: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The broker did not serve within the start-up deadline.
+    #[error("the broker did not start serving on {} within {}s", socket.display(), crate::runtime::supervise::BROKER_START_DEADLINE.as_secs())]
+    BrokerStart {
+        /// The runtime's socket.
+        socket: PathBuf,
+    },
+    /// The broker exited before it served.
+    #[error("the broker exited during start-up ({status})")]
+    BrokerDiedAtStart {
+        /// Its exit status.
+        status: String,
+    },
+    /// Another runtime's broker answers on the socket.
+    #[error(
+        "another runtime is running under this workspace root: {who} already answers on {}; this supervisor did not start it and will not use it (stop that runtime first)",
+        socket.display()
+    )]
+    ForeignBroker {
+        /// The runtime's socket.
+        socket: PathBuf,
+        /// Who answers there.
+        who: String,
+    },
+    /// The broker's control service failed.
+    #[error("cannot reach the broker's control service: {0}")]
+    Control(#[from] tonic::Status),
+    /// The broker exited while the runtime ran.
+    #[error("the broker exited ({status}) while the runtime was running")]
+    BrokerDied {
+        /// Its exit status.
+        status: String,
+    },
+    /// The broker refused a generation this supervisor announced.
+    #[error(
+        "the broker refused generation {generation} of slot {slot} ({reason}): the slot's generations no longer follow this supervisor's, so another process holding the control token has announced one (the runtime's credentials may have leaked); the runtime stopped rather than fight over the slot"
+    )]
+    GenerationRefused {
+        /// The slot.
+        slot: u32,
+        /// The generation refused.
+        generation: u64,
+        /// The broker's reason.
+        reason: String,
+    },
+    /// The drain hit the shutdown deadline and running executors were killed.
+    #[error(
+        "the drain did not finish within PERAGO_SHUTDOWN_FORCE_KILL_AFTER ({}s): executors still running were killed and their tasks reported FAILED",
+        deadline.as_secs()
+    )]
+    ForceKilled {
+        /// `PERAGO_SHUTDOWN_FORCE_KILL_AFTER`.
+        deadline: Duration,
     },
 }
 

@@ -53,6 +53,7 @@ pub(crate) use interface::{
 };
 pub(crate) use machine::Machine;
 pub(crate) use once::ONCE_EMPTY_POLLS;
+pub(crate) use status::WatchView;
 
 #[cfg(test)]
 mod tests;

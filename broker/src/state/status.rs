@@ -1,24 +1,92 @@
 //! `Admin.Status`: the slots, counters and capacity figures as the machine sees them.
 
-use super::machine::{Machine, Work};
+use super::machine::{Machine, Slot, Work};
 use perago_core::{capacity::PERAGO_MIN_FREE_MEMORY, memory::format_bytes};
 use perago_proto::{admin::v1 as admin, slot::v1 as proto};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// The part of the state a supervisor acts on (see `Admin.Watch`): the actor compares it after
+/// each event, in place, and tells the watchers only when it changed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct WatchView {
+    draining: bool,
+    admission_open: bool,
+    wanted_executors: u64,
+    /// Per slot: state, generation, pid, recycling.
+    slots: Vec<(admin::SlotState, u64, u32, bool)>,
+}
+
+impl Slot {
+    /// What the slot is doing, as Admin.Status shows it.
+    pub(super) fn state(&self) -> admin::SlotState {
+        match (self.attached, &self.work) {
+            (false, _) if !self.wanted => admin::SlotState::Retired,
+            (false, _) if self.exited => admin::SlotState::Exited,
+            (false, _) => admin::SlotState::Waiting,
+            (true, _) if self.stopping => admin::SlotState::Stopping,
+            (true, Work::Busy(_) | Work::AwaitingNext) => admin::SlotState::Busy,
+            (true, Work::Idle) => admin::SlotState::Idle,
+        }
+    }
+}
+
 impl Machine {
+    /// The broker's view of `slot` after an exit report of its `generation` (the answer to
+    /// `Control.SlotExited`): exactly what Admin.Status would show the supervisor then.
+    pub(crate) fn exit_ack(&self, slot: u32, generation: u64) -> proto::SlotExitedAck {
+        let seen = usize::try_from(slot)
+            .ok()
+            .and_then(|n| n.checked_sub(1))
+            .and_then(|i| self.slots.get(i));
+        proto::SlotExitedAck {
+            draining: self.draining,
+            retired: seen.is_some_and(|s| s.state() == admin::SlotState::Retired),
+            recycling: seen.is_some_and(|s| s.generation == generation && s.recycled),
+        }
+    }
+
+    /// Brings `view` up to date with the supervisor-relevant state; true if anything changed.
+    /// Cheap (no allocation once `view` has its slots): called after every event while
+    /// someone watches.
+    pub(crate) fn update_watch_view(&self, view: &mut WatchView) -> bool {
+        let mut changed = false;
+        let mut set = |field: &mut bool, value: bool| {
+            if *field != value {
+                *field = value;
+                changed = true;
+            }
+        };
+        set(&mut view.draining, self.draining);
+        set(&mut view.admission_open, self.admission_open);
+        let wanted = self
+            .gauges
+            .wanted_executors
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if view.wanted_executors != wanted {
+            view.wanted_executors = wanted;
+            changed = true;
+        }
+        if view.slots.len() != self.slots.len() {
+            view.slots.clear();
+            view.slots.resize(self.slots.len(), Default::default());
+            changed = true;
+        }
+        for (seen, s) in view.slots.iter_mut().zip(&self.slots) {
+            let now = (s.state(), s.generation, s.pid, s.recycled);
+            if *seen != now {
+                *seen = now;
+                changed = true;
+            }
+        }
+        changed
+    }
+
     pub(super) fn status(&self) -> admin::StatusResponse {
         let slots = self
             .slots
             .iter()
             .map(|s| {
-                let state = match (s.attached, &s.work) {
-                    (false, _) if !s.wanted => admin::SlotState::Retired,
-                    (false, _) if s.exited => admin::SlotState::Exited,
-                    (false, _) => admin::SlotState::Waiting,
-                    (true, _) if s.stopping => admin::SlotState::Stopping,
-                    (true, Work::Busy(_) | Work::AwaitingNext) => admin::SlotState::Busy,
-                    (true, Work::Idle) => admin::SlotState::Idle,
-                };
+                let state = s.state();
                 let (task_id, execution_id, since, phase) = match &s.work {
                     Work::Busy(run) => (
                         run.attempt.task_id.clone(),

@@ -108,7 +108,7 @@ pub(crate) struct ChildExit {
 }
 
 /// A running child.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Child {
     Process(u32),
     Task,

@@ -246,6 +246,7 @@ impl NotifyHandle {
     }
 
     /// Whether this runtime said it is ready.
+    #[cfg(test)]
     pub(crate) fn is_ready(&self) -> bool {
         self.with(|hub| hub.parts[self.index].ready)
     }

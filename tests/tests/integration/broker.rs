@@ -19,10 +19,10 @@ use tonic::{Code, Request, transport::Channel};
 
 const CONTROL_TOKEN: &str = "control-secret";
 
-struct Broker {
-    child: std::process::Child,
-    dir: tempfile::TempDir,
-    channel: Channel,
+pub(crate) struct Broker {
+    pub(crate) child: std::process::Child,
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) channel: Channel,
 }
 
 impl Drop for Broker {
@@ -32,11 +32,11 @@ impl Drop for Broker {
     }
 }
 
-async fn start_broker(conductor: &Conductor, task: &TaskFixture) -> Broker {
+pub(crate) async fn start_broker(conductor: &Conductor, task: &TaskFixture) -> Broker {
     start_broker_with(conductor, task, &[]).await
 }
 
-async fn start_broker_with(
+pub(crate) async fn start_broker_with(
     conductor: &Conductor,
     task: &TaskFixture,
     env: &[(&str, &str)],
@@ -70,7 +70,7 @@ async fn start_broker_with(
     }
 }
 
-fn with_control_token<T>(message: T) -> Request<T> {
+pub(crate) fn with_control_token<T>(message: T) -> Request<T> {
     let mut request = Request::new(message);
     request
         .metadata_mut()
@@ -78,7 +78,7 @@ fn with_control_token<T>(message: T) -> Request<T> {
     request
 }
 
-fn creds(slot: u32, generation: u64, token: &str) -> proto::SlotCredentials {
+pub(crate) fn creds(slot: u32, generation: u64, token: &str) -> proto::SlotCredentials {
     proto::SlotCredentials {
         slot,
         generation,
@@ -86,7 +86,10 @@ fn creds(slot: u32, generation: u64, token: &str) -> proto::SlotCredentials {
     }
 }
 
-fn hello(credentials: proto::SlotCredentials, worker_id: &str) -> proto::ExecutorMessage {
+pub(crate) fn hello(
+    credentials: proto::SlotCredentials,
+    worker_id: &str,
+) -> proto::ExecutorMessage {
     proto::ExecutorMessage {
         message: Some(ToBroker::Hello(proto::Hello {
             protocol_version: proto::ProtocolVersion::ProtocolVersion1 as i32,
@@ -99,7 +102,7 @@ fn hello(credentials: proto::SlotCredentials, worker_id: &str) -> proto::Executo
 }
 
 /// Opens an Attach stream with `first` as the first message.
-async fn attach(
+pub(crate) async fn attach(
     channel: &Channel,
     first: proto::ExecutorMessage,
 ) -> Result<
@@ -124,7 +127,7 @@ async fn attach(
 /// Announces slot 1, generation 1 (token `s1`) as the supervisor would, attaches to it as
 /// `worker`, starts one workflow of `task` and returns the stream, the assignment it got and
 /// the workflow's id.
-async fn first_assignment(
+pub(crate) async fn first_assignment(
     broker: &Broker,
     conductor: &Conductor,
     task: &TaskFixture,

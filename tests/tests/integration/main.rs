@@ -8,6 +8,7 @@ mod auth;
 mod bad_input;
 mod bench;
 mod broker;
+mod broker_watch;
 mod chaos;
 mod cli;
 mod deploy;

@@ -125,6 +125,54 @@ async fn grpcurl_lists_describes_and_calls_the_broker() {
     assert!(health.stdout.contains("SERVING"), "{health}");
 }
 
+/// `Admin.Watch` as an operator sees it: `describe` lists it with its comment, and a call
+/// prints the state at once, then again at each heartbeat, until grpcurl's own time limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcurl_describes_and_follows_admin_watch() {
+    let (_conductor, task, sup) = running(1).await;
+    let run_dir = sup.workspace_root().join("run");
+    let grpc = |args: &[&str]| {
+        Run::of(
+            Command::new(grpcurl())
+                .args(["-plaintext", "-unix"])
+                .args(args)
+                .current_dir(&run_dir),
+        )
+    };
+    let describe = grpc(&["broker.sock", "describe", "perago.admin.v1.Admin"]);
+    describe.expect_code(0);
+    assert!(
+        describe.stdout.contains(
+            "rpc Watch ( .perago.admin.v1.WatchRequest ) returns ( stream .perago.admin.v1.StatusResponse )"
+        ),
+        "{describe}"
+    );
+    assert!(
+        describe.stdout.contains("Follow the runtime's state"),
+        "comments: {describe}"
+    );
+
+    // The stream does not end by itself: grpcurl stops it after 2 s (and says so).
+    let watch = grpc(&[
+        "-max-time",
+        "2",
+        "-d",
+        r#"{"heartbeatMs": 200}"#,
+        "broker.sock",
+        "perago.admin.v1.Admin/Watch",
+    ]);
+    assert!(watch.stderr.contains("DeadlineExceeded"), "{watch}");
+    let messages: Vec<serde_json::Value> = serde_json::Deserializer::from_str(&watch.stdout)
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("{e}: {watch}"));
+    assert!(messages.len() >= 2, "the state, then heartbeats: {watch}");
+    for body in &messages {
+        assert_eq!(body["taskName"], task.name.as_str());
+        assert_eq!(body["slots"][0]["state"], "SLOT_STATE_IDLE", "{watch}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_prints_the_slots_as_a_table_and_as_json() {
     let (conductor, task, sup) = running(2).await;

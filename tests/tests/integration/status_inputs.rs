@@ -132,6 +132,16 @@ impl perago_proto::admin::v1::admin_server::Admin for HostileBroker {
     ) -> Result<tonic::Response<perago_proto::admin::v1::MetricsResponse>, tonic::Status> {
         Err(tonic::Status::unimplemented("not here"))
     }
+
+    type WatchStream =
+        tokio_stream::Once<Result<perago_proto::admin::v1::StatusResponse, tonic::Status>>;
+
+    async fn watch(
+        &self,
+        _: tonic::Request<perago_proto::admin::v1::WatchRequest>,
+    ) -> Result<tonic::Response<Self::WatchStream>, tonic::Status> {
+        Ok(tonic::Response::new(tokio_stream::once(Ok(self.0.clone()))))
+    }
 }
 
 /// A broker answering a 3 MiB worker id (a format-width panic before), escape sequences in
