@@ -3,11 +3,9 @@
 //! through its API; an S3-gateway multipart upload lists `<md5 of the parts' MD5s>-<parts>`, a
 //! linked or imported object its source's ETag. A loopback server lists such checksums here.
 
+use perago_core::lakefs::{LakefsClient, LakefsConfig};
 use perago_core::shape::WorkspaceInput;
-use perago_executor::workspace::{
-    flow::{Attempt, DownloadLimits, Owner},
-    lakefs::{LakefsClient, LakefsConfig},
-};
+use perago_executor::workspace::flow::{Attempt, DownloadLimits, Owner};
 use std::{collections::BTreeMap, net::SocketAddr, sync::Arc};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 

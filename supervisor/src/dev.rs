@@ -18,6 +18,7 @@ use crate::{
         supervise::{RuntimeSpec, supervise_all},
     },
 };
+use perago_core::lakefs::{LakefsClient, LakefsConfig, LakefsConfigError, LakefsError};
 use perago_core::{
     conductor::ConductorClient,
     identity::WorkerPrefix,
@@ -26,9 +27,6 @@ use perago_core::{
     taskdef::task_def,
 };
 use perago_devstack::conductor::ConductorServer;
-use perago_executor::workspace::lakefs::{
-    LakefsClient, LakefsConfig, LakefsConfigError, LakefsError,
-};
 use serde_json::{Value, json};
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 

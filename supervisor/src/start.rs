@@ -7,6 +7,7 @@ use crate::runtime::{
     supervise::{self, RuntimeError, RuntimeSpec},
 };
 use crate::{cli::StartArgs, errors::ExpectedError};
+use perago_core::lakefs::{LakefsClient, LakefsConfig};
 use perago_core::{
     capacity::{Capacity, parse_jobs},
     conductor::ConductorClient,
@@ -15,7 +16,6 @@ use perago_core::{
     manifest::{BodyKind, Manifest, TaskKind},
     mode::ExecutionMode,
 };
-use perago_executor::workspace::lakefs::{LakefsClient, LakefsConfig};
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},

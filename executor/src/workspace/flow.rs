@@ -6,7 +6,6 @@
 
 use super::{
     contention::MergeTries,
-    lakefs::{LakefsClient, LakefsError},
     paths::{PathError, key_to_relative},
     refusal,
     scan::{Changes, Rules, ScanError, Snapshot},
@@ -17,6 +16,7 @@ use super::{
 };
 use perago_core::{
     attempt::{AttemptSnapshot, FenceError},
+    lakefs::{LakefsClient, LakefsError},
     manifest::{DownloadBudget, PublishBudget, WorkspaceSpec},
     process::dirfd::{Dir, fstat},
     shape::WorkspaceInput,
@@ -1206,7 +1206,7 @@ pub(crate) struct Planned {
 /// error names both. Nothing is written before every key is checked.
 pub(crate) fn plan_download(
     prefix: &str,
-    objects: Vec<super::lakefs::ObjectStats>,
+    objects: Vec<perago_core::lakefs::ObjectStats>,
     work: &Path,
 ) -> Result<Vec<Planned>, WorkspaceFailure> {
     let mut plan = Vec::with_capacity(objects.len());
@@ -1272,7 +1272,7 @@ pub async fn check_fence(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workspace::lakefs::LakefsConfig;
+    use perago_core::lakefs::LakefsConfig;
     use std::sync::{
         Mutex,
         atomic::{AtomicUsize, Ordering},
@@ -1392,7 +1392,7 @@ mod tests {
 
     #[test]
     fn a_key_that_is_also_a_folder_is_refused_by_its_variant() {
-        let object = |path: &str| super::super::lakefs::ObjectStats {
+        let object = |path: &str| perago_core::lakefs::ObjectStats {
             path: path.to_owned(),
             path_type: "object".to_owned(),
             checksum: String::new(),
@@ -1509,7 +1509,7 @@ mod tests {
         assert_eq!(current.calls(), 1, "one fence read, nothing staged");
     }
 
-    fn listed(keys: &[&str]) -> Vec<crate::workspace::lakefs::ObjectStats> {
+    fn listed(keys: &[&str]) -> Vec<perago_core::lakefs::ObjectStats> {
         keys.iter()
             .map(|k| {
                 serde_json::from_value(json!({"path": k, "path_type": "object", "checksum": "c"}))

@@ -94,7 +94,7 @@ pub(crate) struct RuntimeSpec {
     /// Extra environment for every child (tests: a shorter long-poll).
     pub(crate) child_env: Vec<(String, String)>,
     /// For the GC to delete staging branches left by killed executors (workspace tasks).
-    pub(crate) lakefs: Option<perago_executor::workspace::lakefs::LakefsClient>,
+    pub(crate) lakefs: Option<perago_core::lakefs::LakefsClient>,
     /// systemd's notify socket (under a `Type=notify` unit), shared with the other task
     /// types' runtimes of this supervisor.
     pub(crate) notify: Option<NotifyHandle>,
@@ -794,7 +794,7 @@ async fn serving(socket: &std::path::Path) -> Option<String> {
         Err(_) => return Some("a process".to_owned()),
     }
     let status = tokio::time::timeout(ASK, async {
-        let channel = perago_executor::slot::connect(socket).await.ok()?;
+        let channel = perago_core::socket::connect(socket).await.ok()?;
         AdminClient::new(channel)
             .status(admin::StatusRequest {})
             .await
@@ -822,7 +822,7 @@ async fn wait_for_broker(
                 status: exit.ended.describe(),
             });
         }
-        if let Ok(channel) = perago_executor::slot::connect(&spec.socket).await {
+        if let Ok(channel) = perago_core::socket::connect(&spec.socket).await {
             match bounded(AdminClient::new(channel.clone()).status(admin::StatusRequest {})).await {
                 Ok(status) if status.get_ref().broker_pid == broker_pid => return Ok(channel),
                 Ok(status) => {
@@ -1318,7 +1318,7 @@ mod tests {
                 .add_service(proto::control_server::ControlServer::new(fake.clone()))
                 .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
         );
-        let channel = perago_executor::slot::connect(&socket).await.unwrap();
+        let channel = perago_core::socket::connect(&socket).await.unwrap();
         let mut control =
             ControlClient::with_interceptor(channel, TokenInterceptor("t".parse().unwrap()));
         let mut proc = SlotProc {

@@ -620,7 +620,7 @@ pub(crate) struct Lakefs {
     /// The server.
     pub(crate) server: perago_devstack::lakefs::LakefsHandle,
     /// A client for it.
-    pub(crate) client: perago_executor::workspace::lakefs::LakefsClient,
+    pub(crate) client: perago_core::lakefs::LakefsClient,
 }
 
 impl Lakefs {
@@ -630,12 +630,12 @@ impl Lakefs {
             .bind("127.0.0.1:0")
             .await
             .expect("devstack lakeFS binds");
-        let config = perago_executor::workspace::lakefs::LakefsConfig {
+        let config = perago_core::lakefs::LakefsConfig {
             endpoint: server.endpoint(),
             access_key_id: server.credentials().access_key_id.clone(),
             secret_access_key: server.credentials().secret_access_key.clone(),
         };
-        let client = perago_executor::workspace::lakefs::LakefsClient::new(&config).unwrap();
+        let client = perago_core::lakefs::LakefsClient::new(&config).unwrap();
         Self { server, client }
     }
 

@@ -497,7 +497,7 @@ async fn first_slot_idle(root: &Path) {
     use perago_proto::admin::v1::{SlotState, StatusRequest, admin_client::AdminClient};
     let socket = root.join("run/broker.sock");
     eventually("slot 1 to be idle", Duration::from_secs(20), || async {
-        let channel = perago_executor::slot::connect(&socket).await.ok()?;
+        let channel = perago_core::socket::connect(&socket).await.ok()?;
         let status = AdminClient::new(channel)
             .status(StatusRequest {})
             .await
@@ -693,7 +693,7 @@ async fn start_never_talks_to_a_broker_it_did_not_start() {
     eventually(
         "the foreign broker to serve",
         Duration::from_secs(10),
-        || async { perago_executor::slot::connect(&socket).await.ok() },
+        || async { perago_core::socket::connect(&socket).await.ok() },
     )
     .await;
 
