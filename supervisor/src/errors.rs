@@ -3,6 +3,7 @@
 use perago_core::{manifest::ManifestError, mode::ExecutionModeError, mode::WorkerCountError};
 use std::{io, path::PathBuf};
 
+#[cfg(feature = "dev")]
 pub use crate::dev::DevError;
 pub use crate::runtime::root::RootError;
 pub use crate::runtime::supervise::RuntimeError;
@@ -95,6 +96,7 @@ pub enum ExpectedError {
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
     /// `dev` could not set up or finish its devstack run.
+    #[cfg(feature = "dev")]
     #[error(transparent)]
     Dev(#[from] DevError),
     /// `status` (or a probe) found no runtime, or a ready probe found it draining.
@@ -136,6 +138,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg(feature = "dev")]
     fn a_forced_shutdown_has_its_own_exit_code() {
         let forced = ExpectedError::from(RuntimeError::ForceKilled {
             deadline: std::time::Duration::from_secs(5),
