@@ -678,7 +678,7 @@ impl Bench {
     }
 
     async fn workspace_run(&mut self, linked: bool) -> Result<(), String> {
-        use perago_executor::workspace::lakefs::{LakefsClient, LakefsConfig};
+        use perago_core::lakefs::{LakefsClient, LakefsConfig};
         let tasks = if self.o.smoke { 4 } else { 300 };
         let conductor = Conductor::start().await?;
         let lakefs = perago_devstack::lakefs::LakefsServer::builder()
@@ -935,7 +935,7 @@ pub fn main() -> i32 {
 /// lakeFS's `PUT .../staging/backing`, with the checksum the S3 gateway stores for a two-part
 /// multipart upload of them (the MD5 of the parts' MD5s): not the content's MD5.
 async fn link_gateway_style(
-    config: &perago_executor::workspace::lakefs::LakefsConfig,
+    config: &perago_core::lakefs::LakefsConfig,
     store: &str,
     source: &str,
     repo: &str,

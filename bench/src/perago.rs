@@ -119,7 +119,7 @@ impl Runtime {
         let socket = root.join("run/broker.sock");
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if let Ok(channel) = perago_executor::slot::connect(&socket).await
+            if let Ok(channel) = perago_core::socket::connect(&socket).await
                 && let Ok(status) = AdminClient::new(channel).status(StatusRequest {}).await
             {
                 let slots = status.into_inner().slots;

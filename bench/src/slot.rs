@@ -155,7 +155,7 @@ pub(crate) fn slot_round_trips(rounds: usize) -> Result<Vec<f64>, String> {
             .build()
             .expect("a runtime");
         runtime.block_on(async move {
-            let channel = perago_executor::slot::connect(&socket)
+            let channel = perago_core::socket::connect(&socket)
                 .await
                 .map_err(|e| e.to_string())?;
             let mut client = proto::slot_client::SlotClient::new(channel);

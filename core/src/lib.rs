@@ -1,10 +1,14 @@
 //! perago's shared, wire-independent core: the task manifest, the attempt snapshot and fence,
 //! input/output shapes, the runtime result, worker identity, execution mode and worker count,
 //! durations and byte sizes, available memory (cgroup v2 aware), the environment variables,
-//! and the Conductor TaskDef a manifest describes.
+//! the Conductor TaskDef a manifest describes, and the clients more than one process uses: the
+//! Conductor client, the lakeFS client ([`lakefs`]: the executor's workspace, the supervisor's
+//! GC and `dev`) and the broker socket's connector ([`socket`]).
 //!
-//! It calls no libc function itself: the system layer is `perago-sys`, the one perago crate
-//! it depends on. The broker, the executors and the supervisor all build on it.
+//! It calls no libc function itself: the system layer is `perago-sys`. Of the other perago
+//! crates it depends only on `perago-sys` and `perago-proto` (the slot message limit the
+//! socket's windows are sized for): the broker, the executors and the supervisor all build on
+//! it.
 
 #![forbid(unsafe_code)]
 
@@ -19,6 +23,7 @@ pub mod files;
 pub mod http;
 pub mod identity;
 pub mod json;
+pub mod lakefs;
 pub mod liveness;
 pub mod logging;
 pub mod manifest;
@@ -31,6 +36,7 @@ pub mod result;
 pub mod rss;
 pub mod secrets;
 pub mod shape;
+pub mod socket;
 pub mod taskdef;
 pub mod units;
 pub mod url;

@@ -6,15 +6,13 @@ use crate::{
     command::{self, CommandSpec, Ended, Finished, RunLimits, SoftLimit},
     jsonl::{JsonlBody, JsonlFailure},
     task::{Task, TaskContext, TaskError},
-    workspace::{
-        flow::{Attempt, DownloadLimits, Fence, Owner},
-        lakefs::{LakefsClient, LakefsConfigError},
-    },
+    workspace::flow::{Attempt, DownloadLimits, Fence, Owner},
 };
 use perago_core::{
     attempt::AttemptSnapshot,
     command::{CommandError, resolve_program},
     json::RawJson,
+    lakefs::{LakefsClient, LakefsConfigError},
     manifest::{BodyKind, BodyProtocol, Manifest, TaskKind, TimeoutPolicy},
     result::{Reason, RuntimeResult},
     shape::{parse_input, workspace_free_output, workspace_output},

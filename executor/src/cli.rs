@@ -102,10 +102,8 @@ pub fn workspace_runtime(
     identity: &SlotIdentity,
     lookup: impl Fn(&str) -> Option<String>,
 ) -> crate::assignment::WorkspaceRuntime {
-    use crate::workspace::{
-        flow::Owner,
-        lakefs::{LakefsClient, LakefsConfig},
-    };
+    use crate::workspace::flow::Owner;
+    use perago_core::lakefs::{LakefsClient, LakefsConfig};
     let root = lookup(env::PERAGO_WORKSPACE_ROOT)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)

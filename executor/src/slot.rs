@@ -21,7 +21,6 @@ use crate::{
     wire,
     workspace::flow::{Fence, FenceRead},
 };
-use hyper_util::rt::TokioIo;
 use perago_core::{
     backoff::Backoff,
     result::{Reason, RuntimeResult},
@@ -40,7 +39,7 @@ use std::{
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 use tracing::Instrument as _;
 
 /// The attempt fence over the slot protocol: `ReloadAttempt` for this slot's current
@@ -138,33 +137,13 @@ pub enum SlotError {
     },
 }
 
-/// A channel to the broker over its Unix socket.
-pub async fn connect(socket: &Path) -> Result<Channel, tonic::transport::Error> {
-    let path = socket.to_owned();
-    // The URI is required by the API but unused: every connection goes to the socket.
-    // A whole slot message fits the receive windows: an assignment carrying megabytes is
-    // not held up waiting for window updates on the way.
-    let window = u32::try_from(perago_proto::MAX_SLOT_MESSAGE_BYTES).unwrap_or(u32::MAX);
-    Endpoint::from_static("http://perago.broker")
-        .initial_stream_window_size(window)
-        .initial_connection_window_size(window)
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(TokioIo::new(stream))
-            }
-        }))
-        .await
-}
-
 async fn connect_patiently(socket: &Path) -> Result<Channel, SlotError> {
     let backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1), 0.2)
         .expect("valid constants");
     let deadline = tokio::time::Instant::now() + CONNECT_PATIENCE;
     let mut attempt = 0;
     loop {
-        match connect(socket).await {
+        match perago_core::socket::connect(socket).await {
             Ok(channel) => return Ok(channel),
             Err(source) if tokio::time::Instant::now() >= deadline => {
                 return Err(SlotError::Connect {

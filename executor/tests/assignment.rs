@@ -387,10 +387,8 @@ fn unsupported_manifests_are_refused_with_a_reason() {
 
 #[tokio::test]
 async fn a_workspace_assignment_without_lakefs_config_fails_and_says_what_is_missing() {
-    use perago_executor::{
-        assignment::WorkspaceRuntime,
-        workspace::{flow::Owner, lakefs::LakefsConfig},
-    };
+    use perago_core::lakefs::LakefsConfig;
+    use perago_executor::{assignment::WorkspaceRuntime, workspace::flow::Owner};
     let dir = tempfile::tempdir().unwrap();
     fs::write(dir.path().join("body.sh"), "echo '{}'").unwrap();
     fs::write(
@@ -402,7 +400,7 @@ async fn a_workspace_assignment_without_lakefs_config_fails_and_says_what_is_mis
     let lakefs = LakefsConfig::from_lookup(|name| {
         (name == "LAKEFS_ENDPOINT").then(|| "http://127.0.0.1:9".to_owned())
     })
-    .and_then(|c| perago_executor::workspace::lakefs::LakefsClient::new(&c));
+    .and_then(|c| perago_core::lakefs::LakefsClient::new(&c));
     let runner =
         AssignmentRunner::new(manifest, WORKER.into(), std::env::var_os("PATH").as_deref())
             .unwrap()

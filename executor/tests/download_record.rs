@@ -5,11 +5,9 @@
 
 #![forbid(unsafe_code)]
 
+use perago_core::lakefs::{LakefsClient, LakefsConfig};
 use perago_core::shape::WorkspaceInput;
-use perago_executor::workspace::{
-    flow::{Attempt, DownloadLimits, Owner},
-    lakefs::{LakefsClient, LakefsConfig},
-};
+use perago_executor::workspace::flow::{Attempt, DownloadLimits, Owner};
 use std::{collections::BTreeMap, net::SocketAddr, sync::Arc};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 

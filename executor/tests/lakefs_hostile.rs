@@ -4,7 +4,7 @@
 
 #![forbid(unsafe_code)]
 
-use perago_executor::workspace::lakefs::{LakefsClient, LakefsConfig, LakefsError};
+use perago_core::lakefs::{LakefsClient, LakefsConfig, LakefsError};
 use serde_json::Map;
 use std::{
     net::SocketAddr,
@@ -244,7 +244,7 @@ fn huge(status: u16, total: u64, announced: bool) -> Reply {
 
 #[tokio::test]
 async fn a_1_gib_answer_is_refused_at_the_cap_without_being_read() {
-    use perago_executor::workspace::lakefs::MAX_JSON_ANSWER;
+    use perago_core::lakefs::MAX_JSON_ANSWER;
     for announced in [true, false] {
         let server = Server::start(move |_| huge(200, GIB, announced)).await;
         let error = server

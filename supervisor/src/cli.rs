@@ -40,6 +40,7 @@ pub enum Command {
     Completions(CompletionsArgs),
     /// Try a task with nothing to install: an embedded development Conductor, one workflow per
     /// --input, the runtime, and each result printed as it completes.
+    #[cfg(feature = "dev")]
     Dev(DevArgs),
 }
 
@@ -159,6 +160,7 @@ pub enum Probe {
 }
 
 /// `dev`.
+#[cfg(feature = "dev")]
 #[derive(Debug, Args)]
 #[deny(missing_docs)]
 pub struct DevArgs {

@@ -13,24 +13,20 @@
 use crate::{
     cli::DevArgs,
     errors::ExpectedError,
-    runtime::{
-        children::{BROKER_ROLE_ARG, EXECUTOR_ROLE_ARG, Launcher, Program},
-        supervise::{RuntimeSpec, supervise_all},
-    },
+    plan::{Plan, Programs, TaskPlan},
+    runtime::supervise::supervise_all,
 };
+use perago_core::lakefs::{LakefsClient, LakefsConfig, LakefsConfigError, LakefsError};
 use perago_core::{
     conductor::ConductorClient,
     identity::WorkerPrefix,
-    manifest::{BodyKind, Manifest, TaskKind},
+    manifest::{Manifest, TaskKind},
     mode::{ExecutionMode, WorkerCount},
     taskdef::task_def,
 };
 use perago_devstack::conductor::ConductorServer;
-use perago_executor::workspace::lakefs::{
-    LakefsClient, LakefsConfig, LakefsConfigError, LakefsError,
-};
 use serde_json::{Value, json};
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, time::Duration};
 
 /// What failed in `dev` around the runtime: its devstack, or the workflows it started.
 #[derive(Debug, thiserror::Error)]
@@ -270,6 +266,13 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
         }
 
         let base = std::env::temp_dir().join(format!("perago-dev-{}", std::process::id()));
+        // dev's own: the embedded Conductor, a fixed capacity, a private root and log root, no
+        // shutdown deadline; the rest is the plan `start` runs with.
+        let mut plan = Plan::new(mode, Programs::ThisProgram, url.clone());
+        plan.log_root = base.join("logs");
+        plan.child_env = child_env;
+        plan.stall_timeout = stall_timeout;
+        plan.several = several;
         let mut locks = Vec::new();
         let mut runs = Vec::new();
         for task in &tasks {
@@ -282,48 +285,16 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
                 base.clone()
             };
             let locked = crate::runtime::root::lock(&root, vars, Duration::ZERO).await?;
-            let launcher = match mode {
-                ExecutionMode::Thread => Launcher::thread(Arc::new(manifest.clone()))?,
-                ExecutionMode::Process => {
-                    let this =
-                        |role, variable: &str| match vars.get(variable).filter(|v| !v.is_empty()) {
-                            Some(path) => Ok(Program::binary(path.into())),
-                            None => Program::this_program(role)
-                                .map_err(|source| DevError::ThisProgram { role, source }),
-                        };
-                    Launcher::Process {
-                        lock_fd: Some(locked.lock_fd()),
-                        broker_bin: this(BROKER_ROLE_ARG, perago_core::env::PERAGO_BROKER_BIN)?,
-                        executor_bin: match &manifest.body.kind {
-                            BodyKind::Executor(path) => Program::binary(path.clone()),
-                            BodyKind::Command { .. } => {
-                                this(EXECUTOR_ROLE_ARG, perago_core::env::PERAGO_EXECUTOR_BIN)?
-                            }
-                        },
-                    }
-                }
-            };
             let prefix = WorkerPrefix::derive(&name)
                 .map_err(|e| ExpectedError::Config(vec![e.to_string()]))?;
-            let spec = RuntimeSpec {
-                task_name: name.clone(),
+            let task = TaskPlan {
+                manifest: manifest.clone(),
                 manifest_path: task.manifest_path.clone(),
                 capacity: perago_core::capacity::Capacity::fixed(workers.get()),
                 prefix,
-                conductor_url: url.clone(),
-                socket: locked.socket.clone(),
-                force_kill_after: None,
-                log_root: base.join("logs"),
-                workspace_root: locked.root.clone(),
-                gc_interval: Duration::from_secs(300),
-                gc_ttl: Duration::from_secs(24 * 3600),
-                child_env: child_env.clone(),
-                lakefs: lakefs.as_ref().map(|(_, c)| c.clone()),
-                notify: None,
-                process_label: several.then(|| name.clone()),
-                stall_timeout,
             };
-            runs.push((spec, launcher));
+            let lakefs = lakefs.as_ref().map(|(_, c)| c.clone());
+            runs.push(plan.runtime(task, &locked, lakefs, None, vars)?);
             locks.push(locked);
         }
 
@@ -521,6 +492,8 @@ async fn watch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::children::{BROKER_ROLE_ARG, Launcher};
+    use std::sync::Arc;
 
     #[test]
     fn dev_errors_keep_their_texts_and_causes() {

@@ -3,6 +3,7 @@
 use perago_core::{manifest::ManifestError, mode::ExecutionModeError, mode::WorkerCountError};
 use std::{io, path::PathBuf, time::Duration};
 
+#[cfg(feature = "dev")]
 pub use crate::dev::DevError;
 pub use crate::runtime::root::RootError;
 pub use crate::status::{NoAnswer, ProbeError};
@@ -167,6 +168,7 @@ pub enum ExpectedError {
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
     /// `dev` could not set up or finish its devstack run.
+    #[cfg(feature = "dev")]
     #[error(transparent)]
     Dev(#[from] DevError),
     /// `status` (or a probe) found no runtime, or a ready probe found it draining.
@@ -208,6 +210,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg(feature = "dev")]
     fn a_forced_shutdown_has_its_own_exit_code() {
         let forced = ExpectedError::from(RuntimeError::ForceKilled {
             deadline: std::time::Duration::from_secs(5),

@@ -1,4 +1,6 @@
-//! The perago command line: `check`, `extract`, `start`, `dev`, `status`, `completions`.
+//! The perago command line: `check`, `extract`, `start`, `dev` (the `dev` feature, on by
+//! default), `status`, `completions`. `start` and `dev` build their runtimes from one
+//! [`plan`](crate::plan).
 //! `main` calls [`run`], which parses the arguments, runs the command and maps every expected error to its exit
 //! code (see [`errors::exit_codes`]).
 
@@ -6,10 +8,12 @@
 
 mod check;
 pub mod cli;
+#[cfg(feature = "dev")]
 mod dev;
 pub mod errors;
 mod extract;
 mod out;
+mod plan;
 mod runtime;
 mod start;
 mod status;
@@ -104,6 +108,7 @@ fn dispatch(cli: Cli, vars: &BTreeMap<String, String>) -> Result<(), ExpectedErr
             }
         }
         Command::Start(args) => start::start(&args, vars)?,
+        #[cfg(feature = "dev")]
         Command::Dev(args) => dev::dev(&args, vars)?,
         Command::Status(args) => status::status(&args, vars)?,
         Command::Completions(_) => unreachable!("handled before dispatch"),

@@ -1,25 +1,24 @@
 //! `start`: argument resolution, preflight (configuration, TaskDef, workspace-root lock), then
 //! the process runtime.
 
+use crate::plan::{DEFAULT_GC_INTERVAL, DEFAULT_GC_TTL, Plan, Programs, TaskPlan};
 use crate::runtime::{
-    children::{Launcher, Program},
     gc, metrics, notify, registry, root,
-    supervise::{self, RuntimeError, RuntimeSpec},
+    supervise::{self, RuntimeError},
 };
 use crate::{cli::StartArgs, errors::ExpectedError};
+use perago_core::lakefs::{LakefsClient, LakefsConfig};
 use perago_core::{
     capacity::{Capacity, parse_jobs},
     conductor::ConductorClient,
     env,
     identity::WorkerPrefix,
-    manifest::{BodyKind, Manifest, TaskKind},
+    manifest::{Manifest, TaskKind},
     mode::ExecutionMode,
 };
-use perago_executor::workspace::lakefs::{LakefsClient, LakefsConfig};
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
-    sync::Arc,
     time::Duration,
 };
 
@@ -295,14 +294,6 @@ pub(crate) fn path_setting_problems(vars: &BTreeMap<String, String>) -> Vec<Stri
     folder_problems.chain(program_problems).collect()
 }
 
-/// One task type of a `start`, resolved.
-struct TaskPlan {
-    manifest: Manifest,
-    manifest_path: PathBuf,
-    capacity: Capacity,
-    prefix: WorkerPrefix,
-}
-
 pub(crate) fn start(
     args: &StartArgs,
     vars: &BTreeMap<String, String>,
@@ -367,8 +358,8 @@ pub(crate) fn start(
     .ok()
     .flatten();
     let mut durations = [
-        (env::PERAGO_WORKSPACE_GC_INTERVAL, Duration::from_secs(300)),
-        (env::PERAGO_WORKSPACE_GC_TTL, Duration::from_secs(24 * 3600)),
+        (env::PERAGO_WORKSPACE_GC_INTERVAL, DEFAULT_GC_INTERVAL),
+        (env::PERAGO_WORKSPACE_GC_TTL, DEFAULT_GC_TTL),
         (env::PERAGO_ROOT_LOCK_WAIT, DEFAULT_ROOT_LOCK_WAIT),
     ];
     for (name, value) in &mut durations {
@@ -488,26 +479,36 @@ pub(crate) fn start(
                 Some(tokio::spawn(metrics::serve_merged(listener, sockets)))
             }
         };
-        let mut child_env = Vec::new();
+        let mut runtime_plan = Plan::new(
+            plan.mode,
+            Programs::Siblings,
+            conductor.base_url().to_owned(),
+        );
+        runtime_plan.force_kill_after = force_kill_after;
+        runtime_plan.gc_interval = gc_interval;
+        runtime_plan.gc_ttl = gc_ttl;
+        runtime_plan.stall_timeout = stall_timeout;
+        runtime_plan.several = several;
         if several {
             // The brokers serve no address of their own (the supervisor asks them).
-            child_env.push((env::PERAGO_METRICS_ADDR.to_owned(), String::new()));
+            runtime_plan
+                .child_env
+                .push((env::PERAGO_METRICS_ADDR.to_owned(), String::new()));
         }
         let mut runs = Vec::new();
         let notifiers = notify::shared(
             notify::Notifier::from_lookup(|name| std::env::var(name).ok()),
             tasks.len(),
         );
-        let log_root = vars
+        runtime_plan.log_root = vars
             .get(env::PERAGO_LOG_ROOT)
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
             .unwrap_or_else(|| root::default_log_root(vars));
         let mut lakefs_clients = Vec::new();
         for ((task, locked), notify) in tasks.into_iter().zip(&locks).zip(notifiers) {
-            let manifest = task.manifest;
             // Staging branches named by the attempts swept are deleted with them.
-            let lakefs = (manifest.task.kind == TaskKind::Workspace)
+            let lakefs = (task.manifest.task.kind == TaskKind::Workspace)
                 .then(|| LakefsConfig::from_lookup(|name| vars.get(name).cloned()))
                 .and_then(Result::ok)
                 .and_then(|config| LakefsClient::new(&config).ok());
@@ -518,43 +519,8 @@ pub(crate) fn start(
             )
             .await;
             gc::report_leftovers(&locked.root, &locked.socket);
-            let launcher = match plan.mode {
-                ExecutionMode::Process => Launcher::Process {
-                    lock_fd: Some(locked.lock_fd()),
-                    broker_bin: Program::binary(sibling_binary(
-                        vars,
-                        env::PERAGO_BROKER_BIN,
-                        "perago-broker",
-                    )),
-                    executor_bin: Program::binary(match &manifest.body.kind {
-                        BodyKind::Executor(path) => path.clone(),
-                        BodyKind::Command { .. } => {
-                            sibling_binary(vars, env::PERAGO_EXECUTOR_BIN, "perago-executor")
-                        }
-                    }),
-                },
-                ExecutionMode::Thread => Launcher::thread(Arc::new(manifest.clone()))?,
-            };
-            let spec = RuntimeSpec {
-                task_name: manifest.task.name.clone(),
-                manifest_path: task.manifest_path,
-                capacity: task.capacity,
-                prefix: task.prefix,
-                conductor_url: conductor.base_url().to_owned(),
-                socket: locked.socket.clone(),
-                force_kill_after,
-                log_root: log_root.clone(),
-                workspace_root: locked.root.clone(),
-                gc_interval,
-                gc_ttl,
-                child_env: child_env.clone(),
-                lakefs: lakefs.clone(),
-                notify,
-                process_label: several.then(|| manifest.task.name.clone()),
-                stall_timeout,
-            };
+            runs.push(runtime_plan.runtime(task, locked, lakefs.clone(), notify, vars)?);
             lakefs_clients.push(lakefs);
-            runs.push((spec, launcher));
         }
         // `status` with no argument finds the runtimes through this record.
         let registry_dir = registry::dir(vars);

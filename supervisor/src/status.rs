@@ -433,7 +433,7 @@ where
 {
     const PATIENCE: Duration = Duration::from_secs(5);
     let answer = runtime.block_on(async {
-        let channel = tokio::time::timeout(PATIENCE, perago_executor::slot::connect(socket))
+        let channel = tokio::time::timeout(PATIENCE, perago_core::socket::connect(socket))
             .await
             .map_err(|_| NoAnswer::Timeout)?
             .map_err(NoAnswer::Connect)?;
@@ -587,7 +587,7 @@ mod tests {
     async fn a_refused_connection_names_its_cause() {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("none.sock");
-        let cause = perago_executor::slot::connect(&socket)
+        let cause = perago_core::socket::connect(&socket)
             .await
             .map_err(NoAnswer::Connect)
             .unwrap_err();

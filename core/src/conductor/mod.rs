@@ -3,12 +3,16 @@
 mod auth;
 mod client;
 mod errors;
+mod metadata;
 mod payload;
+mod polled;
+mod tasks;
 
 pub use auth::{AUTH_KEY_VAR, AUTH_SECRET_VAR, Credentials, CredentialsError};
 pub use client::{
     BaseUrlError, ClientConfigError, ConductorClient, JsonBody, MAX_LONG_POLL, MAX_TASK_ANSWER,
-    Polled, TaskTypes, max_poll_answer,
+    max_poll_answer,
 };
 pub use errors::ConductorError;
 pub use payload::{PayloadError, fetch_task_input};
+pub use polled::{Polled, TaskTypes};

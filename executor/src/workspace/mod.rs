@@ -2,7 +2,6 @@
 
 pub mod contention;
 pub mod flow;
-pub mod lakefs;
 pub mod paths;
 pub mod refusal;
 pub mod scan;

@@ -17,7 +17,7 @@
 //! retry, bounded by `retryCount`.
 
 use super::flow::WorkspaceFailure;
-use super::lakefs::LakefsError;
+use perago_core::lakefs::LakefsError;
 
 /// Which write of a publish lakeFS refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -112,6 +112,24 @@ impl Upload {
     }
 }
 
+impl perago_core::lakefs::CheckedUpload for Upload {
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_checked(&self, chunk: usize, send: impl FnMut(Vec<u8>) -> bool) -> io::Result<()> {
+        Upload::read_checked(self, chunk, send)
+    }
+}
+
 fn changed(what: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what)
 }

@@ -12,8 +12,8 @@
 //! first-parent commits for an earlier attempt's publication of the same workflow task before it
 //! stages and again before it merges, and does not publish a second time if one landed.
 
-use super::lakefs::{Commit, LakefsClient, LakefsError, MAX_PAGE};
 use perago_core::attempt::AttemptSnapshot;
+use perago_core::lakefs::{Commit, LakefsClient, LakefsError, MAX_PAGE};
 use serde_json::{Map, Value};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -103,7 +103,7 @@ impl Earlier {
 /// Whether `commit` merged the staging commit `staged`: a well-formed id with `staged` among
 /// its parents.
 pub fn merges(commit: &Commit, staged: &str) -> bool {
-    super::lakefs::is_commit_id(&commit.id) && commit.parents.iter().any(|p| p == staged)
+    perago_core::lakefs::is_commit_id(&commit.id) && commit.parents.iter().any(|p| p == staged)
 }
 
 /// `commit`, if it is a merge commit publishing an attempt of `task` with a retry count below
@@ -114,7 +114,7 @@ pub fn earlier_publication(
     retry_count: u32,
 ) -> Option<Earlier> {
     let metadata = commit.metadata.as_ref()?;
-    if !super::lakefs::is_commit_id(&commit.id)
+    if !perago_core::lakefs::is_commit_id(&commit.id)
         || commit.parents.len() < 2
         || !task.named_by(metadata)
     {

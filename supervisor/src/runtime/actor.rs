@@ -186,7 +186,7 @@ struct CleanupRoot {
     workspace_root: PathBuf,
     socket: PathBuf,
     gc_ttl: Duration,
-    lakefs: Option<perago_executor::workspace::lakefs::LakefsClient>,
+    lakefs: Option<perago_core::lakefs::LakefsClient>,
     /// Each slot's current generation, as the machine has it now.
     generations: tokio::sync::watch::Receiver<BTreeMap<u32, u64>>,
 }
@@ -277,7 +277,7 @@ async fn serving(socket: &std::path::Path) -> Option<String> {
         Err(_) => return Some("a process".to_owned()),
     }
     let status = tokio::time::timeout(ASK, async {
-        let channel = perago_executor::slot::connect(socket).await.ok()?;
+        let channel = perago_core::socket::connect(socket).await.ok()?;
         AdminClient::new(channel)
             .status(admin::StatusRequest {})
             .await
@@ -305,7 +305,7 @@ async fn wait_for_broker(
                 status: exit.ended.describe(),
             });
         }
-        if let Ok(channel) = perago_executor::slot::connect(&spec.socket).await {
+        if let Ok(channel) = perago_core::socket::connect(&spec.socket).await {
             match bounded(AdminClient::new(channel.clone()).status(admin::StatusRequest {})).await {
                 Ok(status) if status.get_ref().broker_pid == broker_pid => return Ok(channel),
                 Ok(status) => {

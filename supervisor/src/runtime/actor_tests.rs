@@ -78,7 +78,7 @@ async fn announcements_are_repeated_when_lost_and_final_when_refused() {
             .add_service(proto::control_server::ControlServer::new(fake.clone()))
             .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
     );
-    let channel = perago_executor::slot::connect(&socket).await.unwrap();
+    let channel = perago_core::socket::connect(&socket).await.unwrap();
     let mut control =
         ControlClient::with_interceptor(channel, TokenInterceptor("t".parse().unwrap()));
     let config = Config {

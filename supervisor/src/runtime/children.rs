@@ -154,6 +154,7 @@ impl Program {
 
     /// This very program, started with `role_arg` ([`BROKER_ROLE_ARG`], [`EXECUTOR_ROLE_ARG`]):
     /// `cargo run -p perago-supervisor` builds no other binary, and it is the same build.
+    #[cfg(feature = "dev")]
     pub(crate) fn this_program(role_arg: &'static str) -> std::io::Result<Self> {
         Ok(Self {
             path: std::env::current_exe()?,

@@ -23,7 +23,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use perago_executor::workspace::lakefs::LakefsClient;
+use perago_core::lakefs::LakefsClient;
 
 use perago_core::owner::{AttemptOwner, OWNER_FILE};
 /// Beside the broker socket: the staging branches the GC could not delete yet.
@@ -377,7 +377,7 @@ mod tests {
             .bind("127.0.0.1:0")
             .await
             .unwrap();
-        let client = LakefsClient::new(&perago_executor::workspace::lakefs::LakefsConfig {
+        let client = LakefsClient::new(&perago_core::lakefs::LakefsConfig {
             endpoint: server.endpoint(),
             access_key_id: server.credentials().access_key_id.clone(),
             secret_access_key: server.credentials().secret_access_key.clone(),

@@ -79,7 +79,7 @@ impl Broker {
         let call = async {
             let channel = match self.cached() {
                 Some(channel) => channel,
-                None => perago_executor::slot::connect(&self.socket)
+                None => perago_core::socket::connect(&self.socket)
                     .await
                     .map_err(|e| {
                         std::error::Error::source(&e)

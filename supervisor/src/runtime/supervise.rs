@@ -50,7 +50,7 @@ pub(crate) struct RuntimeSpec {
     /// Extra environment for every child (tests: a shorter long-poll).
     pub(crate) child_env: Vec<(String, String)>,
     /// For the GC to delete staging branches left by killed executors (workspace tasks).
-    pub(crate) lakefs: Option<perago_executor::workspace::lakefs::LakefsClient>,
+    pub(crate) lakefs: Option<perago_core::lakefs::LakefsClient>,
     /// systemd's notify socket (under a `Type=notify` unit), shared with the other task
     /// types' runtimes of this supervisor.
     pub(crate) notify: Option<NotifyHandle>,

@@ -17,7 +17,7 @@ printf '{"worker": "%s"}' "$PERAGO_WORKER_ID"
 
 /// The broker's Admin.Status of the runtime under `root`, if it answers.
 pub(crate) async fn status(root: &Path) -> Option<StatusResponse> {
-    let channel = perago_executor::slot::connect(&root.join("run/broker.sock"))
+    let channel = perago_core::socket::connect(&root.join("run/broker.sock"))
         .await
         .ok()?;
     AdminClient::new(channel)

@@ -58,7 +58,7 @@ pub(crate) async fn start_broker_with(
         .spawn()
         .unwrap();
     let channel = eventually("the broker socket", Duration::from_secs(10), || async {
-        perago_executor::slot::connect(&socket).await.ok()
+        perago_core::socket::connect(&socket).await.ok()
     })
     .await;
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
@@ -449,7 +449,7 @@ async fn a_stolen_control_token_cannot_take_a_slot_over() {
             .any(|kv| kv.starts_with(b"PERAGO_CONTROL_TOKEN=")),
         "the control token is in the broker's environment"
     );
-    let channel = perago_executor::slot::connect(&socket).await.unwrap();
+    let channel = perago_core::socket::connect(&socket).await.unwrap();
     let mut control = proto::control_client::ControlClient::new(channel);
     let exited = control
         .slot_exited(Request::new(proto::SlotExited {

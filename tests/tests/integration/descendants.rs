@@ -206,7 +206,7 @@ async fn the_deadline_also_bounds_a_drain_started_over_admin_drain() {
     let socket = sup.workspace_root().join("run/broker.sock");
     let id = conductor.start_workflow(&task, json!({})).await;
     body_started(&task, &mark).await;
-    let channel = perago_executor::slot::connect(&socket).await.unwrap();
+    let channel = perago_core::socket::connect(&socket).await.unwrap();
     perago_proto::admin::v1::admin_client::AdminClient::new(channel)
         .drain(perago_proto::admin::v1::DrainRequest {})
         .await

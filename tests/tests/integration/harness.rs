@@ -49,6 +49,43 @@ where
     }
 }
 
+/// A shell body that stops mid-way until the test lets it go on, so the test can act while it
+/// runs: it reads its params, creates `started` in the task's folder, waits for `go` there, then
+/// runs `then`. See [`TaskFixture::gate`].
+pub(crate) fn gated_body(then: &str) -> String {
+    format!("read params\ntouch started\nwhile [ ! -e go ]; do sleep 0.05; done\n{then}")
+}
+
+/// The two files of a task's [`gated_body`].
+#[derive(Debug)]
+pub(crate) struct Gate {
+    /// Made by the body once it runs.
+    pub(crate) started: PathBuf,
+    /// Made by the test to let the body go on.
+    pub(crate) go: PathBuf,
+}
+
+impl Gate {
+    /// Waits until the body has started (up to 20 s).
+    pub(crate) async fn started(&self) {
+        eventually("the body to start", Duration::from_secs(20), || async {
+            self.started.exists().then_some(())
+        })
+        .await;
+    }
+
+    /// Lets the body go on.
+    pub(crate) fn open(&self) {
+        fs::write(&self.go, "").unwrap();
+    }
+
+    /// Closes the gate again, for the next attempt of the same task.
+    pub(crate) fn reset(&self) {
+        fs::remove_file(&self.go).unwrap();
+        fs::remove_file(&self.started).unwrap();
+    }
+}
+
 /// A task folder with `task.toml` and a `body.sh`.
 #[derive(Debug)]
 pub(crate) struct TaskFixture {
@@ -94,6 +131,14 @@ impl TaskFixture {
             .replace("kind = \"workspace-free\"", "kind = \"workspace\"");
         fs::write(fixture.manifest(), format!("{manifest}{tail}")).unwrap();
         fixture
+    }
+
+    /// The gate of a [`gated_body`] of this task.
+    pub(crate) fn gate(&self) -> Gate {
+        Gate {
+            started: self.dir.path().join("started"),
+            go: self.dir.path().join("go"),
+        }
     }
 
     /// Adds a file beside the manifest.
@@ -620,7 +665,7 @@ pub(crate) struct Lakefs {
     /// The server.
     pub(crate) server: perago_devstack::lakefs::LakefsHandle,
     /// A client for it.
-    pub(crate) client: perago_executor::workspace::lakefs::LakefsClient,
+    pub(crate) client: perago_core::lakefs::LakefsClient,
 }
 
 impl Lakefs {
@@ -630,12 +675,12 @@ impl Lakefs {
             .bind("127.0.0.1:0")
             .await
             .expect("devstack lakeFS binds");
-        let config = perago_executor::workspace::lakefs::LakefsConfig {
+        let config = perago_core::lakefs::LakefsConfig {
             endpoint: server.endpoint(),
             access_key_id: server.credentials().access_key_id.clone(),
             secret_access_key: server.credentials().secret_access_key.clone(),
         };
-        let client = perago_executor::workspace::lakefs::LakefsClient::new(&config).unwrap();
+        let client = perago_core::lakefs::LakefsClient::new(&config).unwrap();
         Self { server, client }
     }
 

@@ -2,8 +2,8 @@
 //! Conductor and lakeFS on loopback.
 
 use crate::harness::{
-    Conductor, Lakefs, SupervisorProc, TaskFixture, alive, child_named, eventually, runs_worker,
-    signal_pid, status_json,
+    Conductor, Lakefs, SupervisorProc, TaskFixture, alive, child_named, eventually, gated_body,
+    runs_worker, signal_pid, status_json,
 };
 use perago_devstack::faults::FaultSpec;
 use serde_json::{Value, json};
@@ -142,20 +142,16 @@ async fn a_conflicting_change_on_the_branch_fails_the_task_and_publishes_nothing
     let conductor = Conductor::start().await;
     let lakefs = seeded().await;
     // The body waits for the test to change the branch under it.
-    let body = r#"read params
-touch started
-while [ ! -e go ]; do sleep 0.05; done
-echo mine > "$PERAGO_WORKSPACE_DIR/a.txt"
+    let body = gated_body(
+        r#"echo mine > "$PERAGO_WORKSPACE_DIR/a.txt"
 echo '{}'
-"#;
-    let task = TaskFixture::workspace("ws.conflict", body, "retry_count = 0", "");
+"#,
+    );
+    let task = TaskFixture::workspace("ws.conflict", &body, "retry_count = 0", "");
     let sup = start(&task, &conductor, &lakefs, 1).await;
     let id = conductor.start_with(&task, input("data")).await;
-    let started = task.dir.path().join("started");
-    eventually("the body to start", Duration::from_secs(20), || async {
-        started.exists().then_some(())
-    })
-    .await;
+    let gate = task.gate();
+    gate.started().await;
     lakefs
         .client
         .upload(REPO, "main", "data/a.txt", b"theirs\n".to_vec())
@@ -166,7 +162,7 @@ echo '{}'
         .commit(REPO, "main", "a concurrent change", &serde_json::Map::new())
         .await
         .unwrap();
-    std::fs::write(task.dir.path().join("go"), "").unwrap();
+    gate.open();
 
     let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
     assert_eq!(wf["status"], "FAILED", "{wf:#}");
@@ -318,11 +314,8 @@ async fn a_killed_executors_attempt_directory_is_collected() {
     let task = TaskFixture::workspace("ws.gc", body, "retry_count = 0", "");
     let sup = start(&task, &conductor, &lakefs, 1).await;
     let _id = conductor.start_with(&task, input("data")).await;
-    let started = task.dir.path().join("started");
-    eventually("the body to start", Duration::from_secs(20), || async {
-        started.exists().then_some(())
-    })
-    .await;
+    let gate = task.gate();
+    gate.started().await;
     let root = sup.workspace_root();
     let left = attempts_left(&root);
     assert_eq!(left.len(), 1, "one attempt directory while the body runs");
@@ -378,25 +371,21 @@ async fn a_second_supervisor_on_the_same_root_is_refused() {
 async fn a_stale_attempt_publishes_nothing_and_its_retry_does() {
     let conductor = Conductor::start().await;
     let lakefs = seeded().await;
-    let body = r#"read params
-touch started
-while [ ! -e go ]; do sleep 0.05; done
-echo "attempt $PERAGO_TASK_ID" > "$PERAGO_WORKSPACE_DIR/a.txt"
+    let body = gated_body(
+        r#"echo "attempt $PERAGO_TASK_ID" > "$PERAGO_WORKSPACE_DIR/a.txt"
 echo '{}'
-"#;
+"#,
+    );
     let task = TaskFixture::workspace(
         "ws.stale",
-        body,
+        &body,
         "retry_count = 1\nresponse_timeout_seconds = 2",
         "",
     );
     let sup = start(&task, &conductor, &lakefs, 1).await;
     let id = conductor.start_with(&task, input("data")).await;
-    let started = task.dir.path().join("started");
-    eventually("the body to start", Duration::from_secs(20), || async {
-        started.exists().then_some(())
-    })
-    .await;
+    let gate = task.gate();
+    gate.started().await;
     // Conductor stops hearing from the worker: lease extensions fail, the attempt times out and
     // Conductor schedules a retry while the first body still runs.
     conductor
@@ -419,7 +408,7 @@ echo '{}'
     )
     .await;
     conductor.server.faults().clear();
-    std::fs::write(task.dir.path().join("go"), "").unwrap();
+    gate.open();
 
     let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
     assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
@@ -497,7 +486,7 @@ async fn first_slot_idle(root: &Path) {
     use perago_proto::admin::v1::{SlotState, StatusRequest, admin_client::AdminClient};
     let socket = root.join("run/broker.sock");
     eventually("slot 1 to be idle", Duration::from_secs(20), || async {
-        let channel = perago_executor::slot::connect(&socket).await.ok()?;
+        let channel = perago_core::socket::connect(&socket).await.ok()?;
         let status = AdminClient::new(channel)
             .status(StatusRequest {})
             .await
@@ -520,21 +509,17 @@ async fn a_restart_while_the_orphaned_runtime_drains_never_destroys_its_work() {
     let lakefs = seeded().await;
     // A careless body: if its folder vanished, it makes a new one holding only its output (the
     // sweep of a live attempt used to turn that into "the body deleted every other file").
-    let body = r#"read params
-touch started
-while [ ! -e go ]; do sleep 0.05; done
-mkdir -p "$PERAGO_WORKSPACE_DIR"
+    let body = gated_body(
+        r#"mkdir -p "$PERAGO_WORKSPACE_DIR"
 echo edited > "$PERAGO_WORKSPACE_DIR/a.txt"
 echo '{}'
-"#;
-    let task = TaskFixture::workspace("ws.restart", body, "retry_count = 0", "");
+"#,
+    );
+    let task = TaskFixture::workspace("ws.restart", &body, "retry_count = 0", "");
     let mut first = start(&task, &conductor, &lakefs, 1).await;
     let id = conductor.start_with(&task, input("data")).await;
-    let started = task.dir.path().join("started");
-    eventually("the body to start", Duration::from_secs(20), || async {
-        started.exists().then_some(())
-    })
-    .await;
+    let gate = task.gate();
+    gate.started().await;
     let root = first.workspace_root();
     let attempt = attempts_left(&root);
     assert_eq!(attempt.len(), 1);
@@ -587,7 +572,7 @@ echo '{}'
     assert!(child_named(next.pid(), "perago-conductor-broker").is_none());
     assert_eq!(attempts_left(&root), attempt, "the live attempt was swept");
 
-    std::fs::write(task.dir.path().join("go"), "").unwrap();
+    gate.open();
     let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
     assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
     // Exactly the body's change: a.txt edited, nothing deleted.
@@ -628,15 +613,12 @@ echo '{}'
 async fn a_body_that_changed_nothing_is_still_fenced() {
     let conductor = Conductor::start().await;
     let lakefs = seeded().await;
-    let body = "read params\ntouch started\nwhile [ ! -e go ]; do sleep 0.05; done\necho '{}'\n";
-    let task = TaskFixture::workspace("ws.unchanged", body, "retry_count = 0", "");
+    let body = gated_body("echo '{}'\n");
+    let task = TaskFixture::workspace("ws.unchanged", &body, "retry_count = 0", "");
     let sup = start(&task, &conductor, &lakefs, 1).await;
     let id = conductor.start_with(&task, input("data")).await;
-    let started = task.dir.path().join("started");
-    eventually("the body to start", Duration::from_secs(20), || async {
-        started.exists().then_some(())
-    })
-    .await;
+    let gate = task.gate();
+    gate.started().await;
     // Conductor forgets the task while the body runs: its fence read answers 404.
     let task_id = task_of(&conductor.workflow(&id).await)["taskId"]
         .as_str()
@@ -652,7 +634,7 @@ async fn a_body_that_changed_nothing_is_still_fenced() {
             ..FaultSpec::default()
         })
         .unwrap();
-    std::fs::write(task.dir.path().join("go"), "").unwrap();
+    gate.open();
     let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
     assert_eq!(wf["status"], "FAILED", "{wf:#}\n{}", sup.log_text());
     assert_eq!(
@@ -693,7 +675,7 @@ async fn start_never_talks_to_a_broker_it_did_not_start() {
     eventually(
         "the foreign broker to serve",
         Duration::from_secs(10),
-        || async { perago_executor::slot::connect(&socket).await.ok() },
+        || async { perago_core::socket::connect(&socket).await.ok() },
     )
     .await;
 
@@ -888,16 +870,12 @@ async fn the_second_fence_stops_a_staged_change_before_it_is_published() {
 async fn an_unreadable_attempt_fails_closed_after_the_fence_patience() {
     let conductor = Conductor::start().await;
     let lakefs = seeded().await;
-    let body = "read params\ntouch started\nwhile [ ! -e go ]; do sleep 0.05; done\n\
-                echo edited > \"$PERAGO_WORKSPACE_DIR/a.txt\"\necho '{}'\n";
-    let task = TaskFixture::workspace("ws.fenceless", body, "retry_count = 0", "");
+    let body = gated_body("echo edited > \"$PERAGO_WORKSPACE_DIR/a.txt\"\necho '{}'\n");
+    let task = TaskFixture::workspace("ws.fenceless", &body, "retry_count = 0", "");
     let sup = start(&task, &conductor, &lakefs, 1).await;
     let id = conductor.start_with(&task, input("data")).await;
-    let started = task.dir.path().join("started");
-    eventually("the body to start", Duration::from_secs(20), || async {
-        started.exists().then_some(())
-    })
-    .await;
+    let gate = task.gate();
+    gate.started().await;
     // Conductor cannot answer the fence read (for longer than the executor's ≈10 s patience).
     let task_id = task_of(&conductor.workflow(&id).await)["taskId"]
         .as_str()
@@ -913,7 +891,7 @@ async fn an_unreadable_attempt_fails_closed_after_the_fence_patience() {
             ..FaultSpec::default()
         })
         .unwrap();
-    std::fs::write(task.dir.path().join("go"), "").unwrap();
+    gate.open();
     let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
     assert_eq!(wf["status"], "FAILED", "{wf:#}\n{}", sup.log_text());
     let reason = task_of(&wf)["reasonForIncompletion"].as_str().unwrap();
@@ -1731,20 +1709,19 @@ async fn under_a_late_timeout_the_fence_passes_an_overrun_attempt_and_stops_a_ti
     const LAG_MS: i64 = 3000;
     let conductor = Conductor::with_sweep_lag(Duration::from_millis(LAG_MS as u64)).await;
     let lakefs = seeded().await;
-    let body = r#"read params
-touch started
-while [ ! -e go ]; do sleep 0.05; done
-echo "attempt $PERAGO_TASK_ID" > "$PERAGO_WORKSPACE_DIR/a.txt"
+    let body = gated_body(
+        r#"echo "attempt $PERAGO_TASK_ID" > "$PERAGO_WORKSPACE_DIR/a.txt"
 echo '{}'
-"#;
+"#,
+    );
     let task = TaskFixture::workspace(
         "ws.late",
-        body,
+        &body,
         "retry_count = 1\nresponse_timeout_seconds = 2",
         "",
     );
     let sup = start(&task, &conductor, &lakefs, 1).await;
-    let (started, go) = (task.dir.path().join("started"), task.dir.path().join("go"));
+    let gate = task.gate();
     let published = || async {
         let log = lakefs.client.log(REPO, "main", 20).await.unwrap();
         log.iter()
@@ -1756,10 +1733,7 @@ echo '{}'
     // 1. Lease extensions fail: the attempt overruns its response timeout, and is let go
     //    while its task is still IN_PROGRESS (the late sweep has not come yet).
     let id = conductor.start_with(&task, input("data")).await;
-    eventually("the body to start", Duration::from_secs(20), || async {
-        started.exists().then_some(())
-    })
-    .await;
+    gate.started().await;
     conductor
         .server
         .faults()
@@ -1786,7 +1760,7 @@ echo '{}'
         },
     )
     .await;
-    std::fs::write(&go, "").unwrap();
+    gate.open();
     let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
     let log = sup.log_text();
     assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{log}");
@@ -1803,13 +1777,9 @@ echo '{}'
 
     // 2. Conductor hears nothing (every update fails): the task times out, but only about
     //    RTO + lag after its last update; the fence then stops the stale attempt.
-    std::fs::remove_file(&go).unwrap();
-    std::fs::remove_file(&started).unwrap();
+    gate.reset();
     let id = conductor.start_with(&task, input("data")).await;
-    eventually("the body to start", Duration::from_secs(20), || async {
-        started.exists().then_some(())
-    })
-    .await;
+    gate.started().await;
     conductor
         .server
         .faults()
@@ -1842,7 +1812,7 @@ echo '{}'
         "timed out {late} ms after the last update"
     );
     conductor.server.faults().clear();
-    std::fs::write(&go, "").unwrap();
+    gate.open();
     let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
     let log = sup.log_text();
     assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{log}");

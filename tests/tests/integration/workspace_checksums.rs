@@ -3,7 +3,7 @@
 //! parts' MD5s), made through devstack's `PUT .../staging/backing` as the real server makes them.
 //! What the body changed is decided against what the executor downloaded, never against them.
 
-use crate::harness::{Conductor, Lakefs, SupervisorProc, TaskFixture, eventually};
+use crate::harness::{Conductor, Lakefs, SupervisorProc, TaskFixture, gated_body};
 use md5::{Digest, Md5};
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -135,22 +135,18 @@ async fn a_body_that_changes_nothing_over_linked_objects_publishes_nothing() {
 async fn one_edit_beside_a_linked_object_changed_on_main_meanwhile_completes_with_one_upload() {
     let conductor = Conductor::start().await;
     let lakefs = seeded().await;
-    let body = r#"read params
-touch started
-while [ ! -e go ]; do sleep 0.05; done
-cd "$PERAGO_WORKSPACE_DIR"
+    let body = gated_body(
+        r#"cd "$PERAGO_WORKSPACE_DIR"
 printf 'a,b\n1,3\n' > linked.csv
 rm api.txt
 echo '{}'
-"#;
-    let task = TaskFixture::workspace("ws.linked.edit", body, "retry_count = 0", "");
+"#,
+    );
+    let task = TaskFixture::workspace("ws.linked.edit", &body, "retry_count = 0", "");
     let sup = start(&task, &conductor, &lakefs).await;
     let id = conductor.start_with(&task, input()).await;
-    let started = task.dir.path().join("started");
-    eventually("the body to start", Duration::from_secs(20), || async {
-        started.exists().then_some(())
-    })
-    .await;
+    let gate = task.gate();
+    gate.started().await;
     lakefs
         .client
         .upload(REPO, "main", "data/parts.bin", b"theirs\n".to_vec())
@@ -162,7 +158,7 @@ echo '{}'
         .await
         .unwrap()
         .id;
-    std::fs::write(task.dir.path().join("go"), "").unwrap();
+    gate.open();
 
     let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
     assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
