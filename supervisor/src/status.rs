@@ -6,7 +6,7 @@ use crate::{
     errors::ExpectedError,
     runtime::root::runtime_dir,
 };
-use perago_core::manifest::Manifest;
+use perago_core::{manifest::Manifest, memory::format_bytes};
 use perago_proto::admin::v1::{
     BrokerCounters, Capacity, SlotState, StatusRequest, StatusResponse, WatchRequest,
     admin_client::AdminClient,
@@ -207,27 +207,6 @@ fn capacity_json(c: &Capacity) -> Value {
     })
 }
 
-/// `1.5GiB`, `512MiB`, `800KiB`, `12B`.
-fn bytes(n: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [
-        ("TiB", 1 << 40),
-        ("GiB", 1 << 30),
-        ("MiB", 1 << 20),
-        ("KiB", 1 << 10),
-    ];
-    for (unit, size) in UNITS {
-        if n >= size {
-            let value = n as f64 / size as f64;
-            return if n.is_multiple_of(size) {
-                format!("{}{unit}", n / size)
-            } else {
-                format!("{value:.1}{unit}")
-            };
-        }
-    }
-    format!("{n}B")
-}
-
 /// The capacity lines of the table: only what is on, plus the live figures.
 fn capacity_table(c: &Capacity) -> String {
     let mut parts = Vec::new();
@@ -249,13 +228,13 @@ fn capacity_table(c: &Capacity) -> String {
     if c.max_executor_memory_bytes > 0 {
         parts.push(format!(
             "recycle above {}",
-            bytes(c.max_executor_memory_bytes)
+            format_bytes(c.max_executor_memory_bytes)
         ));
     }
     if c.min_free_memory_bytes > 0 {
         parts.push(format!(
             "min free memory {}",
-            bytes(c.min_free_memory_bytes)
+            format_bytes(c.min_free_memory_bytes)
         ));
     }
     parts.push(if c.poison_after > 0 {
@@ -271,7 +250,7 @@ fn capacity_table(c: &Capacity) -> String {
     if c.available_memory_bytes > 0 {
         live.push(format!(
             "available memory {}",
-            bytes(c.available_memory_bytes)
+            format_bytes(c.available_memory_bytes)
         ));
     }
     live.push(if c.admission_open {
