@@ -198,6 +198,19 @@ async fn status_watch_prints_a_slot_going_busy_and_ends_when_the_runtime_drains(
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    // And for a program: one object per line, read once it is over.
+    let json_watch = command(crate::harness::SUPERVISOR)
+        .args([
+            "status",
+            "--watch",
+            "--json",
+            "--socket",
+            socket.to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     // The slot's row of each table printed, as it comes.
     let (rows_tx, mut rows) = tokio::sync::mpsc::unbounded_channel();
     let stdout = watch.stdout.take().unwrap();
@@ -246,6 +259,25 @@ async fn status_watch_prints_a_slot_going_busy_and_ends_when_the_runtime_drains(
         exit.status,
         String::from_utf8_lossy(&exit.stderr)
     );
+    let json = tokio::task::spawn_blocking(move || json_watch.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&json.stdout);
+    assert!(json.status.success(), "status --watch --json: {text}");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(
+        lines.iter().all(|l| l["task_name"] == task.name.as_str()),
+        "{text}"
+    );
+    assert!(
+        lines.iter().any(|l| l["slots"][0]["state"] == "busy"),
+        "{text}"
+    );
+    assert_eq!(lines.last().unwrap()["draining"], true, "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
