@@ -442,11 +442,17 @@ where
 /// `status --watch`: the heartbeat asked of each broker, so that the busy times move.
 const WATCH_HEARTBEAT_MS: u32 = 1000;
 
+/// `status --watch` gives up on a runtime that has sent nothing for this long (five
+/// heartbeats): its broker is stopped, wedged or gone.
+const WATCH_SILENCE: Duration = Duration::from_secs(5);
+
 /// Clears a terminal and puts the cursor at the top, before each redraw of the table.
 const CLEAR_SCREEN: &str = "\x1b[H\x1b[2J";
 
 /// `status --watch`: follows every runtime's `Admin.Watch` stream and prints again at each
-/// message, until every stream has ended (its broker drained) or the reader went away.
+/// message, until every stream has ended (its broker drained) or the reader went away. A
+/// runtime silent for [`WATCH_SILENCE`] is given up on, as one that fails: the command then
+/// exits non-zero once the others have ended.
 /// Tables: all runtimes each time, redrawn in place on a terminal, else one after the other
 /// with a blank line between; `--json`: one line per message, the object of its runtime.
 fn watch(
@@ -477,7 +483,11 @@ fn watch(
                     let tx = tx.clone();
                     tokio::spawn(async move {
                         loop {
-                            let message = stream.message().await;
+                            let message =
+                                match tokio::time::timeout(WATCH_SILENCE, stream.message()).await {
+                                    Ok(message) => message.map_err(|s| NoAnswer::Call(Box::new(s))),
+                                    Err(_) => Err(NoAnswer::Timeout),
+                                };
                             let end = !matches!(message, Ok(Some(_)));
                             if tx.send((i, message)).await.is_err() || end {
                                 return;
@@ -501,7 +511,7 @@ fn watch(
                     failed.push(
                         ProbeError::NoAnswer {
                             socket: socket.clone(),
-                            cause: NoAnswer::Call(Box::new(cause)),
+                            cause,
                         }
                         .into(),
                     );

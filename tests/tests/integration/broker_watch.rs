@@ -295,3 +295,59 @@ async fn slot_exited_answers_the_brokers_view_of_the_slot_after_the_report() {
         "after Admin.Drain: {ack:?}"
     );
 }
+
+/// `status --watch` gives up on a broker that has sent nothing for five heartbeats (it is
+/// stopped here), saying so, with exit 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_watch_gives_up_on_a_silent_broker() {
+    use std::io::BufRead as _;
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("broker.watchsilent", "cat\n", "");
+    conductor.register(&task).await;
+    let broker = start_broker(&conductor, &task).await;
+    let pid = broker.child.id();
+    let socket = broker.dir.path().join("broker.sock");
+    let mut watch = perago_tests::command(crate::harness::SUPERVISOR)
+        .args(["status", "--watch", "--socket", socket.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The first table is printed: it follows the broker.
+    let stdout = watch.stdout.take().unwrap();
+    let first_line = tokio::task::spawn_blocking(move || {
+        let mut reader = std::io::BufReader::new(stdout);
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        // Keep reading, so that the command is never blocked on a full pipe.
+        std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
+        line
+    });
+    let first_line = tokio::time::timeout(CHANGE_DEADLINE, first_line)
+        .await
+        .expect("status --watch prints the state")
+        .unwrap();
+    assert!(
+        first_line.starts_with(&format!("task {}", task.name)),
+        "{first_line}"
+    );
+    signal_pid(pid, "STOP");
+    let exit = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::task::spawn_blocking(move || watch.wait_with_output()),
+    )
+    .await
+    .expect("status --watch gives up on a stopped broker")
+    .unwrap()
+    .unwrap();
+    signal_pid(pid, "CONT");
+    let stderr = String::from_utf8_lossy(&exit.stderr);
+    assert_eq!(exit.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "no perago runtime answers at {}: no answer within 5 s",
+            socket.display()
+        )),
+        "{stderr}"
+    );
+}
