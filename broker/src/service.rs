@@ -367,3 +367,16 @@ impl Admin for AdminService {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_watch_heartbeat_is_defaulted_and_clamped() {
+        assert_eq!(watch_heartbeat(0), Duration::from_secs(1));
+        assert_eq!(watch_heartbeat(1), Duration::from_millis(100));
+        assert_eq!(watch_heartbeat(250), Duration::from_millis(250));
+        assert_eq!(watch_heartbeat(u32::MAX), Duration::from_secs(60));
+    }
+}
