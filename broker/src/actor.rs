@@ -217,7 +217,10 @@ impl Actor {
 
     /// Tells the watchers when the supervisor-relevant state changed: a comparison in place
     /// while someone watches (the handle [`Watchers`] holds counts as one receiver), nothing
-    /// otherwise; never a rendered status. Once drained, the watchers are let go.
+    /// otherwise; never a rendered status. Once drained, the watchers are let go. Unwatched,
+    /// the view goes stale; a new watcher subscribes before its first read, and that read is
+    /// an event with a watcher, which brings the view up to date before anything else can
+    /// change.
     fn publish(&mut self) {
         let Some(watch) = &self.watch else {
             return;

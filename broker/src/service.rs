@@ -15,6 +15,7 @@ use std::{pin::Pin, time::Duration};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::{Stream, StreamExt as _, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument as _;
 
 /// An executor must say hello this soon after opening its stream.
 const HELLO_DEADLINE: Duration = Duration::from_secs(10);
@@ -31,6 +32,10 @@ const WATCH_HEARTBEAT_MAX: Duration = Duration::from_secs(60);
 /// How long a watcher waits for the actor's state before giving that message up: a wedged
 /// actor sends nothing, and the watcher asks again a heartbeat later.
 const WATCH_ASK_DEADLINE: Duration = Duration::from_secs(1);
+
+/// The longest `Admin.Watch` waits for its first message before it fails (UNAVAILABLE): under
+/// the 5 s its callers give a broker.
+const WATCH_FIRST_DEADLINE: Duration = Duration::from_secs(4);
 
 /// The heartbeat a `WatchRequest` asks for, defaulted and clamped.
 fn watch_heartbeat(heartbeat_ms: u32) -> Duration {
@@ -317,12 +322,21 @@ impl Admin for AdminService {
         let heartbeat = watch_heartbeat(request.into_inner().heartbeat_ms);
         // Subscribed before the first read: a change after it is not missed.
         let changes = self.watchers.subscribe();
-        let first = ask(&self.events, |reply| Event::Status { reply }).await?;
+        let first = tokio::time::timeout(
+            WATCH_FIRST_DEADLINE,
+            ask(&self.events, |reply| Event::Status { reply }),
+        )
+        .await
+        .map_err(|_| Status::unavailable("the broker's loop did not answer within 4 s"))??;
         let (tx, rx) = mpsc::channel(1);
         tx.send(Ok(first))
             .await
             .map_err(|_| Status::cancelled("the watcher went away"))?;
-        tokio::spawn(follow(self.events.clone(), changes, heartbeat, tx));
+        let span = tracing::debug_span!(
+            "watch",
+            heartbeat_ms = u64::try_from(heartbeat.as_millis()).unwrap_or(u64::MAX)
+        );
+        tokio::spawn(follow(self.events.clone(), changes, heartbeat, tx).instrument(span));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
@@ -351,5 +365,18 @@ impl Admin for AdminService {
             text: crate::metrics::exposition(&self.metrics),
             content_type: crate::metrics::CONTENT_TYPE.to_owned(),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_watch_heartbeat_is_defaulted_and_clamped() {
+        assert_eq!(watch_heartbeat(0), Duration::from_secs(1));
+        assert_eq!(watch_heartbeat(1), Duration::from_millis(100));
+        assert_eq!(watch_heartbeat(250), Duration::from_millis(250));
+        assert_eq!(watch_heartbeat(u32::MAX), Duration::from_secs(60));
     }
 }

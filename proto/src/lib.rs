@@ -3,8 +3,8 @@
 //! - [`slot::v1`]: broker ⇄ executor (`Slot.Attach`, `Slot.ReloadAttempt`) and supervisor →
 //!   broker (`Control`). The message sequence is documented at the top of
 //!   `perago/slot/v1/slot.proto`.
-//! - [`admin::v1`]: `Admin.Status`, `Admin.Drain` and `Admin.Metrics`, for operators,
-//!   `perago-supervisor status` and a multi-task supervisor's merged `/metrics`.
+//! - [`admin::v1`]: `Admin.Status`, `Admin.Drain`, `Admin.Metrics` and `Admin.Watch`, for
+//!   operators, `perago-supervisor status` and a multi-task supervisor's merged `/metrics`.
 //!
 //! [`FILE_DESCRIPTOR_SET`] is the encoded descriptor set of both files, for gRPC server
 //! reflection. Code generation runs in `build.rs` with protox; see `README.md`.
@@ -28,6 +28,8 @@ pub mod admin {
         tonic::include_proto!("perago.admin.v1");
     }
 }
+
+mod phase;
 
 /// The encoded `FileDescriptorSet` of every perago `.proto` file, for tonic-reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("perago_descriptor");

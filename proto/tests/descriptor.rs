@@ -198,3 +198,29 @@ fn slot_exited_answers_the_brokers_view_of_the_slot() {
     let fields: Vec<(&str, i32)> = ack.field.iter().map(|f| (f.name(), f.number())).collect();
     assert_eq!(fields, [("draining", 1), ("retired", 2), ("recycling", 3)]);
 }
+
+#[test]
+fn a_slot_status_phase_reads_back_as_the_enum() {
+    use perago_proto::{admin::v1::SlotStatus, slot::v1::Phase};
+    for phase in [
+        Phase::Idle,
+        Phase::Preparing,
+        Phase::Downloading,
+        Phase::Body,
+        Phase::Staging,
+        Phase::Publishing,
+        Phase::Cleanup,
+        Phase::Reporting,
+    ] {
+        let status = SlotStatus {
+            phase: phase.status_name().to_owned(),
+            ..SlotStatus::default()
+        };
+        assert_eq!(status.phase_kind(), Some(phase), "{}", status.phase);
+    }
+    // Nothing reported yet reads as preparing; no assignment, or an unknown name, as none.
+    assert_eq!(Phase::Unspecified.status_name(), "preparing");
+    assert_eq!(Phase::Body.status_name(), "body");
+    assert_eq!(Phase::from_status_name(""), None);
+    assert_eq!(Phase::from_status_name("BODY"), None);
+}

@@ -148,6 +148,12 @@ pub struct StatusArgs {
     /// only while it is SERVING (not draining).
     #[arg(long, value_enum, conflicts_with = "json")]
     pub probe: Option<Probe>,
+    /// Follow the runtimes (`Admin.Watch`): print again at each change and each second, until
+    /// every broker has drained. A table is redrawn in place on a terminal; `--json` prints
+    /// one line per message, the object of the runtime it came from. A broker silent for 5 s
+    /// is given up on (exit 1).
+    #[arg(long, conflicts_with = "probe")]
+    pub watch: bool,
 }
 
 /// The `status --probe` kinds.

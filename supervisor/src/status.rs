@@ -1,14 +1,15 @@
 //! `status`: read a running runtime's state over `Admin.Status` and print it for a person
-//! (a table) or a program (`--json`).
+//! (a table) or a program (`--json`); `status --watch` follows it over `Admin.Watch`.
 
 use crate::{
     cli::{Probe, StatusArgs},
     errors::ExpectedError,
     runtime::root::runtime_dir,
 };
-use perago_core::manifest::Manifest;
+use perago_core::{manifest::Manifest, memory::format_bytes};
 use perago_proto::admin::v1::{
-    BrokerCounters, Capacity, SlotState, StatusRequest, StatusResponse, admin_client::AdminClient,
+    BrokerCounters, Capacity, SlotState, StatusRequest, StatusResponse, WatchRequest,
+    admin_client::AdminClient,
 };
 use serde_json::{Value, json};
 use std::{
@@ -206,27 +207,6 @@ fn capacity_json(c: &Capacity) -> Value {
     })
 }
 
-/// `1.5GiB`, `512MiB`, `800KiB`, `12B`.
-fn bytes(n: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [
-        ("TiB", 1 << 40),
-        ("GiB", 1 << 30),
-        ("MiB", 1 << 20),
-        ("KiB", 1 << 10),
-    ];
-    for (unit, size) in UNITS {
-        if n >= size {
-            let value = n as f64 / size as f64;
-            return if n.is_multiple_of(size) {
-                format!("{}{unit}", n / size)
-            } else {
-                format!("{value:.1}{unit}")
-            };
-        }
-    }
-    format!("{n}B")
-}
-
 /// The capacity lines of the table: only what is on, plus the live figures.
 fn capacity_table(c: &Capacity) -> String {
     let mut parts = Vec::new();
@@ -248,13 +228,13 @@ fn capacity_table(c: &Capacity) -> String {
     if c.max_executor_memory_bytes > 0 {
         parts.push(format!(
             "recycle above {}",
-            bytes(c.max_executor_memory_bytes)
+            format_bytes(c.max_executor_memory_bytes)
         ));
     }
     if c.min_free_memory_bytes > 0 {
         parts.push(format!(
             "min free memory {}",
-            bytes(c.min_free_memory_bytes)
+            format_bytes(c.min_free_memory_bytes)
         ));
     }
     parts.push(if c.poison_after > 0 {
@@ -270,7 +250,7 @@ fn capacity_table(c: &Capacity) -> String {
     if c.available_memory_bytes > 0 {
         live.push(format!(
             "available memory {}",
-            bytes(c.available_memory_bytes)
+            format_bytes(c.available_memory_bytes)
         ));
     }
     live.push(if c.admission_open {
@@ -431,8 +411,19 @@ fn call_broker<T, Fut>(
 where
     Fut: Future<Output = Result<T, tonic::Status>>,
 {
+    runtime.block_on(answer_of(socket, call))
+}
+
+/// Connects to the broker at `socket` and makes `call` on the channel, each within 5 s.
+async fn answer_of<T, Fut>(
+    socket: &std::path::Path,
+    call: impl FnOnce(tonic::transport::Channel) -> Fut,
+) -> Result<T, ProbeError>
+where
+    Fut: Future<Output = Result<T, tonic::Status>>,
+{
     const PATIENCE: Duration = Duration::from_secs(5);
-    let answer = runtime.block_on(async {
+    let answer = async {
         let channel = tokio::time::timeout(PATIENCE, perago_core::socket::connect(socket))
             .await
             .map_err(|_| NoAnswer::Timeout)?
@@ -441,10 +432,129 @@ where
             .await
             .map_err(|_| NoAnswer::Timeout)?
             .map_err(|s| NoAnswer::Call(Box::new(s)))
-    });
-    answer.map_err(|cause| ProbeError::NoAnswer {
+    };
+    answer.await.map_err(|cause| ProbeError::NoAnswer {
         socket: socket.to_owned(),
         cause,
+    })
+}
+
+/// `status --watch`: the heartbeat asked of each broker, so that the busy times move.
+const WATCH_HEARTBEAT_MS: u32 = 1000;
+
+/// `status --watch` gives up on a runtime that has sent nothing for this long (five
+/// heartbeats): its broker is stopped, wedged or gone.
+const WATCH_SILENCE: Duration = Duration::from_secs(5);
+
+/// Clears a terminal and puts the cursor at the top, before each redraw of the table.
+const CLEAR_SCREEN: &str = "\x1b[H\x1b[2J";
+
+/// `status --watch`: follows every runtime's `Admin.Watch` stream and prints again at each
+/// message, until every stream has ended (its broker drained) or the reader went away. A
+/// runtime silent for [`WATCH_SILENCE`] is given up on, as one that fails: the command then
+/// exits non-zero once the others have ended.
+/// Tables: all runtimes each time, redrawn in place on a terminal, else one after the other
+/// with a blank line between; `--json`: one line per message, the object of its runtime.
+fn watch(
+    args: &StatusArgs,
+    sockets: &[PathBuf],
+    runtime: &tokio::runtime::Runtime,
+) -> Result<(), ExpectedError> {
+    use std::io::IsTerminal as _;
+    let single = sockets.len() == 1;
+    let terminal = std::io::stdout().is_terminal();
+    runtime.block_on(async {
+        // Each stream is read in a task of its own; they all come here: (runtime, message),
+        // and the end of a stream as `Ok(None)`.
+        let (tx, mut messages) = tokio::sync::mpsc::channel(16);
+        let mut failed: Vec<ExpectedError> = Vec::new();
+        for (i, socket) in sockets.iter().enumerate() {
+            let opened = answer_of(socket, |channel| async move {
+                AdminClient::new(channel)
+                    .watch(WatchRequest {
+                        heartbeat_ms: WATCH_HEARTBEAT_MS,
+                    })
+                    .await
+                    .map(tonic::Response::into_inner)
+            })
+            .await;
+            match opened {
+                Ok(mut stream) => {
+                    let tx = tx.clone();
+                    tokio::spawn(async move {
+                        loop {
+                            let message =
+                                match tokio::time::timeout(WATCH_SILENCE, stream.message()).await {
+                                    Ok(message) => message.map_err(|s| NoAnswer::Call(Box::new(s))),
+                                    Err(_) => Err(NoAnswer::Timeout),
+                                };
+                            let end = !matches!(message, Ok(Some(_)));
+                            if tx.send((i, message)).await.is_err() || end {
+                                return;
+                            }
+                        }
+                    });
+                }
+                Err(e) if single => return Err(e.into()),
+                Err(e) => failed.push(e.into()),
+            }
+        }
+        drop(tx);
+        let mut latest: Vec<Option<StatusResponse>> = vec![None; sockets.len()];
+        while let Some((i, message)) = messages.recv().await {
+            let socket = &sockets[i];
+            let status = match message {
+                Ok(Some(status)) => status,
+                // The broker drained: its last state stays on screen.
+                Ok(None) => continue,
+                Err(cause) => {
+                    failed.push(
+                        ProbeError::NoAnswer {
+                            socket: socket.clone(),
+                            cause,
+                        }
+                        .into(),
+                    );
+                    continue;
+                }
+            };
+            let text = if args.json {
+                let mut json = to_json(&status);
+                json["staging_branches_left"] = Value::from(leftovers(socket));
+                latest[i] = Some(status);
+                let mut line = serde_json::to_string(&json).expect("json");
+                line.push('\n');
+                line
+            } else {
+                latest[i] = Some(status);
+                let mut text = String::from(if terminal { CLEAR_SCREEN } else { "" });
+                for (status, socket) in latest.iter().zip(sockets) {
+                    let Some(status) = status else { continue };
+                    text.push_str(&to_table(status));
+                    text.push_str(&staging_table(&leftovers(socket)));
+                    if !terminal || !single {
+                        text.push('\n');
+                    }
+                }
+                text
+            };
+            if !crate::out::print_while_read(&text)? {
+                return Ok(());
+            }
+        }
+        match failed.len() {
+            0 => Ok(()),
+            1 => Err(failed.remove(0)),
+            _ => Err(ExpectedError::Each(failed)),
+        }
+    })
+}
+
+/// The staging branches left beside `socket`, a problem reading them said as a warning.
+fn leftovers(socket: &std::path::Path) -> Vec<Value> {
+    staging_left(socket).unwrap_or_else(|e| {
+        eprintln!("warning: {}", cell(&e, 1000));
+        Vec::new()
     })
 }
 
@@ -510,6 +620,9 @@ pub(crate) fn status(
             _ => Err(ExpectedError::Each(failed)),
         };
     }
+    if args.watch {
+        return watch(args, &sockets, &runtime);
+    }
     let single = sockets.len() == 1;
     let mut json_all = Vec::new();
     let mut text = String::new();
@@ -523,10 +636,7 @@ pub(crate) fn status(
                 continue;
             }
         };
-        let left = staging_left(socket).unwrap_or_else(|e| {
-            eprintln!("warning: {}", cell(&e, 1000));
-            Vec::new()
-        });
+        let left = leftovers(socket);
         if args.json {
             let mut json = to_json(&status);
             json["staging_branches_left"] = Value::from(left);

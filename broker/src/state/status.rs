@@ -92,10 +92,15 @@ impl Machine {
                         run.attempt.task_id.clone(),
                         run.execution_id.clone(),
                         unix_ms(run.dispatched_at),
-                        phase_name(run.phase),
+                        run.phase.status_name(),
                     ),
                     // The result is being reported; update-v2 may bring the next task.
-                    Work::AwaitingNext => (String::new(), String::new(), 0, "reporting"),
+                    Work::AwaitingNext => (
+                        String::new(),
+                        String::new(),
+                        0,
+                        proto::Phase::Reporting.status_name(),
+                    ),
                     Work::Idle => (String::new(), String::new(), 0, ""),
                 };
                 admin::SlotStatus {
@@ -162,23 +167,6 @@ impl Machine {
             ),
             _ => String::new(),
         }
-    }
-}
-
-/// `body`, `staging`, … for status and logs.
-pub(crate) fn phase_name(phase: proto::Phase) -> &'static str {
-    match phase {
-        // Dispatched, nothing reported yet: the executor is checking the input and running
-        // the pre guardrail (it sends no message for that, see the executor).
-        proto::Phase::Unspecified => "preparing",
-        proto::Phase::Idle => "idle",
-        proto::Phase::Preparing => "preparing",
-        proto::Phase::Downloading => "downloading",
-        proto::Phase::Body => "body",
-        proto::Phase::Staging => "staging",
-        proto::Phase::Publishing => "publishing",
-        proto::Phase::Cleanup => "cleanup",
-        proto::Phase::Reporting => "reporting",
     }
 }
 

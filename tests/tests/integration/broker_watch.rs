@@ -295,3 +295,119 @@ async fn slot_exited_answers_the_brokers_view_of_the_slot_after_the_report() {
         "after Admin.Drain: {ack:?}"
     );
 }
+
+/// `status --watch` gives up on a broker that has sent nothing for five heartbeats (it is
+/// stopped here), saying so, with exit 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_watch_gives_up_on_a_silent_broker() {
+    use std::io::BufRead as _;
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("broker.watchsilent", "cat\n", "");
+    conductor.register(&task).await;
+    let broker = start_broker(&conductor, &task).await;
+    let pid = broker.child.id();
+    let socket = broker.dir.path().join("broker.sock");
+    let mut watch = perago_tests::command(crate::harness::SUPERVISOR)
+        .args(["status", "--watch", "--socket", socket.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The first table is printed: it follows the broker.
+    let stdout = watch.stdout.take().unwrap();
+    let first_line = tokio::task::spawn_blocking(move || {
+        let mut reader = std::io::BufReader::new(stdout);
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        // Keep reading, so that the command is never blocked on a full pipe.
+        std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
+        line
+    });
+    let first_line = tokio::time::timeout(CHANGE_DEADLINE, first_line)
+        .await
+        .expect("status --watch prints the state")
+        .unwrap();
+    assert!(
+        first_line.starts_with(&format!("task {}", task.name)),
+        "{first_line}"
+    );
+    signal_pid(pid, "STOP");
+    let exit = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::task::spawn_blocking(move || watch.wait_with_output()),
+    )
+    .await
+    .expect("status --watch gives up on a stopped broker")
+    .unwrap()
+    .unwrap();
+    signal_pid(pid, "CONT");
+    let stderr = String::from_utf8_lossy(&exit.stderr);
+    assert_eq!(exit.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "no perago runtime answers at {}: no answer within 5 s",
+            socket.display()
+        )),
+        "{stderr}"
+    );
+}
+
+/// A watcher that comes after a quiet spell still hears the next change, also one that takes
+/// the runtime back to what the last watcher saw (the busy slot idle again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_watcher_hears_a_change_back_to_what_an_earlier_one_saw() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("broker.watchagain", "cat\n", "");
+    conductor.register(&task).await;
+    let broker = start_broker(&conductor, &task).await;
+    let worker = format!("{}0001", task.prefix());
+    let mut earlier = watch(&broker, NO_HEARTBEAT_MS).await;
+    next(&mut earlier, CHANGE_DEADLINE).await;
+    slot_started(&broker, 1, 1, "s1").await;
+    let (tx, mut inbound) = attach(&broker.channel, hello(creds(1, 1, "s1"), &worker))
+        .await
+        .unwrap();
+    until(&mut earlier, "slot 1 idle", CHANGE_DEADLINE, |s| {
+        s.slots[0].state() == SlotState::Idle
+    })
+    .await;
+    drop(earlier);
+
+    // Unwatched, the slot takes a task; then someone watches again.
+    let id = conductor
+        .start_workflow(&task, serde_json::json!({"n": 1}))
+        .await;
+    let assignment = match inbound.message().await.unwrap() {
+        Some(proto::BrokerMessage {
+            message: Some(FromBroker::Assignment(a)),
+        }) => a,
+        other => panic!("expected an assignment, got {other:?}"),
+    };
+    let mut later = watch(&broker, NO_HEARTBEAT_MS).await;
+    let first = next(&mut later, CHANGE_DEADLINE).await;
+    assert_eq!(first.slots[0].state(), SlotState::Busy);
+
+    // Idle again: the same state the earlier watcher saw last, and a change to this one.
+    let attempt = assignment.attempt.unwrap();
+    tx.send(proto::ExecutorMessage {
+        message: Some(ToBroker::Completion(proto::Completion {
+            task_id: attempt.task_id.clone(),
+            execution_id: assignment.execution_id.clone(),
+            result: Some(proto::TaskResult {
+                outcome: Some(proto::task_result::Outcome::Completed(proto::Completed {
+                    output_json: r#"{"result":"done"}"#.into(),
+                })),
+                worker_id: worker.clone(),
+            }),
+            recycle: String::new(),
+        })),
+    })
+    .await
+    .unwrap();
+    until(&mut later, "slot 1 idle again", CHANGE_DEADLINE, |s| {
+        s.slots[0].state() == SlotState::Idle
+    })
+    .await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(20)).await;
+    assert_eq!(wf["status"], "COMPLETED");
+}

@@ -25,6 +25,7 @@ fn help_texts() {
         &["extract", "--help"],
         &["start", "--help"],
         &["dev", "--help"],
+        &["status", "--help"],
     ] {
         let out = run(args);
         out.expect_code(0);

@@ -19,8 +19,17 @@ fn grpcurl() -> PathBuf {
 }
 
 async fn running(jobs: u32) -> (Conductor, TaskFixture, SupervisorProc) {
+    running_body(jobs, "ops.echo", "read p\necho '{}'\n").await
+}
+
+/// A runtime of `jobs` executors for a task of `body`, once every executor is attached.
+async fn running_body(
+    jobs: u32,
+    name: &str,
+    body: &str,
+) -> (Conductor, TaskFixture, SupervisorProc) {
     let conductor = Conductor::start().await;
-    let task = TaskFixture::new("ops.echo", "read p\necho '{}'\n", "");
+    let task = TaskFixture::new(name, body, "");
     conductor.register(&task).await;
     let sup = SupervisorProc::start(&task, &conductor, jobs, &[]);
     let socket = sup.workspace_root().join("run/broker.sock");
@@ -171,6 +180,104 @@ async fn grpcurl_describes_and_follows_admin_watch() {
         assert_eq!(body["taskName"], task.name.as_str());
         assert_eq!(body["slots"][0]["state"], "SLOT_STATE_IDLE", "{watch}");
     }
+}
+
+/// `status --watch` prints a change as it happens: a slot going busy with a task, idle again
+/// once it is done; and it ends by itself, exit 0, once the runtime has drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_watch_prints_a_slot_going_busy_and_ends_when_the_runtime_drains() {
+    use std::io::BufRead as _;
+    // Long enough for the busy row to be seen, whatever the heartbeat.
+    let (conductor, task, mut sup) =
+        running_body(1, "ops.watch", "read p\nsleep 2\necho '{}'\n").await;
+    let socket = sup.workspace_root().join("run/broker.sock");
+    let worker = format!("{}0001", task.prefix());
+    let mut watch = command(crate::harness::SUPERVISOR)
+        .args(["status", "--watch", "--socket", socket.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // And for a program: one object per line, read once it is over.
+    let json_watch = command(crate::harness::SUPERVISOR)
+        .args([
+            "status",
+            "--watch",
+            "--json",
+            "--socket",
+            socket.to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The slot's row of each table printed, as it comes.
+    let (rows_tx, mut rows) = tokio::sync::mpsc::unbounded_channel();
+    let stdout = watch.stdout.take().unwrap();
+    let reader_worker = worker.clone();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if line.split_whitespace().nth(1) == Some(reader_worker.as_str())
+                && rows_tx.send(line).is_err()
+            {
+                return;
+            }
+        }
+    });
+    let row_with = async |rows: &mut tokio::sync::mpsc::UnboundedReceiver<String>, state: &str| {
+        tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                let row = rows.recv().await.expect("status --watch goes on");
+                if row.split_whitespace().nth(4) == Some(state) {
+                    return row;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no {state} row from status --watch"))
+    };
+    row_with(&mut rows, "idle").await;
+    let id = conductor
+        .start_workflow(&task, serde_json::json!({"n": 1}))
+        .await;
+    let busy = row_with(&mut rows, "busy").await;
+    assert!(busy.contains(" body "), "the phase: {busy}");
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(20)).await;
+    assert_eq!(wf["status"], "COMPLETED");
+    row_with(&mut rows, "idle").await;
+
+    sup.signal("TERM");
+    sup.wait_exit(Duration::from_secs(20)).await;
+    let exit = tokio::task::spawn_blocking(move || watch.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        exit.status.success(),
+        "status --watch after the drain: {}\n{}",
+        exit.status,
+        String::from_utf8_lossy(&exit.stderr)
+    );
+    let json = tokio::task::spawn_blocking(move || json_watch.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&json.stdout);
+    assert!(json.status.success(), "status --watch --json: {text}");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(
+        lines.iter().all(|l| l["task_name"] == task.name.as_str()),
+        "{text}"
+    );
+    assert!(
+        lines.iter().any(|l| l["slots"][0]["state"] == "busy"),
+        "{text}"
+    );
+    assert_eq!(lines.last().unwrap()["draining"], true, "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
