@@ -28,15 +28,7 @@ pub fn signal_group(pgid: u32, signal: i32) -> io::Result<()> {
     // pass the pid of a child they still hold (`Managed`, a `Child` not yet waited for, a
     // broker or executor the supervisor has not reaped), which pins the number.
     let rc = unsafe { libc::kill(-pgid, signal) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::ESRCH) {
-        Ok(())
-    } else {
-        Err(err)
-    }
+    sent_or_gone(rc.into())
 }
 
 /// Sends `signal` to the one process `pid` (not its group). A process that is already gone is
@@ -53,15 +45,7 @@ pub fn signal_process(pid: u32, signal: i32) -> io::Result<()> {
     // their own that they have not reaped (a zombie keeps its pid), or a pid they just read
     // from `/proc` about a child of theirs, in which case the same holds.
     let rc = unsafe { libc::kill(pid, signal) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::ESRCH) {
-        Ok(())
-    } else {
-        Err(err)
-    }
+    sent_or_gone(rc.into())
 }
 
 /// SIGTERM.
@@ -93,5 +77,19 @@ pub fn signal_name(signal: i32) -> &'static str {
         libc::SIGTRAP => "SIGTRAP",
         libc::SIGSYS => "SIGSYS",
         _ => "signal",
+    }
+}
+
+/// The result of a signal-sending call's return code `rc`: sent, or the target already gone
+/// (ESRCH), is `Ok`; any other failure is the OS error.
+pub(crate) fn sent_or_gone(rc: std::ffi::c_long) -> io::Result<()> {
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::ESRCH) {
+        Ok(())
+    } else {
+        Err(err)
     }
 }

@@ -55,15 +55,7 @@ impl ProcessHandle {
                 0,
             )
         };
-        if rc == 0 {
-            return Ok(());
-        }
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::ESRCH) {
-            Ok(())
-        } else {
-            Err(err)
-        }
+        crate::signal::sent_or_gone(rc)
     }
 }
 
