@@ -300,18 +300,18 @@ async fn wait_for_broker(
     exits: &mut mpsc::UnboundedReceiver<ChildExit>,
 ) -> Result<Channel, RuntimeError> {
     let deadline = tokio::time::Instant::now() + BROKER_START_DEADLINE;
-    if wait_ready(ready, exits, deadline, &spec.socket).await? {
-        if let Ok(channel) = perago_core::socket::connect(&spec.socket).await {
-            match bounded(AdminClient::new(channel.clone()).status(admin::StatusRequest {})).await {
-                Ok(status) if status.get_ref().broker_pid == broker_pid => return Ok(channel),
-                Ok(status) => {
-                    return Err(RuntimeError::ForeignBroker {
-                        socket: spec.socket.clone(),
-                        who: format!("a broker (pid {})", status.get_ref().broker_pid),
-                    });
-                }
-                Err(_) => {}
+    if wait_ready(ready, exits, deadline, &spec.socket).await?
+        && let Ok(channel) = perago_core::socket::connect(&spec.socket).await
+    {
+        match bounded(AdminClient::new(channel.clone()).status(admin::StatusRequest {})).await {
+            Ok(status) if status.get_ref().broker_pid == broker_pid => return Ok(channel),
+            Ok(status) => {
+                return Err(RuntimeError::ForeignBroker {
+                    socket: spec.socket.clone(),
+                    who: format!("a broker (pid {})", status.get_ref().broker_pid),
+                });
             }
+            Err(_) => {}
         }
     }
     // Said it serves but does not answer, or closed its pipe unready: its exit follows.
