@@ -62,6 +62,12 @@ pub enum ConfigError {
     /// `PERAGO_STALL_TIMEOUT` is not a duration or `off`.
     #[error(transparent)]
     StallTimeout(#[from] perago_core::liveness::StallTimeoutError),
+    /// `PERAGO_READY_FD` is not a descriptor number.
+    #[error("{} must be a descriptor number", env::PERAGO_READY_FD)]
+    ReadyFd {
+        /// The value as given.
+        value: String,
+    },
 }
 
 /// The broker's configuration from `lookup` (the process environment for the binary; the
@@ -106,6 +112,15 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
         lookup(perago_core::liveness::PERAGO_STALL_TIMEOUT).as_deref(),
     )?;
     let workspace_root = var(PERAGO_WORKSPACE_ROOT).map(PathBuf::from);
+    let ready_fd = match var(env::PERAGO_READY_FD) {
+        None => None,
+        Some(fd) => Some(
+            fd.parse()
+                .ok()
+                .filter(|fd: &std::os::fd::RawFd| *fd > 2)
+                .ok_or(ConfigError::ReadyFd { value: fd })?,
+        ),
+    };
     Ok(BrokerConfig {
         task_name,
         prefix,
@@ -118,6 +133,7 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
         metrics_addr,
         stall_timeout,
         workspace_root,
+        ready_fd,
     })
 }
 
@@ -236,6 +252,17 @@ mod tests {
         ));
         let stall = config(&[(perago_core::liveness::PERAGO_STALL_TIMEOUT, "1")]).unwrap_err();
         assert!(matches!(stall, ConfigError::StallTimeout(_)), "{stall}");
+        let ready = config(&[(env::PERAGO_READY_FD, "1")]).unwrap_err();
+        assert!(matches!(ready, ConfigError::ReadyFd { ref value } if value == "1"));
+        assert_eq!(
+            ready.to_string(),
+            "PERAGO_READY_FD must be a descriptor number"
+        );
+        assert_eq!(
+            config(&[(env::PERAGO_READY_FD, "7")]).unwrap().ready_fd,
+            Some(7)
+        );
+        assert_eq!(config(&[]).unwrap().ready_fd, None);
         assert_eq!(
             config(&[]).unwrap().stall_timeout,
             Some(perago_core::liveness::DEFAULT_STALL_TIMEOUT)

@@ -59,6 +59,10 @@ pub struct BrokerConfig {
     /// The runtime's locked workspace root (`PERAGO_WORKSPACE_ROOT`): the result journal lives
     /// under it. `None`: results are not journaled.
     pub workspace_root: Option<PathBuf>,
+    /// `PERAGO_READY_FD`: the write end of the supervisor's ready pipe, a descriptor this
+    /// process owns (inherited, or in thread mode given up by the supervisor). [`run`] takes
+    /// it, writes one byte once the socket is served, and closes it. `None`: nobody is told.
+    pub ready_fd: Option<std::os::fd::RawFd>,
 }
 
 /// Why the broker stopped.
@@ -89,7 +93,11 @@ pub enum BrokerError {
 
 /// Serves until a drain completes (every executor gone, every result reported). A drain
 /// starts on `Admin.Drain` or when `stop` resolves.
+///
+/// Owns `config.ready_fd` (marked close-on-exec at once, closed once written or when the
+/// broker fails first): run each configuration once.
 pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result<(), BrokerError> {
+    let ready = config.ready_fd.and_then(perago_sys::fd::adopt_fd);
     // Descriptors: as many as allowed, and the socket's connections bounded to a share of
     // them (see `incoming`), so a flood of connections cannot starve the executors' streams,
     // `status` or the Conductor client.
@@ -262,7 +270,13 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         .add_service(slot)
         .add_service(control)
         .add_service(admin)
-        .serve_with_incoming_shutdown(incoming::incoming(listener, limits), shutdown)
+        .serve_with_incoming_shutdown(
+            Announced {
+                incoming: incoming::incoming(listener, limits),
+                ready,
+            },
+            shutdown,
+        )
         .await?;
     actor.abort();
     tracing::info!("broker stopped");
@@ -282,6 +296,37 @@ fn open_journal(config: &BrokerConfig) -> Option<Arc<journal::Journal>> {
             tracing::warn!(error = %e, "results are not journaled: a runtime killed before Conductor takes an update loses it");
             None
         }
+    }
+}
+
+/// The accept loop's stream, which tells the supervisor the broker serves the first time
+/// the server polls it: the socket is bound, its mode set, and the accept loop runs.
+struct Announced<S> {
+    incoming: S,
+    /// The ready pipe (`PERAGO_READY_FD`), until announced.
+    ready: Option<std::fs::File>,
+}
+
+impl<S: tokio_stream::Stream + Unpin> tokio_stream::Stream for Announced<S> {
+    type Item = S::Item;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<S::Item>> {
+        if let Some(ready) = self.ready.take() {
+            announce(ready);
+        }
+        std::pin::Pin::new(&mut self.incoming).poll_next(cx)
+    }
+}
+
+/// Writes the ready byte and closes the pipe. One byte into an empty pipe never blocks; a
+/// supervisor that is gone (`EPIPE`) is nobody to tell.
+fn announce(mut ready: std::fs::File) {
+    use std::io::Write as _;
+    if let Err(e) = ready.write_all(b"R") {
+        tracing::warn!(error = %e, "cannot tell the supervisor the broker serves");
     }
 }
 

@@ -74,6 +74,10 @@ pub const PERAGO_SLOT_TOKEN: &str = "PERAGO_SLOT_TOKEN";
 /// A pipe to the supervisor on which an executor writes one byte for the first assignment its
 /// generation completes (the supervisor then resets the slot's restart backoff). Optional.
 pub const PERAGO_COMPLETION_FD: &str = "PERAGO_COMPLETION_FD";
+/// A pipe to the supervisor on which the broker writes one byte once it serves on its socket
+/// (bound, mode set, accepting), then closes it: how the supervisor learns the broker is up
+/// (s6's notification-fd, systemd's `READY=1`). The broker only; optional.
+pub const PERAGO_READY_FD: &str = "PERAGO_READY_FD";
 
 // What an executor hands each body (SPEC §2), besides `PERAGO_WORKER_ID`.
 

@@ -9,7 +9,7 @@
 
 use super::{
     child_env::{broker_env, executor_env},
-    children::{ChildExit, ChildKind, Launcher},
+    children::{ChildExit, ChildKind, Launcher, ReadyPipe},
     machine::{self, AnnounceError, Effect, Input, Machine, Notice},
     notify::NotifyHandle,
     supervise::{BROKER_START_DEADLINE, RuntimeSpec},
@@ -290,46 +290,72 @@ async fn serving(socket: &std::path::Path) -> Option<String> {
     })
 }
 
-/// Waits until the broker this supervisor started (`broker_pid`) serves on the socket. A
-/// server that answers but reports another pid is another runtime's broker: an error, never a
-/// broker to talk to.
+/// Waits until the broker this supervisor started (`broker_pid`) says it serves on the
+/// socket (its ready pipe), then connects once. A server that answers but reports another pid
+/// is another runtime's broker: an error, never a broker to talk to.
 async fn wait_for_broker(
     spec: &RuntimeSpec,
     broker_pid: u32,
+    ready: ReadyPipe,
     exits: &mut mpsc::UnboundedReceiver<ChildExit>,
 ) -> Result<Channel, RuntimeError> {
     let deadline = tokio::time::Instant::now() + BROKER_START_DEADLINE;
-    loop {
-        if let Ok(exit) = exits.try_recv() {
-            return Err(RuntimeError::BrokerDiedAtStart {
-                status: exit.ended.describe(),
-            });
-        }
-        if let Ok(channel) = perago_core::socket::connect(&spec.socket).await {
-            match bounded(AdminClient::new(channel.clone()).status(admin::StatusRequest {})).await {
-                Ok(status) if status.get_ref().broker_pid == broker_pid => return Ok(channel),
-                Ok(status) => {
-                    return Err(RuntimeError::ForeignBroker {
-                        socket: spec.socket.clone(),
-                        who: format!("a broker (pid {})", status.get_ref().broker_pid),
-                    });
-                }
-                // Serving, but not ready to answer yet: try again.
-                Err(_) => {}
+    if wait_ready(ready, exits, deadline, &spec.socket).await?
+        && let Ok(channel) = perago_core::socket::connect(&spec.socket).await
+    {
+        match bounded(AdminClient::new(channel.clone()).status(admin::StatusRequest {})).await {
+            Ok(status) if status.get_ref().broker_pid == broker_pid => return Ok(channel),
+            Ok(status) => {
+                return Err(RuntimeError::ForeignBroker {
+                    socket: spec.socket.clone(),
+                    who: format!("a broker (pid {})", status.get_ref().broker_pid),
+                });
             }
+            Err(_) => {}
         }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(RuntimeError::BrokerStart {
-                socket: spec.socket.clone(),
-            });
-        }
-        tokio::select! {
-            exit = exits.recv() => {
-                let status = exit.map_or_else(|| "unknown".to_owned(), |e| e.ended.describe());
-                return Err(RuntimeError::BrokerDiedAtStart { status });
-            }
-            () = tokio::time::sleep(Duration::from_millis(20)) => {}
-        }
+    }
+    // Said it serves but does not answer, or closed its pipe unready: its exit follows.
+    Err(exit_or_deadline(exits, deadline, &spec.socket).await)
+}
+
+/// Waits for the broker's ready byte on `ready`, racing its exit and `deadline`: `Ok(true)`
+/// once it says it serves, `Ok(false)` at end of file without the byte (it closed its end or
+/// died: its exit follows), else the error to stop with. The read is the runtime's, never a
+/// blocking one.
+pub(super) async fn wait_ready(
+    mut ready: ReadyPipe,
+    exits: &mut mpsc::UnboundedReceiver<ChildExit>,
+    deadline: tokio::time::Instant,
+    socket: &std::path::Path,
+) -> Result<bool, RuntimeError> {
+    use tokio::io::AsyncReadExt as _;
+    let mut byte = [0u8; 1];
+    tokio::select! {
+        read = ready.read(&mut byte) => Ok(matches!(read, Ok(n) if n > 0)),
+        exit = exits.recv() => Err(died_at_start(exit)),
+        () = tokio::time::sleep_until(deadline) => Err(RuntimeError::BrokerStart {
+            socket: socket.to_owned(),
+        }),
+    }
+}
+
+/// The error once the broker cannot be ready: its exit, or the deadline if it lives on.
+pub(super) async fn exit_or_deadline(
+    exits: &mut mpsc::UnboundedReceiver<ChildExit>,
+    deadline: tokio::time::Instant,
+    socket: &std::path::Path,
+) -> RuntimeError {
+    tokio::select! {
+        exit = exits.recv() => died_at_start(exit),
+        () = tokio::time::sleep_until(deadline) => RuntimeError::BrokerStart {
+            socket: socket.to_owned(),
+        },
+    }
+}
+
+fn died_at_start(exit: Option<ChildExit>) -> RuntimeError {
+    RuntimeError::BrokerDiedAtStart {
+        status: exit.map_or_else(|| "unknown".to_owned(), |e| e.ended.describe()),
     }
 }
 
@@ -519,7 +545,7 @@ pub(crate) async fn supervise(
     if let Some(foreign) = foreign_broker(&spec.socket).await {
         return Err(foreign);
     }
-    let broker = launcher
+    let (broker, ready) = launcher
         .broker(
             &spec.process_label.as_ref().map_or_else(
                 || "perago-conductor-broker".to_owned(),
@@ -538,7 +564,7 @@ pub(crate) async fn supervise(
         super::children::Child::Process(pid) => pid,
         super::children::Child::Task => std::process::id(),
     };
-    let channel = match wait_for_broker(&spec, broker_pid, &mut exits).await {
+    let channel = match wait_for_broker(&spec, broker_pid, ready, &mut exits).await {
         Ok(c) => c,
         Err(e) => {
             broker.signal(sys_signal::SIGKILL);

@@ -230,3 +230,93 @@ async fn announcements_are_repeated_when_lost_and_final_when_refused() {
     assert_eq!(seen[3].0, 3);
     assert_ne!(seen[3].1, token, "a new generation has a new token");
 }
+
+/// A stand-in broker's start-up: the ready pipe's write end (what the broker holds), its
+/// read end, and the channel its exit comes on.
+fn starting_broker() -> (
+    std::os::fd::OwnedFd,
+    super::super::children::ReadyPipe,
+    mpsc::UnboundedSender<ChildExit>,
+    mpsc::UnboundedReceiver<ChildExit>,
+) {
+    let (write, read) = tokio::net::unix::pipe::pipe().unwrap();
+    let (exits_tx, exits) = mpsc::unbounded_channel();
+    (write.into_blocking_fd().unwrap(), read, exits_tx, exits)
+}
+
+fn broker_exit(why: &str) -> ChildExit {
+    ChildExit {
+        kind: ChildKind::Broker,
+        pid: 0,
+        ended: super::super::children::Ended::Task(Err(why.to_owned())),
+    }
+}
+
+/// The broker's ready byte ends the wait (with nothing from its exit); its pipe closed
+/// without one is not ready, and what follows is its exit: `BrokerDiedAtStart`, message kept.
+#[tokio::test]
+async fn the_ready_byte_ends_the_wait_and_a_closed_pipe_is_not_ready() {
+    use std::io::Write as _;
+    let socket = std::path::Path::new("/nonexistent/broker.sock");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let (write, read, _exits_tx, mut exits) = starting_broker();
+    let waiting = tokio::spawn(async move {
+        let ready = wait_ready(read, &mut exits, deadline, socket).await;
+        (ready.map_err(|e| e.to_string()), exits)
+    });
+    std::fs::File::from(write).write_all(b"R").unwrap();
+    let (ready, _) = waiting.await.unwrap();
+    assert_eq!(ready, Ok(true));
+
+    let (write, read, exits_tx, mut exits) = starting_broker();
+    drop(write);
+    assert_eq!(
+        wait_ready(read, &mut exits, deadline, socket)
+            .await
+            .map_err(|e| e.to_string()),
+        Ok(false),
+        "end of file without the byte"
+    );
+    exits_tx.send(broker_exit("cannot serve")).unwrap();
+    assert_eq!(
+        exit_or_deadline(&mut exits, deadline, socket)
+            .await
+            .to_string(),
+        "the broker exited during start-up (failed: cannot serve)"
+    );
+}
+
+/// A broker that exits before it says it serves stops the wait at once (its pipe still
+/// open, as a child of its own that inherited it would hold it); one that neither says it
+/// serves nor exits stops it at the deadline: `BrokerStart`, message kept.
+#[tokio::test]
+async fn an_exit_or_the_deadline_ends_a_wait_without_the_ready_byte() {
+    let socket = std::path::Path::new("/run/perago/broker.sock");
+    let far = tokio::time::Instant::now() + Duration::from_secs(30);
+    let (_write, read, exits_tx, mut exits) = starting_broker();
+    exits_tx.send(broker_exit("killed")).unwrap();
+    let err = wait_ready(read, &mut exits, far, socket).await.unwrap_err();
+    assert!(
+        matches!(err, RuntimeError::BrokerDiedAtStart { .. }),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "the broker exited during start-up (failed: killed)"
+    );
+
+    let (_write, read, _exits_tx, mut exits) = starting_broker();
+    let started = tokio::time::Instant::now();
+    let soon = started + Duration::from_millis(100);
+    let err = wait_ready(read, &mut exits, soon, socket)
+        .await
+        .unwrap_err();
+    assert!(tokio::time::Instant::now() >= soon);
+    assert_eq!(
+        err.to_string(),
+        "the broker did not start serving on /run/perago/broker.sock within 15s"
+    );
+    let (_write, _read, _exits_tx, mut exits) = starting_broker();
+    let err = exit_or_deadline(&mut exits, soon, socket).await;
+    assert!(matches!(err, RuntimeError::BrokerStart { .. }), "{err}");
+}

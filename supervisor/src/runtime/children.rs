@@ -223,6 +223,10 @@ impl Launcher {
         if let Some(fd) = inherit {
             spawn::inherit_fd(&mut cmd, fd);
         }
+        // Descriptors are passed by this launcher only: none named in the supervisor's own
+        // environment reaches a child (the broker's ready pipe is in its `env`).
+        cmd.env_remove(env::PERAGO_READY_FD);
+        cmd.env_remove(env::PERAGO_COMPLETION_FD);
         cmd.arg0(argv0).envs(env.iter().map(|(k, v)| (k, v)));
         cmd.env_remove(env::PERAGO_ROOT_LOCK_FD);
         // Only the supervisor speaks for a systemd service.
@@ -342,32 +346,50 @@ impl Launcher {
         Ok(Child::Task)
     }
 
-    /// Starts the broker with `env`; `argv0` is its process's name.
+    /// Starts the broker with `env`; `argv0` is its process's name. Returns it and the read
+    /// end of its ready pipe ([`PERAGO_READY_FD`](env::PERAGO_READY_FD)): one byte once it
+    /// serves, end of file without one if it closed or lost its end first.
     pub(crate) fn broker(
         &mut self,
         argv0: &str,
         env: &[(String, String)],
         exits: &mpsc::UnboundedSender<ChildExit>,
-    ) -> std::io::Result<Child> {
-        match self {
+    ) -> std::io::Result<(Child, ReadyPipe)> {
+        use std::os::fd::{AsRawFd as _, IntoRawFd as _};
+        // Both ends close-on-exec: only the broker's copy of the write end is inherited.
+        let (write, ready) = tokio::net::unix::pipe::pipe()?;
+        let write = write.into_blocking_fd()?;
+        let child = match self {
             Self::Process {
                 broker_bin,
                 lock_fd,
                 ..
-            } => Self::spawn_process(
-                &broker_bin.clone(),
-                argv0,
-                env,
-                ChildKind::Broker,
-                *lock_fd,
-                exits,
-                None,
-            ),
+            } => {
+                let mut env = env.to_vec();
+                env.push((
+                    env::PERAGO_READY_FD.to_owned(),
+                    write.as_raw_fd().to_string(),
+                ));
+                // The child has its copy; ours closes when `write` drops, so the pipe ends
+                // (end of file) when the broker closes its end or dies.
+                Self::spawn_process(
+                    &broker_bin.clone(),
+                    argv0,
+                    &env,
+                    ChildKind::Broker,
+                    *lock_fd,
+                    exits,
+                    Some(write.as_raw_fd()),
+                )?
+            }
             Self::Thread { .. } => {
-                let config =
+                let mut config =
                     perago_broker::cli::config_from(lookup(env)).map_err(std::io::Error::other)?;
                 let log = worker_log(env, &config.task_name, &config.prefix.broker_id())?;
                 let work = move || async move {
+                    // The broker owns the write end from here (`run` adopts it); dropped
+                    // unstarted, the closure closes it.
+                    config.ready_fd = Some(write.into_raw_fd());
                     // Drains come over Admin.Drain, as in process mode.
                     Ended::Task(
                         perago_broker::run(config, std::future::pending())
@@ -381,9 +403,10 @@ impl Launcher {
                     log,
                     exits,
                     work,
-                )
+                )?
             }
-        }
+        };
+        Ok((child, ready))
     }
 
     /// Starts the executor of `slot` at `generation` with `env` (identity included). Each
@@ -560,6 +583,9 @@ fn worker_log(
             ))
         })
 }
+
+/// The read end of the broker's ready pipe.
+pub(crate) type ReadyPipe = tokio::net::unix::pipe::Receiver;
 
 /// A pipe from one executor generation: each byte it writes is an assignment it completed,
 /// reported as `kind` on `completions`. Returns the write end (non-blocking).

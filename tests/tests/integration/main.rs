@@ -28,6 +28,7 @@ mod ops;
 mod poison;
 mod polls;
 mod publish_once;
+mod ready;
 mod recycle;
 mod runtime;
 mod secrets_channel;
