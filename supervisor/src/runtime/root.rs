@@ -408,6 +408,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let vars = BTreeMap::new();
         let locked = lock(tmp.path(), &vars, NO_WAIT).await.unwrap();
+        // Counted from before the holder starts: it holds the lock for 0.5 s from its start,
+        // whenever (under load) this test gets to ask.
+        let asked = Instant::now();
         let mut child = holding_child(&locked, "0.5");
         drop(locked);
         // The supervisor that took the lock has exited: the file names a pid that is gone.
@@ -421,7 +424,6 @@ mod tests {
             format!("{gone_pid} {} 0\n", host_name()),
         )
         .unwrap();
-        let asked = Instant::now();
         let taken = lock(tmp.path(), &vars, Duration::from_secs(20))
             .await
             .unwrap();
