@@ -519,11 +519,7 @@ impl AssignmentRunner {
                     params,
                     workspace_dir,
                 };
-                // The process outlives assignments: only its stable identity is in its env.
-                let process_env = [(
-                    perago_core::env::PERAGO_WORKER_ID.to_owned(),
-                    self.worker_id.clone(),
-                )];
+                let process_env = self.jsonl_process_env();
                 let soft = soft_limit(budget, &attempt.task_id, execution_id, &self.worker_id);
                 match body
                     .call(
@@ -688,6 +684,27 @@ impl AssignmentRunner {
     /// is not sent (see `Hello.body_at_dispatch`).
     pub fn body_at_dispatch(&self) -> bool {
         self.pre.is_none() && self.manifest.task.kind == TaskKind::WorkspaceFree
+    }
+
+    /// The persistent (`jsonl`) body process outlives assignments: only its stable identity
+    /// is in its env.
+    fn jsonl_process_env(&self) -> [(String, String); 1] {
+        [(
+            perago_core::env::PERAGO_WORKER_ID.to_owned(),
+            self.worker_id.clone(),
+        )]
+    }
+
+    /// Starts the persistent (`jsonl`) body process now, as the next assignment would, if none
+    /// runs; its pid (`None` for other bodies). For tests of a time limit that must not include
+    /// the interpreter's start-up: the executor itself starts the process with the first
+    /// assignment that needs one.
+    #[doc(hidden)]
+    pub async fn start_body(&self) -> std::io::Result<Option<u32>> {
+        match &self.body {
+            Body::Jsonl(body) => body.start_now(&self.jsonl_process_env()).await.map(Some),
+            _ => Ok(None),
+        }
     }
 
     /// The pid of the persistent (`jsonl`) body process, while one runs between assignments.

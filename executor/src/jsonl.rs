@@ -261,6 +261,17 @@ impl JsonlBody {
         }
     }
 
+    /// Starts the process now if none runs; its pid. Only tests call it (see
+    /// [`AssignmentRunner::start_body`](crate::assignment::AssignmentRunner::start_body)).
+    pub(crate) async fn start_now(&self, env: &[(String, String)]) -> std::io::Result<u32> {
+        let mut guard = self.running.lock().await;
+        if guard.is_none() {
+            self.stderr_tail.lock().expect("not poisoned").clear();
+            *guard = Some(self.start(env)?);
+        }
+        Ok(guard.as_ref().expect("started above").managed.pid())
+    }
+
     /// The running process's pid (`None` when none runs, or while a call holds it).
     pub(crate) fn pid(&self) -> Option<u32> {
         self.running

@@ -149,16 +149,52 @@ async fn a_crashed_or_confused_process_is_replaced() {
     );
 }
 
+/// Starts the runner's body process and waits until the interpreter has started (the body
+/// written by [`ready_marking`] says so), so an assignment's time limit does not include
+/// Python's start-up; its pid.
+async fn started_body(runner: &AssignmentRunner, dir: &std::path::Path) -> u32 {
+    let pid = runner.start_body().await.unwrap().expect("a jsonl body");
+    let marker = dir.join(format!("ready.{pid}"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !marker.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the body process {pid} did not start within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    pid
+}
+
+/// [`BODY`], marking each process's start in `dir` once its imports are done.
+fn ready_marking(dir: &std::path::Path) {
+    let marker = dir.join("ready");
+    let body = format!(
+        "import os\nopen({:?} + '.' + str(os.getpid()), 'w').close()\n{BODY}",
+        marker.to_str().unwrap()
+    );
+    fs::write(dir.join("body.py"), body).unwrap();
+}
+
 #[tokio::test]
 async fn an_overrun_is_stopped_and_the_process_replaced() {
-    let (_dir, runner) = runner(1);
+    let (dir, runner) = runner(1);
+    ready_marking(dir.path());
+    // The 1 s limit is the assignment's; the processes start (and Python with them, which can
+    // take longer than that on a loaded machine) before the assignments that must not overrun.
+    let started = started_body(&runner, dir.path()).await;
     let pid = result(&run(&runner, "e1", json!({})).await)["pid"].clone();
+    assert_eq!(pid, json!(started));
     let r = run(&runner, "e2", json!({"sleep": 30})).await;
     assert_eq!(
         reason(&r, ResultStatus::Failed),
         "body timed out after 1s (task.timeout_seconds) and was stopped"
     );
-    assert_ne!(result(&run(&runner, "e3", json!({})).await)["pid"], pid);
+    let replacement = started_body(&runner, dir.path()).await;
+    assert_ne!(replacement, started, "the overrun process was stopped");
+    let after = result(&run(&runner, "e3", json!({})).await)["pid"].clone();
+    assert_eq!(after, json!(replacement));
+    assert_ne!(after, pid);
 }
 
 /// A body that works until it reads the cancel line for its execution, then answers with what

@@ -209,7 +209,10 @@ fn kill_adopted_where(children_now: impl Fn() -> Vec<u32>) -> usize {
         return 0;
     }
     let deadline = std::time::Instant::now() + ADOPTED_PATIENCE;
-    let mut killed = 0;
+    // The pids signalled so far: one still dying at the next round (its exit takes longer
+    // than a round under load, or with a large memory to free) is signalled again, and must
+    // not be counted again.
+    let mut killed: Vec<u32> = Vec::new();
     loop {
         let adopted: Vec<u32> = {
             let managed = MANAGED
@@ -221,13 +224,15 @@ fn kill_adopted_where(children_now: impl Fn() -> Vec<u32>) -> usize {
                 .collect()
         };
         if adopted.is_empty() {
-            return killed;
+            return killed.len();
         }
         let me = std::process::id();
         for &orphan in &adopted {
             for (pid, parent) in descendants(orphan) {
-                if kill_found(pid, if pid == orphan { me } else { parent }) {
-                    killed += 1;
+                if kill_found(pid, if pid == orphan { me } else { parent })
+                    && !killed.contains(&pid)
+                {
+                    killed.push(pid);
                 }
             }
         }
@@ -241,7 +246,7 @@ fn kill_adopted_where(children_now: impl Fn() -> Vec<u32>) -> usize {
                 left = adopted.len(),
                 "processes left behind by a body would not die"
             );
-            return killed;
+            return killed.len();
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
     }

@@ -408,9 +408,22 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let vars = BTreeMap::new();
         let locked = lock(tmp.path(), &vars, NO_WAIT).await.unwrap();
+        // Counted from before the holder starts: it holds the lock for 0.5 s from its start,
+        // whenever (under load) this test gets to ask.
+        let asked = Instant::now();
         let mut child = holding_child(&locked, "0.5");
         drop(locked);
-        let asked = Instant::now();
+        // The supervisor that took the lock has exited: the file names a pid that is gone.
+        // (This test process is alive: named in the file, it would count as a running
+        // supervisor the moment the sleep exits between a failed try and the scan of holders.)
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let gone_pid = gone.id();
+        gone.wait().unwrap();
+        fs::write(
+            fs::canonicalize(tmp.path()).unwrap().join(LOCK_FILE),
+            format!("{gone_pid} {} 0\n", host_name()),
+        )
+        .unwrap();
         let taken = lock(tmp.path(), &vars, Duration::from_secs(20))
             .await
             .unwrap();

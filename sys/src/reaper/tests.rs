@@ -207,3 +207,29 @@ async fn kill_found_signals_only_a_process_still_below_the_parent_it_was_found_u
     assert!(shell.wait().await.unwrap().success(), "`wait` saw it end");
     assert!(!kill_found(sleep, shell.id()), "gone: nothing to signal");
 }
+
+/// A process is counted once however many rounds it takes to die: one with a large memory
+/// to free is still alive (and signalled again) at the next round, 2 ms later.
+#[tokio::test]
+async fn a_process_slow_to_die_is_counted_once() {
+    use std::io::BufRead as _;
+    let me = current_tid();
+    // Started directly from this thread and not managed; it says when its memory is touched.
+    let mut child = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "b = b'x' * (512 << 20); print('ready', flush=True); import time; time.sleep(1005)",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "ready\n");
+    std::mem::forget(child);
+    assert_eq!(kill_adopted_below(&[me]), 1, "one process killed");
+    assert_eq!(stat(pid), None, "reaped");
+}
