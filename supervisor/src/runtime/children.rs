@@ -220,6 +220,10 @@ impl Launcher {
     ) -> std::io::Result<Child> {
         let mut cmd = Command::new(&program.path);
         cmd.args(program.role_arg);
+        // First of the child's pre-exec steps: whatever the supervisor itself was started
+        // holding (an operator's shell, a service manager, a test runner's jobserver) is
+        // close-on-exec; the steps below pass on exactly the descriptors named here.
+        spawn::inherit_only_stdio(&mut cmd);
         if let Some(fd) = inherit {
             spawn::inherit_fd(&mut cmd, fd);
         }

@@ -50,7 +50,9 @@ pub fn inherit_fd(cmd: &mut tokio::process::Command, fd: RawFd) {
 /// stdin, stdout and stderr (never the root lock or a socket of the runtime), whatever the
 /// parent left open. Uses `close_range(CLOSE_RANGE_CLOEXEC)` (Linux 5.11); on older kernels
 /// the parent's own close-on-exec flags are the only guard. Bodies get the same step from
-/// [`Spawn`](super::Spawn), in its child; no runtime child of perago uses this one today.
+/// [`Spawn`](super::Spawn), in its child; the supervisor's launcher registers this one first
+/// for the broker and executors, then [`inherit_fd`] for each descriptor it passes (pre-exec
+/// steps run in the order they were registered).
 pub fn inherit_only_stdio(cmd: &mut tokio::process::Command) {
     // SAFETY: runs in the forked child before exec and only makes the close_range(2) system
     // call, which is async-signal-safe. Marking (not closing) keeps std's exec-error pipe,

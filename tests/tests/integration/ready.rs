@@ -140,3 +140,67 @@ async fn the_broker_closes_its_ready_pipe_once_it_serves() {
         fds_of(broker.pid)
     );
 }
+
+/// A descriptor the supervisor was started with (an operator's shell, a test runner's
+/// jobserver, a service manager's socket) reaches neither its broker nor its executors: each
+/// runtime child holds only what the launcher passes it (its standard streams, the root lock,
+/// its pipe, its secrets socket).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_child_inherits_no_descriptor_of_the_supervisors_parent() {
+    if perago_sys::user::euid() != 0 {
+        eprintln!("skipped: a non-dumpable child's descriptors are readable by root only");
+        return;
+    }
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("e2e.strayfd", "read params\necho '{\"ok\": true}'\n", "");
+    conductor.register(&task).await;
+    // Left open across exec, as a careless parent would: the supervisor inherits it.
+    let stray_path = task.dir.path().join("stray-descriptor");
+    let stray = fs::File::create(&stray_path).unwrap();
+    perago_sys::fd::set_cloexec(std::os::fd::AsRawFd::as_raw_fd(&stray), false).unwrap();
+    let sup = SupervisorProc::start(
+        &task,
+        &conductor,
+        2,
+        &[("PERAGO_EXECUTION_MODE", "process")],
+    );
+    drop(stray);
+    let id = conductor.start_workflow(&task, json!({})).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    let holds_stray = |pid: u32| {
+        fds_of(pid)
+            .into_iter()
+            .any(|(_, link)| std::path::Path::new(&link) == stray_path)
+    };
+    assert!(
+        holds_stray(sup.pid()),
+        "the supervisor itself was started holding the descriptor: {:?}",
+        fds_of(sup.pid())
+    );
+    let children = eventually(
+        "the broker and both executors",
+        Duration::from_secs(10),
+        || async {
+            let kids: Vec<_> = children_of(sup.pid())
+                .into_iter()
+                .filter(|p| {
+                    p.argv.first().is_some_and(|a| {
+                        a.starts_with("perago-conductor-broker") || a.starts_with("perago-executor")
+                    })
+                })
+                .collect();
+            (kids.len() == 3).then_some(kids)
+        },
+    )
+    .await;
+    for child in children {
+        assert!(
+            !holds_stray(child.pid),
+            "{:?} (pid {}) inherited the supervisor's parent's descriptor: {:?}",
+            child.argv,
+            child.pid,
+            fds_of(child.pid)
+        );
+    }
+}
