@@ -96,6 +96,10 @@ pub struct StartArgs {
     /// and exit 0 (cron jobs, CI, backfills). Also PERAGO_ONCE=1.
     #[arg(long)]
     pub once: bool,
+    /// Start paused: executors start, nothing is polled until `perago-supervisor resume`.
+    /// Also PERAGO_PAUSED=1.
+    #[arg(long)]
+    pub paused: bool,
     /// Replace an executor by a fresh process after N assignments (it finishes and reports
     /// the last one first). Also PERAGO_EXECUTOR_MAX_TASKS.
     #[arg(long, value_name = "N")]
@@ -113,6 +117,7 @@ impl StartArgs {
         perago_core::capacity::CapacityFlags {
             jobs: jobs.to_owned(),
             once: self.once,
+            paused: self.paused,
             max_tasks_per_executor: self.max_tasks_per_executor.clone(),
             max_executor_memory: self.max_executor_memory.clone(),
         }
