@@ -578,7 +578,11 @@ mod tests {
         let c = Capacity::resolve(&flags, vars(&[(PERAGO_PAUSED, "0")])).unwrap();
         assert!(c.paused, "the flag wins");
         let child: BTreeMap<String, String> = c.child_env().into_iter().collect();
-        assert!(Capacity::from_lookup(|n| child.get(n).cloned()).unwrap().paused);
+        assert!(
+            Capacity::from_lookup(|n| child.get(n).cloned())
+                .unwrap()
+                .paused
+        );
         let error = Capacity::resolve(&jobs("1"), vars(&[(PERAGO_PAUSED, "later")])).unwrap_err();
         assert_eq!(
             error.to_string(),

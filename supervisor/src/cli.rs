@@ -36,6 +36,11 @@ pub enum Command {
     Start(StartArgs),
     /// Show running runtimes: every slot, the broker's counters, the drain state.
     Status(StatusArgs),
+    /// Pause polling of running runtimes: no new task is taken; running tasks finish and are
+    /// reported, executors stay up; readiness says NOT_SERVING until `resume`.
+    Pause(PauseArgs),
+    /// Resume polling of paused runtimes.
+    Resume(PauseArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(CompletionsArgs),
     /// Try a task with nothing to install: an embedded development Conductor, one workflow per
@@ -159,6 +164,19 @@ pub struct StatusArgs {
     /// is given up on (exit 1).
     #[arg(long, conflicts_with = "probe")]
     pub watch: bool,
+}
+
+/// `pause` and `resume`.
+#[derive(Debug, Args)]
+#[deny(missing_docs)]
+pub struct PauseArgs {
+    /// The task manifests whose runtimes to pause or resume, found as `status` finds them.
+    /// None: every task type of every supervisor of this user that is running.
+    #[arg(value_name = "MANIFEST")]
+    pub manifests: Vec<PathBuf>,
+    /// The broker socket to ask instead.
+    #[arg(long, conflicts_with = "manifests")]
+    pub socket: Option<PathBuf>,
 }
 
 /// The `status --probe` kinds.

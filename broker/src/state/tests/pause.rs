@@ -47,10 +47,7 @@ fn a_paused_machine_grants_no_poll_until_resumed() {
     // Idempotent: the pause in force stays, with its start.
     let (already, effects) = h.pause();
     assert!(already && effects.is_empty(), "{effects:?}");
-    assert_eq!(
-        h.status().paused_since_unix_ms,
-        status.paused_since_unix_ms
-    );
+    assert_eq!(h.status().paused_since_unix_ms, status.paused_since_unix_ms);
     // The poll request waiting is granted at the resume.
     let (already, effects) = h.resume();
     assert!(!already);
@@ -131,8 +128,7 @@ fn a_next_task_already_on_its_way_runs_while_paused() {
     });
     assert_eq!(assignments(&next).len(), 1, "{next:?}");
     assert!(
-        next.iter()
-            .any(|e| matches!(e, Effect::StartLease { .. })),
+        next.iter().any(|e| matches!(e, Effect::StartLease { .. })),
         "its lease is extended"
     );
     // A poll in flight at the pause returns its tasks too: they run (here: held).
@@ -240,7 +236,11 @@ fn a_pause_neither_retires_nor_adds_executors() {
     }
     h.pause();
     h.depth(50, t0, 25.0);
-    assert_eq!(h.wanted(), [1], "paused: no executor starts for tasks nobody polls");
+    assert_eq!(
+        h.wanted(),
+        [1],
+        "paused: no executor starts for tasks nobody polls"
+    );
     // The pause's idle time does not count after the resume.
     h.resume();
     h.depth(50, t0, 26.0);
