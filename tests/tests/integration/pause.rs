@@ -281,3 +281,42 @@ fn pause_with_nothing_running_fails_naming_why() {
     );
     assert!(run.stdout.is_empty(), "{run}");
 }
+
+/// `--once --paused` with an empty queue does not take the quiet of the pause for an empty
+/// queue: it keeps running; a drain (SIGTERM) while paused drains, exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_once_waits_while_paused_and_a_drain_while_paused_drains() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("pause.once", "read p\necho '{}'\n", "");
+    conductor.register(&task).await;
+    let mut sup = SupervisorProc::start_args(
+        &task,
+        &conductor,
+        "1",
+        &["--once", "--paused"],
+        &[],
+        None,
+        None,
+    );
+    eventually("a paused idle runtime", Duration::from_secs(20), || async {
+        let s = status_json(&sup.workspace_root());
+        (s["paused"] == true && s["slots"][0]["state"] == "idle").then_some(())
+    })
+    .await;
+    // Run once unpaused ends within a second or two on an empty queue (see once.rs); paused,
+    // it is still there after a few queue-depth reads.
+    let window = Instant::now();
+    while window.elapsed() < Duration::from_secs(3) {
+        assert!(
+            sup.child.try_wait().unwrap().is_none(),
+            "run once ended while paused\n{}",
+            sup.log_text()
+        );
+        let s = status_json(&sup.workspace_root());
+        assert_eq!(s["draining"], false, "{s:#}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    sup.signal("TERM");
+    let exit = sup.wait_exit(Duration::from_secs(20)).await;
+    assert!(exit.success(), "{exit:?}\n{}", sup.log_text());
+}
