@@ -61,6 +61,12 @@ pub(crate) enum Event {
     PollRequest { reply: oneshot::Sender<u32> },
     /// Start draining.
     Drain { reply: oneshot::Sender<bool> },
+    /// Pause polling: answered with whether it was paused already, and since when.
+    Pause {
+        reply: oneshot::Sender<(bool, std::time::SystemTime)>,
+    },
+    /// Resume polling: answered with whether it was running already.
+    Resume { reply: oneshot::Sender<bool> },
     /// A status snapshot.
     Status {
         reply: oneshot::Sender<admin::StatusResponse>,
@@ -93,8 +99,10 @@ pub(crate) struct Actor {
     /// Where queue depths are read (run once, adaptive executor count): the client and the
     /// task type.
     queue: Option<(ConductorClient, String)>,
-    /// The gRPC health service, told NOT_SERVING once a drain starts (`None` when not served).
-    health: Option<tonic_health::server::HealthReporter>,
+    /// What the gRPC health service says (`None` when not served): SERVING while the broker
+    /// takes work, NOT_SERVING while paused and from the start of a drain. A task follows it
+    /// (see [`Actor::with_health`]).
+    serving: Option<tokio::sync::watch::Sender<bool>>,
     /// Per slot: the attached generation's process handle, to kill it if it stalls.
     processes: HashMap<u32, (u64, perago_sys::reaper::pidfd::ProcessHandle)>,
     /// The liveness clock's period (`PERAGO_STALL_TIMEOUT` / 3), when liveness is on.
@@ -148,7 +156,7 @@ impl Actor {
             events,
             drained: Some(drained),
             queue: None,
-            health: None,
+            serving: None,
             processes: HashMap::new(),
             ping_every: None,
             depth_failing: std::sync::Arc::default(),
@@ -175,10 +183,31 @@ impl Actor {
         self
     }
 
-    /// Reports NOT_SERVING on `reporter` once a drain starts.
+    /// Reports NOT_SERVING on `reporter` while paused and once a drain starts, SERVING
+    /// otherwise: one task sets it, in the order the changes happened.
     pub(crate) fn with_health(mut self, reporter: tonic_health::server::HealthReporter) -> Self {
-        self.health = Some(reporter);
+        let (tx, mut rx) = tokio::sync::watch::channel(self.serving_now());
+        tokio::spawn(async move {
+            loop {
+                let serving = *rx.borrow_and_update();
+                let status = if serving {
+                    tonic_health::ServingStatus::Serving
+                } else {
+                    tonic_health::ServingStatus::NotServing
+                };
+                reporter.set_service_status("", status).await;
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+        self.serving = Some(tx);
         self
+    }
+
+    /// Whether the broker takes work now: neither paused nor draining.
+    fn serving_now(&self) -> bool {
+        !self.machine.draining() && !self.machine.paused()
     }
 
     /// Reads queue depths of `task_type` through `client` when the machine asks.
@@ -203,15 +232,11 @@ impl Actor {
     fn on_event(&mut self, event: Event) {
         self.handle_event(event);
         self.publish();
-        // Whoever started it (Admin.Drain, a signal, run once), a drain takes no more work.
-        if self.machine.draining()
-            && let Some(health) = self.health.take()
-        {
-            tokio::spawn(async move {
-                health
-                    .set_service_status("", tonic_health::ServingStatus::NotServing)
-                    .await;
-            });
+        // Whoever started it (Admin.Drain, a signal, run once), a drain takes no more work;
+        // nor does a paused broker, until resumed.
+        let serving = self.serving_now();
+        if let Some(tx) = &self.serving {
+            tx.send_if_modified(|now| std::mem::replace(now, serving) != serving);
         }
     }
 
@@ -301,6 +326,20 @@ impl Actor {
             Event::Drain { reply } => {
                 let out = self.machine.handle(Input::Drain, now());
                 if let Reply::Drain(already) = out.reply {
+                    let _ = reply.send(already);
+                }
+                self.perform(out.effects);
+            }
+            Event::Pause { reply } => {
+                let out = self.machine.handle(Input::Pause, now());
+                if let Reply::Pause { already, since } = out.reply {
+                    let _ = reply.send((already, since));
+                }
+                self.perform(out.effects);
+            }
+            Event::Resume { reply } => {
+                let out = self.machine.handle(Input::Resume, now());
+                if let Reply::Resume(already) = out.reply {
                     let _ = reply.send(already);
                 }
                 self.perform(out.effects);

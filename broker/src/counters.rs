@@ -117,6 +117,8 @@ pub(crate) struct Gauges {
     pub(crate) available_memory: AtomicU64,
     /// 1 while the broker may poll (memory admission), else 0.
     pub(crate) admission_open: AtomicU64,
+    /// 1 while polling is paused (`Admin.Pause`), else 0.
+    pub(crate) paused: AtomicU64,
     /// Dispatch-to-completion durations.
     pub(crate) task_duration: Histogram,
     /// What only the Conductor SDKs' metric surface has.
@@ -132,6 +134,7 @@ impl Default for Gauges {
             queue_depth: AtomicU64::default(),
             available_memory: AtomicU64::default(),
             admission_open: AtomicU64::default(),
+            paused: AtomicU64::default(),
             task_duration: Histogram::new(DURATION_BUCKETS),
             sdk: SdkMetrics::default(),
         }
@@ -265,6 +268,11 @@ impl Collector for PeragoCollector {
             "perago_admission_open",
             "1 while the broker may poll for new tasks, 0 while memory admission is closed",
             g.admission_open.load(Ordering::Relaxed),
+        )?;
+        gauge(
+            "perago_paused",
+            "1 while polling is paused (perago-supervisor pause, start --paused), else 0",
+            g.paused.load(Ordering::Relaxed),
         )
     }
 }

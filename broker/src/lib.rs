@@ -151,8 +151,9 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         },
         state::ExecutionIds::new(|| uuid::Uuid::new_v4().to_string()),
     );
-    // The gRPC health service: SERVING while the broker takes work, NOT_SERVING from the
-    // start of a drain (the actor switches it), for readiness probes and load balancers.
+    // The gRPC health service: SERVING while the broker takes work, NOT_SERVING while paused
+    // and from the start of a drain (the actor switches it), for readiness probes and load
+    // balancers.
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)

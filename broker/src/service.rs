@@ -357,6 +357,27 @@ impl Admin for AdminService {
         Ok(Response::new(admin::DrainResponse { already_draining }))
     }
 
+    async fn pause(
+        &self,
+        _request: Request<admin::PauseRequest>,
+    ) -> Result<Response<admin::PauseResponse>, Status> {
+        let (already_paused, since) = ask(&self.events, |reply| Event::Pause { reply }).await?;
+        Ok(Response::new(admin::PauseResponse {
+            already_paused,
+            paused_since_unix_ms: since
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        }))
+    }
+
+    async fn resume(
+        &self,
+        _request: Request<admin::ResumeRequest>,
+    ) -> Result<Response<admin::ResumeResponse>, Status> {
+        let already_running = ask(&self.events, |reply| Event::Resume { reply }).await?;
+        Ok(Response::new(admin::ResumeResponse { already_running }))
+    }
+
     async fn metrics(
         &self,
         _request: Request<admin::MetricsRequest>,

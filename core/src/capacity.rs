@@ -14,6 +14,8 @@ use std::time::Duration;
 
 /// `1`/`true`/`yes`: run until the task type's queue is empty and every slot idle, then drain.
 pub const PERAGO_ONCE: &str = "PERAGO_ONCE";
+/// `1`/`true`/`yes`: start paused (no poll until `perago-supervisor resume`); `--paused`.
+pub const PERAGO_PAUSED: &str = "PERAGO_PAUSED";
 /// Assignments after which an executor is replaced by a new generation.
 pub const PERAGO_EXECUTOR_MAX_TASKS: &str = "PERAGO_EXECUTOR_MAX_TASKS";
 /// Memory (executor + its bodies' process tree) above which an executor is replaced.
@@ -42,6 +44,9 @@ pub const DEFAULT_POISON_AFTER: u32 = 3;
 pub struct Capacity {
     /// Work until the queue is empty and every slot idle, then drain and exit 0.
     pub once: bool,
+    /// Start paused: the broker polls nothing until `Admin.Resume` (`--paused`,
+    /// `PERAGO_PAUSED`). What a settings layer (the SDK's `paused`) sets per task type.
+    pub paused: bool,
     /// Replace an executor after this many assignments.
     pub max_tasks_per_executor: Option<u64>,
     /// Replace an executor whose RSS plus its bodies' exceeds this many bytes after an
@@ -73,6 +78,8 @@ pub struct CapacityFlags {
     pub jobs: String,
     /// `--once`.
     pub once: bool,
+    /// `--paused`.
+    pub paused: bool,
     /// `--max-tasks-per-executor N`.
     pub max_tasks_per_executor: Option<String>,
     /// `--max-executor-memory SIZE`.
@@ -240,6 +247,7 @@ impl Capacity {
     pub fn fixed(n: u32) -> Self {
         Self {
             once: false,
+            paused: false,
             max_tasks_per_executor: None,
             max_executor_memory: None,
             min_executors: n,
@@ -275,6 +283,13 @@ impl Capacity {
             }
         }
         capacity.once |= flags.once;
+        if let Some((value, label)) = given(None, PERAGO_PAUSED, &lookup) {
+            match parse_bool(&value) {
+                Some(on) => capacity.paused = on,
+                None => problems.push(CapacityProblem::NotABool { label }),
+            }
+        }
+        capacity.paused |= flags.paused;
         if let Some((value, label)) = given(
             flag("--max-tasks-per-executor", &flags.max_tasks_per_executor),
             PERAGO_EXECUTOR_MAX_TASKS,
@@ -329,6 +344,10 @@ impl Capacity {
             (
                 PERAGO_ONCE.to_owned(),
                 if self.once { "1" } else { "0" }.to_owned(),
+            ),
+            (
+                PERAGO_PAUSED.to_owned(),
+                if self.paused { "1" } else { "0" }.to_owned(),
             ),
             (PERAGO_SLOTS.to_owned(), self.max_executors.to_string()),
             (
@@ -444,6 +463,7 @@ mod tests {
         let flags = CapacityFlags {
             jobs: "1".to_owned(),
             once: false,
+            paused: false,
             max_tasks_per_executor: Some("5".to_owned()),
             max_executor_memory: Some("512MiB".to_owned()),
         };
@@ -479,6 +499,7 @@ mod tests {
         let flags = CapacityFlags {
             jobs: "0".to_owned(),
             once: false,
+            paused: false,
             max_tasks_per_executor: Some("0".to_owned()),
             max_executor_memory: Some("lots".to_owned()),
         };
@@ -527,6 +548,7 @@ mod tests {
         let flags = CapacityFlags {
             jobs: "2..6".to_owned(),
             once: true,
+            paused: false,
             max_tasks_per_executor: Some("7".to_owned()),
             max_executor_memory: Some("64MiB".to_owned()),
         };
@@ -539,5 +561,32 @@ mod tests {
         let child: BTreeMap<String, String> = resolved.child_env().into_iter().collect();
         let read = Capacity::from_lookup(|name| child.get(name).cloned()).unwrap();
         assert_eq!(read, resolved);
+    }
+
+    /// `--paused` and `PERAGO_PAUSED` start a runtime paused; the children read it back; a
+    /// bad value names the variable (issue #26 item 2).
+    #[test]
+    fn paused_from_the_flag_or_the_variable() {
+        let c = Capacity::resolve(&jobs("1"), vars(&[])).unwrap();
+        assert!(!c.paused);
+        let c = Capacity::resolve(&jobs("1"), vars(&[(PERAGO_PAUSED, "true")])).unwrap();
+        assert!(c.paused);
+        let flags = CapacityFlags {
+            paused: true,
+            ..jobs("1")
+        };
+        let c = Capacity::resolve(&flags, vars(&[(PERAGO_PAUSED, "0")])).unwrap();
+        assert!(c.paused, "the flag wins");
+        let child: BTreeMap<String, String> = c.child_env().into_iter().collect();
+        assert!(
+            Capacity::from_lookup(|n| child.get(n).cloned())
+                .unwrap()
+                .paused
+        );
+        let error = Capacity::resolve(&jobs("1"), vars(&[(PERAGO_PAUSED, "later")])).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            r#"PERAGO_PAUSED="later": expected 1 or 0 (true or false)"#
+        );
     }
 }

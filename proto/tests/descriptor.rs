@@ -129,6 +129,16 @@ fn the_admin_service_has_its_methods_with_comments() {
                 ".perago.admin.v1.WatchRequest",
                 ".perago.admin.v1.StatusResponse"
             ),
+            (
+                "Pause",
+                ".perago.admin.v1.PauseRequest",
+                ".perago.admin.v1.PauseResponse"
+            ),
+            (
+                "Resume",
+                ".perago.admin.v1.ResumeRequest",
+                ".perago.admin.v1.ResumeResponse"
+            ),
         ]
     );
     // Watch is the one stream: the broker pushes, the request is one message.
@@ -144,6 +154,8 @@ fn the_admin_service_has_its_methods_with_comments() {
             ("Drain", false, false),
             ("Metrics", false, false),
             ("Watch", false, true),
+            ("Pause", false, false),
+            ("Resume", false, false),
         ]
     );
     // 6 = service, 2 = method (descriptor.proto field numbers).

@@ -36,6 +36,11 @@ pub enum Command {
     Start(StartArgs),
     /// Show running runtimes: every slot, the broker's counters, the drain state.
     Status(StatusArgs),
+    /// Pause polling of running runtimes: no new task is taken; running tasks finish and are
+    /// reported, executors stay up; readiness says NOT_SERVING until `resume`.
+    Pause(PauseArgs),
+    /// Resume polling of paused runtimes.
+    Resume(PauseArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(CompletionsArgs),
     /// Try a task with nothing to install: an embedded development Conductor, one workflow per
@@ -96,6 +101,10 @@ pub struct StartArgs {
     /// and exit 0 (cron jobs, CI, backfills). Also PERAGO_ONCE=1.
     #[arg(long)]
     pub once: bool,
+    /// Start paused: executors start, nothing is polled until `perago-supervisor resume`.
+    /// Also PERAGO_PAUSED=1.
+    #[arg(long)]
+    pub paused: bool,
     /// Replace an executor by a fresh process after N assignments (it finishes and reports
     /// the last one first). Also PERAGO_EXECUTOR_MAX_TASKS.
     #[arg(long, value_name = "N")]
@@ -113,6 +122,7 @@ impl StartArgs {
         perago_core::capacity::CapacityFlags {
             jobs: jobs.to_owned(),
             once: self.once,
+            paused: self.paused,
             max_tasks_per_executor: self.max_tasks_per_executor.clone(),
             max_executor_memory: self.max_executor_memory.clone(),
         }
@@ -154,6 +164,19 @@ pub struct StatusArgs {
     /// is given up on (exit 1).
     #[arg(long, conflicts_with = "probe")]
     pub watch: bool,
+}
+
+/// `pause` and `resume`.
+#[derive(Debug, Args)]
+#[deny(missing_docs)]
+pub struct PauseArgs {
+    /// The task manifests whose runtimes to pause or resume, found as `status` finds them.
+    /// None: every task type of every supervisor of this user that is running.
+    #[arg(value_name = "MANIFEST")]
+    pub manifests: Vec<PathBuf>,
+    /// The broker socket to ask instead.
+    #[arg(long, conflicts_with = "manifests")]
+    pub socket: Option<PathBuf>,
 }
 
 /// The `status --probe` kinds.

@@ -1,5 +1,5 @@
 //! The perago command line: `check`, `extract`, `start`, `dev` (the `dev` feature, on by
-//! default), `status`, `completions`. `start` and `dev` build their runtimes from one
+//! default), `status`, `pause`, `resume`, `completions`. `start` and `dev` build their runtimes from one
 //! [`plan`](crate::plan).
 //! `main` calls [`run`], which parses the arguments, runs the command and maps every expected error to its exit
 //! code (see [`errors::exit_codes`]).
@@ -13,6 +13,7 @@ mod dev;
 pub mod errors;
 mod extract;
 mod out;
+mod pause;
 mod plan;
 mod runtime;
 mod start;
@@ -111,6 +112,8 @@ fn dispatch(cli: Cli, vars: &BTreeMap<String, String>) -> Result<(), ExpectedErr
         #[cfg(feature = "dev")]
         Command::Dev(args) => dev::dev(&args, vars)?,
         Command::Status(args) => status::status(&args, vars)?,
+        Command::Pause(args) => pause::pause(&args, vars)?,
+        Command::Resume(args) => pause::resume(&args, vars)?,
         Command::Completions(_) => unreachable!("handled before dispatch"),
     }
     Ok(())

@@ -585,6 +585,7 @@ mod tests {
             jobs: vec![jobs.to_string()],
             execution_mode: mode,
             once: false,
+            paused: false,
             max_tasks_per_executor: None,
             max_executor_memory: None,
         }
@@ -622,6 +623,23 @@ mod tests {
         assert!(text.contains("--max-tasks-per-executor \"none\""), "{text}");
         assert!(text.contains("PERAGO_MIN_FREE_MEMORY"), "{text}");
         assert_eq!(err.process_exit_code(), 1);
+    }
+
+    /// `--paused` and `PERAGO_PAUSED` start every task type paused, a `-j NAME=…` one too; a
+    /// bad value names the variable (issue #26 item 2).
+    #[test]
+    fn paused_from_the_flag_or_the_environment() {
+        let plan = resolve_args(&args(1, None), &vars(&[])).unwrap();
+        assert!(!plan.capacity.paused);
+        let mut flagged = args(1, None);
+        flagged.paused = true;
+        flagged.jobs = vec!["2".to_owned(), "b=3".to_owned()];
+        let plan = resolve_args(&flagged, &vars(&[("PERAGO_PAUSED", "0")])).unwrap();
+        assert!(plan.capacity_of("a").paused && plan.capacity_of("b").paused);
+        let plan = resolve_args(&args(1, None), &vars(&[("PERAGO_PAUSED", "yes")])).unwrap();
+        assert!(plan.capacity.paused);
+        let err = resolve_args(&args(1, None), &vars(&[("PERAGO_PAUSED", "soon")])).unwrap_err();
+        assert!(err.to_string().contains("PERAGO_PAUSED=\"soon\""), "{err}");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-/// `status` or a probe found no runtime, or a ready probe found it draining.
+/// `status` or a probe found no runtime, or a ready probe found it draining or paused.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
     /// Nothing answers on the socket.
@@ -34,6 +34,17 @@ pub enum ProbeError {
     /// `--probe ready`: the broker answers but does not serve (it is draining).
     #[error("the broker at {} is {status} (draining)", socket.display())]
     NotServing {
+        /// The runtime's socket.
+        socket: PathBuf,
+        /// The health status's name.
+        status: &'static str,
+    },
+    /// `--probe ready`: the broker answers but does not serve: its polling is paused.
+    #[error(
+        "the broker at {} is {status} (paused: `perago-supervisor resume` resumes it)",
+        socket.display()
+    )]
+    Paused {
         /// The runtime's socket.
         socket: PathBuf,
         /// The health status's name.
@@ -58,11 +69,12 @@ pub enum NoAnswer {
 /// The broker sockets to ask: `--socket`; each manifest's runtime (through its workspace
 /// root, as `start` placed it, or the running supervisors' records); or, with neither, every
 /// runtime of every running supervisor of this user.
-fn sockets_of(
-    args: &StatusArgs,
+pub(crate) fn sockets_of(
+    socket: Option<&PathBuf>,
+    manifests: &[PathBuf],
     vars: &BTreeMap<String, String>,
 ) -> Result<Vec<PathBuf>, ExpectedError> {
-    if let Some(socket) = &args.socket {
+    if let Some(socket) = socket {
         return Ok(vec![socket.clone()]);
     }
     let registry_dir = crate::runtime::registry::dir(vars);
@@ -78,7 +90,7 @@ fn sockets_of(
         }
         Err(e) => Err(e),
     };
-    if args.manifests.is_empty() {
+    if manifests.is_empty() {
         let running = running.map_err(|e| ExpectedError::Config(vec![e.to_string()]))?;
         let sockets: Vec<PathBuf> = running
             .into_iter()
@@ -98,9 +110,9 @@ fn sockets_of(
         eprintln!("warning: {e}");
         Vec::new()
     });
-    let several = args.manifests.len() > 1;
+    let several = manifests.len() > 1;
     let mut sockets = Vec::new();
-    for path in &args.manifests {
+    for path in manifests {
         let manifest = Manifest::load(path)?;
         let name = &manifest.task.name;
         let root = crate::start::workspace_root_of(name, vars, several);
@@ -157,7 +169,7 @@ pub(crate) fn cell(text: &str, max: usize) -> String {
     out
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
@@ -175,7 +187,7 @@ fn state_name(state: i32) -> &'static str {
     }
 }
 
-fn human(d: Duration) -> String {
+pub(crate) fn human(d: Duration) -> String {
     let s = d.as_secs();
     match s {
         0..60 => format!("{:.1}s", d.as_secs_f64()),
@@ -272,6 +284,8 @@ pub(crate) fn to_json(status: &StatusResponse) -> Value {
         "broker_pid": status.broker_pid,
         "started_at_unix_ms": status.started_at_unix_ms,
         "draining": status.draining,
+        "paused": status.paused,
+        "paused_since_unix_ms": status.paused_since_unix_ms,
         "slots": status.slots.iter().map(|s| json!({
             "slot": s.slot, "worker_id": s.worker_id, "generation": s.generation, "pid": s.pid,
             "state": state_name(s.state), "task_id": s.task_id, "execution_id": s.execution_id,
@@ -288,8 +302,16 @@ pub(crate) fn to_table(status: &StatusResponse) -> String {
     let up = Duration::from_millis(
         u64::try_from(now.saturating_sub(status.started_at_unix_ms)).unwrap_or(0),
     );
+    let paused = if status.paused {
+        let since = Duration::from_millis(
+            u64::try_from(now.saturating_sub(status.paused_since_unix_ms)).unwrap_or(0),
+        );
+        format!("yes (for {})", human(since))
+    } else {
+        "no".to_owned()
+    };
     let mut out = format!(
-        "task {}  broker {} (pid {})  up {}  draining {}\n",
+        "task {}  broker {} (pid {})  up {}  draining {}  paused {paused}\n",
         cell(&status.task_name, MAX_CELL_CHARS),
         cell(&status.broker_worker_id, MAX_CELL_CHARS),
         status.broker_pid,
@@ -403,7 +425,7 @@ pub(crate) fn staging_table(left: &[Value]) -> String {
 }
 
 /// One call to the broker at `socket`: connect, then `call` on the channel, each within 5 s.
-fn call_broker<T, Fut>(
+pub(crate) fn call_broker<T, Fut>(
     socket: &std::path::Path,
     runtime: &tokio::runtime::Runtime,
     call: impl FnOnce(tonic::transport::Channel) -> Fut,
@@ -578,11 +600,17 @@ fn probe(
     crate::out::print(&format!("{}\n", status.as_str_name()))?;
     match (kind, status) {
         (Probe::Live, _) | (Probe::Ready, ServingStatus::Serving) => Ok(()),
-        (Probe::Ready, other) => Err(ProbeError::NotServing {
-            socket: socket.to_owned(),
-            status: other.as_str_name(),
+        (Probe::Ready, other) => {
+            // Paused or draining: the status says which (a drain is named first).
+            let paused = ask(socket, runtime).is_ok_and(|s| s.paused && !s.draining);
+            let (socket, status) = (socket.to_owned(), other.as_str_name());
+            Err(if paused {
+                ProbeError::Paused { socket, status }
+            } else {
+                ProbeError::NotServing { socket, status }
+            }
+            .into())
         }
-        .into()),
     }
 }
 
@@ -603,7 +631,7 @@ pub(crate) fn status(
     args: &StatusArgs,
     vars: &BTreeMap<String, String>,
 ) -> Result<(), ExpectedError> {
-    let sockets = sockets_of(args, vars)?;
+    let sockets = sockets_of(args.socket.as_ref(), &args.manifests, vars)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -872,8 +900,34 @@ mod tests {
             assert!(line.chars().count() < 400, "{} chars", line.chars().count());
         }
         let json = to_json(&status);
+        assert_eq!(json["paused"], false);
         assert_eq!(json["slots"][0]["worker_id"], huge.as_str());
         assert_eq!(json["task_name"], "t\u{1b}]0;owned\u{7}");
         assert_eq!(json["slots"][0]["task_id"], "task\nFORGED");
+    }
+
+    /// The table's header says whether polling is paused and for how long; the JSON has both
+    /// fields (issue #26 item 2).
+    #[test]
+    fn a_paused_runtime_says_so_and_since_when() {
+        let mut status = StatusResponse {
+            task_name: "t".into(),
+            started_at_unix_ms: now_ms() - 60_000,
+            ..StatusResponse::default()
+        };
+        assert!(
+            to_table(&status)
+                .lines()
+                .next()
+                .unwrap()
+                .ends_with("  paused no")
+        );
+        status.paused = true;
+        status.paused_since_unix_ms = now_ms() - 125_000;
+        let header = to_table(&status).lines().next().unwrap().to_owned();
+        assert!(header.ends_with("  paused yes (for 2m05s)"), "{header}");
+        let json = to_json(&status);
+        assert_eq!(json["paused"], true);
+        assert_eq!(json["paused_since_unix_ms"], status.paused_since_unix_ms);
     }
 }

@@ -34,7 +34,9 @@ impl Machine {
     pub(super) fn polled(&mut self, tasks: Vec<Polled>, reserved: u32) {
         self.reserved = self.reserved.saturating_sub(reserved);
         self.poll_sparse = tasks.len() < reserved as usize;
-        if tasks.is_empty() && self.capacity.once && self.all_idle() {
+        // A poll that returns empty after a pause began is no evidence of an empty queue.
+        if tasks.is_empty() && self.capacity.once && self.all_idle() && self.paused_since.is_none()
+        {
             self.once_idle_empty_poll();
         } else {
             self.once_empty_polls = 0;
@@ -63,9 +65,10 @@ impl Machine {
 
     pub(super) fn complete(&mut self, number: u32, generation: u64, completion: proto::Completion) {
         let counters = Arc::clone(&self.counters);
-        // A generation that leaves to be recycled gets no next task: v1.
+        // A generation that leaves to be recycled gets no next task, nor does any while
+        // paused: v1.
         let recycle = completion.recycle.clone();
-        let v2 = !self.draining && recycle.is_empty() && self.v2;
+        let v2 = !self.draining && self.paused_since.is_none() && recycle.is_empty() && self.v2;
         let Some(slot) = self.slot_mut(number) else {
             return;
         };
@@ -493,6 +496,10 @@ impl Machine {
                 self.poll_stopped = true;
                 self.effects.push(Effect::GrantPoll(0));
             }
+            return;
+        }
+        if self.paused_since.is_some() {
+            // Paused: the poller waits for a grant until resumed.
             return;
         }
         if self.quiet_after.is_some() {

@@ -66,6 +66,10 @@ pub(crate) enum Input {
     /// The task type's queue depth was read from Conductor (`None`: the read failed) at `now`:
     /// the clock of run once and of the adaptive executor count.
     QueueDepth { depth: Option<u64>, now: Instant },
+    /// Pause polling. Answer: [`Reply::Pause`].
+    Pause,
+    /// Resume polling. Answer: [`Reply::Resume`].
+    Resume,
     /// A status snapshot. Answer: [`Reply::Status`].
     Status,
     /// Available memory was measured (only with `PERAGO_MIN_FREE_MEMORY`): admission opens
@@ -112,6 +116,13 @@ pub(crate) enum Reply {
     Fence(Result<String, Status>),
     /// A drain was already under way.
     Drain(bool),
+    /// Whether polling was paused already, and since when (the pause in force now).
+    Pause {
+        already: bool,
+        since: std::time::SystemTime,
+    },
+    /// Polling was running already.
+    Resume(bool),
     /// The status snapshot.
     Status(Box<admin::StatusResponse>),
 }

@@ -127,6 +127,9 @@ pub(crate) struct Machine {
     pub(super) slots: Vec<Slot>,
     pub(super) held: VecDeque<Held>,
     pub(super) draining: bool,
+    /// Polling is paused (`Admin.Pause`, `--paused`) since then: no poll is granted and no
+    /// completion asks update-v2 for a next task; what runs finishes and is reported.
+    pub(super) paused_since: Option<std::time::SystemTime>,
     /// Tasks granted to the poll in flight.
     pub(super) reserved: u32,
     pub(super) poll_wanted: bool,
@@ -186,6 +189,7 @@ impl Machine {
         ids: ExecutionIds,
     ) -> Self {
         let slots = capacity.max_executors;
+        let capacity_paused = capacity.paused;
         let relaxed = std::sync::atomic::Ordering::Relaxed;
         gauges.slots.store(u64::from(slots), relaxed);
         gauges
@@ -193,6 +197,7 @@ impl Machine {
             .store(u64::from(capacity.min_executors), relaxed);
         gauges.queue_depth.store(u64::MAX, relaxed);
         gauges.admission_open.store(1, relaxed);
+        gauges.paused.store(u64::from(capacity.paused), relaxed);
         let slots = (1..=slots)
             .map(|n| Slot {
                 number: n,
@@ -233,6 +238,7 @@ impl Machine {
             slots,
             held: VecDeque::new(),
             draining: false,
+            paused_since: capacity_paused.then_some(started.wall),
             reserved: 0,
             poll_wanted: false,
             poll_stopped: false,
@@ -379,6 +385,8 @@ impl Machine {
                 self.start_drain();
                 return Reply::Drain(already);
             }
+            Input::Pause => return self.pause(),
+            Input::Resume => return Reply::Resume(self.resume()),
             Input::Status => return Reply::Status(Box::new(self.status())),
             Input::Memory { available } => self.memory_measured(available),
             Input::QueueDepth { depth, now } => self.queue_depth_read(depth, now),
@@ -416,6 +424,11 @@ impl Machine {
         self.held.is_empty()
             && self.updates_in_flight == 0
             && self.slots.iter().all(|s| matches!(s.work, Work::Idle))
+    }
+
+    /// Whether polling is paused.
+    pub(crate) fn paused(&self) -> bool {
+        self.paused_since.is_some()
     }
 
     /// Whether a drain has started.

@@ -30,8 +30,8 @@
 //! The files, one concern each: `interface` (inputs, replies, effects), `clock` (the
 //! time and ids it is given), `machine` (its state and `handle`), `slots` (attach, generations,
 //! exits, the fence), `dispatch` (polls, tasks received, held, assigned, completed,
-//! reported), `crash` (poison detection), `liveness` (pings, stalls), `drain`, `once` (run
-//! once), `scaling` (queue depths, the adaptive executor count, memory admission) and
+//! reported), `crash` (poison detection), `liveness` (pings, stalls), `drain`, `pause` (pause
+//! and resume polling), `once` (run once), `scaling` (queue depths, the adaptive executor count, memory admission) and
 //! `status` (`Admin.Status`).
 
 mod clock;
@@ -42,6 +42,7 @@ mod interface;
 mod liveness;
 mod machine;
 mod once;
+mod pause;
 mod scaling;
 mod slots;
 mod status;

@@ -50,7 +50,9 @@ impl Machine {
         if self.once_depth_read(depth) {
             return;
         }
-        if self.capacity.adaptive() {
+        if self.capacity.adaptive() && self.paused_since.is_none() {
+            // Paused: executors stay up (idle because of the pause, not the queue), and no
+            // more start for tasks nobody polls.
             self.scale_up();
             self.scale_down(now);
             let wanted = self.slots.iter().filter(|s| s.wanted).count() as u64;

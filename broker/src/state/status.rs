@@ -10,6 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct WatchView {
     draining: bool,
+    paused: bool,
     admission_open: bool,
     wanted_executors: u64,
     /// Per slot: state, generation, pid, recycling.
@@ -57,6 +58,7 @@ impl Machine {
             }
         };
         set(&mut view.draining, self.draining);
+        set(&mut view.paused, self.paused_since.is_some());
         set(&mut view.admission_open, self.admission_open);
         let wanted = self
             .gauges
@@ -126,6 +128,8 @@ impl Machine {
             broker_pid: std::process::id(),
             started_at_unix_ms: unix_ms(self.started_at),
             capacity: Some(self.capacity_status()),
+            paused: self.paused_since.is_some(),
+            paused_since_unix_ms: self.paused_since.map_or(0, unix_ms),
         }
     }
 
@@ -170,7 +174,7 @@ impl Machine {
     }
 }
 
-fn unix_ms(t: SystemTime) -> i64 {
+pub(super) fn unix_ms(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }

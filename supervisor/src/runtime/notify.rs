@@ -68,6 +68,8 @@ pub(crate) fn status_text(status: &admin::StatusResponse) -> String {
     let task = &status.task_name;
     if status.draining {
         format!("{task}: draining, {busy} busy")
+    } else if status.paused {
+        format!("{task}: paused, {busy} busy, {idle} idle")
     } else {
         format!("{task}: {busy} busy, {idle} idle")
     }
@@ -368,6 +370,18 @@ mod tests {
         assert_eq!(status_text(&status), "t: 1 busy, 2 idle");
         status.draining = true;
         assert_eq!(status_text(&status), "t: draining, 1 busy");
+    }
+
+    #[test]
+    fn status_says_paused() {
+        use admin::SlotState::{Busy, Idle};
+        let status = admin::StatusResponse {
+            task_name: "t".into(),
+            slots: vec![slot(1, Busy), slot(2, Idle)],
+            paused: true,
+            ..Default::default()
+        };
+        assert_eq!(status_text(&status), "t: paused, 1 busy, 1 idle");
     }
 
     #[test]

@@ -411,3 +411,25 @@ async fn a_later_watcher_hears_a_change_back_to_what_an_earlier_one_saw() {
     let wf = conductor.wait_terminal(&id, Duration::from_secs(20)).await;
     assert_eq!(wf["status"], "COMPLETED");
 }
+
+/// A pause and a resume are changes the Watch stream sends at once (issue #26 item 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_sends_a_pause_and_a_resume_at_once() {
+    use perago_proto::admin::v1::{PauseRequest, ResumeRequest};
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("broker.watch.pause", "cat\n", "");
+    conductor.register(&task).await;
+    let broker = start_broker(&conductor, &task).await;
+    let mut stream = watch(&broker, NO_HEARTBEAT_MS).await;
+    let first = next(&mut stream, CHANGE_DEADLINE).await;
+    assert!(!first.paused);
+    let mut admin = AdminClient::new(broker.channel.clone());
+    let paused = admin.pause(PauseRequest {}).await.unwrap().into_inner();
+    assert!(!paused.already_paused);
+    let seen = until(&mut stream, "the pause", CHANGE_DEADLINE, |s| s.paused).await;
+    assert_eq!(seen.paused_since_unix_ms, paused.paused_since_unix_ms);
+    let resumed = admin.resume(ResumeRequest {}).await.unwrap().into_inner();
+    assert!(!resumed.already_running);
+    let seen = until(&mut stream, "the resume", CHANGE_DEADLINE, |s| !s.paused).await;
+    assert_eq!(seen.paused_since_unix_ms, 0);
+}

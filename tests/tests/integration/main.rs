@@ -25,6 +25,7 @@ mod metrics;
 mod multi_task;
 mod once;
 mod ops;
+mod pause;
 mod poison;
 mod polls;
 mod publish_once;

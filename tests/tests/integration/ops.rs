@@ -132,6 +132,51 @@ async fn grpcurl_lists_describes_and_calls_the_broker() {
     let health = grpc(&[sock, "grpc.health.v1.Health/Check"]);
     health.expect_code(0);
     assert!(health.stdout.contains("SERVING"), "{health}");
+
+    // Pause and resume (issue #26 item 2): listed with their comments, callable, idempotent,
+    // and readiness follows them.
+    for method in ["rpc Pause", "rpc Resume"] {
+        assert!(describe.stdout.contains(method), "{method}: {describe}");
+    }
+    assert!(
+        describe
+            .stdout
+            .contains("Pause polling: no new task is polled"),
+        "comments: {describe}"
+    );
+    let pause = |expect_already: bool| {
+        let run = grpc(&["-d", "{}", sock, "perago.admin.v1.Admin/Pause"]);
+        run.expect_code(0);
+        let body: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+        assert_eq!(
+            body["alreadyPaused"].as_bool().unwrap_or(false),
+            expect_already,
+            "{run}"
+        );
+        assert!(body["pausedSinceUnixMs"].as_str().is_some(), "{run}");
+    };
+    pause(false);
+    pause(true);
+    let status = grpc(&["-d", "{}", sock, "perago.admin.v1.Admin/Status"]);
+    let body: serde_json::Value = serde_json::from_str(&status.stdout).unwrap();
+    assert_eq!(body["paused"], true, "{status}");
+    let health = grpc(&[sock, "grpc.health.v1.Health/Check"]);
+    assert!(health.stdout.contains("NOT_SERVING"), "{health}");
+    for expect_already in [false, true] {
+        let run = grpc(&["-d", "{}", sock, "perago.admin.v1.Admin/Resume"]);
+        run.expect_code(0);
+        let body: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+        assert_eq!(
+            body["alreadyRunning"].as_bool().unwrap_or(false),
+            expect_already,
+            "{run}"
+        );
+    }
+    let health = grpc(&[sock, "grpc.health.v1.Health/Check"]);
+    assert!(
+        health.stdout.contains("SERVING") && !health.stdout.contains("NOT_SERVING"),
+        "{health}"
+    );
 }
 
 /// `Admin.Watch` as an operator sees it: `describe` lists it with its comment, and a call

@@ -126,6 +126,20 @@ impl perago_proto::admin::v1::admin_server::Admin for HostileBroker {
         Err(tonic::Status::unimplemented("not here"))
     }
 
+    async fn pause(
+        &self,
+        _: tonic::Request<perago_proto::admin::v1::PauseRequest>,
+    ) -> Result<tonic::Response<perago_proto::admin::v1::PauseResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not here"))
+    }
+
+    async fn resume(
+        &self,
+        _: tonic::Request<perago_proto::admin::v1::ResumeRequest>,
+    ) -> Result<tonic::Response<perago_proto::admin::v1::ResumeResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not here"))
+    }
+
     async fn metrics(
         &self,
         _: tonic::Request<perago_proto::admin::v1::MetricsRequest>,

@@ -513,6 +513,7 @@ mod dispatch;
 mod drain;
 mod liveness;
 mod once;
+mod pause;
 mod poison;
 mod props;
 mod scaling;

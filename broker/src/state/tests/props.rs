@@ -41,6 +41,8 @@ enum Step {
     LeaseLost(u8),
     /// Time passes (milliseconds), with a liveness tick.
     Tick(u16),
+    /// Polling is paused (true) or resumed (false).
+    Pause(bool),
     /// A drain starts.
     Drain,
 }
@@ -59,6 +61,7 @@ fn step() -> impl Strategy<Value = Step> {
         8 => (0u8..4, prop::bool::weighted(0.8)).prop_map(|(d, r)| Step::Depth(d, r)),
         4 => any::<u8>().prop_map(Step::LeaseLost),
         8 => (0u16..4000).prop_map(Step::Tick),
+        3 => any::<bool>().prop_map(Step::Pause),
         1 => Just(Step::Drain),
     ]
 }
@@ -529,6 +532,12 @@ impl World {
                 self.h.advance(Duration::from_millis(u64::from(ms)));
                 let now = self.h.now.instant;
                 self.feed(Input::Tick { now });
+            }
+            Step::Pause(true) => {
+                self.feed(Input::Pause);
+            }
+            Step::Pause(false) => {
+                self.feed(Input::Resume);
             }
             Step::Drain => {
                 self.feed(Input::Drain);
