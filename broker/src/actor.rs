@@ -61,6 +61,12 @@ pub(crate) enum Event {
     PollRequest { reply: oneshot::Sender<u32> },
     /// Start draining.
     Drain { reply: oneshot::Sender<bool> },
+    /// `Admin.Scale`: the executor range becomes `min..=max`.
+    Scale {
+        min: u32,
+        max: u32,
+        reply: oneshot::Sender<Result<(u32, u32), Status>>,
+    },
     /// A status snapshot.
     Status {
         reply: oneshot::Sender<admin::StatusResponse>,
@@ -302,6 +308,18 @@ impl Actor {
                 let out = self.machine.handle(Input::Drain, now());
                 if let Reply::Drain(already) = out.reply {
                     let _ = reply.send(already);
+                }
+                self.perform(out.effects);
+            }
+            Event::Scale { min, max, reply } => {
+                let out = self.machine.handle(Input::Scale { min, max }, now());
+                // Added slots get a connection place each.
+                let slots = self.machine.slot_count();
+                if self.conns.len() < slots {
+                    self.conns.resize_with(slots, || None);
+                }
+                if let Reply::Scale(answer) = out.reply {
+                    let _ = reply.send(answer);
                 }
                 self.perform(out.effects);
             }

@@ -68,6 +68,8 @@ pub(crate) enum Input {
     QueueDepth { depth: Option<u64>, now: Instant },
     /// A status snapshot. Answer: [`Reply::Status`].
     Status,
+    /// `Admin.Scale`: the executor count becomes `min..=max` live. Answer: [`Reply::Scale`].
+    Scale { min: u32, max: u32 },
     /// Available memory was measured (only with `PERAGO_MIN_FREE_MEMORY`): admission opens
     /// or closes.
     Memory { available: u64 },
@@ -114,6 +116,8 @@ pub(crate) enum Reply {
     Drain(bool),
     /// The status snapshot.
     Status(Box<admin::StatusResponse>),
+    /// The range before the scale, or why it was refused.
+    Scale(Result<(u32, u32), Status>),
 }
 
 /// A result update to deliver.

@@ -515,5 +515,6 @@ mod liveness;
 mod once;
 mod poison;
 mod props;
+mod scale;
 mod scaling;
 mod slots;
