@@ -15,6 +15,7 @@ mod extract;
 mod out;
 mod plan;
 mod runtime;
+mod scale;
 mod start;
 mod status;
 
@@ -111,6 +112,7 @@ fn dispatch(cli: Cli, vars: &BTreeMap<String, String>) -> Result<(), ExpectedErr
         #[cfg(feature = "dev")]
         Command::Dev(args) => dev::dev(&args, vars)?,
         Command::Status(args) => status::status(&args, vars)?,
+        Command::Scale(args) => scale::scale(&args, vars)?,
         Command::Completions(_) => unreachable!("handled before dispatch"),
     }
     Ok(())

@@ -62,7 +62,17 @@ fn sockets_of(
     args: &StatusArgs,
     vars: &BTreeMap<String, String>,
 ) -> Result<Vec<PathBuf>, ExpectedError> {
-    if let Some(socket) = &args.socket {
+    runtime_sockets(&args.manifests, args.socket.as_ref(), vars)
+}
+
+/// The broker sockets of `manifests` (or `socket`, or every running runtime), as `status`
+/// finds them; `scale` uses the same.
+pub(crate) fn runtime_sockets(
+    manifests: &[PathBuf],
+    socket: Option<&PathBuf>,
+    vars: &BTreeMap<String, String>,
+) -> Result<Vec<PathBuf>, ExpectedError> {
+    if let Some(socket) = socket {
         return Ok(vec![socket.clone()]);
     }
     let registry_dir = crate::runtime::registry::dir(vars);
@@ -78,7 +88,7 @@ fn sockets_of(
         }
         Err(e) => Err(e),
     };
-    if args.manifests.is_empty() {
+    if manifests.is_empty() {
         let running = running.map_err(|e| ExpectedError::Config(vec![e.to_string()]))?;
         let sockets: Vec<PathBuf> = running
             .into_iter()
@@ -98,9 +108,9 @@ fn sockets_of(
         eprintln!("warning: {e}");
         Vec::new()
     });
-    let several = args.manifests.len() > 1;
+    let several = manifests.len() > 1;
     let mut sockets = Vec::new();
-    for path in &args.manifests {
+    for path in manifests {
         let manifest = Manifest::load(path)?;
         let name = &manifest.task.name;
         let root = crate::start::workspace_root_of(name, vars, several);
@@ -403,7 +413,7 @@ pub(crate) fn staging_table(left: &[Value]) -> String {
 }
 
 /// One call to the broker at `socket`: connect, then `call` on the channel, each within 5 s.
-fn call_broker<T, Fut>(
+pub(crate) fn call_broker<T, Fut>(
     socket: &std::path::Path,
     runtime: &tokio::runtime::Runtime,
     call: impl FnOnce(tonic::transport::Channel) -> Fut,
