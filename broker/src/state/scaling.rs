@@ -2,11 +2,11 @@
 //! wait, slots retired after `PERAGO_SCALE_DOWN_AFTER` of idleness; and memory admission
 //! (`PERAGO_MIN_FREE_MEMORY`), which withholds polls and new slots.
 
+use super::machine::Slot;
 use super::{
     Effect,
     machine::{Machine, Work, stop_message},
 };
-use super::machine::Slot;
 use perago_core::{capacity::PERAGO_MIN_FREE_MEMORY, identity::MAX_SLOT, memory::format_bytes};
 use std::time::{Duration, Instant};
 use tonic::Status;
@@ -218,9 +218,7 @@ impl Machine {
         }
         let added = self.fill_wanted();
         let relaxed = std::sync::atomic::Ordering::Relaxed;
-        self.gauges
-            .slots
-            .store(self.slots.len() as u64, relaxed);
+        self.gauges.slots.store(self.slots.len() as u64, relaxed);
         self.publish_wanted();
         tracing::info!(
             from = %format_range(before), to = %format_range((min, max)), retired = ?retired, added = ?added,
