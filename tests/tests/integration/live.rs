@@ -127,6 +127,12 @@ async fn scale_up_and_down_under_load_loses_and_fails_nothing() {
         root.join("run/broker.sock").to_str().unwrap(),
     ]));
     assert!(table.stdout.contains("retired"), "{table:?}");
+    assert!(
+        table
+            .stdout
+            .contains("executors 1 (scaled down: the slots above it are retired)"),
+        "{table:?}"
+    );
     let log = sup.log_text();
     assert!(!log.contains("slot restart scheduled"), "{log}");
 
