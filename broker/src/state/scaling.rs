@@ -232,23 +232,21 @@ impl Machine {
     /// next input). Returns the slots made wanted.
     pub(super) fn fill_wanted(&mut self) -> Vec<u32> {
         let (min, max) = (self.capacity.min_executors, self.capacity.max_executors);
-        let mut wanted = self.slots.iter().filter(|s| s.wanted).count() as u32;
-        let mut added = Vec::new();
+        let wanted = self.slots.iter().filter(|s| s.wanted).count() as u32;
         if wanted >= min || self.draining {
-            return added;
+            return Vec::new();
         }
+        let missing = (min - wanted) as usize;
+        let mut added = Vec::new();
         for slot in self
             .slots
             .iter_mut()
             .filter(|s| !s.wanted && !s.attached && s.number <= max)
+            .take(missing)
         {
-            if wanted >= min {
-                break;
-            }
             slot.wanted = true;
             slot.idle_since = None;
             added.push(slot.number);
-            wanted += 1;
         }
         if !added.is_empty() {
             self.publish_wanted();

@@ -128,10 +128,9 @@ impl Machine {
             }
         }
         for s in &seen.slots {
-            if !self.slots.contains_key(&s.slot) {
+            if let std::collections::btree_map::Entry::Vacant(place) = self.slots.entry(s.slot) {
                 tracing::info!(slot = s.slot, worker_id = %s.worker_id, "a slot was added (Admin.Scale)");
-                self.slots
-                    .insert(s.slot, Self::slot_proc(s.worker_id.clone(), now));
+                place.insert(Self::slot_proc(s.worker_id.clone(), now));
             }
         }
     }
