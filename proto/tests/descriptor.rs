@@ -129,6 +129,11 @@ fn the_admin_service_has_its_methods_with_comments() {
                 ".perago.admin.v1.WatchRequest",
                 ".perago.admin.v1.StatusResponse"
             ),
+            (
+                "Scale",
+                ".perago.admin.v1.ScaleRequest",
+                ".perago.admin.v1.ScaleResponse"
+            ),
         ]
     );
     // Watch is the one stream: the broker pushes, the request is one message.
@@ -144,6 +149,7 @@ fn the_admin_service_has_its_methods_with_comments() {
             ("Drain", false, false),
             ("Metrics", false, false),
             ("Watch", false, true),
+            ("Scale", false, false),
         ]
     );
     // 6 = service, 2 = method (descriptor.proto field numbers).
