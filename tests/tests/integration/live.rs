@@ -38,7 +38,7 @@ async fn scale_up_and_down_under_load_loses_and_fails_nothing() {
     let task = TaskFixture::new("live.scale", SHORT, "");
     conductor.register(&task).await;
     let mut ids = Vec::new();
-    for n in 0..40 {
+    for n in 0..60 {
         ids.push(conductor.start_workflow(&task, json!({"n": n})).await);
     }
     let mut sup = SupervisorProc::start(&task, &conductor, 2, &[]);
@@ -106,7 +106,7 @@ async fn scale_up_and_down_under_load_loses_and_fails_nothing() {
     })
     .await;
     let counters = end.counters.unwrap();
-    assert_eq!(counters.completed, 40);
+    assert_eq!(counters.completed, 60);
     assert_eq!(
         (
             counters.failed,
