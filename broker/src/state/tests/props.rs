@@ -1,7 +1,8 @@
 //! Property tests: random sequences of inputs (polls returning none, some or too many tasks,
 //! starts, attaches, completions, exits, update answers, crash-history answers, queue
-//! depths, lost leases, ticks, live scales, drains), fed to the machine through a small world that plays
-//! the actor, the executors, the supervisor, the poller and Conductor as the effects say.
+//! depths, lost leases, ticks, live scales, drains), fed to the machine through a small world
+//! that plays the actor, the executors, the supervisor, the poller and Conductor as the effects
+//! say.
 //! After every step: never more than N tasks are held; no task ends twice (a report, a
 //! hand-back or, for a held task whose lease was lost, its drop); a drain that completes
 //! leaves nothing in flight. At the end a drain settles everything, and every task received
