@@ -67,6 +67,12 @@ pub(crate) enum Event {
     },
     /// Resume polling: answered with whether it was running already.
     Resume { reply: oneshot::Sender<bool> },
+    /// `Admin.Scale`: the executor range becomes `min..=max`.
+    Scale {
+        min: u32,
+        max: u32,
+        reply: oneshot::Sender<Result<(u32, u32), Status>>,
+    },
     /// A status snapshot.
     Status {
         reply: oneshot::Sender<admin::StatusResponse>,
@@ -341,6 +347,18 @@ impl Actor {
                 let out = self.machine.handle(Input::Resume, now());
                 if let Reply::Resume(already) = out.reply {
                     let _ = reply.send(already);
+                }
+                self.perform(out.effects);
+            }
+            Event::Scale { min, max, reply } => {
+                let out = self.machine.handle(Input::Scale { min, max }, now());
+                // Added slots get a connection place each.
+                let slots = self.machine.slot_count();
+                if self.conns.len() < slots {
+                    self.conns.resize_with(slots, || None);
+                }
+                if let Reply::Scale(answer) = out.reply {
+                    let _ = reply.send(answer);
                 }
                 self.perform(out.effects);
             }

@@ -378,6 +378,22 @@ impl Admin for AdminService {
         Ok(Response::new(admin::ResumeResponse { already_running }))
     }
 
+    async fn scale(
+        &self,
+        request: Request<admin::ScaleRequest>,
+    ) -> Result<Response<admin::ScaleResponse>, Status> {
+        let admin::ScaleRequest {
+            min_executors: min,
+            max_executors: max,
+        } = request.into_inner();
+        let (previous_min_executors, previous_max_executors) =
+            ask(&self.events, |reply| Event::Scale { min, max, reply }).await??;
+        Ok(Response::new(admin::ScaleResponse {
+            previous_min_executors,
+            previous_max_executors,
+        }))
+    }
+
     async fn metrics(
         &self,
         _request: Request<admin::MetricsRequest>,

@@ -139,6 +139,11 @@ fn the_admin_service_has_its_methods_with_comments() {
                 ".perago.admin.v1.ResumeRequest",
                 ".perago.admin.v1.ResumeResponse"
             ),
+            (
+                "Scale",
+                ".perago.admin.v1.ScaleRequest",
+                ".perago.admin.v1.ScaleResponse"
+            ),
         ]
     );
     // Watch is the one stream: the broker pushes, the request is one message.
@@ -156,6 +161,7 @@ fn the_admin_service_has_its_methods_with_comments() {
             ("Watch", false, true),
             ("Pause", false, false),
             ("Resume", false, false),
+            ("Scale", false, false),
         ]
     );
     // 6 = service, 2 = method (descriptor.proto field numbers).

@@ -41,12 +41,30 @@ pub enum Command {
     Pause(PauseArgs),
     /// Resume polling of paused runtimes.
     Resume(PauseArgs),
+    /// Change a running runtime's executor count live (`-j N` or `-j MIN..MAX`): slots and
+    /// worker ids stay; a retired executor finishes its current task first.
+    Scale(ScaleArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(CompletionsArgs),
     /// Try a task with nothing to install: an embedded development Conductor, one workflow per
     /// --input, the runtime, and each result printed as it completes.
     #[cfg(feature = "dev")]
     Dev(DevArgs),
+}
+
+/// `scale`.
+#[derive(Debug, Args)]
+#[deny(missing_docs)]
+pub struct ScaleArgs {
+    /// The task manifest whose runtime to scale (found as `status` finds it).
+    #[arg(value_name = "MANIFEST", required_unless_present = "socket")]
+    pub manifest: Option<PathBuf>,
+    /// The broker socket to ask instead.
+    #[arg(long, conflicts_with = "manifest")]
+    pub socket: Option<PathBuf>,
+    /// The executor count from now on: N, or an adaptive range MIN..MAX (as `start -j`).
+    #[arg(short = 'j', long = "jobs", value_name = "N|MIN..MAX", required = true)]
+    pub jobs: String,
 }
 
 /// `check`.

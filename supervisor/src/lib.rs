@@ -16,6 +16,7 @@ mod out;
 mod pause;
 mod plan;
 mod runtime;
+mod scale;
 mod start;
 mod status;
 
@@ -114,6 +115,7 @@ fn dispatch(cli: Cli, vars: &BTreeMap<String, String>) -> Result<(), ExpectedErr
         Command::Status(args) => status::status(&args, vars)?,
         Command::Pause(args) => pause::pause(&args, vars)?,
         Command::Resume(args) => pause::resume(&args, vars)?,
+        Command::Scale(args) => scale::scale(&args, vars)?,
         Command::Completions(_) => unreachable!("handled before dispatch"),
     }
     Ok(())

@@ -375,6 +375,14 @@ pub(crate) fn to_table(status: &StatusResponse) -> String {
     }
     if let Some(c) = &status.capacity {
         out.push_str(&capacity_table(c));
+        // `scale` lowered a fixed count: the table lists more slots than run.
+        if c.min_executors == c.max_executors && status.slots.len() > c.max_executors as usize {
+            let _ = writeln!(
+                out,
+                "executors {} (scaled down: the slots above it are retired)",
+                c.max_executors
+            );
+        }
     }
     out
 }

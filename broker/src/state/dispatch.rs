@@ -72,6 +72,8 @@ impl Machine {
         let Some(slot) = self.slot_mut(number) else {
             return;
         };
+        // A slot retired by `Admin.Scale` while busy takes no next task: it stops now.
+        let v2 = v2 && slot.wanted;
         let matches = slot.generation == generation
             && matches!(&slot.work, Work::Busy(run)
                 if run.execution_id == completion.execution_id

@@ -72,6 +72,8 @@ pub(crate) enum Input {
     Resume,
     /// A status snapshot. Answer: [`Reply::Status`].
     Status,
+    /// `Admin.Scale`: the executor count becomes `min..=max` live. Answer: [`Reply::Scale`].
+    Scale { min: u32, max: u32 },
     /// Available memory was measured (only with `PERAGO_MIN_FREE_MEMORY`): admission opens
     /// or closes.
     Memory { available: u64 },
@@ -125,6 +127,8 @@ pub(crate) enum Reply {
     Resume(bool),
     /// The status snapshot.
     Status(Box<admin::StatusResponse>),
+    /// The range before the scale, or why it was refused.
+    Scale(Result<(u32, u32), Status>),
 }
 
 /// A result update to deliver.

@@ -66,6 +66,28 @@ pub(super) struct Slot {
 }
 
 impl Slot {
+    /// Slot `n`, never started yet.
+    pub(super) fn new(prefix: &WorkerPrefix, n: u32, wanted: bool) -> Self {
+        Self {
+            number: n,
+            worker_id: prefix.worker_id(SlotNumber::new(u64::from(n)).expect("1..=MAX_SLOT")),
+            generation: 0,
+            token: String::new(),
+            pid: 0,
+            attached: false,
+            body_at_dispatch: false,
+            work: Work::Idle,
+            stopping: false,
+            recycled: false,
+            exited: false,
+            wanted,
+            idle_since: None,
+            heard: false,
+            last_heard: None,
+            stalled: false,
+        }
+    }
+
     pub(super) fn free(&self) -> bool {
         self.attached && matches!(self.work, Work::Idle) && !self.stopping && self.wanted
     }
@@ -124,6 +146,8 @@ pub(crate) struct Machine {
     /// set, no poll is granted: a confirming read of 0 drains with no poll in flight.
     pub(super) quiet_after: Option<u64>,
     pub(super) broker_id: String,
+    /// The runtime's worker-id prefix: the ids of slots added by `Admin.Scale`.
+    pub(super) prefix: WorkerPrefix,
     pub(super) slots: Vec<Slot>,
     pub(super) held: VecDeque<Held>,
     pub(super) draining: bool,
@@ -199,24 +223,7 @@ impl Machine {
         gauges.admission_open.store(1, relaxed);
         gauges.paused.store(u64::from(capacity.paused), relaxed);
         let slots = (1..=slots)
-            .map(|n| Slot {
-                number: n,
-                worker_id: prefix.worker_id(SlotNumber::new(u64::from(n)).expect("1..=N")),
-                generation: 0,
-                token: String::new(),
-                pid: 0,
-                attached: false,
-                body_at_dispatch: false,
-                work: Work::Idle,
-                stopping: false,
-                recycled: false,
-                exited: false,
-                wanted: n <= capacity.min_executors,
-                idle_since: None,
-                heard: false,
-                last_heard: None,
-                stalled: false,
-            })
+            .map(|n| Slot::new(prefix, n, n <= capacity.min_executors))
             .collect();
         Self {
             task_name,
@@ -235,6 +242,7 @@ impl Machine {
             depth_read_pending: false,
             quiet_after: None,
             broker_id: prefix.broker_id(),
+            prefix: prefix.clone(),
             slots,
             held: VecDeque::new(),
             draining: false,
@@ -262,6 +270,11 @@ impl Machine {
     pub(crate) fn with_stall_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.stall_timeout = timeout;
         self
+    }
+
+    /// How many slots there are (the highest maximum the runtime has had).
+    pub(crate) fn slot_count(&self) -> usize {
+        self.slots.len()
     }
 
     /// The broker's own worker id (polls, hand-backs).
@@ -314,6 +327,7 @@ impl Machine {
         self.now = now;
         self.note_heard(&input);
         let reply = self.step(input);
+        self.stop_unwanted();
         self.run_held();
         self.settle_drain();
         self.grant_poll();
@@ -388,6 +402,7 @@ impl Machine {
             Input::Pause => return self.pause(),
             Input::Resume => return Reply::Resume(self.resume()),
             Input::Status => return Reply::Status(Box::new(self.status())),
+            Input::Scale { min, max } => return Reply::Scale(self.scale(min, max)),
             Input::Memory { available } => self.memory_measured(available),
             Input::QueueDepth { depth, now } => self.queue_depth_read(depth, now),
             Input::CrashHistory {

@@ -2,12 +2,14 @@
 //! wait, slots retired after `PERAGO_SCALE_DOWN_AFTER` of idleness; and memory admission
 //! (`PERAGO_MIN_FREE_MEMORY`), which withholds polls and new slots.
 
+use super::machine::Slot;
 use super::{
     Effect,
     machine::{Machine, Work, stop_message},
 };
-use perago_core::{capacity::PERAGO_MIN_FREE_MEMORY, memory::format_bytes};
+use perago_core::{capacity::PERAGO_MIN_FREE_MEMORY, identity::MAX_SLOT, memory::format_bytes};
 use std::time::{Duration, Instant};
+use tonic::Status;
 
 /// How often the queue depth is read (run once, adaptive executor count).
 pub(crate) const QUEUE_DEPTH_INTERVAL: Duration = Duration::from_secs(1);
@@ -85,8 +87,14 @@ impl Machine {
             return;
         }
         let mut added = Vec::new();
-        // A slot whose retired executor is still attached comes back once it has exited.
-        for slot in self.slots.iter_mut().filter(|s| !s.wanted && !s.attached) {
+        // A slot whose retired executor is still attached comes back once it has exited; a
+        // slot above the maximum (`Admin.Scale` lowered it) never does.
+        let max = self.capacity.max_executors;
+        for slot in self
+            .slots
+            .iter_mut()
+            .filter(|s| !s.wanted && !s.attached && s.number <= max)
+        {
             if add == 0 {
                 break;
             }
@@ -178,5 +186,110 @@ impl Machine {
         }
         self.admission_open = open;
         self.gauges.admission_open.store(u64::from(open), relaxed);
+    }
+
+    /// `Admin.Scale`: the executor count becomes `min..=max` live (`-j N` is `N..=N`). Slots
+    /// above the old maximum are added (their worker ids follow the same numbering); wanted
+    /// slots above the new maximum are retired, highest first, each draining its current
+    /// assignment before its executor is told to stop (`stop_unwanted`); the minimum is made
+    /// up at once from slots without an executor (`fill_wanted`). Answers the range before.
+    pub(super) fn scale(&mut self, min: u32, max: u32) -> Result<(u32, u32), Status> {
+        if min < 1 || min > max || max > MAX_SLOT {
+            return Err(Status::invalid_argument(format!(
+                "-j {min}..{max}: expected 1 <= MIN <= MAX <= {MAX_SLOT}"
+            )));
+        }
+        if self.draining {
+            return Err(Status::failed_precondition(
+                "the runtime is draining: its executor count no longer changes",
+            ));
+        }
+        let before = (self.capacity.min_executors, self.capacity.max_executors);
+        let have = self.slots.len() as u32;
+        for n in have + 1..=max {
+            self.slots.push(Slot::new(&self.prefix, n, false));
+        }
+        self.capacity.min_executors = min;
+        self.capacity.max_executors = max;
+        let mut retired = Vec::new();
+        for slot in self.slots.iter_mut().filter(|s| s.number > max && s.wanted) {
+            slot.wanted = false;
+            slot.idle_since = None;
+            retired.push(slot.number);
+            self.counters.scale_downs.inc();
+        }
+        let added = self.fill_wanted();
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        self.gauges.slots.store(self.slots.len() as u64, relaxed);
+        self.publish_wanted();
+        tracing::info!(
+            from = %format_range(before), to = %format_range((min, max)), retired = ?retired, added = ?added,
+            "scaled by Admin.Scale: retired slots finish their current assignment first"
+        );
+        Ok(before)
+    }
+
+    /// Wanted slots up to the minimum: slots without an executor attached, lowest first (a
+    /// slot whose retired executor is still attached comes back once it has exited, at the
+    /// next input). Returns the slots made wanted.
+    pub(super) fn fill_wanted(&mut self) -> Vec<u32> {
+        let (min, max) = (self.capacity.min_executors, self.capacity.max_executors);
+        let wanted = self.slots.iter().filter(|s| s.wanted).count() as u32;
+        if wanted >= min || self.draining {
+            return Vec::new();
+        }
+        let missing = (min - wanted) as usize;
+        let mut added = Vec::new();
+        for slot in self
+            .slots
+            .iter_mut()
+            .filter(|s| !s.wanted && !s.attached && s.number <= max)
+            .take(missing)
+        {
+            slot.wanted = true;
+            slot.idle_since = None;
+            added.push(slot.number);
+        }
+        if !added.is_empty() {
+            self.publish_wanted();
+        }
+        added
+    }
+
+    /// Every attached executor of a slot above the maximum (`Admin.Scale` lowered it) is told
+    /// to stop once it is idle (a busy one finishes its assignment first: its completion frees
+    /// the slot, through v1). Slots within the range are left to `scale_down`.
+    pub(super) fn stop_unwanted(&mut self) {
+        if self.draining {
+            return;
+        }
+        let max = self.capacity.max_executors;
+        let mut stop = Vec::new();
+        for slot in self.slots.iter_mut().filter(|s| s.number > max) {
+            if !slot.wanted && slot.attached && !slot.stopping && matches!(slot.work, Work::Idle) {
+                slot.stopping = true;
+                stop.push((slot.number, slot.generation));
+            }
+        }
+        for (number, generation) in stop {
+            self.send(number, generation, stop_message("scale down"));
+        }
+        self.fill_wanted();
+    }
+
+    fn publish_wanted(&self) {
+        let wanted = self.slots.iter().filter(|s| s.wanted).count() as u64;
+        self.gauges
+            .wanted_executors
+            .store(wanted, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// `N` or `MIN..MAX`, as `-j` takes it.
+fn format_range((min, max): (u32, u32)) -> String {
+    if min == max {
+        min.to_string()
+    } else {
+        format!("{min}..{max}")
     }
 }

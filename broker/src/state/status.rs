@@ -13,6 +13,8 @@ pub(crate) struct WatchView {
     paused: bool,
     admission_open: bool,
     wanted_executors: u64,
+    /// The executor range (`Admin.Scale` changes it).
+    range: (u32, u32),
     /// Per slot: state, generation, pid, recycling.
     slots: Vec<(admin::SlotState, u64, u32, bool)>,
 }
@@ -66,6 +68,11 @@ impl Machine {
             .load(std::sync::atomic::Ordering::Relaxed);
         if view.wanted_executors != wanted {
             view.wanted_executors = wanted;
+            changed = true;
+        }
+        let range = (self.capacity.min_executors, self.capacity.max_executors);
+        if view.range != range {
+            view.range = range;
             changed = true;
         }
         if view.slots.len() != self.slots.len() {

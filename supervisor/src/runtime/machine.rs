@@ -127,6 +127,9 @@ pub(crate) struct Machine {
     ready: bool,
     /// The broker's state stream ended cleanly (it drained and exits).
     broker_drained: bool,
+    /// `Admin.Scale` changed the executor range since the start: the slots the broker wants are
+    /// followed as an adaptive runtime's are, whatever `-j` the runtime started with.
+    scaled: bool,
 }
 
 impl Machine {
@@ -136,22 +139,7 @@ impl Machine {
             .worker_ids
             .iter()
             .zip(1..)
-            .map(|(worker_id, n)| {
-                let proc = SlotProc {
-                    worker_id: worker_id.clone(),
-                    generation: 0,
-                    announcing: None,
-                    child: None,
-                    started_at: now,
-                    restarts: 0,
-                    restart_at: None,
-                    force_killed: false,
-                    killed_by: proto::ExitCause::Unspecified,
-                    starting: None,
-                    exiting: None,
-                };
-                (n, proc)
-            })
+            .map(|(worker_id, n)| (n, Self::slot_proc(worker_id.clone(), now)))
             .collect();
         Self {
             gc_at: now + config.gc_interval,
@@ -174,6 +162,30 @@ impl Machine {
             watchdog_at: None,
             ready: false,
             broker_drained: false,
+            scaled: false,
+        }
+    }
+
+    /// Whether the broker decides which slots run (`-j MIN..MAX`, or a range changed live).
+    fn follows_broker(&self) -> bool {
+        self.config.capacity.adaptive() || self.scaled
+    }
+
+    /// A slot the broker has that this machine does not (`Admin.Scale` added it): a place for
+    /// its executor, under the worker id the broker gave it.
+    fn slot_proc(worker_id: String, now: Instant) -> SlotProc {
+        SlotProc {
+            worker_id,
+            generation: 0,
+            announcing: None,
+            child: None,
+            started_at: now,
+            restarts: 0,
+            restart_at: None,
+            force_killed: false,
+            killed_by: proto::ExitCause::Unspecified,
+            starting: None,
+            exiting: None,
         }
     }
 

@@ -629,3 +629,77 @@ fn stale_exits_are_ignored_and_nothing_starts_without_a_broker() {
 
 #[path = "machine_drain_tests.rs"]
 mod drain;
+
+/// A state whose capacity reads `min..=max` (what `Admin.Scale` set).
+fn scaled(slots: &[Seen], min: u32, max: u32) -> admin::StatusResponse {
+    let mut s = state(slots, false);
+    s.capacity = Some(admin::Capacity {
+        min_executors: min,
+        max_executors: max,
+        ..Default::default()
+    });
+    for slot in &mut s.slots {
+        slot.worker_id = format!("w{:04}", slot.slot);
+    }
+    s
+}
+
+/// `Admin.Scale` (issue #26 item 4): a fixed runtime whose range was changed follows the slots
+/// the broker wants as an adaptive one does: slots the broker added start under the worker id
+/// it gave them, and a slot it retired stays empty after its executor leaves.
+#[test]
+fn a_scaled_fixed_runtime_follows_the_slots_the_broker_wants() {
+    let mut rig = Rig::running(config(2, 2));
+    let up = scaled(
+        &[
+            (1, Idle, 1, false),
+            (2, Idle, 1, false),
+            (3, Waiting, 0, false),
+            (4, Waiting, 0, false),
+        ],
+        4,
+        4,
+    );
+    let out = rig.go(Input::BrokerState(up.clone()));
+    let starts: Vec<_> = out
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Announce {
+                slot, generation, ..
+            } => Some((*slot, *generation)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(starts, [(3, 1), (4, 1)], "{out:?}");
+    for slot in [3, 4] {
+        let out = rig.go(Input::Announced {
+            slot,
+            generation: 1,
+            result: Ok(()),
+        });
+        assert!(
+            matches!(out.as_slice(), [Effect::Spawn { slot: s, worker_id, .. }] if *s == slot && *worker_id == format!("w{slot:04}")),
+            "{out:?}"
+        );
+        rig.go(Input::Spawned {
+            slot,
+            generation: 1,
+            result: Ok(Child::Process(Rig::pid(slot, 1))),
+        });
+    }
+    assert_eq!(rig.go(Input::BrokerState(up)), [], "all started");
+    // Scaled down to 1: slot 4 finishes its task, leaves, and stays empty (no backoff, no
+    // restart), at once or later.
+    rig.exit(4, 1, code(0));
+    let out = rig.handled(4, 1, Some(scaled(&[(4, Retired, 1, false)], 1, 1)));
+    assert_eq!(out, []);
+    assert_eq!(rig.m.slot(4), (1, 0, None));
+    rig.after(secs(30));
+    assert_eq!(
+        rig.go(Input::BrokerState(scaled(&[(4, Retired, 1, false)], 1, 1))),
+        []
+    );
+    // Wanted again: it starts at its next generation.
+    let out = rig.go(Input::BrokerState(scaled(&[(4, Exited, 1, false)], 4, 4)));
+    assert_eq!(announced(&out), Some((4, 2)));
+}

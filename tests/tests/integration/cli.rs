@@ -26,6 +26,7 @@ fn help_texts() {
         &["start", "--help"],
         &["dev", "--help"],
         &["status", "--help"],
+        &["scale", "--help"],
     ] {
         let out = run(args);
         out.expect_code(0);

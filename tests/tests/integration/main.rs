@@ -20,6 +20,7 @@ mod hostile_tasks;
 mod journal;
 mod jsonl_faults;
 mod lakefs_refs;
+mod live;
 mod log_root;
 mod metrics;
 mod multi_task;

@@ -91,13 +91,17 @@ async fn grpcurl_lists_describes_and_calls_the_broker() {
     }
     let describe = grpc(&[sock, "describe", "perago.admin.v1.Admin"]);
     describe.expect_code(0);
-    for method in ["rpc Status", "rpc Drain", "rpc Metrics"] {
+    for method in ["rpc Status", "rpc Drain", "rpc Metrics", "rpc Scale"] {
         assert!(describe.stdout.contains(method), "{method}: {describe}");
     }
     assert!(
         describe
             .stdout
             .contains("Every slot, the broker's counters"),
+        "comments: {describe}"
+    );
+    assert!(
+        describe.stdout.contains("Change the executor count live"),
         "comments: {describe}"
     );
 
@@ -176,6 +180,31 @@ async fn grpcurl_lists_describes_and_calls_the_broker() {
     assert!(
         health.stdout.contains("SERVING") && !health.stdout.contains("NOT_SERVING"),
         "{health}"
+    );
+    // Admin.Scale (issue #26 item 4): the range changes, and a bad one is refused naming -j.
+    let scale = grpc(&[
+        "-d",
+        r#"{"min_executors": 1, "max_executors": 3}"#,
+        sock,
+        "perago.admin.v1.Admin/Scale",
+    ]);
+    scale.expect_code(0);
+    let body: serde_json::Value = serde_json::from_str(&scale.stdout).unwrap();
+    assert_eq!(
+        (&body["previousMinExecutors"], &body["previousMaxExecutors"]),
+        (&serde_json::json!(2), &serde_json::json!(2)),
+        "{scale}"
+    );
+    let bad = grpc(&[
+        "-d",
+        r#"{"min_executors": 3, "max_executors": 1}"#,
+        sock,
+        "perago.admin.v1.Admin/Scale",
+    ]);
+    assert_ne!(bad.code, Some(0), "{bad}");
+    assert!(
+        bad.stderr.contains("InvalidArgument") && bad.stderr.contains("-j 3..1"),
+        "{bad}"
     );
 }
 

@@ -140,6 +140,13 @@ impl perago_proto::admin::v1::admin_server::Admin for HostileBroker {
         Err(tonic::Status::unimplemented("not here"))
     }
 
+    async fn scale(
+        &self,
+        _: tonic::Request<perago_proto::admin::v1::ScaleRequest>,
+    ) -> Result<tonic::Response<perago_proto::admin::v1::ScaleResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not here"))
+    }
+
     async fn metrics(
         &self,
         _: tonic::Request<perago_proto::admin::v1::MetricsRequest>,

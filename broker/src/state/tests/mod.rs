@@ -516,5 +516,6 @@ mod once;
 mod pause;
 mod poison;
 mod props;
+mod scale;
 mod scaling;
 mod slots;

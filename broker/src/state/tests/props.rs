@@ -1,7 +1,8 @@
 //! Property tests: random sequences of inputs (polls returning none, some or too many tasks,
 //! starts, attaches, completions, exits, update answers, crash-history answers, queue
-//! depths, lost leases, ticks, drains), fed to the machine through a small world that plays
-//! the actor, the executors, the supervisor, the poller and Conductor as the effects say.
+//! depths, lost leases, ticks, live scales, drains), fed to the machine through a small world
+//! that plays the actor, the executors, the supervisor, the poller and Conductor as the effects
+//! say.
 //! After every step: never more than N tasks are held; no task ends twice (a report, a
 //! hand-back or, for a held task whose lease was lost, its drop); a drain that completes
 //! leaves nothing in flight. At the end a drain settles everything, and every task received
@@ -43,6 +44,9 @@ enum Step {
     Tick(u16),
     /// Polling is paused (true) or resumed (false).
     Pause(bool),
+    /// `Admin.Scale` within the slots the runtime has (the range's minimum and width, each
+    /// taken modulo what fits): retired slots drain their task first.
+    Scale(u8, u8),
     /// A drain starts.
     Drain,
 }
@@ -62,6 +66,7 @@ fn step() -> impl Strategy<Value = Step> {
         4 => any::<u8>().prop_map(Step::LeaseLost),
         8 => (0u16..4000).prop_map(Step::Tick),
         3 => any::<bool>().prop_map(Step::Pause),
+        3 => (any::<u8>(), any::<u8>()).prop_map(|(a, b)| Step::Scale(a, b)),
         1 => Just(Step::Drain),
     ]
 }
@@ -538,6 +543,17 @@ impl World {
             }
             Step::Pause(false) => {
                 self.feed(Input::Resume);
+            }
+            Step::Scale(a, b) => {
+                let n = self.slots as u32;
+                let min = 1 + u32::from(a) % n;
+                let max = min + u32::from(b) % (n - min + 1);
+                let reply = self.feed(Input::Scale { min, max });
+                let draining = self.h.m.draining();
+                assert!(
+                    matches!(reply, Reply::Scale(Ok(_))) != draining,
+                    "{min}..{max}, draining {draining}: {reply:?}"
+                );
             }
             Step::Drain => {
                 self.feed(Input::Drain);

@@ -29,6 +29,7 @@ impl Machine {
                 self.set_draining(now);
             }
         } else {
+            self.follow_scale(seen, now);
             // The state is the broker's latest (it pushes each change): a slot it retired
             // since is not in it as wanted.
             for slot in self.slots_to_start(seen) {
@@ -110,11 +111,35 @@ impl Machine {
         });
     }
 
+    /// `Admin.Scale`: a range other than the one the runtime started with makes the machine
+    /// follow the slots the broker wants, and a slot the broker added gets a place here.
+    fn follow_scale(&mut self, seen: &admin::StatusResponse, now: Instant) {
+        if let Some(c) = &seen.capacity {
+            let start = &self.config.capacity;
+            if !self.scaled
+                && (c.min_executors, c.max_executors) != (start.min_executors, start.max_executors)
+            {
+                tracing::info!(
+                    min = c.min_executors,
+                    max = c.max_executors,
+                    "the executor range was changed (Admin.Scale): following the slots the broker wants"
+                );
+                self.scaled = true;
+            }
+        }
+        for s in &seen.slots {
+            if let std::collections::btree_map::Entry::Vacant(place) = self.slots.entry(s.slot) {
+                tracing::info!(slot = s.slot, worker_id = %s.worker_id, "a slot was added (Admin.Scale)");
+                place.insert(Self::slot_proc(s.worker_id.clone(), now));
+            }
+        }
+    }
+
     /// The slots the broker wants run (`-j MIN..MAX`) that have no executor here, none
     /// starting (or still to start with the runtime), none exiting and no restart pending, as of `status` (a slot whose generation
     /// moved since is not one).
     pub(super) fn slots_to_start(&self, status: &admin::StatusResponse) -> Vec<u32> {
-        if !self.config.capacity.adaptive() || self.draining || status.draining {
+        if !self.follows_broker() || self.draining || status.draining {
             return Vec::new();
         }
         status

@@ -107,7 +107,7 @@ impl Machine {
             self.set_draining(now);
         }
         let (pid, status) = (exit.pid, &exit.status);
-        if !self.draining && self.config.capacity.adaptive() && seen.retired {
+        if !self.draining && self.follows_broker() && seen.retired {
             tracing::info!(worker_id = %worker_id, pid, generation, status = %status, "executor retired (scale down): its slot stays empty until the broker wants it again");
             self.slots.get_mut(&slot).expect("checked above").restarts = 0;
             return;
