@@ -126,6 +126,10 @@ impl Machine {
             broker_pid: std::process::id(),
             started_at_unix_ms: unix_ms(self.started_at),
             capacity: Some(self.capacity_status()),
+            domain: self
+                .domain
+                .as_ref()
+                .map_or_else(String::new, ToString::to_string),
         }
     }
 
