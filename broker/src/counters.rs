@@ -412,6 +412,26 @@ mod tests {
         ))
     }
 
+    /// Issue #26, item 1: the domain polled in is a label of `perago_runtime_info`.
+    #[test]
+    fn the_runtime_info_carries_the_domain() {
+        let blue = perago_core::conductor::Domain::parse("blue").unwrap();
+        let text = prometheus(&registry(
+            "features.build",
+            Some(&blue),
+            &Arc::default(),
+            &Arc::default(),
+        ));
+        assert!(
+            text.contains("perago_runtime_info{task=\"features.build\",domain=\"blue\"} 1"),
+            "{text}"
+        );
+        assert!(
+            scrape(Counters::default(), Gauges::default())
+                .contains("perago_runtime_info{task=\"features.build\",domain=\"\"} 1")
+        );
+    }
+
     #[test]
     fn exposition_has_every_family_and_a_consistent_histogram() {
         let c = Counters::default();
