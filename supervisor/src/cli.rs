@@ -107,7 +107,8 @@ pub struct StartArgs {
     /// Poll every task type in the Conductor task domain DOMAIN: the runtime takes only the
     /// tasks workflows route to it (`taskToDomain`), from the queue DOMAIN:type. `NAME=DOMAIN`
     /// (repeatable) sets the task type NAME's own, and wins over the form for every type.
-    /// Letters, digits, `_`, `-` and `.`. Default: no domain (the type's default queue).
+    /// Letters, digits, `_`, `-` and `.`. Also PERAGO_DOMAIN (for every type). Default: no
+    /// domain (the type's default queue).
     #[arg(long, value_name = "[NAME=]DOMAIN")]
     pub domain: Vec<String>,
 }

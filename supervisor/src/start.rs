@@ -156,7 +156,16 @@ pub(crate) fn resolve_args(
     vars: &BTreeMap<String, String>,
 ) -> Result<StartPlan, ExpectedError> {
     let (every, named) = split_jobs(&args.jobs)?;
-    let (domain, named_domains) = split_domains(&args.domain)?;
+    let (mut domain, named_domains) = split_domains(&args.domain)?;
+    // `PERAGO_DOMAIN` is the every-type form's variable; the flag wins.
+    if domain.is_none()
+        && let Some(value) = vars.get(env::PERAGO_DOMAIN).filter(|v| !v.is_empty())
+    {
+        domain =
+            Some(Domain::parse(value).map_err(|e| {
+                ExpectedError::Config(vec![format!("{}: {e}", env::PERAGO_DOMAIN)])
+            })?);
+    }
     parse_jobs(&every).map_err(|e| ExpectedError::Usage(e.to_string()))?;
     for (_, jobs) in &named {
         parse_jobs(jobs).map_err(|e| ExpectedError::Usage(e.to_string()))?;
@@ -772,6 +781,18 @@ mod tests {
             assert_eq!(err.to_string(), message, "{domains:?}");
             assert_eq!(err.process_exit_code(), 2, "{domains:?}");
         }
+        // PERAGO_DOMAIN is the form for every type; the flag wins, a bad value is named.
+        let mut a = args(1, None);
+        let plan = resolve_args(&a, &vars(&[("PERAGO_DOMAIN", "red")])).unwrap();
+        assert_eq!(domain(&plan, "a").as_deref(), Some("red"));
+        a.domain = vec!["blue".to_owned()];
+        let plan = resolve_args(&a, &vars(&[("PERAGO_DOMAIN", "red")])).unwrap();
+        assert_eq!(domain(&plan, "a").as_deref(), Some("blue"));
+        let err = resolve_args(&args(1, None), &vars(&[("PERAGO_DOMAIN", "a,b")])).unwrap_err();
+        assert!(
+            err.to_string().contains("PERAGO_DOMAIN: domain \"a,b\""),
+            "{err}"
+        );
         let err = with(&["a:b"]).unwrap_err().to_string();
         assert!(
             err.starts_with("--domain a:b: domain \"a:b\": only ASCII"),
