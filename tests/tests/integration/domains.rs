@@ -176,3 +176,33 @@ fn a_bad_domain_is_refused_naming_the_flag() {
         assert!(stderr.contains(message), "{value:?}: {stderr}");
     }
 }
+
+/// The adaptive executor count reads the domain's queue: a backlog routed to blue grows a
+/// `--domain blue -j 1..3` runtime (the default queue, empty, would keep it at 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_in_the_domain_grows_the_executors() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("dom.scale", "read params\nsleep 1\necho '{}'\n", "");
+    conductor.register(&task).await;
+    start_in_domain(&conductor, &task, &json!({"dom.scale": "blue"}), 20);
+    let sup = SupervisorProc::start_args(
+        &task,
+        &conductor,
+        "1..3",
+        &["--domain", "blue"],
+        &[],
+        None,
+        None,
+    );
+    let root = sup.workspace_root();
+    eventually(
+        "three executors wanted",
+        Duration::from_secs(15),
+        || async {
+            let s = crate::adaptive::status(&root).await?;
+            let c = s.capacity.as_ref()?;
+            (c.wanted_executors == 3 && s.domain == "blue").then_some(())
+        },
+    )
+    .await;
+}
