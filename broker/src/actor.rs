@@ -104,7 +104,11 @@ pub(crate) struct Actor {
     drained: Option<oneshot::Sender<()>>,
     /// Where queue depths are read (run once, adaptive executor count): the client and the
     /// task type.
-    queue: Option<(ConductorClient, String)>,
+    queue: Option<(
+        ConductorClient,
+        String,
+        Option<perago_core::conductor::Domain>,
+    )>,
     /// What the gRPC health service says (`None` when not served): SERVING while the broker
     /// takes work, NOT_SERVING while paused and from the start of a drain. A task follows it
     /// (see [`Actor::with_health`]).
@@ -217,8 +221,13 @@ impl Actor {
     }
 
     /// Reads queue depths of `task_type` through `client` when the machine asks.
-    pub(crate) fn with_queue_depth(mut self, client: ConductorClient, task_type: String) -> Self {
-        self.queue = Some((client, task_type));
+    pub(crate) fn with_queue_depth(
+        mut self,
+        client: ConductorClient,
+        task_type: String,
+        domain: Option<perago_core::conductor::Domain>,
+    ) -> Self {
+        self.queue = Some((client, task_type, domain));
         self
     }
 
@@ -542,7 +551,7 @@ impl Actor {
                 task_id,
                 path,
             } => {
-                let Some((client, _)) = self.queue.clone() else {
+                let Some((client, ..)) = self.queue.clone() else {
                     return Some(Input::PayloadFetched {
                         execution_id,
                         input: Err(InputFailure {
@@ -568,7 +577,7 @@ impl Actor {
                 );
             }
             Effect::ReadCrashHistory(read) => {
-                if let Some((client, _)) = self.queue.clone() {
+                if let Some((client, ..)) = self.queue.clone() {
                     let events = self.events.clone();
                     let span = self.span_of(&read.execution_id, &read.task_id);
                     tokio::spawn(
@@ -628,12 +637,14 @@ impl Actor {
                 }
             },
             Effect::ReadQueueDepth { after } => {
-                if let Some((client, task_type)) = self.queue.clone() {
+                if let Some((client, task_type, domain)) = self.queue.clone() {
                     let events = self.events.clone();
                     let failing = std::sync::Arc::clone(&self.depth_failing);
                     tokio::spawn(async move {
                         tokio::time::sleep(after).await;
-                        let depth = crate::depth::read(&client, &task_type, &failing).await;
+                        let depth =
+                            crate::depth::read(&client, &task_type, domain.as_ref(), &failing)
+                                .await;
                         let now = std::time::Instant::now();
                         let _ = events
                             .send(Event::Slot(Input::QueueDepth { depth, now }))

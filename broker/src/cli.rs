@@ -62,6 +62,9 @@ pub enum ConfigError {
     /// `PERAGO_STALL_TIMEOUT` is not a duration or `off`.
     #[error(transparent)]
     StallTimeout(#[from] perago_core::liveness::StallTimeoutError),
+    /// `PERAGO_DOMAIN` is not a domain.
+    #[error("PERAGO_DOMAIN: {0}")]
+    Domain(perago_core::conductor::DomainError),
     /// `PERAGO_READY_FD` is not a descriptor number.
     #[error("{} must be a descriptor number", env::PERAGO_READY_FD)]
     ReadyFd {
@@ -112,6 +115,10 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
         lookup(perago_core::liveness::PERAGO_STALL_TIMEOUT).as_deref(),
     )?;
     let workspace_root = var(PERAGO_WORKSPACE_ROOT).map(PathBuf::from);
+    let domain = match var(env::PERAGO_DOMAIN) {
+        None => None,
+        Some(d) => Some(perago_core::conductor::Domain::parse(&d).map_err(ConfigError::Domain)?),
+    };
     let ready_fd = match var(env::PERAGO_READY_FD) {
         None => None,
         Some(fd) => Some(
@@ -130,6 +137,7 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
         control_token,
         control_pid,
         poll_wait,
+        domain,
         metrics_addr,
         stall_timeout,
         workspace_root,
@@ -263,6 +271,21 @@ mod tests {
             Some(7)
         );
         assert_eq!(config(&[]).unwrap().ready_fd, None);
+        let domain = config(&[(env::PERAGO_DOMAIN, "a:b")]).unwrap_err();
+        assert!(
+            domain
+                .to_string()
+                .starts_with("PERAGO_DOMAIN: domain \"a:b\": only ASCII"),
+            "{domain}"
+        );
+        assert_eq!(
+            config(&[(env::PERAGO_DOMAIN, "blue")])
+                .unwrap()
+                .domain
+                .map(|d| d.to_string()),
+            Some("blue".to_owned())
+        );
+        assert_eq!(config(&[]).unwrap().domain, None);
         assert_eq!(
             config(&[]).unwrap().stall_timeout,
             Some(perago_core::liveness::DEFAULT_STALL_TIMEOUT)

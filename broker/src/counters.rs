@@ -6,7 +6,7 @@ use prometheus_client::{
     encoding::{DescriptorEncoder, EncodeMetric as _},
     metrics::{
         MetricType, counter::ConstCounter, counter::Counter as PromCounter, family::Family,
-        gauge::ConstGauge, histogram::Histogram,
+        gauge::ConstGauge, gauge::Gauge, histogram::Histogram,
     },
     registry::Registry,
 };
@@ -330,10 +330,27 @@ impl Collector for SdkCollector {
 }
 
 /// The registry `/metrics` serves: the `perago_*` families labelled `task`, and the Conductor
-/// SDKs' canonical families labelled `taskType`.
-pub(crate) fn registry(task: &str, counters: &Arc<Counters>, gauges: &Arc<Gauges>) -> Registry {
+/// SDKs' canonical families labelled `taskType`; `perago_runtime_info` (always 1) carries the
+/// runtime's settings as labels: `domain` (empty: the default queue).
+pub(crate) fn registry(
+    task: &str,
+    domain: Option<&perago_core::conductor::Domain>,
+    counters: &Arc<Counters>,
+    gauges: &Arc<Gauges>,
+) -> Registry {
     let mut root = Registry::default();
     let perago = root.sub_registry_with_label(("task".into(), task.to_owned().into()));
+    let info = Family::<Vec<(String, String)>, Gauge>::default();
+    info.get_or_create(&vec![(
+        "domain".to_owned(),
+        domain.map_or_else(String::new, ToString::to_string),
+    )])
+    .set(1);
+    perago.register(
+        "perago_runtime_info",
+        "The runtime's settings, as labels (domain: the task domain polled in; empty for none); always 1",
+        info,
+    );
     perago.register_collector(Box::new(PeragoCollector(
         Arc::clone(counters),
         Arc::clone(gauges),
@@ -395,7 +412,32 @@ mod tests {
     use super::*;
 
     fn scrape(c: Counters, g: Gauges) -> String {
-        prometheus(&registry("features.build", &Arc::new(c), &Arc::new(g)))
+        prometheus(&registry(
+            "features.build",
+            None,
+            &Arc::new(c),
+            &Arc::new(g),
+        ))
+    }
+
+    /// Issue #26, item 1: the domain polled in is a label of `perago_runtime_info`.
+    #[test]
+    fn the_runtime_info_carries_the_domain() {
+        let blue = perago_core::conductor::Domain::parse("blue").unwrap();
+        let text = prometheus(&registry(
+            "features.build",
+            Some(&blue),
+            &Arc::default(),
+            &Arc::default(),
+        ));
+        assert!(
+            text.contains("perago_runtime_info{task=\"features.build\",domain=\"blue\"} 1"),
+            "{text}"
+        );
+        assert!(
+            scrape(Counters::default(), Gauges::default())
+                .contains("perago_runtime_info{task=\"features.build\",domain=\"\"} 1")
+        );
     }
 
     #[test]

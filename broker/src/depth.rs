@@ -7,8 +7,11 @@
 //! task type, an unknown one counts 0) is remembered as such, and later reads go straight to
 //! the second. That one takes the name whole however many commas it has (see
 //! `ConductorClient::queue_sizes`), so both give the depth of the very task type perago runs.
+//!
+//! A runtime with a domain (`--domain`) reads its domain's queue (`domain:type`) on both
+//! routes: that is the queue it polls, and the default one can be full of tasks it never gets.
 
-use perago_core::conductor::ConductorClient;
+use perago_core::conductor::{ConductorClient, Domain};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// What the reads learned so far; shared by every read of one broker.
@@ -24,12 +27,13 @@ pub(crate) struct Routes {
 pub(crate) async fn read(
     client: &ConductorClient,
     task_type: &str,
+    domain: Option<&Domain>,
     routes: &Routes,
 ) -> Option<u64> {
     let first = if routes.size_missing.load(Ordering::Acquire) {
         None
     } else {
-        match client.queue_size(task_type).await {
+        match client.queue_size_in(task_type, domain).await {
             Ok(depth) => return Some(recovered(depth, routes)),
             Err(e) => {
                 if matches!(e.status(), Some(404 | 405))
@@ -46,7 +50,7 @@ pub(crate) async fn read(
             }
         }
     };
-    match client.queue_sizes(task_type).await {
+    match client.queue_sizes_in(task_type, domain).await {
         Ok(depth) => Some(recovered(depth, routes)),
         Err(second) => {
             if !routes.failing.swap(true, Ordering::AcqRel) {
@@ -131,7 +135,7 @@ mod tests {
         .await;
         let routes = Routes::default();
         for _ in 0..3 {
-            assert_eq!(read(&client, "x,y", &routes).await, Some(7));
+            assert_eq!(read(&client, "x,y", None, &routes).await, Some(7));
         }
         let lines = lines.lock().unwrap().clone();
         let asked_size = lines
@@ -156,8 +160,8 @@ mod tests {
         })
         .await;
         let routes = Routes::default();
-        assert_eq!(read(&client, "t", &routes).await, Some(2));
-        assert_eq!(read(&client, "t", &routes).await, Some(2));
+        assert_eq!(read(&client, "t", None, &routes).await, Some(2));
+        assert_eq!(read(&client, "t", None, &routes).await, Some(2));
         let asked_size = lines
             .lock()
             .unwrap()
@@ -165,5 +169,64 @@ mod tests {
             .filter(|l| l.starts_with("GET /api/tasks/queue/size?"))
             .count();
         assert_eq!(asked_size, 2);
+    }
+
+    /// Issue #26, item 1: a runtime with a domain reads its domain's queue on both routes
+    /// (`domain=` on the kept one, the queue name `domain:type` on the deprecated one).
+    #[tokio::test]
+    async fn a_domain_reads_its_own_queue_on_both_routes() {
+        let (client, lines) = server(|line| {
+            if line.starts_with("GET /api/tasks/queue/size?taskType=t&domain=blue ") {
+                ("500 Internal Server Error", r#"{"status": 500}"#.to_owned())
+            } else if line
+                .starts_with("GET /api/tasks/queue/sizes?taskType=blue%3At&taskType=blue%3At ")
+            {
+                ("200 OK", r#"{"blue:t": 6}"#.to_owned())
+            } else {
+                ("200 OK", "99".to_owned())
+            }
+        })
+        .await;
+        let blue = Domain::parse("blue").unwrap();
+        assert_eq!(
+            read(&client, "t", Some(&blue), &Routes::default()).await,
+            Some(6)
+        );
+        assert_eq!(lines.lock().unwrap().len(), 2, "{lines:?}");
+    }
+
+    /// Issue #26, item 1: the poll loop polls in its domain (`&domain=blue`).
+    #[tokio::test]
+    async fn the_poll_loop_polls_in_its_domain() {
+        let (client, lines) = server(|_| ("200 OK", "[]".to_owned())).await;
+        let poller = crate::poller::Poller {
+            client,
+            task_name: "t".to_owned(),
+            domain: Some(Domain::parse("blue").unwrap()),
+            broker_id: "tBroker".to_owned(),
+            wait: std::time::Duration::from_millis(100),
+            backoff: perago_core::backoff::Backoff::default_remote(),
+            counters: Arc::default(),
+            gauges: Arc::default(),
+            health: crate::health::Health::new("polls"),
+        };
+        let (events, mut rx) = tokio::sync::mpsc::channel(8);
+        let run = tokio::spawn(poller.run(events));
+        let mut grants = 0;
+        while let Some(event) = rx.recv().await {
+            if let crate::actor::Event::PollRequest { reply } = event {
+                // One poll, then 0: the loop stops.
+                let _ = reply.send(if grants == 0 { 1 } else { 0 });
+                grants += 1;
+            }
+        }
+        run.await.unwrap();
+        let lines = lines.lock().unwrap().clone();
+        assert_eq!(
+            lines,
+            [
+                "GET /api/tasks/poll/batch/t?workerid=tBroker&domain=blue&count=1&timeout=100 HTTP/1.1"
+            ]
+        );
     }
 }

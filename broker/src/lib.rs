@@ -52,6 +52,9 @@ pub struct BrokerConfig {
     pub control_pid: u32,
     /// Long-poll wait per batch poll (at most 5 s).
     pub poll_wait: Duration,
+    /// `PERAGO_DOMAIN`: the task domain polled in, whose queue depth is read; `None`: the
+    /// default queue.
+    pub domain: Option<perago_core::conductor::Domain>,
     /// Where to serve Prometheus metrics (`PERAGO_METRICS_ADDR`); off when `None`.
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// `PERAGO_STALL_TIMEOUT`: an executor not heard from this long is killed (`None`: off).
@@ -114,7 +117,12 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     let gauges = Arc::new(counters::Gauges::default());
     // One registry for both readers of the metrics, so they always agree: `GET /metrics`
     // (when PERAGO_METRICS_ADDR is set) and `Admin.Metrics` (always).
-    let registry = Arc::new(counters::registry(&config.task_name, &counters, &gauges));
+    let registry = Arc::new(counters::registry(
+        &config.task_name,
+        config.domain.as_ref(),
+        &counters,
+        &gauges,
+    ));
     if let Some(addr) = config.metrics_addr {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -150,7 +158,8 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
             wall: SystemTime::now(),
         },
         state::ExecutionIds::new(|| uuid::Uuid::new_v4().to_string()),
-    );
+    )
+    .with_domain(config.domain.clone());
     // The gRPC health service: SERVING while the broker takes work, NOT_SERVING while paused
     // and from the start of a drain (the actor switches it), for readiness probes and load
     // balancers.
@@ -165,7 +174,11 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         events.clone(),
         drained_tx,
     )
-    .with_queue_depth(config.conductor.clone(), config.task_name.clone())
+    .with_queue_depth(
+        config.conductor.clone(),
+        config.task_name.clone(),
+        config.domain.clone(),
+    )
     .with_health(health_reporter.clone())
     .with_stall_timeout(config.stall_timeout);
     let watchers = actor.watchers();
@@ -180,6 +193,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     let poller = poller::Poller {
         client: config.conductor.clone(),
         task_name: config.task_name.clone(),
+        domain: config.domain.clone(),
         broker_id: config.prefix.broker_id(),
         wait: config.poll_wait,
         backoff,
@@ -198,7 +212,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     });
 
     tracing::info!(
-        task = %config.task_name, slots = config.capacity.max_executors, socket = %config.socket.display(),
+        task = %config.task_name, domain = config.domain.as_ref().map_or("", |d| d.as_str()), slots = config.capacity.max_executors, socket = %config.socket.display(),
         broker_id = %config.prefix.broker_id(), conductor = config.conductor.base_url(),
         "broker serving"
     );

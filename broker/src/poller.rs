@@ -10,7 +10,10 @@ use crate::{
     health::{Health, Waker},
     state::{Input, poll_wait},
 };
-use perago_core::{backoff::Backoff, conductor::ConductorClient};
+use perago_core::{
+    backoff::Backoff,
+    conductor::{ConductorClient, Domain},
+};
 use std::{sync::Arc, time::Duration};
 use tokio::sync::{mpsc, oneshot};
 
@@ -18,6 +21,8 @@ use tokio::sync::{mpsc, oneshot};
 pub(crate) struct Poller {
     pub(crate) client: ConductorClient,
     pub(crate) task_name: String,
+    /// Polled in this domain only (its queue `domain:type`); `None`: the default queue.
+    pub(crate) domain: Option<Domain>,
     pub(crate) broker_id: String,
     pub(crate) wait: Duration,
     pub(crate) backoff: Backoff,
@@ -47,8 +52,9 @@ impl Poller {
             let started = std::time::Instant::now();
             let polled = self.health.observe(
                 self.client
-                    .batch_poll(
+                    .batch_poll_in(
                         &self.task_name,
+                        self.domain.as_ref(),
                         &self.broker_id,
                         count,
                         poll_wait(count, self.wait),

@@ -42,6 +42,10 @@ pub const PERAGO_ROOT_LOCK_FD: &str = "PERAGO_ROOT_LOCK_FD";
 
 /// Address for Prometheus metrics, e.g. `127.0.0.1:9464`; unset = off. Read by the broker.
 pub const PERAGO_METRICS_ADDR: &str = "PERAGO_METRICS_ADDR";
+/// The task domain the broker polls in (`…/poll/batch/{type}?domain=…`) and whose queue it
+/// counts; unset or empty = the default queue. `start` takes it as `--domain DOMAIN` (the flag
+/// wins) and sets it for each broker from its type's domain. Read by the broker.
+pub const PERAGO_DOMAIN: &str = "PERAGO_DOMAIN";
 /// Long-poll wait in milliseconds (default 5000). Read by the broker.
 pub const PERAGO_POLL_WAIT_MS: &str = "PERAGO_POLL_WAIT_MS";
 /// The broker program `start` runs (default: `perago-broker` beside the supervisor).

@@ -131,6 +131,13 @@ pub struct StartArgs {
     /// SIZE resident memory, e.g. 512MiB. Also PERAGO_EXECUTOR_MAX_MEMORY.
     #[arg(long, value_name = "SIZE")]
     pub max_executor_memory: Option<String>,
+    /// Poll every task type in the Conductor task domain DOMAIN: the runtime takes only the
+    /// tasks workflows route to it (`taskToDomain`), from the queue DOMAIN:type. `NAME=DOMAIN`
+    /// (repeatable) sets the task type NAME's own, and wins over the form for every type.
+    /// Letters, digits, `_`, `-` and `.`. Also PERAGO_DOMAIN (for every type). Default: no
+    /// domain (the type's default queue).
+    #[arg(long, value_name = "[NAME=]DOMAIN")]
+    pub domain: Vec<String>,
 }
 
 impl StartArgs {

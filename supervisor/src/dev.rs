@@ -292,6 +292,7 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
                 manifest_path: task.manifest_path.clone(),
                 capacity: perago_core::capacity::Capacity::fixed(workers.get()),
                 prefix,
+                domain: None,
             };
             let lakefs = lakefs.as_ref().map(|(_, c)| c.clone());
             runs.push(plan.runtime(task, &locked, lakefs, None, vars)?);

@@ -15,6 +15,7 @@ use crate::{
 };
 use perago_core::{
     capacity::Capacity,
+    conductor::Domain,
     env,
     identity::WorkerPrefix,
     lakefs::LakefsClient,
@@ -66,6 +67,10 @@ pub(crate) struct TaskPlan {
     pub(crate) manifest_path: PathBuf,
     pub(crate) capacity: Capacity,
     pub(crate) prefix: WorkerPrefix,
+    /// The task domain the broker polls in (`--domain`, `--domain NAME=…`); `None`: the
+    /// default queue. A setting from the SDK's names (`CONDUCTOR_WORKER_<TASK>_DOMAIN`) goes
+    /// here when no flag gave one (see [`crate::start::StartPlan::domain_of`]).
+    pub(crate) domain: Option<Domain>,
 }
 
 impl Plan {
@@ -101,6 +106,7 @@ impl Plan {
             manifest_path: task.manifest_path,
             capacity: task.capacity,
             prefix: task.prefix,
+            domain: task.domain,
             conductor_url: self.conductor_url.clone(),
             socket: locked.socket.clone(),
             force_kill_after: self.force_kill_after,
@@ -214,6 +220,7 @@ mod tests {
             manifest_path: PathBuf::from("/srv/task.toml"),
             capacity: Capacity::fixed(2),
             prefix: WorkerPrefix::derive("orders.ship").unwrap(),
+            domain: None,
         };
         let (spec, launcher) = plan.runtime(task, &locked, None, None, &vars).unwrap();
         assert_eq!(spec.task_name, "orders.ship");
@@ -252,6 +259,7 @@ mod tests {
             manifest_path: PathBuf::from("/srv/task.toml"),
             capacity: Capacity::fixed(1),
             prefix: WorkerPrefix::derive("orders.ship").unwrap(),
+            domain: None,
         };
         plan.mode = ExecutionMode::Thread;
         assert!(matches!(

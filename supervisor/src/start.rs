@@ -10,7 +10,7 @@ use crate::{cli::StartArgs, errors::ExpectedError};
 use perago_core::lakefs::{LakefsClient, LakefsConfig};
 use perago_core::{
     capacity::{Capacity, parse_jobs},
-    conductor::ConductorClient,
+    conductor::{ConductorClient, Domain},
     env,
     identity::WorkerPrefix,
     manifest::{Manifest, TaskKind},
@@ -33,6 +33,10 @@ pub(crate) struct StartPlan {
     /// `-j NAME=N` / `-j NAME=MIN..MAX`: one task type's capacity, by task name.
     pub(crate) named: BTreeMap<String, Capacity>,
     pub(crate) mode: ExecutionMode,
+    /// `--domain DOMAIN`: the domain of every task type without one of its own.
+    pub(crate) domain: Option<Domain>,
+    /// `--domain NAME=DOMAIN`: one task type's domain, by task name.
+    pub(crate) named_domains: BTreeMap<String, Domain>,
 }
 
 impl StartPlan {
@@ -41,8 +45,24 @@ impl StartPlan {
         self.named.get(name).unwrap_or(&self.capacity)
     }
 
-    /// Every `-j NAME=…` names one of `names`.
+    /// The domain the flags give the task type `name` (`--domain NAME=…`, else `--domain …`);
+    /// `None`: no flag gave one, and a setting under the SDK's names may.
+    pub(crate) fn domain_of(&self, name: &str) -> Option<&Domain> {
+        self.named_domains.get(name).or(self.domain.as_ref())
+    }
+
+    /// Every `-j NAME=…` and `--domain NAME=…` names one of `names`.
     fn check_names(&self, names: &[&str]) -> Result<(), ExpectedError> {
+        if let Some(unknown) = self
+            .named_domains
+            .keys()
+            .find(|n| !names.contains(&n.as_str()))
+        {
+            return Err(ExpectedError::Usage(format!(
+                "--domain {unknown}=…: no manifest given has the task {unknown} (tasks: {})",
+                names.join(", ")
+            )));
+        }
         match self.named.keys().find(|n| !names.contains(&n.as_str())) {
             None => Ok(()),
             Some(unknown) => Err(ExpectedError::Usage(format!(
@@ -87,6 +107,45 @@ fn split_jobs(values: &[String]) -> Result<(String, Vec<(String, String)>), Expe
     Ok((every.unwrap_or("1").to_owned(), named))
 }
 
+/// The `--domain` values: at most one for every task type, and one `NAME=DOMAIN` per task
+/// name; each a domain Conductor can route to (see [`Domain::parse`]).
+fn split_domains(
+    values: &[String],
+) -> Result<(Option<Domain>, BTreeMap<String, Domain>), ExpectedError> {
+    let parse = |flag: &str, value: &str| {
+        Domain::parse(value).map_err(|e| ExpectedError::Usage(format!("--domain {flag}: {e}")))
+    };
+    let mut every: Option<Domain> = None;
+    let mut named = BTreeMap::new();
+    for value in values {
+        match value.split_once('=') {
+            Some((name, domain)) => {
+                let name = name.trim();
+                if name.is_empty() {
+                    return Err(ExpectedError::Usage(format!(
+                        "--domain {value:?}: expected DOMAIN or NAME=DOMAIN"
+                    )));
+                }
+                if named.contains_key(name) {
+                    return Err(ExpectedError::Usage(format!(
+                        "--domain {name}=…: given twice for the task {name}"
+                    )));
+                }
+                named.insert(name.to_owned(), parse(value, domain)?);
+            }
+            None => {
+                if let Some(first) = &every {
+                    return Err(ExpectedError::Usage(format!(
+                        "--domain {first} and --domain {value}: give one domain for every task type, and NAME=DOMAIN for one task type"
+                    )));
+                }
+                every = Some(parse(value, value)?);
+            }
+        }
+    }
+    Ok((every, named))
+}
+
 fn capacity_problems(e: perago_core::capacity::CapacityError) -> ExpectedError {
     ExpectedError::Config(e.problems.iter().map(ToString::to_string).collect())
 }
@@ -97,6 +156,16 @@ pub(crate) fn resolve_args(
     vars: &BTreeMap<String, String>,
 ) -> Result<StartPlan, ExpectedError> {
     let (every, named) = split_jobs(&args.jobs)?;
+    let (mut domain, named_domains) = split_domains(&args.domain)?;
+    // `PERAGO_DOMAIN` is the every-type form's variable; the flag wins.
+    if domain.is_none()
+        && let Some(value) = vars.get(env::PERAGO_DOMAIN).filter(|v| !v.is_empty())
+    {
+        domain =
+            Some(Domain::parse(value).map_err(|e| {
+                ExpectedError::Config(vec![format!("{}: {e}", env::PERAGO_DOMAIN)])
+            })?);
+    }
     parse_jobs(&every).map_err(|e| ExpectedError::Usage(e.to_string()))?;
     for (_, jobs) in &named {
         parse_jobs(jobs).map_err(|e| ExpectedError::Usage(e.to_string()))?;
@@ -120,6 +189,8 @@ pub(crate) fn resolve_args(
         capacity,
         named,
         mode,
+        domain,
+        named_domains,
     })
 }
 
@@ -344,6 +415,7 @@ pub(crate) fn start(
             tasks.push(TaskPlan {
                 capacity: plan.capacity_of(&manifest.task.name).clone(),
                 manifest_path: std::fs::canonicalize(&path).unwrap_or(path),
+                domain: plan.domain_of(&manifest.task.name).cloned(),
                 manifest,
                 prefix,
             });
@@ -588,6 +660,7 @@ mod tests {
             paused: false,
             max_tasks_per_executor: None,
             max_executor_memory: None,
+            domain: Vec::new(),
         }
     }
 
@@ -683,6 +756,66 @@ mod tests {
             assert_eq!(err.to_string(), message, "{jobs:?}");
             assert_eq!(err.process_exit_code(), 2, "{jobs:?}");
         }
+    }
+
+    /// Issue #26, item 1: `--domain` for every task type and `--domain NAME=…` for one (which
+    /// wins); a bad domain, a repeat or an unknown name is refused naming `--domain`.
+    #[test]
+    fn domains_for_every_task_type_and_by_name() {
+        let with = |domains: &[&str]| {
+            let mut a = args(1, None);
+            a.domain = domains.iter().map(|d| (*d).to_owned()).collect();
+            resolve_args(&a, &vars(&[]))
+        };
+        let domain = |plan: &StartPlan, name: &str| plan.domain_of(name).map(ToString::to_string);
+        let plan = with(&["blue", "b=green"]).unwrap();
+        assert_eq!(domain(&plan, "a").as_deref(), Some("blue"));
+        assert_eq!(domain(&plan, "b").as_deref(), Some("green"));
+        let plan = with(&["b=green"]).unwrap();
+        assert_eq!(domain(&plan, "a"), None);
+        assert_eq!(domain(&with(&[]).unwrap(), "a"), None);
+        plan.check_names(&["a", "b"]).unwrap();
+        assert_eq!(
+            plan.check_names(&["a"]).unwrap_err().to_string(),
+            "--domain b=…: no manifest given has the task b (tasks: a)"
+        );
+        for (domains, message) in [
+            (
+                &["blue", "red"][..],
+                "--domain blue and --domain red: give one domain for every task type, and NAME=DOMAIN for one task type",
+            ),
+            (&["b=x", "b=y"], "--domain b=…: given twice for the task b"),
+            (&["=x"], "--domain \"=x\": expected DOMAIN or NAME=DOMAIN"),
+            (
+                &[""],
+                "--domain : domain \"\": empty (leave the setting out to poll the default queue)",
+            ),
+            (
+                &["b="],
+                "--domain b=: domain \"\": empty (leave the setting out to poll the default queue)",
+            ),
+        ] {
+            let err = with(domains).unwrap_err();
+            assert_eq!(err.to_string(), message, "{domains:?}");
+            assert_eq!(err.process_exit_code(), 2, "{domains:?}");
+        }
+        // PERAGO_DOMAIN is the form for every type; the flag wins, a bad value is named.
+        let mut a = args(1, None);
+        let plan = resolve_args(&a, &vars(&[("PERAGO_DOMAIN", "red")])).unwrap();
+        assert_eq!(domain(&plan, "a").as_deref(), Some("red"));
+        a.domain = vec!["blue".to_owned()];
+        let plan = resolve_args(&a, &vars(&[("PERAGO_DOMAIN", "red")])).unwrap();
+        assert_eq!(domain(&plan, "a").as_deref(), Some("blue"));
+        let err = resolve_args(&args(1, None), &vars(&[("PERAGO_DOMAIN", "a,b")])).unwrap_err();
+        assert!(
+            err.to_string().contains("PERAGO_DOMAIN: domain \"a,b\""),
+            "{err}"
+        );
+        let err = with(&["a:b"]).unwrap_err().to_string();
+        assert!(
+            err.starts_with("--domain a:b: domain \"a:b\": only ASCII"),
+            "{err}"
+        );
     }
 
     #[test]

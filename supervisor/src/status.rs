@@ -280,6 +280,7 @@ fn capacity_table(c: &Capacity) -> String {
 pub(crate) fn to_json(status: &StatusResponse) -> Value {
     json!({
         "task_name": status.task_name,
+        "domain": status.domain,
         "broker_worker_id": status.broker_worker_id,
         "broker_pid": status.broker_pid,
         "started_at_unix_ms": status.started_at_unix_ms,
@@ -302,6 +303,12 @@ pub(crate) fn to_table(status: &StatusResponse) -> String {
     let up = Duration::from_millis(
         u64::try_from(now.saturating_sub(status.started_at_unix_ms)).unwrap_or(0),
     );
+    // The domain is shown only when there is one: no domain is the usual case.
+    let domain = if status.domain.is_empty() {
+        String::new()
+    } else {
+        format!("  domain {}", cell(&status.domain, MAX_CELL_CHARS))
+    };
     let paused = if status.paused {
         let since = Duration::from_millis(
             u64::try_from(now.saturating_sub(status.paused_since_unix_ms)).unwrap_or(0),
@@ -311,7 +318,7 @@ pub(crate) fn to_table(status: &StatusResponse) -> String {
         "no".to_owned()
     };
     let mut out = format!(
-        "task {}  broker {} (pid {})  up {}  draining {}  paused {paused}\n",
+        "task {}{domain}  broker {} (pid {})  up {}  draining {}  paused {paused}\n",
         cell(&status.task_name, MAX_CELL_CHARS),
         cell(&status.broker_worker_id, MAX_CELL_CHARS),
         status.broker_pid,
@@ -912,6 +919,24 @@ mod tests {
         assert_eq!(json["slots"][0]["worker_id"], huge.as_str());
         assert_eq!(json["task_name"], "t\u{1b}]0;owned\u{7}");
         assert_eq!(json["slots"][0]["task_id"], "task\nFORGED");
+        assert_eq!(json["domain"], "");
+    }
+
+    /// Issue #26, item 1: the domain is in the table (when there is one) and in the JSON.
+    #[test]
+    fn the_domain_is_shown() {
+        let status = StatusResponse {
+            task_name: "t".into(),
+            broker_worker_id: "tBroker".into(),
+            domain: "blue".into(),
+            ..StatusResponse::default()
+        };
+        assert!(
+            to_table(&status).starts_with("task t  domain blue  broker tBroker"),
+            "{}",
+            to_table(&status)
+        );
+        assert_eq!(to_json(&status)["domain"], "blue");
     }
 
     /// The table's header says whether polling is paused and for how long; the JSON has both

@@ -8,6 +8,7 @@ use crate::{
     poison::{CrashLedger, RecentDeaths},
     recent::RecentlyReported,
 };
+use perago_core::conductor::Domain;
 use perago_core::{
     attempt::AttemptSnapshot,
     capacity::Capacity,
@@ -115,6 +116,8 @@ pub(super) struct Held {
 #[derive(Debug)]
 pub(crate) struct Machine {
     pub(super) task_name: String,
+    /// The task domain polled in (`PERAGO_DOMAIN`); `None`: the default queue.
+    pub(super) domain: Option<Domain>,
     /// The capacity and lifecycle settings (`-j`, recycling, admission, poison, run once).
     pub(super) capacity: Capacity,
     /// Memory admission: whether new tasks may be polled (and slots added) now. Always true
@@ -203,6 +206,12 @@ pub(super) fn stop_message(reason: &str) -> proto::BrokerMessage {
 }
 
 impl Machine {
+    /// The machine of a runtime that polls in `domain` (shown in Admin.Status).
+    pub(crate) fn with_domain(mut self, domain: Option<Domain>) -> Self {
+        self.domain = domain;
+        self
+    }
+
     pub(crate) fn new(
         task_name: String,
         prefix: &WorkerPrefix,
@@ -227,6 +236,7 @@ impl Machine {
             .collect();
         Self {
             task_name,
+            domain: None,
             capacity,
             admission_open: true,
             queue_depth: None,

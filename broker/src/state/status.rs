@@ -135,6 +135,10 @@ impl Machine {
             broker_pid: std::process::id(),
             started_at_unix_ms: unix_ms(self.started_at),
             capacity: Some(self.capacity_status()),
+            domain: self
+                .domain
+                .as_ref()
+                .map_or_else(String::new, ToString::to_string),
             paused: self.paused_since.is_some(),
             paused_since_unix_ms: self.paused_since.map_or(0, unix_ms),
         }

@@ -2,6 +2,7 @@
 
 mod auth;
 mod client;
+mod domain;
 mod errors;
 mod metadata;
 mod payload;
@@ -13,6 +14,7 @@ pub use client::{
     BaseUrlError, ClientConfigError, ConductorClient, JsonBody, MAX_LONG_POLL, MAX_TASK_ANSWER,
     max_poll_answer,
 };
+pub use domain::{Domain, DomainError, MAX_DOMAIN_LEN, queue_name};
 pub use errors::ConductorError;
 pub use payload::{PayloadError, fetch_task_input};
 pub use polled::{Polled, TaskTypes};

@@ -1,6 +1,7 @@
 //! The worker API: batch poll, queue sizes, update, update-v2, get task.
 
 use super::client::*;
+use super::domain::{Domain, queue_name};
 use super::errors::ConductorError;
 use super::polled::{Polled, TaskTypes};
 use crate::url::encode_segment as segment;
@@ -18,13 +19,30 @@ impl ConductorClient {
         count: u32,
         wait: Duration,
     ) -> Result<Vec<Polled>, ConductorError> {
+        self.batch_poll_in(task_type, None, worker_id, count, wait)
+            .await
+    }
+
+    /// [`Self::batch_poll`] in `domain` (`&domain=…`): Conductor then pops the domain's queue
+    /// (`domain:type`) only; without one, the default queue only.
+    pub async fn batch_poll_in(
+        &self,
+        task_type: &str,
+        domain: Option<&Domain>,
+        worker_id: &str,
+        count: u32,
+        wait: Duration,
+    ) -> Result<Vec<Polled>, ConductorError> {
         let wait = wait.min(MAX_LONG_POLL);
         let path = format!("/tasks/poll/batch/{}", segment(task_type));
-        let query = [
-            ("workerid", worker_id.to_owned()),
+        let mut query = vec![("workerid", worker_id.to_owned())];
+        if let Some(domain) = domain {
+            query.push(("domain", domain.as_str().to_owned()));
+        }
+        query.extend([
             ("count", count.max(1).to_string()),
             ("timeout", wait.as_millis().to_string()),
-        ];
+        ]);
         let (status, text) = self
             .send(
                 Method::GET,
@@ -60,8 +78,21 @@ impl ConductorClient {
     /// a bare JSON integer. This is the route the API keeps; [`Self::queue_sizes`] is the
     /// deprecated one.
     pub async fn queue_size(&self, task_type: &str) -> Result<u64, ConductorError> {
+        self.queue_size_in(task_type, None).await
+    }
+
+    /// [`Self::queue_size`] of `domain`'s queue (`&domain=…`: the server counts the queue
+    /// `domain:type`, as it names it in `QueueUtils.getQueueName`).
+    pub async fn queue_size_in(
+        &self,
+        task_type: &str,
+        domain: Option<&Domain>,
+    ) -> Result<u64, ConductorError> {
         let path = "/tasks/queue/size";
-        let query = [("taskType", task_type.to_owned())];
+        let mut query = vec![("taskType", task_type.to_owned())];
+        if let Some(domain) = domain {
+            query.push(("domain", domain.as_str().to_owned()));
+        }
         // Read every second: a slow answer is dropped rather than waited for.
         let (_, text) = self
             .send(
@@ -90,6 +121,21 @@ impl ConductorClient {
     /// answer is then `{"a,b": <count>}`, and one without the name's key is refused, never
     /// read as some other count.
     pub async fn queue_sizes(&self, task_type: &str) -> Result<u64, ConductorError> {
+        self.queue_sizes_of(&queue_name(task_type, None)).await
+    }
+
+    /// [`Self::queue_sizes`] of `domain`'s queue: this route takes queue names, not types
+    /// (`ExecutionService.getTaskQueueSizes` counts each name as a queue), so the domain's is
+    /// asked for as `domain:type`.
+    pub async fn queue_sizes_in(
+        &self,
+        task_type: &str,
+        domain: Option<&Domain>,
+    ) -> Result<u64, ConductorError> {
+        self.queue_sizes_of(&queue_name(task_type, domain)).await
+    }
+
+    async fn queue_sizes_of(&self, task_type: &str) -> Result<u64, ConductorError> {
         let path = "/tasks/queue/sizes";
         let query = [
             ("taskType", task_type.to_owned()),

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
+use super::domains::task_domain;
 use super::error::ApiError;
 use super::expr::{self, Scope};
 use super::model::{Task, TaskDef, TaskStatus, Workflow, WorkflowDef, WorkflowStatus};
@@ -118,11 +119,12 @@ impl State {
         };
         let mut input = task_def.input_template.clone();
         input.extend(expr::resolve_map(&wf_task.input_parameters, &scope));
-        let domain = workflow
-            .task_to_domain
-            .get(&wf_task.name)
-            .or_else(|| workflow.task_to_domain.get("*"))
-            .cloned();
+        let domain = task_domain(
+            &wf_task.name,
+            &workflow.task_to_domain,
+            &self.poll_data,
+            now,
+        );
         let task = Task {
             task_type: wf_task.name.clone(),
             status: TaskStatus::Scheduled,

@@ -3,12 +3,13 @@
 //!
 //! Modules, one concept each: `model` (wire JSON), `store` (the state and its lock), `engine`
 //! (workflow decider and retries), `worker_ops` (poll and update), `sweeper` (timeouts),
-//! `queue` (delayed queues with long-poll wake-ups), `expr` (`${…}` inputs), `routes` (HTTP),
+//! `queue` (delayed queues with long-poll wake-ups), `domains` (`taskToDomain` routing), `expr` (`${…}` inputs), `routes` (HTTP),
 //! `server` (builder and handle), `auth` (optional Orkes-style tokens), `fill` (when a batch
 //! poll answers: the queue backend's semantics).
 
 mod auth;
 mod clock;
+mod domains;
 mod engine;
 mod error;
 mod expr;

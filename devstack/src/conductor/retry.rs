@@ -36,6 +36,16 @@ impl State {
         task.executed = false;
         task.alerted = false;
         task.queue_wait_time = 0;
+        // The retry is scheduled as any new task: its domain is chosen again
+        // (`setTaskDomains` runs on every task the decider schedules).
+        if let Some(workflow) = self.workflows.get(&failed.workflow_instance_id) {
+            task.domain = super::domains::task_domain(
+                &task.task_type,
+                &workflow.task_to_domain,
+                &self.poll_data,
+                now,
+            );
+        }
         tracing::info!(
             failed_task_id = %failed.task_id, task_id = %task.task_id,
             retry_count = task.retry_count, delay_secs, "task retry scheduled"

@@ -25,6 +25,9 @@ pub(crate) fn base_env(spec: &RuntimeSpec) -> Vec<(String, String)> {
     .map(|(name, value)| (name.to_owned(), value))
     .collect::<Vec<_>>();
     vars.extend(spec.capacity.child_env());
+    if let Some(domain) = &spec.domain {
+        vars.push((env::PERAGO_DOMAIN.to_owned(), domain.to_string()));
+    }
     vars.push((
         perago_core::liveness::PERAGO_STALL_TIMEOUT.to_owned(),
         perago_core::liveness::child_value(spec.stall_timeout),
@@ -97,6 +100,7 @@ mod tests {
             lakefs: None,
             notify: None,
             process_label: None,
+            domain: Some(perago_core::conductor::Domain::parse("blue").unwrap()),
             stall_timeout: Some(Duration::from_secs(5)),
         };
         let lookup = |vars: Vec<(String, String)>| {
@@ -113,6 +117,7 @@ mod tests {
         assert_eq!(broker.poll_wait, Duration::from_millis(250));
         assert_eq!(broker.capacity, capacity);
         assert_eq!(broker.stall_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(broker.domain, spec.domain);
 
         let vars = executor_env(&spec, "host70002", 2, 9, "t0k3n".into());
         let (identity, manifest) = perago_executor::cli::identity_from(lookup(vars.clone()))

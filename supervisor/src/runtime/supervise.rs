@@ -36,6 +36,8 @@ pub(crate) struct RuntimeSpec {
     /// `-j` and the other capacity and lifecycle settings (passed to every child).
     pub(crate) capacity: perago_core::capacity::Capacity,
     pub(crate) prefix: WorkerPrefix,
+    /// The task domain polled in (`PERAGO_DOMAIN` for the broker); `None`: the default queue.
+    pub(crate) domain: Option<perago_core::conductor::Domain>,
     pub(crate) conductor_url: String,
     pub(crate) socket: PathBuf,
     pub(crate) force_kill_after: Option<Duration>,

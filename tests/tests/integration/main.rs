@@ -13,6 +13,7 @@ mod chaos;
 mod cli;
 mod deploy;
 mod descendants;
+mod domains;
 mod harness;
 mod hostile_conductor;
 mod hostile_servers;

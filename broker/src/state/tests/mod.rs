@@ -519,3 +519,13 @@ mod props;
 mod scale;
 mod scaling;
 mod slots;
+
+/// Issue #26, item 1: Admin.Status says which domain the runtime polls in (empty: none).
+#[test]
+fn status_shows_the_domain() {
+    let mut h = Harness::new(1, true);
+    assert_eq!(h.status().domain, "");
+    h.m = std::mem::replace(&mut h.m, Harness::new(1, true).m)
+        .with_domain(Some(perago_core::conductor::Domain::parse("blue").unwrap()));
+    assert_eq!(h.status().domain, "blue");
+}

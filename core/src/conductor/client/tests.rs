@@ -498,3 +498,45 @@ fn polled_tasks_are_checked_as_parsing_checks_them() {
         r#"{"params": {"n": 1.50}}"#
     );
 }
+
+/// Issue #26, item 1: a poll in a domain asks for it (`&domain=`), and the queue depth is
+/// that of the domain's queue on both routes (`/queue/sizes` takes the queue name
+/// `domain:type`); without a domain nothing about one is sent.
+#[tokio::test]
+async fn a_domain_is_in_the_poll_and_in_both_depth_reads() {
+    let base = raw_server(|line, _| match line {
+        "GET /api/tasks/poll/batch/t?workerid=w&domain=blue&count=2&timeout=1 HTTP/1.1" => {
+            response("200 OK", "[]")
+        }
+        "GET /api/tasks/poll/batch/t?workerid=w&count=2&timeout=1 HTTP/1.1" => {
+            response("200 OK", "[]")
+        }
+        "GET /api/tasks/queue/size?taskType=t&domain=blue HTTP/1.1" => response("200 OK", "4"),
+        "GET /api/tasks/queue/size?taskType=t HTTP/1.1" => response("200 OK", "9"),
+        "GET /api/tasks/queue/sizes?taskType=blue%3At&taskType=blue%3At HTTP/1.1" => {
+            response("200 OK", r#"{"blue:t": 5}"#)
+        }
+        _ => response("400 Bad Request", &format!("{line:?}")),
+    })
+    .await;
+    let client = ConductorClient::new(&base).unwrap();
+    let blue = crate::conductor::Domain::parse("blue").unwrap();
+    let wait = Duration::from_millis(1);
+    assert!(
+        client
+            .batch_poll_in("t", Some(&blue), "w", 2, wait)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        client
+            .batch_poll("t", "w", 2, wait)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(client.queue_size_in("t", Some(&blue)).await.unwrap(), 4);
+    assert_eq!(client.queue_size("t").await.unwrap(), 9);
+    assert_eq!(client.queue_sizes_in("t", Some(&blue)).await.unwrap(), 5);
+}
