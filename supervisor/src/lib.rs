@@ -15,6 +15,7 @@ mod extract;
 mod out;
 mod plan;
 mod runtime;
+mod sdk_settings;
 mod start;
 mod status;
 
