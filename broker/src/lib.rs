@@ -52,6 +52,10 @@ pub struct BrokerConfig {
     pub control_pid: u32,
     /// Long-poll wait per batch poll (at most 5 s).
     pub poll_wait: Duration,
+    /// `PERAGO_POLL_INTERVAL_MS`: the wait after a poll that brought no task (zero: none).
+    pub poll_interval: Duration,
+    /// How the supervisor set the runtime up (execution mode, SDK settings), for Admin.Status.
+    pub settings: perago_proto::admin::v1::RuntimeSettings,
     /// Where to serve Prometheus metrics (`PERAGO_METRICS_ADDR`); off when `None`.
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// `PERAGO_STALL_TIMEOUT`: an executor not heard from this long is killed (`None`: off).
@@ -166,7 +170,8 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     )
     .with_queue_depth(config.conductor.clone(), config.task_name.clone())
     .with_health(health_reporter.clone())
-    .with_stall_timeout(config.stall_timeout);
+    .with_stall_timeout(config.stall_timeout)
+    .with_settings(config.settings.clone());
     let watchers = actor.watchers();
     let actor = tokio::spawn(actor.run(rx));
     if config.capacity.min_free_memory.is_some() {
@@ -181,6 +186,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         task_name: config.task_name.clone(),
         broker_id: config.prefix.broker_id(),
         wait: config.poll_wait,
+        idle_wait: config.poll_interval,
         backoff,
         counters: Arc::clone(&counters),
         gauges: Arc::clone(&gauges),

@@ -6,7 +6,7 @@ use crate::runtime::{
     gc, metrics, notify, registry, root,
     supervise::{self, RuntimeError},
 };
-use crate::{cli::StartArgs, errors::ExpectedError};
+use crate::{cli::StartArgs, errors::ExpectedError, sdk_settings::SdkSettings};
 use perago_core::lakefs::{LakefsClient, LakefsConfig};
 use perago_core::{
     capacity::{Capacity, parse_jobs},
@@ -22,6 +22,27 @@ use std::{
     time::Duration,
 };
 
+/// MERGE(i26-domain, i26-pause): the one place the SDK's `domain` and `paused` reach the plan.
+/// This branch has no plan field for either yet, so a value it would have to act on is refused
+/// (never ignored). At the merge: set the task plan's domain from `sdk.domain_for()` unless
+/// `--domain` (every type or `NAME=`) is given, and its paused-at-start from
+/// `sdk.paused_for()` unless `--paused` is given; then drop the refusals below.
+fn hand_over_domain_and_paused(sdk: &SdkSettings) -> Result<(), String> {
+    if let Some(domain) = sdk.domain_for() {
+        return Err(format!(
+            "{} {:?}: this build of perago does not poll task domains yet",
+            domain.variable, domain.value
+        ));
+    }
+    match sdk.paused_for() {
+        Some(paused) if paused.value => Err(format!(
+            "{} {:?}: this build of perago cannot start paused yet",
+            paused.variable, "true"
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// How long `start` waits, by default, for an earlier runtime under the same root to drain.
 const DEFAULT_ROOT_LOCK_WAIT: Duration = Duration::from_secs(30);
 
@@ -32,10 +53,41 @@ pub(crate) struct StartPlan {
     pub(crate) capacity: Capacity,
     /// `-j NAME=N` / `-j NAME=MIN..MAX`: one task type's capacity, by task name.
     pub(crate) named: BTreeMap<String, Capacity>,
+    /// The execution mode of every task type without a `--execution-mode NAME=…` of its own.
     pub(crate) mode: ExecutionMode,
+    /// `--execution-mode NAME=MODE`: one task type's mode, by task name.
+    pub(crate) modes: BTreeMap<String, ExecutionMode>,
+    /// `-j` given on the command line: the SDK's `thread_count` does not apply.
+    pub(crate) jobs_given: bool,
 }
 
 impl StartPlan {
+    /// The execution mode of the task type `name`.
+    pub(crate) fn mode_of(&self, name: &str) -> ExecutionMode {
+        self.modes.get(name).copied().unwrap_or(self.mode)
+    }
+
+    /// The capacity of the task type `name` with its SDK settings: `-j` (for every task type
+    /// or for this one) wins, then the SDK's `thread_count` (named by its variable).
+    fn capacity_with_sdk(
+        &self,
+        name: &str,
+        sdk: Option<&SdkSettings>,
+        args: &StartArgs,
+        vars: &BTreeMap<String, String>,
+    ) -> Result<Capacity, String> {
+        if self.named.contains_key(name) || self.jobs_given {
+            return Ok(self.capacity_of(name).clone());
+        }
+        match sdk.and_then(|s| s.thread_count.as_ref()) {
+            None => Ok(self.capacity_of(name).clone()),
+            Some(count) => Capacity::resolve(&args.capacity_flags(&count.value.to_string()), |n| {
+                vars.get(n).cloned()
+            })
+            .map_err(|e| format!("{}: {e}", count.variable)),
+        }
+    }
+
     /// The capacity of the task type `name`.
     pub(crate) fn capacity_of(&self, name: &str) -> &Capacity {
         self.named.get(name).unwrap_or(&self.capacity)
@@ -43,13 +95,18 @@ impl StartPlan {
 
     /// Every `-j NAME=…` names one of `names`.
     fn check_names(&self, names: &[&str]) -> Result<(), ExpectedError> {
-        match self.named.keys().find(|n| !names.contains(&n.as_str())) {
+        let unknown = |keys: Vec<&String>, flag: &str| match keys
+            .into_iter()
+            .find(|n| !names.contains(&n.as_str()))
+        {
             None => Ok(()),
             Some(unknown) => Err(ExpectedError::Usage(format!(
-                "-j {unknown}=…: no manifest given has the task {unknown} (tasks: {})",
+                "{flag} {unknown}=…: no manifest given has the task {unknown} (tasks: {})",
                 names.join(", ")
             ))),
-        }
+        };
+        unknown(self.named.keys().collect(), "-j")?;
+        unknown(self.modes.keys().collect(), "--execution-mode")
     }
 }
 
@@ -112,14 +169,37 @@ pub(crate) fn resolve_args(
                 .map_err(capacity_problems)
         })
         .collect::<Result<_, _>>()?;
+    let mut every_mode: Option<ExecutionMode> = None;
+    let mut modes = BTreeMap::new();
+    for spec in &args.execution_mode {
+        match &spec.task {
+            None => {
+                if let Some(first) = every_mode.replace(spec.mode) {
+                    return Err(ExpectedError::Usage(format!(
+                        "--execution-mode {first} and --execution-mode {}: give one mode for every task type, and NAME=MODE for one task type",
+                        spec.mode
+                    )));
+                }
+            }
+            Some(name) => {
+                if modes.insert(name.clone(), spec.mode).is_some() {
+                    return Err(ExpectedError::Usage(format!(
+                        "--execution-mode {name}=…: given twice for the task {name}"
+                    )));
+                }
+            }
+        }
+    }
     let mode = ExecutionMode::resolve(
-        args.execution_mode.map(Into::into),
+        every_mode,
         vars.get(env::PERAGO_EXECUTION_MODE).map(String::as_str),
     )?;
     Ok(StartPlan {
         capacity,
         named,
         mode,
+        modes,
+        jobs_given: args.jobs_given,
     })
 }
 
@@ -323,9 +403,58 @@ pub(crate) fn start(
     }
     let mut tasks = Vec::new();
     for (path, manifest) in manifests {
-        let prefix = prefix_of(&manifest.task.name, vars, several)
-            .map_err(|e| add(e.to_string()))
+        let name = manifest.task.name.clone();
+        // The Conductor SDK's worker settings, under its names; perago's own win.
+        let sdk = SdkSettings::resolve(vars, &name)
+            .map_err(|found| found.into_iter().for_each(add))
             .ok();
+        let mut prefix_vars = std::borrow::Cow::Borrowed(vars);
+        if let Some(worker_id) = sdk.as_ref().and_then(|s| s.worker_id.as_ref())
+            && !vars.contains_key(env::PERAGO_WORKER_ID_PREFIX)
+        {
+            // The SDK's worker_id is the prefix of every worker id of the task type, as
+            // PERAGO_WORKER_ID_PREFIX is (each slot still needs an id of its own).
+            prefix_vars.to_mut().insert(
+                env::PERAGO_WORKER_ID_PREFIX.to_owned(),
+                worker_id.value.clone(),
+            );
+        }
+        let prefix = prefix_of(&name, &prefix_vars, several)
+            .map_err(|e| match sdk.as_ref().and_then(|s| s.worker_id.as_ref()) {
+                Some(w) if !vars.contains_key(env::PERAGO_WORKER_ID_PREFIX) => {
+                    add(format!("{} {:?}: {e}", w.variable, w.value))
+                }
+                _ => add(e.to_string()),
+            })
+            .ok();
+        let capacity = plan
+            .capacity_with_sdk(&name, sdk.as_ref(), args, vars)
+            .map_err(add)
+            .ok();
+        let mut task_env = Vec::new();
+        let unset = |variable: &str| vars.get(variable).is_none_or(|v| v.trim().is_empty());
+        let sdk_settings = sdk.as_ref().map(SdkSettings::effective).unwrap_or_default();
+        if let Some(sdk) = &sdk {
+            if let Some(timeout) = &sdk.poll_timeout
+                && unset(env::PERAGO_POLL_WAIT_MS)
+            {
+                task_env.push((
+                    env::PERAGO_POLL_WAIT_MS.to_owned(),
+                    timeout.value.as_millis().to_string(),
+                ));
+            }
+            if let Some(interval) = &sdk.poll_interval
+                && unset(env::PERAGO_POLL_INTERVAL_MS)
+            {
+                task_env.push((
+                    env::PERAGO_POLL_INTERVAL_MS.to_owned(),
+                    interval.value.as_millis().to_string(),
+                ));
+            }
+            if let Err(problem) = hand_over_domain_and_paused(sdk) {
+                add(problem);
+            }
+        }
         if let Some(user) = &manifest.body.user {
             // The same checks as `check`: the user must be able to run what it is given.
             match perago_sys::user::body_user(user) {
@@ -340,12 +469,15 @@ pub(crate) fn start(
                 Err(e) => add(e.to_string()),
             }
         }
-        if let Some(prefix) = prefix {
+        if let (Some(prefix), Some(capacity)) = (prefix, capacity) {
             tasks.push(TaskPlan {
-                capacity: plan.capacity_of(&manifest.task.name).clone(),
+                capacity,
                 manifest_path: std::fs::canonicalize(&path).unwrap_or(path),
+                mode: plan.mode_of(&name),
                 manifest,
                 prefix,
+                env: task_env,
+                sdk_settings,
             });
         }
     }
@@ -378,6 +510,9 @@ pub(crate) fn start(
     // What the broker and executors read is checked here too, so a bad value stops `start`
     // before anything starts instead of killing the first child.
     if let Err(e) = env::poll_wait(vars.get(env::PERAGO_POLL_WAIT_MS).map(String::as_str)) {
+        add(e.to_string());
+    }
+    if let Err(e) = env::poll_interval(vars.get(env::PERAGO_POLL_INTERVAL_MS).map(String::as_str)) {
         add(e.to_string());
     }
     if let Err(e) = perago_core::logging::JsonlConfig::from_lookup(PathBuf::new(), "", "", |n| {
@@ -583,7 +718,14 @@ mod tests {
         StartArgs {
             manifests: vec![PathBuf::from("task.toml")],
             jobs: vec![jobs.to_string()],
-            execution_mode: mode,
+            execution_mode: mode
+                .map(|m| crate::cli::ModeSpec {
+                    task: None,
+                    mode: m.into(),
+                })
+                .into_iter()
+                .collect(),
+            jobs_given: true,
             once: false,
             max_tasks_per_executor: None,
             max_executor_memory: None,
@@ -745,6 +887,121 @@ mod tests {
                 .unwrap_err()
                 .to_string(),
             "invalid execution mode \"fork\" in PERAGO_EXECUTION_MODE: expected process or thread"
+        );
+    }
+
+    #[test]
+    fn execution_mode_by_task_type_wins_and_names_its_flag() {
+        use crate::cli::ModeSpec;
+        let with = |specs: &[(Option<&str>, ExecutionMode)], env: &[(&str, &str)]| {
+            let mut a = args(1, None);
+            a.execution_mode = specs
+                .iter()
+                .map(|(task, mode)| ModeSpec {
+                    task: task.map(str::to_owned),
+                    mode: *mode,
+                })
+                .collect();
+            resolve_args(&a, &vars(env))
+        };
+        let plan = with(
+            &[(Some("b"), ExecutionMode::Thread)],
+            &[("PERAGO_EXECUTION_MODE", "process")],
+        )
+        .unwrap();
+        assert_eq!(plan.mode_of("a"), ExecutionMode::Process);
+        assert_eq!(plan.mode_of("b"), ExecutionMode::Thread);
+        plan.check_names(&["a", "b"]).unwrap();
+        let err = plan.check_names(&["a"]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--execution-mode b=…: no manifest given has the task b (tasks: a)"
+        );
+        assert_eq!(err.process_exit_code(), 2);
+        let plan = with(
+            &[
+                (None, ExecutionMode::Thread),
+                (Some("a"), ExecutionMode::Process),
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            (plan.mode_of("a"), plan.mode_of("b")),
+            (ExecutionMode::Process, ExecutionMode::Thread)
+        );
+        for (specs, message) in [
+            (
+                &[
+                    (None, ExecutionMode::Thread),
+                    (None, ExecutionMode::Process),
+                ][..],
+                "--execution-mode thread and --execution-mode process: give one mode for every task type, and NAME=MODE for one task type",
+            ),
+            (
+                &[
+                    (Some("a"), ExecutionMode::Thread),
+                    (Some("a"), ExecutionMode::Process),
+                ],
+                "--execution-mode a=…: given twice for the task a",
+            ),
+        ] {
+            let err = with(specs, &[]).unwrap_err();
+            assert_eq!(err.to_string(), message);
+            assert_eq!(err.process_exit_code(), 2);
+        }
+    }
+
+    #[test]
+    fn the_sdk_thread_count_applies_only_without_j() {
+        let sdk = SdkSettings::resolve(&vars(&[("CONDUCTOR_WORKER_ALL_THREAD_COUNT", "3")]), "a")
+            .unwrap();
+        let mut a = args(1, None);
+        a.jobs_given = false;
+        a.jobs = vec!["b=2".to_owned()];
+        let plan = resolve_args(&a, &vars(&[])).unwrap();
+        let capacity = |name| {
+            plan.capacity_with_sdk(name, Some(&sdk), &a, &vars(&[]))
+                .unwrap()
+        };
+        assert_eq!(capacity("a"), Capacity::fixed(3));
+        // `-j NAME=N` wins for its task type.
+        assert_eq!(capacity("b"), Capacity::fixed(2));
+        assert_eq!(
+            plan.capacity_with_sdk("a", None, &a, &vars(&[])).unwrap(),
+            Capacity::fixed(1)
+        );
+        // `-j N` on the command line wins for every task type.
+        let given = args(1, None);
+        let plan = resolve_args(&given, &vars(&[])).unwrap();
+        assert_eq!(
+            plan.capacity_with_sdk("a", Some(&sdk), &given, &vars(&[]))
+                .unwrap(),
+            Capacity::fixed(1)
+        );
+    }
+
+    #[test]
+    fn the_sdk_domain_and_paused_wait_for_their_plan_fields() {
+        let sdk = |pairs: &[(&str, &str)]| SdkSettings::resolve(&vars(pairs), "a").unwrap();
+        assert_eq!(hand_over_domain_and_paused(&sdk(&[])), Ok(()));
+        assert_eq!(
+            hand_over_domain_and_paused(&sdk(&[("CONDUCTOR_WORKER_ALL_PAUSED", "false")])),
+            Ok(())
+        );
+        assert_eq!(
+            hand_over_domain_and_paused(&sdk(&[("CONDUCTOR_WORKER_A_DOMAIN", "blue")])),
+            Err(
+                "CONDUCTOR_WORKER_A_DOMAIN \"blue\": this build of perago does not poll task domains yet"
+                    .to_owned()
+            )
+        );
+        assert_eq!(
+            hand_over_domain_and_paused(&sdk(&[("conductor.worker.a.paused", "on")])),
+            Err(
+                "conductor.worker.a.paused \"true\": this build of perago cannot start paused yet"
+                    .to_owned()
+            )
         );
     }
 

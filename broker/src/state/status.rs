@@ -126,6 +126,8 @@ impl Machine {
             broker_pid: std::process::id(),
             started_at_unix_ms: unix_ms(self.started_at),
             capacity: Some(self.capacity_status()),
+            // Added by the actor, which knows how the supervisor set the runtime up.
+            settings: None,
         }
     }
 
