@@ -228,7 +228,7 @@ fn mode_spec(value: &str) -> Result<ModeSpec, String> {
     };
     let mode = mode
         .parse()
-        .map_err(|_| format!("expected process or thread, or NAME=process or NAME=thread"))?;
+        .map_err(|_| "expected process or thread, or NAME=process or NAME=thread".to_owned())?;
     Ok(ModeSpec { task, mode })
 }
 

@@ -259,7 +259,7 @@ impl SdkSettings {
                     }
                 }
                 Property::PollInterval => match raw.value.trim().parse::<f64>() {
-                    Ok(ms) if ms.is_finite() && ms >= 0.0 && ms <= 3_600_000.0 => {
+                    Ok(ms) if (0.0..=3_600_000.0).contains(&ms) => {
                         settings.poll_interval =
                             Some(from(&raw, Duration::from_micros((ms * 1000.0).round() as u64)));
                     }
