@@ -6,7 +6,11 @@ use crate::runtime::{
     gc, metrics, notify, registry, root,
     supervise::{self, RuntimeError},
 };
-use crate::{cli::StartArgs, errors::ExpectedError, sdk_settings::SdkSettings};
+use crate::{
+    cli::StartArgs,
+    errors::ExpectedError,
+    sdk_settings::{Property, SdkSettings},
+};
 use perago_core::lakefs::{LakefsClient, LakefsConfig};
 use perago_core::{
     capacity::{Capacity, parse_jobs},
@@ -433,7 +437,21 @@ pub(crate) fn start(
             .ok();
         let mut task_env = Vec::new();
         let unset = |variable: &str| vars.get(variable).is_none_or(|v| v.trim().is_empty());
-        let sdk_settings = sdk.as_ref().map(SdkSettings::effective).unwrap_or_default();
+        // What perago's own settings overrode is not shown as applied.
+        let overridden = |property: Property| match property {
+            Property::ThreadCount => plan.jobs_given || plan.named.contains_key(&name),
+            Property::PollTimeout => !unset(env::PERAGO_POLL_WAIT_MS),
+            Property::PollInterval => !unset(env::PERAGO_POLL_INTERVAL_MS),
+            Property::WorkerId => vars.contains_key(env::PERAGO_WORKER_ID_PREFIX),
+            _ => false,
+        };
+        let sdk_settings: Vec<_> = sdk
+            .as_ref()
+            .map(SdkSettings::effective)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(property, _, _)| !overridden(*property))
+            .collect();
         if let Some(sdk) = &sdk {
             if let Some(timeout) = &sdk.poll_timeout
                 && unset(env::PERAGO_POLL_WAIT_MS)
@@ -642,6 +660,9 @@ pub(crate) fn start(
             .unwrap_or_else(|| root::default_log_root(vars));
         let mut lakefs_clients = Vec::new();
         for ((task, locked), notify) in tasks.into_iter().zip(&locks).zip(notifiers) {
+            for (property, value, variable) in &task.sdk_settings {
+                tracing::info!(task = %task.manifest.task.name, %property, %value, %variable, "Conductor SDK setting applied");
+            }
             // Staging branches named by the attempts swept are deleted with them.
             let lakefs = (task.manifest.task.kind == TaskKind::Workspace)
                 .then(|| LakefsConfig::from_lookup(|name| vars.get(name).cloned()))

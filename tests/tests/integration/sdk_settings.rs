@@ -58,6 +58,8 @@ async fn an_sdk_environment_sets_executors_worker_ids_and_polls_without_j() {
             ("CONDUCTOR_WORKER_SDK.ENV_POLL_INTERVAL", "50"),
             ("conductor.worker.sdk.env.worker_id", "pod7-"),
             ("CONDUCTOR_WORKER_ALL_LEASE_EXTEND_ENABLED", "true"),
+            // The harness sets PERAGO_POLL_WAIT_MS, which wins: not listed as applied.
+            ("CONDUCTOR_WORKER_ALL_POLL_TIMEOUT", "1000"),
             // Another task's settings are not this one's.
             ("CONDUCTOR_WORKER_OTHER_THREAD_COUNT", "5"),
         ],
