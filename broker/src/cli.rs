@@ -258,6 +258,39 @@ mod tests {
     }
 
     #[test]
+    fn the_runtime_settings_and_poll_interval_are_read_and_checked() {
+        let ok = config(&[
+            (env::PERAGO_EXECUTION_MODE, "thread"),
+            (env::PERAGO_POLL_INTERVAL_MS, "75"),
+            (
+                env::PERAGO_SDK_SETTINGS,
+                r#"[{"property":"poll_interval","value":"75","variable":"CONDUCTOR_WORKER_ALL_POLL_INTERVAL"}]"#,
+            ),
+        ])
+        .unwrap();
+        assert_eq!(ok.poll_interval, std::time::Duration::from_millis(75));
+        assert_eq!(ok.settings.execution_mode, "thread");
+        assert_eq!(ok.settings.sdk_settings.len(), 1);
+        assert_eq!(
+            config(&[]).unwrap().poll_interval,
+            std::time::Duration::ZERO
+        );
+        for bad in ["{}", "[1]", r#"[{"property":"x"}]"#] {
+            let err = config(&[(env::PERAGO_SDK_SETTINGS, bad)]).unwrap_err();
+            assert!(
+                err.to_string().starts_with("PERAGO_SDK_SETTINGS "),
+                "{bad}: {err}"
+            );
+        }
+        let err = config(&[(env::PERAGO_POLL_INTERVAL_MS, "soon")]).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("PERAGO_POLL_INTERVAL_MS \"soon\""),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn every_bad_variable_is_named_by_its_variant() {
         assert!(config(&[]).is_ok());
         let missing = config_from(|_| None).unwrap_err();
