@@ -99,6 +99,8 @@ pub(crate) struct Actor {
     /// about it are logged within it, and so are the reporter's, whose tasks carry it on.
     spans: HashMap<String, Span>,
     poll_reply: Option<oneshot::Sender<u32>>,
+    /// How the supervisor set the runtime up, added to every status.
+    settings: Option<perago_proto::admin::v1::RuntimeSettings>,
     reporter: Reporter,
     events: mpsc::Sender<Event>,
     drained: Option<oneshot::Sender<()>>,
@@ -162,6 +164,7 @@ impl Actor {
             leases: HashMap::new(),
             spans: HashMap::new(),
             poll_reply: None,
+            settings: None,
             reporter,
             events,
             drained: Some(drained),
@@ -190,6 +193,15 @@ impl Actor {
     pub(crate) fn with_stall_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.machine = self.machine.with_stall_timeout(timeout);
         self.ping_every = timeout.map(perago_core::liveness::ping_interval);
+        self
+    }
+
+    /// Reports `settings` in every status (they never change while the broker runs).
+    pub(crate) fn with_settings(
+        mut self,
+        settings: perago_proto::admin::v1::RuntimeSettings,
+    ) -> Self {
+        self.settings = Some(settings);
         self
     }
 
@@ -373,7 +385,8 @@ impl Actor {
             }
             Event::Status { reply } => {
                 let out = self.machine.handle(Input::Status, now());
-                if let Reply::Status(status) = out.reply {
+                if let Reply::Status(mut status) = out.reply {
+                    status.settings.clone_from(&self.settings);
                     let _ = reply.send(*status);
                 }
                 self.perform(out.effects);

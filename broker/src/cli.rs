@@ -44,9 +44,15 @@ pub enum ConfigError {
     /// The Conductor client settings are bad.
     #[error(transparent)]
     Conductor(#[from] perago_core::conductor::ClientConfigError),
-    /// `PERAGO_POLL_WAIT_MS` is not milliseconds, or below the least allowed.
+    /// `PERAGO_POLL_WAIT_MS` or `PERAGO_POLL_INTERVAL_MS` is not milliseconds, or out of range.
     #[error(transparent)]
     PollWait(perago_core::env::SettingError),
+    /// `PERAGO_SDK_SETTINGS` is not what the supervisor writes.
+    #[error(
+        "{} {value:?}: expected a JSON array of {{\"property\", \"value\", \"variable\"}}",
+        env::PERAGO_SDK_SETTINGS
+    )]
+    SdkSettings { value: String },
     /// `PERAGO_CONTROL_PID` is not a process id.
     #[error("{PERAGO_CONTROL_PID} must be a process id")]
     ControlPid {
@@ -98,6 +104,9 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
     let conductor = ConductorClient::from_lookup(&lookup)?;
     let poll_wait =
         env::poll_wait(lookup(PERAGO_POLL_WAIT_MS).as_deref()).map_err(ConfigError::PollWait)?;
+    let poll_interval = env::poll_interval(lookup(env::PERAGO_POLL_INTERVAL_MS).as_deref())
+        .map_err(ConfigError::PollWait)?;
+    let settings = runtime_settings(&lookup)?;
     let control_pid = match var(PERAGO_CONTROL_PID) {
         None => std::os::unix::process::parent_id(),
         Some(pid) => pid
@@ -138,6 +147,8 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
         control_pid,
         poll_wait,
         domain,
+        poll_interval,
+        settings,
         metrics_addr,
         stall_timeout,
         workspace_root,
@@ -193,6 +204,44 @@ fn start() -> Result<i32, Exit> {
     })
 }
 
+/// What the supervisor says about how this runtime runs (`PERAGO_EXECUTION_MODE`,
+/// `PERAGO_SDK_SETTINGS`), reported as is in `Admin.Status`.
+fn runtime_settings(
+    lookup: &impl Fn(&str) -> Option<String>,
+) -> Result<perago_proto::admin::v1::RuntimeSettings, ConfigError> {
+    use perago_proto::admin::v1::{RuntimeSettings, SdkSetting};
+    let execution_mode = lookup(env::PERAGO_EXECUTION_MODE).unwrap_or_default();
+    let sdk_settings = match lookup(env::PERAGO_SDK_SETTINGS).filter(|v| !v.trim().is_empty()) {
+        None => Vec::new(),
+        Some(value) => {
+            let bad = || ConfigError::SdkSettings {
+                value: value.clone(),
+            };
+            let rows: Vec<serde_json::Map<String, serde_json::Value>> =
+                serde_json::from_str(&value).map_err(|_| bad())?;
+            rows.iter()
+                .map(|row| {
+                    let field = |name: &str| {
+                        row.get(name)
+                            .and_then(serde_json::Value::as_str)
+                            .map(str::to_owned)
+                            .ok_or_else(bad)
+                    };
+                    Ok::<_, ConfigError>(SdkSetting {
+                        property: field("property")?,
+                        value: field("value")?,
+                        variable: field("variable")?,
+                    })
+                })
+                .collect::<Result<_, _>>()?
+        }
+    };
+    Ok(RuntimeSettings {
+        execution_mode,
+        sdk_settings,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,6 +263,39 @@ mod tests {
             vars.insert((*k).to_owned(), (*v).to_owned());
         }
         config_from(|name| vars.get(name).cloned())
+    }
+
+    #[test]
+    fn the_runtime_settings_and_poll_interval_are_read_and_checked() {
+        let ok = config(&[
+            (env::PERAGO_EXECUTION_MODE, "thread"),
+            (env::PERAGO_POLL_INTERVAL_MS, "75"),
+            (
+                env::PERAGO_SDK_SETTINGS,
+                r#"[{"property":"poll_interval","value":"75","variable":"CONDUCTOR_WORKER_ALL_POLL_INTERVAL"}]"#,
+            ),
+        ])
+        .unwrap();
+        assert_eq!(ok.poll_interval, std::time::Duration::from_millis(75));
+        assert_eq!(ok.settings.execution_mode, "thread");
+        assert_eq!(ok.settings.sdk_settings.len(), 1);
+        assert_eq!(
+            config(&[]).unwrap().poll_interval,
+            std::time::Duration::ZERO
+        );
+        for bad in ["{}", "[1]", r#"[{"property":"x"}]"#] {
+            let err = config(&[(env::PERAGO_SDK_SETTINGS, bad)]).unwrap_err();
+            assert!(
+                err.to_string().starts_with("PERAGO_SDK_SETTINGS "),
+                "{bad}: {err}"
+            );
+        }
+        let err = config(&[(env::PERAGO_POLL_INTERVAL_MS, "soon")]).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("PERAGO_POLL_INTERVAL_MS \"soon\""),
+            "{err}"
+        );
     }
 
     #[test]

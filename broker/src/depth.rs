@@ -205,6 +205,7 @@ mod tests {
             domain: Some(Domain::parse("blue").unwrap()),
             broker_id: "tBroker".to_owned(),
             wait: std::time::Duration::from_millis(100),
+            idle_wait: std::time::Duration::ZERO,
             backoff: perago_core::backoff::Backoff::default_remote(),
             counters: Arc::default(),
             gauges: Arc::default(),

@@ -55,6 +55,10 @@ pub struct BrokerConfig {
     /// `PERAGO_DOMAIN`: the task domain polled in, whose queue depth is read; `None`: the
     /// default queue.
     pub domain: Option<perago_core::conductor::Domain>,
+    /// `PERAGO_POLL_INTERVAL_MS`: the wait after a poll that brought no task (zero: none).
+    pub poll_interval: Duration,
+    /// How the supervisor set the runtime up (execution mode, SDK settings), for Admin.Status.
+    pub settings: perago_proto::admin::v1::RuntimeSettings,
     /// Where to serve Prometheus metrics (`PERAGO_METRICS_ADDR`); off when `None`.
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// `PERAGO_STALL_TIMEOUT`: an executor not heard from this long is killed (`None`: off).
@@ -180,7 +184,8 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         config.domain.clone(),
     )
     .with_health(health_reporter.clone())
-    .with_stall_timeout(config.stall_timeout);
+    .with_stall_timeout(config.stall_timeout)
+    .with_settings(config.settings.clone());
     let watchers = actor.watchers();
     let actor = tokio::spawn(actor.run(rx));
     if config.capacity.min_free_memory.is_some() {
@@ -196,6 +201,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         domain: config.domain.clone(),
         broker_id: config.prefix.broker_id(),
         wait: config.poll_wait,
+        idle_wait: config.poll_interval,
         backoff,
         counters: Arc::clone(&counters),
         gauges: Arc::clone(&gauges),

@@ -25,6 +25,9 @@ pub(crate) struct Poller {
     pub(crate) domain: Option<Domain>,
     pub(crate) broker_id: String,
     pub(crate) wait: Duration,
+    /// The wait after a poll that brought no task, before the next (`PERAGO_POLL_INTERVAL_MS`,
+    /// the SDK's `poll_interval`; zero: the long poll alone paces the loop).
+    pub(crate) idle_wait: Duration,
     pub(crate) backoff: Backoff,
     pub(crate) counters: Arc<Counters>,
     pub(crate) gauges: Arc<Gauges>,
@@ -74,11 +77,15 @@ impl Poller {
                         tracing::info!(failures, "polling recovered");
                         failures = 0;
                     }
-                    if tasks.is_empty() {
+                    let empty = tasks.is_empty();
+                    if empty {
                         self.counters.empty_polls.inc();
                     }
                     if events.send(Event::polled(tasks, count)).await.is_err() {
                         return;
+                    }
+                    if empty && !self.idle_wait.is_zero() {
+                        tokio::time::sleep(self.idle_wait).await;
                     }
                 }
                 Err(e) => {

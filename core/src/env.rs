@@ -48,6 +48,13 @@ pub const PERAGO_METRICS_ADDR: &str = "PERAGO_METRICS_ADDR";
 pub const PERAGO_DOMAIN: &str = "PERAGO_DOMAIN";
 /// Long-poll wait in milliseconds (default 5000). Read by the broker.
 pub const PERAGO_POLL_WAIT_MS: &str = "PERAGO_POLL_WAIT_MS";
+/// How long the broker waits after a poll that brought no task before it polls again, in
+/// milliseconds (default 0: the long poll itself paces the loop). Read by the broker; `start`
+/// sets it from the Conductor SDK's `poll_interval`.
+pub const PERAGO_POLL_INTERVAL_MS: &str = "PERAGO_POLL_INTERVAL_MS";
+/// The Conductor SDK worker settings `start` applied to a runtime, for its broker to report in
+/// `Admin.Status`: a JSON array of `{"property", "value", "variable"}`. Set by the supervisor.
+pub const PERAGO_SDK_SETTINGS: &str = "PERAGO_SDK_SETTINGS";
 /// The broker program `start` runs (default: `perago-broker` beside the supervisor).
 pub const PERAGO_BROKER_BIN: &str = "PERAGO_BROKER_BIN";
 /// The stock executor program `start` runs (default: `perago-executor` beside the supervisor).
@@ -304,6 +311,25 @@ pub fn poll_wait(value: Option<&str>) -> Result<Duration, SettingError> {
     Ok(Duration::from_millis(ms))
 }
 
+/// The most `PERAGO_POLL_INTERVAL_MS`: an hour.
+pub const MAX_POLL_INTERVAL_MS: u64 = 3_600_000;
+
+/// `PERAGO_POLL_INTERVAL_MS` from its value (unset or empty: zero): whole milliseconds, at
+/// most [`MAX_POLL_INTERVAL_MS`].
+pub fn poll_interval(value: Option<&str>) -> Result<Duration, SettingError> {
+    let Some(text) = value.filter(|v| !v.trim().is_empty()) else {
+        return Ok(Duration::ZERO);
+    };
+    match text.trim().parse::<u64>() {
+        Ok(ms) if ms <= MAX_POLL_INTERVAL_MS => Ok(Duration::from_millis(ms)),
+        _ => Err(SettingError::Invalid {
+            name: PERAGO_POLL_INTERVAL_MS,
+            value: text.to_owned(),
+            problem: format!("must be whole milliseconds from 0 to {MAX_POLL_INTERVAL_MS}"),
+        }),
+    }
+}
+
 /// A duration variable with a lower bound: [`duration_var`], then at least `min`.
 pub fn duration_at_least(
     name: &'static str,
@@ -359,6 +385,18 @@ mod tests {
         .unwrap();
         assert_eq!(fine.len(), 1, "variables perago does not read are left out");
         assert!(is_setting("XDG_STATE_HOME") && is_setting("PATH") && !is_setting("LANG"));
+    }
+
+    #[test]
+    fn the_poll_interval_is_whole_milliseconds_up_to_an_hour() {
+        assert_eq!(poll_interval(None), Ok(Duration::ZERO));
+        assert_eq!(poll_interval(Some("")), Ok(Duration::ZERO));
+        assert_eq!(poll_interval(Some("250")), Ok(Duration::from_millis(250)));
+        assert_eq!(
+            poll_interval(Some("1.5")).unwrap_err().to_string(),
+            r#"PERAGO_POLL_INTERVAL_MS "1.5": must be whole milliseconds from 0 to 3600000"#
+        );
+        assert!(poll_interval(Some("3600001")).is_err());
     }
 
     #[test]

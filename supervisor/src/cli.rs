@@ -112,9 +112,14 @@ pub struct StartArgs {
     )]
     pub jobs: Vec<String>,
     /// `process` (a broker and N executor processes) or `thread` (one process). Default: the
-    /// PERAGO_EXECUTION_MODE environment variable, else `process`.
-    #[arg(long, value_enum)]
-    pub execution_mode: Option<ModeArg>,
+    /// PERAGO_EXECUTION_MODE environment variable, else `process`. `NAME=process` or
+    /// `NAME=thread` (repeatable) sets the task type NAME's own.
+    #[arg(long, value_name = "[NAME=]process|thread", value_parser = mode_spec)]
+    pub execution_mode: Vec<ModeSpec>,
+    /// Whether `-j` was given on the command line (not its default): the Conductor SDK's
+    /// `thread_count` applies only without it.
+    #[arg(skip)]
+    pub jobs_given: bool,
     /// Work until Conductor has no task of this type left and every slot is idle, then drain
     /// and exit 0 (cron jobs, CI, backfills). Also PERAGO_ONCE=1.
     #[arg(long)]
@@ -246,6 +251,33 @@ pub enum ModeArg {
     Process,
     /// Broker and executor slots in the supervisor process; bodies are still subprocesses.
     Thread,
+}
+
+/// One `--execution-mode` of `start`: every task type's (`task` none) or one task type's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModeSpec {
+    /// `NAME=` of `NAME=MODE`.
+    pub task: Option<String>,
+    /// The mode.
+    pub mode: ExecutionMode,
+}
+
+/// `process`, `thread`, `NAME=process` or `NAME=thread`.
+fn mode_spec(value: &str) -> Result<ModeSpec, String> {
+    let (task, mode) = match value.split_once('=') {
+        Some((name, mode)) => {
+            let name = name.trim();
+            if name.is_empty() {
+                return Err("expected NAME=process or NAME=thread".to_owned());
+            }
+            (Some(name.to_owned()), mode)
+        }
+        None => (None, value),
+    };
+    let mode = mode
+        .parse()
+        .map_err(|_| "expected process or thread, or NAME=process or NAME=thread".to_owned())?;
+    Ok(ModeSpec { task, mode })
 }
 
 impl From<ModeArg> for ExecutionMode {

@@ -287,13 +287,13 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
             let locked = crate::runtime::root::lock(&root, vars, Duration::ZERO).await?;
             let prefix = WorkerPrefix::derive(&name)
                 .map_err(|e| ExpectedError::Config(vec![e.to_string()]))?;
-            let task = TaskPlan {
-                manifest: manifest.clone(),
-                manifest_path: task.manifest_path.clone(),
-                capacity: perago_core::capacity::Capacity::fixed(workers.get()),
+            let task = TaskPlan::new(
+                manifest.clone(),
+                task.manifest_path.clone(),
+                perago_core::capacity::Capacity::fixed(workers.get()),
                 prefix,
-                domain: None,
-            };
+                plan.mode,
+            );
             let lakefs = lakefs.as_ref().map(|(_, c)| c.clone());
             runs.push(plan.runtime(task, &locked, lakefs, None, vars)?);
             locks.push(locked);

@@ -17,6 +17,7 @@ mod pause;
 mod plan;
 mod runtime;
 mod scale;
+mod sdk_settings;
 mod start;
 mod status;
 
@@ -71,7 +72,17 @@ where
         .name(bin_name)
         .bin_name(bin_name)
         .try_get_matches_from(args)
-        .and_then(|matches| Cli::from_arg_matches(&matches));
+        .and_then(|matches| {
+            let mut cli = Cli::from_arg_matches(&matches)?;
+            if let Command::Start(args) = &mut cli.command {
+                // `-j` has a default: the SDK's thread_count applies only when it was not given.
+                args.jobs_given = matches
+                    .subcommand_matches("start")
+                    .and_then(|m| m.value_source("jobs"))
+                    == Some(clap::parser::ValueSource::CommandLine);
+            }
+            Ok(cli)
+        });
     let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => {

@@ -71,6 +71,34 @@ pub(crate) struct TaskPlan {
     /// default queue. A setting from the SDK's names (`CONDUCTOR_WORKER_<TASK>_DOMAIN`) goes
     /// here when no flag gave one (see [`crate::start::StartPlan::domain_of`]).
     pub(crate) domain: Option<Domain>,
+    /// How this task type runs (`--execution-mode [NAME=]MODE`).
+    pub(crate) mode: ExecutionMode,
+    /// Extra environment for this task type's children (the SDK's poll settings).
+    pub(crate) env: Vec<(String, String)>,
+    /// The Conductor SDK's settings that apply, as `(property, value, variable)`.
+    pub(crate) sdk_settings: Vec<(crate::sdk_settings::Property, String, String)>,
+}
+
+impl TaskPlan {
+    /// A task type with no settings of its own beyond its capacity, in `mode`.
+    pub(crate) fn new(
+        manifest: Manifest,
+        manifest_path: PathBuf,
+        capacity: Capacity,
+        prefix: WorkerPrefix,
+        mode: ExecutionMode,
+    ) -> Self {
+        Self {
+            manifest,
+            manifest_path,
+            capacity,
+            prefix,
+            mode,
+            env: Vec::new(),
+            sdk_settings: Vec::new(),
+            domain: None,
+        }
+    }
 }
 
 impl Plan {
@@ -99,7 +127,29 @@ impl Plan {
         notify: Option<NotifyHandle>,
         vars: &BTreeMap<String, String>,
     ) -> Result<(RuntimeSpec, Launcher), ExpectedError> {
-        let launcher = self.launcher(&task.manifest, locked, vars)?;
+        let launcher = self.launcher(&task.manifest, task.mode, locked, vars)?;
+        let mut child_env = self.child_env.clone();
+        child_env.extend(task.env);
+        // What the broker reports in Admin.Status: how this runtime runs, and the SDK settings
+        // that applied to it.
+        child_env.push((env::PERAGO_EXECUTION_MODE.to_owned(), task.mode.to_string()));
+        if !task.sdk_settings.is_empty() {
+            let rows: Vec<serde_json::Value> = task
+                .sdk_settings
+                .iter()
+                .map(|(property, value, variable)| {
+                    serde_json::json!({
+                        "property": property.name(),
+                        "value": value,
+                        "variable": variable,
+                    })
+                })
+                .collect();
+            child_env.push((
+                env::PERAGO_SDK_SETTINGS.to_owned(),
+                serde_json::Value::from(rows).to_string(),
+            ));
+        }
         let name = task.manifest.task.name.clone();
         let spec = RuntimeSpec {
             task_name: name.clone(),
@@ -114,7 +164,7 @@ impl Plan {
             workspace_root: locked.root.clone(),
             gc_interval: self.gc_interval,
             gc_ttl: self.gc_ttl,
-            child_env: self.child_env.clone(),
+            child_env,
             lakefs,
             notify,
             process_label: self.several.then_some(name),
@@ -127,10 +177,11 @@ impl Plan {
     fn launcher(
         &self,
         manifest: &Manifest,
+        mode: ExecutionMode,
         locked: &LockedRoot,
         vars: &BTreeMap<String, String>,
     ) -> Result<Launcher, ExpectedError> {
-        match self.mode {
+        match mode {
             ExecutionMode::Thread => Ok(Launcher::thread(Arc::new(manifest.clone()))?),
             ExecutionMode::Process => Ok(Launcher::Process {
                 lock_fd: Some(locked.lock_fd()),
@@ -215,13 +266,13 @@ mod tests {
             "http://conductor".to_owned(),
         );
         plan.several = true;
-        let task = TaskPlan {
-            manifest: manifest("command = [\"true\"]"),
-            manifest_path: PathBuf::from("/srv/task.toml"),
-            capacity: Capacity::fixed(2),
-            prefix: WorkerPrefix::derive("orders.ship").unwrap(),
-            domain: None,
-        };
+        let task = TaskPlan::new(
+            manifest("command = [\"true\"]"),
+            PathBuf::from("/srv/task.toml"),
+            Capacity::fixed(2),
+            WorkerPrefix::derive("orders.ship").unwrap(),
+            plan.mode,
+        );
         let (spec, launcher) = plan.runtime(task, &locked, None, None, &vars).unwrap();
         assert_eq!(spec.task_name, "orders.ship");
         assert_eq!(
@@ -254,14 +305,13 @@ mod tests {
             "{executor_bin:?}"
         );
         // A Rust task binary is its own executor; thread mode refuses it.
-        let task = TaskPlan {
-            manifest: manifest("executor = \"/bin/task\""),
-            manifest_path: PathBuf::from("/srv/task.toml"),
-            capacity: Capacity::fixed(1),
-            prefix: WorkerPrefix::derive("orders.ship").unwrap(),
-            domain: None,
-        };
-        plan.mode = ExecutionMode::Thread;
+        let task = TaskPlan::new(
+            manifest("executor = \"/bin/task\""),
+            PathBuf::from("/srv/task.toml"),
+            Capacity::fixed(1),
+            WorkerPrefix::derive("orders.ship").unwrap(),
+            ExecutionMode::Thread,
+        );
         assert!(matches!(
             plan.runtime(task, &locked, None, None, &vars),
             Err(ExpectedError::ThreadMode(_))

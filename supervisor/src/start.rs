@@ -6,7 +6,11 @@ use crate::runtime::{
     gc, metrics, notify, registry, root,
     supervise::{self, RuntimeError},
 };
-use crate::{cli::StartArgs, errors::ExpectedError};
+use crate::{
+    cli::StartArgs,
+    errors::ExpectedError,
+    sdk_settings::{Property, SdkSettings},
+};
 use perago_core::lakefs::{LakefsClient, LakefsConfig};
 use perago_core::{
     capacity::{Capacity, parse_jobs},
@@ -22,6 +26,20 @@ use std::{
     time::Duration,
 };
 
+/// The SDK's `domain` and `paused` for a task type (`conductor.worker.<task>.domain`,
+/// `CONDUCTOR_WORKER_ALL_PAUSED`, …), checked as `--domain` is. The caller applies each only
+/// where perago's own flags and variables left it unset.
+fn sdk_domain_and_paused(sdk: &SdkSettings) -> Result<(Option<Domain>, Option<bool>), String> {
+    let domain = sdk
+        .domain_for()
+        .map(|domain| {
+            Domain::parse(&domain.value)
+                .map_err(|e| format!("{} {:?}: {e}", domain.variable, domain.value))
+        })
+        .transpose()?;
+    Ok((domain, sdk.paused_for().map(|paused| paused.value)))
+}
+
 /// How long `start` waits, by default, for an earlier runtime under the same root to drain.
 const DEFAULT_ROOT_LOCK_WAIT: Duration = Duration::from_secs(30);
 
@@ -32,14 +50,45 @@ pub(crate) struct StartPlan {
     pub(crate) capacity: Capacity,
     /// `-j NAME=N` / `-j NAME=MIN..MAX`: one task type's capacity, by task name.
     pub(crate) named: BTreeMap<String, Capacity>,
+    /// The execution mode of every task type without a `--execution-mode NAME=…` of its own.
     pub(crate) mode: ExecutionMode,
     /// `--domain DOMAIN`: the domain of every task type without one of its own.
     pub(crate) domain: Option<Domain>,
     /// `--domain NAME=DOMAIN`: one task type's domain, by task name.
     pub(crate) named_domains: BTreeMap<String, Domain>,
+    /// `--execution-mode NAME=MODE`: one task type's mode, by task name.
+    pub(crate) modes: BTreeMap<String, ExecutionMode>,
+    /// `-j` given on the command line: the SDK's `thread_count` does not apply.
+    pub(crate) jobs_given: bool,
 }
 
 impl StartPlan {
+    /// The execution mode of the task type `name`.
+    pub(crate) fn mode_of(&self, name: &str) -> ExecutionMode {
+        self.modes.get(name).copied().unwrap_or(self.mode)
+    }
+
+    /// The capacity of the task type `name` with its SDK settings: `-j` (for every task type
+    /// or for this one) wins, then the SDK's `thread_count` (named by its variable).
+    fn capacity_with_sdk(
+        &self,
+        name: &str,
+        sdk: Option<&SdkSettings>,
+        args: &StartArgs,
+        vars: &BTreeMap<String, String>,
+    ) -> Result<Capacity, String> {
+        if self.named.contains_key(name) || self.jobs_given {
+            return Ok(self.capacity_of(name).clone());
+        }
+        match sdk.and_then(|s| s.thread_count.as_ref()) {
+            None => Ok(self.capacity_of(name).clone()),
+            Some(count) => Capacity::resolve(&args.capacity_flags(&count.value.to_string()), |n| {
+                vars.get(n).cloned()
+            })
+            .map_err(|e| format!("{}: {e}", count.variable)),
+        }
+    }
+
     /// The capacity of the task type `name`.
     pub(crate) fn capacity_of(&self, name: &str) -> &Capacity {
         self.named.get(name).unwrap_or(&self.capacity)
@@ -53,23 +102,19 @@ impl StartPlan {
 
     /// Every `-j NAME=…` and `--domain NAME=…` names one of `names`.
     fn check_names(&self, names: &[&str]) -> Result<(), ExpectedError> {
-        if let Some(unknown) = self
-            .named_domains
-            .keys()
+        let unknown = |keys: Vec<&String>, flag: &str| match keys
+            .into_iter()
             .find(|n| !names.contains(&n.as_str()))
         {
-            return Err(ExpectedError::Usage(format!(
-                "--domain {unknown}=…: no manifest given has the task {unknown} (tasks: {})",
-                names.join(", ")
-            )));
-        }
-        match self.named.keys().find(|n| !names.contains(&n.as_str())) {
             None => Ok(()),
             Some(unknown) => Err(ExpectedError::Usage(format!(
-                "-j {unknown}=…: no manifest given has the task {unknown} (tasks: {})",
+                "{flag} {unknown}=…: no manifest given has the task {unknown} (tasks: {})",
                 names.join(", ")
             ))),
-        }
+        };
+        unknown(self.named_domains.keys().collect(), "--domain")?;
+        unknown(self.named.keys().collect(), "-j")?;
+        unknown(self.modes.keys().collect(), "--execution-mode")
     }
 }
 
@@ -181,8 +226,29 @@ pub(crate) fn resolve_args(
                 .map_err(capacity_problems)
         })
         .collect::<Result<_, _>>()?;
+    let mut every_mode: Option<ExecutionMode> = None;
+    let mut modes = BTreeMap::new();
+    for spec in &args.execution_mode {
+        match &spec.task {
+            None => {
+                if let Some(first) = every_mode.replace(spec.mode) {
+                    return Err(ExpectedError::Usage(format!(
+                        "--execution-mode {first} and --execution-mode {}: give one mode for every task type, and NAME=MODE for one task type",
+                        spec.mode
+                    )));
+                }
+            }
+            Some(name) => {
+                if modes.insert(name.clone(), spec.mode).is_some() {
+                    return Err(ExpectedError::Usage(format!(
+                        "--execution-mode {name}=…: given twice for the task {name}"
+                    )));
+                }
+            }
+        }
+    }
     let mode = ExecutionMode::resolve(
-        args.execution_mode.map(Into::into),
+        every_mode,
         vars.get(env::PERAGO_EXECUTION_MODE).map(String::as_str),
     )?;
     Ok(StartPlan {
@@ -191,6 +257,8 @@ pub(crate) fn resolve_args(
         mode,
         domain,
         named_domains,
+        modes,
+        jobs_given: args.jobs_given,
     })
 }
 
@@ -394,9 +462,86 @@ pub(crate) fn start(
     }
     let mut tasks = Vec::new();
     for (path, manifest) in manifests {
-        let prefix = prefix_of(&manifest.task.name, vars, several)
-            .map_err(|e| add(e.to_string()))
+        let name = manifest.task.name.clone();
+        // The Conductor SDK's worker settings, under its names; perago's own win.
+        let sdk = SdkSettings::resolve(vars, &name)
+            .map_err(|found| found.into_iter().for_each(add))
             .ok();
+        let mut prefix_vars = std::borrow::Cow::Borrowed(vars);
+        if let Some(worker_id) = sdk.as_ref().and_then(|s| s.worker_id.as_ref())
+            && !vars.contains_key(env::PERAGO_WORKER_ID_PREFIX)
+        {
+            // The SDK's worker_id is the prefix of every worker id of the task type, as
+            // PERAGO_WORKER_ID_PREFIX is (each slot still needs an id of its own).
+            prefix_vars.to_mut().insert(
+                env::PERAGO_WORKER_ID_PREFIX.to_owned(),
+                worker_id.value.clone(),
+            );
+        }
+        let prefix = prefix_of(&name, &prefix_vars, several)
+            .map_err(|e| match sdk.as_ref().and_then(|s| s.worker_id.as_ref()) {
+                Some(w) if !vars.contains_key(env::PERAGO_WORKER_ID_PREFIX) => {
+                    add(format!("{} {:?}: {e}", w.variable, w.value))
+                }
+                _ => add(e.to_string()),
+            })
+            .ok();
+        let capacity = plan
+            .capacity_with_sdk(&name, sdk.as_ref(), args, vars)
+            .map_err(add)
+            .ok();
+        let mut capacity = capacity;
+        let mut sdk_domain = None;
+        let mut task_env = Vec::new();
+        let unset = |variable: &str| vars.get(variable).is_none_or(|v| v.trim().is_empty());
+        // What perago's own settings overrode is not shown as applied.
+        let overridden = |property: Property| match property {
+            Property::ThreadCount => plan.jobs_given || plan.named.contains_key(&name),
+            Property::PollTimeout => !unset(env::PERAGO_POLL_WAIT_MS),
+            Property::PollInterval => !unset(env::PERAGO_POLL_INTERVAL_MS),
+            Property::WorkerId => vars.contains_key(env::PERAGO_WORKER_ID_PREFIX),
+            Property::Domain => plan.domain_of(&name).is_some(),
+            Property::Paused => args.paused || !unset(perago_core::capacity::PERAGO_PAUSED),
+            _ => false,
+        };
+        let sdk_settings: Vec<_> = sdk
+            .as_ref()
+            .map(SdkSettings::effective)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(property, _, _)| !overridden(*property))
+            .collect();
+        if let Some(sdk) = &sdk {
+            if let Some(timeout) = &sdk.poll_timeout
+                && unset(env::PERAGO_POLL_WAIT_MS)
+            {
+                task_env.push((
+                    env::PERAGO_POLL_WAIT_MS.to_owned(),
+                    timeout.value.as_millis().to_string(),
+                ));
+            }
+            if let Some(interval) = &sdk.poll_interval
+                && unset(env::PERAGO_POLL_INTERVAL_MS)
+            {
+                task_env.push((
+                    env::PERAGO_POLL_INTERVAL_MS.to_owned(),
+                    interval.value.as_millis().to_string(),
+                ));
+            }
+            match sdk_domain_and_paused(sdk) {
+                Ok((domain, paused)) => {
+                    if !overridden(Property::Domain) {
+                        sdk_domain = domain;
+                    }
+                    if let (Some(paused), Some(capacity)) = (paused, capacity.as_mut())
+                        && !overridden(Property::Paused)
+                    {
+                        capacity.paused = paused;
+                    }
+                }
+                Err(problem) => add(problem),
+            }
+        }
         if let Some(user) = &manifest.body.user {
             // The same checks as `check`: the user must be able to run what it is given.
             match perago_sys::user::body_user(user) {
@@ -411,13 +556,16 @@ pub(crate) fn start(
                 Err(e) => add(e.to_string()),
             }
         }
-        if let Some(prefix) = prefix {
+        if let (Some(prefix), Some(capacity)) = (prefix, capacity) {
             tasks.push(TaskPlan {
-                capacity: plan.capacity_of(&manifest.task.name).clone(),
+                capacity,
                 manifest_path: std::fs::canonicalize(&path).unwrap_or(path),
-                domain: plan.domain_of(&manifest.task.name).cloned(),
+                domain: plan.domain_of(&name).cloned().or(sdk_domain),
+                mode: plan.mode_of(&name),
                 manifest,
                 prefix,
+                env: task_env,
+                sdk_settings,
             });
         }
     }
@@ -450,6 +598,9 @@ pub(crate) fn start(
     // What the broker and executors read is checked here too, so a bad value stops `start`
     // before anything starts instead of killing the first child.
     if let Err(e) = env::poll_wait(vars.get(env::PERAGO_POLL_WAIT_MS).map(String::as_str)) {
+        add(e.to_string());
+    }
+    if let Err(e) = env::poll_interval(vars.get(env::PERAGO_POLL_INTERVAL_MS).map(String::as_str)) {
         add(e.to_string());
     }
     if let Err(e) = perago_core::logging::JsonlConfig::from_lookup(PathBuf::new(), "", "", |n| {
@@ -579,6 +730,9 @@ pub(crate) fn start(
             .unwrap_or_else(|| root::default_log_root(vars));
         let mut lakefs_clients = Vec::new();
         for ((task, locked), notify) in tasks.into_iter().zip(&locks).zip(notifiers) {
+            for (property, value, variable) in &task.sdk_settings {
+                tracing::info!(task = %task.manifest.task.name, %property, %value, %variable, "Conductor SDK setting applied");
+            }
             // Staging branches named by the attempts swept are deleted with them.
             let lakefs = (task.manifest.task.kind == TaskKind::Workspace)
                 .then(|| LakefsConfig::from_lookup(|name| vars.get(name).cloned()))
@@ -655,7 +809,14 @@ mod tests {
         StartArgs {
             manifests: vec![PathBuf::from("task.toml")],
             jobs: vec![jobs.to_string()],
-            execution_mode: mode,
+            execution_mode: mode
+                .map(|m| crate::cli::ModeSpec {
+                    task: None,
+                    mode: m.into(),
+                })
+                .into_iter()
+                .collect(),
+            jobs_given: true,
             once: false,
             paused: false,
             max_tasks_per_executor: None,
@@ -896,6 +1057,119 @@ mod tests {
                 .unwrap_err()
                 .to_string(),
             "invalid execution mode \"fork\" in PERAGO_EXECUTION_MODE: expected process or thread"
+        );
+    }
+
+    #[test]
+    fn execution_mode_by_task_type_wins_and_names_its_flag() {
+        use crate::cli::ModeSpec;
+        let with = |specs: &[(Option<&str>, ExecutionMode)], env: &[(&str, &str)]| {
+            let mut a = args(1, None);
+            a.execution_mode = specs
+                .iter()
+                .map(|(task, mode)| ModeSpec {
+                    task: task.map(str::to_owned),
+                    mode: *mode,
+                })
+                .collect();
+            resolve_args(&a, &vars(env))
+        };
+        let plan = with(
+            &[(Some("b"), ExecutionMode::Thread)],
+            &[("PERAGO_EXECUTION_MODE", "process")],
+        )
+        .unwrap();
+        assert_eq!(plan.mode_of("a"), ExecutionMode::Process);
+        assert_eq!(plan.mode_of("b"), ExecutionMode::Thread);
+        plan.check_names(&["a", "b"]).unwrap();
+        let err = plan.check_names(&["a"]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--execution-mode b=…: no manifest given has the task b (tasks: a)"
+        );
+        assert_eq!(err.process_exit_code(), 2);
+        let plan = with(
+            &[
+                (None, ExecutionMode::Thread),
+                (Some("a"), ExecutionMode::Process),
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            (plan.mode_of("a"), plan.mode_of("b")),
+            (ExecutionMode::Process, ExecutionMode::Thread)
+        );
+        for (specs, message) in [
+            (
+                &[
+                    (None, ExecutionMode::Thread),
+                    (None, ExecutionMode::Process),
+                ][..],
+                "--execution-mode thread and --execution-mode process: give one mode for every task type, and NAME=MODE for one task type",
+            ),
+            (
+                &[
+                    (Some("a"), ExecutionMode::Thread),
+                    (Some("a"), ExecutionMode::Process),
+                ],
+                "--execution-mode a=…: given twice for the task a",
+            ),
+        ] {
+            let err = with(specs, &[]).unwrap_err();
+            assert_eq!(err.to_string(), message);
+            assert_eq!(err.process_exit_code(), 2);
+        }
+    }
+
+    #[test]
+    fn the_sdk_thread_count_applies_only_without_j() {
+        let sdk = SdkSettings::resolve(&vars(&[("CONDUCTOR_WORKER_ALL_THREAD_COUNT", "3")]), "a")
+            .unwrap();
+        let mut a = args(1, None);
+        a.jobs_given = false;
+        a.jobs = vec!["b=2".to_owned()];
+        let plan = resolve_args(&a, &vars(&[])).unwrap();
+        let capacity = |name| {
+            plan.capacity_with_sdk(name, Some(&sdk), &a, &vars(&[]))
+                .unwrap()
+        };
+        assert_eq!(capacity("a"), Capacity::fixed(3));
+        // `-j NAME=N` wins for its task type.
+        assert_eq!(capacity("b"), Capacity::fixed(2));
+        assert_eq!(
+            plan.capacity_with_sdk("a", None, &a, &vars(&[])).unwrap(),
+            Capacity::fixed(1)
+        );
+        // `-j N` on the command line wins for every task type.
+        let given = args(1, None);
+        let plan = resolve_args(&given, &vars(&[])).unwrap();
+        assert_eq!(
+            plan.capacity_with_sdk("a", Some(&sdk), &given, &vars(&[]))
+                .unwrap(),
+            Capacity::fixed(1)
+        );
+    }
+
+    #[test]
+    fn the_sdk_domain_and_paused_are_checked_as_the_flags_are() {
+        let sdk = |pairs: &[(&str, &str)]| SdkSettings::resolve(&vars(pairs), "a").unwrap();
+        assert_eq!(sdk_domain_and_paused(&sdk(&[])), Ok((None, None)));
+        assert_eq!(
+            sdk_domain_and_paused(&sdk(&[("CONDUCTOR_WORKER_ALL_PAUSED", "false")])),
+            Ok((None, Some(false)))
+        );
+        assert_eq!(
+            sdk_domain_and_paused(&sdk(&[
+                ("CONDUCTOR_WORKER_A_DOMAIN", "blue"),
+                ("conductor.worker.a.paused", "on")
+            ])),
+            Ok((Some(Domain::parse("blue").unwrap()), Some(true)))
+        );
+        let bad = sdk_domain_and_paused(&sdk(&[("CONDUCTOR_WORKER_A_DOMAIN", "a:b")])).unwrap_err();
+        assert!(
+            bad.starts_with("CONDUCTOR_WORKER_A_DOMAIN \"a:b\": "),
+            "{bad}"
         );
     }
 

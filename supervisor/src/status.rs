@@ -294,6 +294,10 @@ pub(crate) fn to_json(status: &StatusResponse) -> Value {
         })).collect::<Vec<_>>(),
         "counters": status.counters.as_ref().map(counters_json),
         "capacity": status.capacity.as_ref().map(capacity_json),
+        "execution_mode": status.settings.as_ref().map(|s| s.execution_mode.clone()),
+        "sdk_settings": status.settings.as_ref().map(|s| s.sdk_settings.iter().map(|x| json!({
+            "property": x.property, "value": x.value, "variable": x.variable,
+        })).collect::<Vec<_>>()).unwrap_or_default(),
     })
 }
 
@@ -325,6 +329,28 @@ pub(crate) fn to_table(status: &StatusResponse) -> String {
         human(up),
         if status.draining { "yes" } else { "no" }
     );
+    if let Some(settings) = &status.settings {
+        let mut line = format!(
+            "execution mode {}",
+            cell(&settings.execution_mode, MAX_CELL_CHARS)
+        );
+        if !settings.sdk_settings.is_empty() {
+            let sdk: Vec<String> = settings
+                .sdk_settings
+                .iter()
+                .map(|x| {
+                    format!(
+                        "{}={} ({})",
+                        cell(&x.property, MAX_CELL_CHARS),
+                        cell(&x.value, MAX_CELL_CHARS),
+                        cell(&x.variable, MAX_CELL_CHARS)
+                    )
+                })
+                .collect();
+            let _ = write!(line, "  SDK settings: {}", sdk.join(", "));
+        }
+        let _ = writeln!(out, "{line}");
+    }
     let worker_ids: Vec<String> = status
         .slots
         .iter()

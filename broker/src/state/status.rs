@@ -141,6 +141,8 @@ impl Machine {
                 .map_or_else(String::new, ToString::to_string),
             paused: self.paused_since.is_some(),
             paused_since_unix_ms: self.paused_since.map_or(0, unix_ms),
+            // Added by the actor, which knows how the supervisor set the runtime up.
+            settings: None,
         }
     }
 

@@ -96,7 +96,16 @@ mod tests {
             workspace_root: "/var/lib/perago".into(),
             gc_interval: Duration::from_secs(300),
             gc_ttl: Duration::from_secs(3600),
-            child_env: vec![(env::PERAGO_POLL_WAIT_MS.to_owned(), "250".to_owned())],
+            child_env: vec![
+                (env::PERAGO_POLL_WAIT_MS.to_owned(), "250".to_owned()),
+                (env::PERAGO_POLL_INTERVAL_MS.to_owned(), "40".to_owned()),
+                (env::PERAGO_EXECUTION_MODE.to_owned(), "thread".to_owned()),
+                (
+                    env::PERAGO_SDK_SETTINGS.to_owned(),
+                    r#"[{"property":"thread_count","value":"3","variable":"CONDUCTOR_WORKER_ALL_THREAD_COUNT"}]"#
+                        .to_owned(),
+                ),
+            ],
             lakefs: None,
             notify: None,
             process_label: None,
@@ -115,6 +124,16 @@ mod tests {
         assert_eq!(broker.control_token, "c0ffee");
         assert_eq!(broker.control_pid, 4242);
         assert_eq!(broker.poll_wait, Duration::from_millis(250));
+        assert_eq!(broker.poll_interval, Duration::from_millis(40));
+        assert_eq!(broker.settings.execution_mode, "thread");
+        assert_eq!(
+            broker.settings.sdk_settings,
+            [perago_proto::admin::v1::SdkSetting {
+                property: "thread_count".into(),
+                value: "3".into(),
+                variable: "CONDUCTOR_WORKER_ALL_THREAD_COUNT".into(),
+            }]
+        );
         assert_eq!(broker.capacity, capacity);
         assert_eq!(broker.stall_timeout, Some(Duration::from_secs(5)));
         assert_eq!(broker.domain, spec.domain);

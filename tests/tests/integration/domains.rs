@@ -10,7 +10,7 @@ const ECHO: &str = "read params\necho '{\"result\": 1}'\n";
 
 /// Starts `count` workflows of `task` through the Conductor Python SDK
 /// (`StartWorkflowRequest.task_to_domain`); returns their ids.
-fn start_in_domain(
+pub(crate) fn start_in_domain(
     conductor: &Conductor,
     task: &TaskFixture,
     task_to_domain: &Value,
@@ -48,7 +48,7 @@ fn start_in_domain(
 }
 
 /// The workflow's task: its domain and the worker that took it.
-async fn taken_by(conductor: &Conductor, id: &str) -> (Value, String) {
+pub(crate) async fn taken_by(conductor: &Conductor, id: &str) -> (Value, String) {
     let wf = conductor.wait_terminal(id, Duration::from_secs(30)).await;
     assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
     let task = &wf["tasks"][0];

@@ -34,6 +34,7 @@ mod publish_once;
 mod ready;
 mod recycle;
 mod runtime;
+mod sdk_settings;
 mod secrets_channel;
 mod soft_limit;
 mod stall;
