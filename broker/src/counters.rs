@@ -330,26 +330,47 @@ impl Collector for SdkCollector {
 }
 
 /// The registry `/metrics` serves: the `perago_*` families labelled `task`, and the Conductor
-/// SDKs' canonical families labelled `taskType`; `perago_runtime_info` (always 1) carries the
-/// runtime's settings as labels: `domain` (empty: the default queue).
+/// SDKs' canonical families labelled `taskType`. `perago_runtime_info` (always 1) carries the
+/// runtime's settings as labels: `domain` (empty: the default queue) and `execution_mode`
+/// (empty: not told by a supervisor); `perago_sdk_setting_info` (1 each) names every Conductor
+/// SDK worker setting that applied, with its value and the variable it came from.
 pub(crate) fn registry(
     task: &str,
     domain: Option<&perago_core::conductor::Domain>,
+    settings: &perago_proto::admin::v1::RuntimeSettings,
     counters: &Arc<Counters>,
     gauges: &Arc<Gauges>,
 ) -> Registry {
     let mut root = Registry::default();
     let perago = root.sub_registry_with_label(("task".into(), task.to_owned().into()));
     let info = Family::<Vec<(String, String)>, Gauge>::default();
-    info.get_or_create(&vec![(
-        "domain".to_owned(),
-        domain.map_or_else(String::new, ToString::to_string),
-    )])
+    info.get_or_create(&vec![
+        (
+            "domain".to_owned(),
+            domain.map_or_else(String::new, ToString::to_string),
+        ),
+        ("execution_mode".to_owned(), settings.execution_mode.clone()),
+    ])
     .set(1);
     perago.register(
         "perago_runtime_info",
-        "The runtime's settings, as labels (domain: the task domain polled in; empty for none); always 1",
+        "The runtime's settings, as labels (domain: the task domain polled in, empty for none; execution_mode: process or thread); always 1",
         info,
+    );
+    let sdk_settings = Family::<Vec<(String, String)>, Gauge>::default();
+    for setting in &settings.sdk_settings {
+        sdk_settings
+            .get_or_create(&vec![
+                ("property".to_owned(), setting.property.clone()),
+                ("value".to_owned(), setting.value.clone()),
+                ("variable".to_owned(), setting.variable.clone()),
+            ])
+            .set(1);
+    }
+    perago.register(
+        "perago_sdk_setting_info",
+        "A Conductor SDK worker setting that applied (README: the Conductor SDK's worker settings), with its value and the variable that set it; always 1",
+        sdk_settings,
     );
     perago.register_collector(Box::new(PeragoCollector(
         Arc::clone(counters),
@@ -415,9 +436,41 @@ mod tests {
         prometheus(&registry(
             "features.build",
             None,
+            &perago_proto::admin::v1::RuntimeSettings::default(),
             &Arc::new(c),
             &Arc::new(g),
         ))
+    }
+
+    /// Issue #26, items 3 and 5: the execution mode is a label of `perago_runtime_info`, and
+    /// each SDK setting that applied is a `perago_sdk_setting_info` series.
+    #[test]
+    fn the_runtime_info_carries_the_mode_and_the_sdk_settings() {
+        let settings = perago_proto::admin::v1::RuntimeSettings {
+            execution_mode: "thread".to_owned(),
+            sdk_settings: vec![perago_proto::admin::v1::SdkSetting {
+                property: "thread_count".to_owned(),
+                value: "3".to_owned(),
+                variable: "CONDUCTOR_WORKER_ALL_THREAD_COUNT".to_owned(),
+            }],
+        };
+        let text = prometheus(&registry(
+            "t",
+            None,
+            &settings,
+            &Arc::default(),
+            &Arc::default(),
+        ));
+        assert!(
+            text.contains(
+                "perago_runtime_info{task=\"t\",domain=\"\",execution_mode=\"thread\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("perago_sdk_setting_info{task=\"t\",property=\"thread_count\",value=\"3\",variable=\"CONDUCTOR_WORKER_ALL_THREAD_COUNT\"} 1"),
+            "{text}"
+        );
     }
 
     /// Issue #26, item 1: the domain polled in is a label of `perago_runtime_info`.
@@ -427,17 +480,19 @@ mod tests {
         let text = prometheus(&registry(
             "features.build",
             Some(&blue),
+            &perago_proto::admin::v1::RuntimeSettings::default(),
             &Arc::default(),
             &Arc::default(),
         ));
         assert!(
-            text.contains("perago_runtime_info{task=\"features.build\",domain=\"blue\"} 1"),
+            text.contains(
+                "perago_runtime_info{task=\"features.build\",domain=\"blue\",execution_mode=\"\"} 1"
+            ),
             "{text}"
         );
-        assert!(
-            scrape(Counters::default(), Gauges::default())
-                .contains("perago_runtime_info{task=\"features.build\",domain=\"\"} 1")
-        );
+        assert!(scrape(Counters::default(), Gauges::default()).contains(
+            "perago_runtime_info{task=\"features.build\",domain=\"\",execution_mode=\"\"} 1"
+        ));
     }
 
     #[test]

@@ -124,6 +124,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     let registry = Arc::new(counters::registry(
         &config.task_name,
         config.domain.as_ref(),
+        &config.settings,
         &counters,
         &gauges,
     ));
