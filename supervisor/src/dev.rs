@@ -268,7 +268,7 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
         let base = std::env::temp_dir().join(format!("perago-dev-{}", std::process::id()));
         // dev's own: the embedded Conductor, a fixed capacity, a private root and log root, no
         // shutdown deadline; the rest is the plan `start` runs with.
-        let mut plan = Plan::new(mode, Programs::ThisProgram, url.clone());
+        let mut plan = Plan::new(Programs::ThisProgram, url.clone());
         plan.log_root = base.join("logs");
         plan.child_env = child_env;
         plan.stall_timeout = stall_timeout;
@@ -292,7 +292,7 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
                 task.manifest_path.clone(),
                 perago_core::capacity::Capacity::fixed(workers.get()),
                 prefix,
-                plan.mode,
+                mode,
             );
             let lakefs = lakefs.as_ref().map(|(_, c)| c.clone());
             runs.push(plan.runtime(task, &locked, lakefs, None, vars)?);

@@ -45,7 +45,6 @@ pub(crate) enum Programs {
 /// What every runtime of one supervisor shares.
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
-    pub(crate) mode: ExecutionMode,
     pub(crate) programs: Programs,
     pub(crate) conductor_url: String,
     /// `PERAGO_SHUTDOWN_FORCE_KILL_AFTER` (`None`: the drain waits).
@@ -80,7 +79,8 @@ pub(crate) struct TaskPlan {
 }
 
 impl TaskPlan {
-    /// A task type with no settings of its own beyond its capacity, in `mode`.
+    /// A task type with no settings of its own beyond its capacity, in `mode` (`dev`'s).
+    #[cfg(any(feature = "dev", test))]
     pub(crate) fn new(
         manifest: Manifest,
         manifest_path: PathBuf,
@@ -103,9 +103,8 @@ impl TaskPlan {
 
 impl Plan {
     /// The plan's defaults, for the settings the caller then overrides.
-    pub(crate) fn new(mode: ExecutionMode, programs: Programs, conductor_url: String) -> Self {
+    pub(crate) fn new(programs: Programs, conductor_url: String) -> Self {
         Self {
-            mode,
             programs,
             conductor_url,
             force_kill_after: None,
@@ -260,18 +259,14 @@ mod tests {
         let locked = crate::runtime::root::lock(&tmp.path().join("root"), &vars, Duration::ZERO)
             .await
             .unwrap();
-        let mut plan = Plan::new(
-            ExecutionMode::Process,
-            Programs::Siblings,
-            "http://conductor".to_owned(),
-        );
+        let mut plan = Plan::new(Programs::Siblings, "http://conductor".to_owned());
         plan.several = true;
         let task = TaskPlan::new(
             manifest("command = [\"true\"]"),
             PathBuf::from("/srv/task.toml"),
             Capacity::fixed(2),
             WorkerPrefix::derive("orders.ship").unwrap(),
-            plan.mode,
+            ExecutionMode::Process,
         );
         let (spec, launcher) = plan.runtime(task, &locked, None, None, &vars).unwrap();
         assert_eq!(spec.task_name, "orders.ship");

@@ -702,11 +702,7 @@ pub(crate) fn start(
                 Some(tokio::spawn(metrics::serve_merged(listener, sockets)))
             }
         };
-        let mut runtime_plan = Plan::new(
-            plan.mode,
-            Programs::Siblings,
-            conductor.base_url().to_owned(),
-        );
+        let mut runtime_plan = Plan::new(Programs::Siblings, conductor.base_url().to_owned());
         runtime_plan.force_kill_after = force_kill_after;
         runtime_plan.gc_interval = gc_interval;
         runtime_plan.gc_ttl = gc_ttl;
