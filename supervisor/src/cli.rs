@@ -55,12 +55,15 @@ pub enum Command {
 /// `scale`.
 #[derive(Debug, Args)]
 #[deny(missing_docs)]
+#[command(group(clap::ArgGroup::new("runtime").required(true).args(["manifests", "socket"])))]
 pub struct ScaleArgs {
-    /// The task manifest whose runtime to scale (found as `status` finds it).
-    #[arg(value_name = "MANIFEST", required_unless_present = "socket")]
-    pub manifest: Option<PathBuf>,
+    /// The task manifests whose runtimes to scale (found as `status` finds them), each to the
+    /// same count. One of MANIFEST or --socket is required: `scale` never scales every runtime
+    /// of the user.
+    #[arg(value_name = "MANIFEST")]
+    pub manifests: Vec<PathBuf>,
     /// The broker socket to ask instead.
-    #[arg(long, conflicts_with = "manifest")]
+    #[arg(long, conflicts_with = "manifests")]
     pub socket: Option<PathBuf>,
     /// The executor count from now on: N, or an adaptive range MIN..MAX (as `start -j`).
     #[arg(short = 'j', long = "jobs", value_name = "N|MIN..MAX", required = true)]

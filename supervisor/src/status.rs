@@ -673,10 +673,7 @@ pub(crate) fn status(
     vars: &BTreeMap<String, String>,
 ) -> Result<(), ExpectedError> {
     let sockets = sockets_of(args.socket.as_ref(), &args.manifests, vars)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(ExpectedError::AsyncRuntime)?;
+    let runtime = crate::pause::client_runtime()?;
     if let Some(kind) = args.probe {
         // Every runtime must pass: a probe of a supervisor is a probe of all its task types.
         let failed: Vec<ExpectedError> = sockets
