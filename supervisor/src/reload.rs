@@ -177,12 +177,7 @@ pub(crate) fn diff(old: &Manifest, new: &Manifest) -> Changes {
         BodyKind::Command { argv, protocol } => (Some(argv), Some(protocol.as_str()), None),
         BodyKind::Executor(path) => (None, None, Some(path)),
     };
-    push(
-        "body.command",
-        &json(&o_argv),
-        &json(&n_argv),
-        Class::Body,
-    );
+    push("body.command", &json(&o_argv), &json(&n_argv), Class::Body);
     push(
         "body.protocol",
         &json(&o_protocol),

@@ -6,7 +6,7 @@ use std::path::Path;
 const BASE: &str = r#"[task]
 name = "orders.ship"
 kind = "workspace-free"
-timeout_seconds = 600
+timeout_seconds = 6000
 retry_count = 2
 
 [body]
@@ -45,7 +45,10 @@ fn the_soft_limit_applies_live() {
     );
     assert_eq!(fields(&changes), [("body.soft_time_limit", Class::Live)]);
     assert_eq!(
-        (changes.changes[0].old.as_str(), changes.changes[0].new.as_str()),
+        (
+            changes.changes[0].old.as_str(),
+            changes.changes[0].new.as_str()
+        ),
         ("\"50m\"", "\"40m\"")
     );
     assert!(changes.refusals().is_empty());
@@ -58,8 +61,8 @@ fn the_soft_limit_applies_live() {
 fn taskdef_fields_are_refused_naming_the_field() {
     for (from, to, field) in [
         (
-            "timeout_seconds = 600",
-            "timeout_seconds = 3000",
+            "timeout_seconds = 6000",
+            "timeout_seconds = 9000",
             "task.timeout_seconds",
         ),
         ("retry_count = 2", "retry_count = 5", "task.retry_count"),
@@ -111,11 +114,13 @@ fn taskdef_fields_are_refused_naming_the_field() {
     }
     let refusal = &diff(
         &manifest(BASE),
-        &edited("timeout_seconds = 600", "timeout_seconds = 3000"),
+        &edited("timeout_seconds = 6000", "timeout_seconds = 9000"),
     )
     .refusals()[0];
     assert!(
-        refusal.starts_with("orders.ship: task.timeout_seconds changed (600 → 3000) — needs a new TaskDef"),
+        refusal.starts_with(
+            "orders.ship: task.timeout_seconds changed (6000 → 9000) — needs a new TaskDef"
+        ),
         "{refusal}"
     );
 }
@@ -126,7 +131,10 @@ fn the_kind_is_one_taskdef_field() {
     let changes = diff(&manifest(BASE), &manifest(&workspace));
     assert_eq!(fields(&changes), [("task.kind", Class::TaskDef)]);
     assert_eq!(
-        (changes.changes[0].old.as_str(), changes.changes[0].new.as_str()),
+        (
+            changes.changes[0].old.as_str(),
+            changes.changes[0].new.as_str()
+        ),
         ("\"workspace-free\"", "\"workspace\"")
     );
 }
@@ -177,7 +185,10 @@ fn body_changes_roll_and_are_refused_in_this_build() {
     // A Rust task binary in place of the command: both keys change.
     let binary = diff(
         &manifest(BASE),
-        &edited("command = [\"sh\", \"body.sh\"]", "executor = \"/bin/task\""),
+        &edited(
+            "command = [\"sh\", \"body.sh\"]",
+            "executor = \"/bin/task\"",
+        ),
     );
     assert_eq!(
         fields(&binary),
@@ -215,7 +226,7 @@ fn schemas_roll_with_the_body() {
 #[test]
 fn every_change_is_listed_at_once() {
     let text = BASE
-        .replace("timeout_seconds = 600", "timeout_seconds = 900")
+        .replace("timeout_seconds = 6000", "timeout_seconds = 9000")
         .replace("body.sh", "other.sh")
         .replace("50m", "10m");
     let changes = diff(&manifest(BASE), &manifest(&text));
@@ -316,7 +327,10 @@ async fn apply_refuses_as_a_whole_and_is_idempotent() {
     let ReloadReport::Refused { problems } = reloader.apply(&[]).await else {
         panic!("refused");
     };
-    assert!(problems.iter().any(|p| p.contains("b/task.toml")), "{problems:?}");
+    assert!(
+        problems.iter().any(|p| p.contains("b/task.toml")),
+        "{problems:?}"
+    );
     // One task selected: only its manifest is read.
     let ReloadReport::Refused { problems } = reloader.apply(&["orders.ship".to_owned()]).await
     else {
