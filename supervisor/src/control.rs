@@ -263,15 +263,29 @@ fn targets(
         }
         return Ok(found);
     }
-    let brokers = crate::status::sockets_of(None, &args.manifests, vars)?;
+    let running = crate::runtime::registry::running(&crate::runtime::registry::dir(vars))
+        .map(|found| found.records)
+        .unwrap_or_default();
+    let several = args.manifests.len() > 1;
     let mut found: Vec<(PathBuf, Vec<String>)> = Vec::new();
-    for (manifest, broker) in args.manifests.iter().zip(brokers) {
-        // The name the supervisor runs: the manifest's as it is on disk now may be broken;
-        // its runtime is found through the root all the same.
-        let name = perago_core::manifest::Manifest::load(manifest)?.task.name;
+    for manifest in &args.manifests {
+        // The manifest on disk may be the broken one being reloaded: its task name is enough
+        // to find the runtime, whose supervisor then checks it and lists every problem.
+        let name = match perago_core::manifest::Manifest::load(manifest) {
+            Ok(m) => m.task.name,
+            Err(e) => task_name_of(manifest).ok_or(e)?,
+        };
+        let broker = crate::status::socket_of_task(&name, vars, several, &running);
         found.push((socket_beside(&broker), vec![name]));
     }
     Ok(found)
+}
+
+/// `task.name` of a manifest that may not validate (`None`: not even that can be read).
+fn task_name_of(path: &Path) -> Option<String> {
+    let text = perago_core::files::read_regular(path, perago_core::files::MAX_CONFIG_BYTES).ok()?;
+    let table: toml::Table = toml::from_str(&text).ok()?;
+    table.get("task")?.get("name")?.as_str().map(str::to_owned)
 }
 
 /// `reload`: asks each supervisor to reload, prints each report; exit 1 if any reload was

@@ -491,7 +491,6 @@ pub(crate) fn reconfigure_request(manifest: &Manifest) -> ReconfigureRequest {
                 .soft_time_limit
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         ),
-        ..ReconfigureRequest::default()
     }
 }
 

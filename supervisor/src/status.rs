@@ -114,22 +114,32 @@ pub(crate) fn sockets_of(
     let mut sockets = Vec::new();
     for path in manifests {
         let manifest = Manifest::load(path)?;
-        let name = &manifest.task.name;
-        let root = crate::start::workspace_root_of(name, vars, several);
-        let root = std::fs::canonicalize(&root).unwrap_or(root);
-        let socket = runtime_dir(&root, vars).join("broker.sock");
-        // A supervisor of several task types keeps each root in a folder of its own.
-        let recorded = running
-            .iter()
-            .flat_map(|r| &r.runtimes)
-            .find(|e| &e.task == name)
-            .map(|e| e.socket.clone());
-        sockets.push(match recorded {
-            Some(recorded) if !socket.exists() => recorded,
-            _ => socket,
-        });
+        sockets.push(socket_of_task(&manifest.task.name, vars, several, &running));
     }
     Ok(sockets)
+}
+
+/// The broker socket of the task `name`'s runtime: through its workspace root, as `start`
+/// placed it, or the running supervisors' records.
+pub(crate) fn socket_of_task(
+    name: &str,
+    vars: &BTreeMap<String, String>,
+    several: bool,
+    running: &[crate::runtime::registry::Record],
+) -> PathBuf {
+    let root = crate::start::workspace_root_of(name, vars, several);
+    let root = std::fs::canonicalize(&root).unwrap_or(root);
+    let socket = runtime_dir(&root, vars).join("broker.sock");
+    // A supervisor of several task types keeps each root in a folder of its own.
+    let recorded = running
+        .iter()
+        .flat_map(|r| &r.runtimes)
+        .find(|e| e.task == name)
+        .map(|e| e.socket.clone());
+    match recorded {
+        Some(recorded) if !socket.exists() => recorded,
+        _ => socket,
+    }
 }
 
 /// The widest a worker id, task id or phase column grows; longer values are cut with `…`.
