@@ -308,7 +308,29 @@ pub(crate) fn to_json(status: &StatusResponse) -> Value {
         "sdk_settings": status.settings.as_ref().map(|s| s.sdk_settings.iter().map(|x| json!({
             "property": x.property, "value": x.value, "variable": x.variable,
         })).collect::<Vec<_>>()).unwrap_or_default(),
+        "soft_time_limit_ms": status.soft_time_limit_ms,
+        "reconfigured_at_unix_ms": status.reconfigured_at_unix_ms,
     })
+}
+
+/// The live settings a reload changes, when there is one to show: a soft time limit, or any
+/// that a reload changed (`Admin.Reconfigure`).
+fn live_settings_line(status: &StatusResponse, now: i64) -> Option<String> {
+    let soft = status.soft_time_limit_ms?;
+    if soft == 0 && status.reconfigured_at_unix_ms == 0 {
+        return None;
+    }
+    let mut line = match soft {
+        0 => "soft time limit none".to_owned(),
+        ms => format!("soft time limit {}", human(Duration::from_millis(ms))),
+    };
+    if status.reconfigured_at_unix_ms > 0 {
+        let ago = Duration::from_millis(
+            u64::try_from(now.saturating_sub(status.reconfigured_at_unix_ms)).unwrap_or(0),
+        );
+        let _ = write!(line, " (changed by a reload {} ago)", human(ago));
+    }
+    Some(line)
 }
 
 /// The status as a table for a terminal.
@@ -359,6 +381,9 @@ pub(crate) fn to_table(status: &StatusResponse) -> String {
                 .collect();
             let _ = write!(line, "  SDK settings: {}", sdk.join(", "));
         }
+        let _ = writeln!(out, "{line}");
+    }
+    if let Some(line) = live_settings_line(status, now) {
         let _ = writeln!(out, "{line}");
     }
     let worker_ids: Vec<String> = status
@@ -995,5 +1020,35 @@ mod tests {
         let json = to_json(&status);
         assert_eq!(json["paused"], true);
         assert_eq!(json["paused_since_unix_ms"], status.paused_since_unix_ms);
+    }
+
+    /// Issue #26 item 4: the soft time limit in force, and whether a reload changed it.
+    #[test]
+    fn the_live_settings_show_what_a_reload_changed() {
+        let mut status = StatusResponse {
+            task_name: "t".into(),
+            ..StatusResponse::default()
+        };
+        assert!(!to_table(&status).contains("soft time limit"));
+        status.soft_time_limit_ms = Some(0);
+        assert!(!to_table(&status).contains("soft time limit"));
+        status.soft_time_limit_ms = Some(90_000);
+        assert!(
+            to_table(&status).contains("\nsoft time limit 1m30s\n"),
+            "{}",
+            to_table(&status)
+        );
+        status.reconfigured_at_unix_ms = now_ms() - 5_000;
+        let table = to_table(&status);
+        assert!(
+            table.contains("soft time limit 1m30s (changed by a reload 5."),
+            "{table}"
+        );
+        let json = to_json(&status);
+        assert_eq!(json["soft_time_limit_ms"], 90_000);
+        assert_eq!(
+            json["reconfigured_at_unix_ms"],
+            status.reconfigured_at_unix_ms
+        );
     }
 }

@@ -98,6 +98,17 @@ async fn a_live_setting_changes_under_load_and_nothing_fails() {
     let s = status(&root).await.unwrap();
     assert_eq!(s.soft_time_limit_ms, Some(200));
     assert!(s.reconfigured_at_unix_ms > 0);
+    let table = perago_tests::Run::of(perago_tests::command(SUPERVISOR).args([
+        "status",
+        "--socket",
+        root.join("run/broker.sock").to_str().unwrap(),
+    ]));
+    assert!(
+        table
+            .stdout
+            .contains("soft time limit 0.2s (changed by a reload"),
+        "{table:?}"
+    );
 
     let mut soft = 0;
     for id in &ids {
