@@ -304,3 +304,52 @@ async fn sighup_reloads_and_logs_a_refusal_and_the_socket_is_private() {
     assert_eq!(sup.wait_exit(Duration::from_secs(20)).await.code(), Some(0));
     assert!(!socket.exists(), "the control socket is removed at exit");
 }
+
+/// In a supervisor of two task types, `reload A.toml` reloads A only: B's edited manifest is
+/// neither read nor applied until a reload names it (or names none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manifest_selects_the_runtime_to_reload() {
+    let conductor = Conductor::start().await;
+    let a = TaskFixture::new("reload.pick_a", "read p\necho '{}'\n", "");
+    let b = TaskFixture::new("reload.pick_b", "read p\necho '{}'\n", "");
+    conductor.register(&a).await;
+    conductor.register(&b).await;
+    let mut sup = SupervisorProc::start_many(&[&a, &b], &conductor, &["1"], &[]);
+    let ws = sup.workspace_root();
+    for task in [&a, &b] {
+        attached(&ws.join(&task.name)).await;
+    }
+    for task in [&a, &b] {
+        edit(
+            task,
+            "command = [\"sh\", \"body.sh\"]",
+            "command = [\"sh\", \"body.sh\"]\nsoft_time_limit = \"20s\"",
+        );
+    }
+    let run = reload(&[a.manifest().to_str().unwrap()], &ws);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(
+        run.stdout.contains("reload.pick_a: body.soft_time_limit"),
+        "{run:?}"
+    );
+    assert!(!run.stdout.contains("reload.pick_b"), "{run:?}");
+    let soft = |task: &TaskFixture| {
+        let root = ws.join(&task.name);
+        async move { status(&root).await.unwrap().soft_time_limit_ms }
+    };
+    assert_eq!(soft(&a).await, Some(20_000));
+    assert_eq!(soft(&b).await, Some(0), "b is not reloaded");
+    // No argument: every task type of the supervisor (a is unchanged by now).
+    let all = reload(
+        &[
+            "--socket",
+            control_socket(&ws.join(&a.name)).to_str().unwrap(),
+        ],
+        &ws,
+    );
+    assert_eq!(all.code, Some(0), "{all:?}");
+    assert!(all.stdout.contains("reload.pick_a: unchanged"), "{all:?}");
+    assert_eq!(soft(&b).await, Some(20_000));
+    sup.signal("TERM");
+    assert_eq!(sup.wait_exit(Duration::from_secs(20)).await.code(), Some(0));
+}
