@@ -93,6 +93,22 @@ fn shown(value: &Value) -> String {
     crate::status::cell(&text, 80)
 }
 
+/// The TaskDef keys `extract` writes that need a new TaskDef when they change (the schemas,
+/// and `enforceSchema` with them, roll with the body instead).
+const TASKDEF_KEYS: [&str; 11] = [
+    "name",
+    "inputKeys",
+    "outputKeys",
+    "description",
+    "ownerEmail",
+    "timeoutSeconds",
+    "responseTimeoutSeconds",
+    "retryCount",
+    "retryLogic",
+    "retryDelaySeconds",
+    "timeoutPolicy",
+];
+
 /// The manifest key of a TaskDef key.
 fn taskdef_field(key: &str) -> &'static str {
     match key {
@@ -136,19 +152,7 @@ pub(crate) fn diff(old: &Manifest, new: &Manifest) -> Changes {
     };
     let (old_def, new_def) = (taskdef::task_def(old), taskdef::task_def(new));
     let mut fields_seen = Vec::new();
-    for key in [
-        "name",
-        "inputKeys",
-        "outputKeys",
-        "description",
-        "ownerEmail",
-        "timeoutSeconds",
-        "responseTimeoutSeconds",
-        "retryCount",
-        "retryLogic",
-        "retryDelaySeconds",
-        "timeoutPolicy",
-    ] {
+    for key in TASKDEF_KEYS {
         let field = taskdef_field(key);
         let (o, n) = (&old_def[key], &new_def[key]);
         if key == "description" && old.task.description == new.task.description {

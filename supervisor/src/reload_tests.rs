@@ -125,6 +125,23 @@ fn taskdef_fields_are_refused_naming_the_field() {
     );
 }
 
+/// A key `extract` adds to the TaskDef one day is classified here too, or this fails.
+#[test]
+fn every_taskdef_key_is_classified() {
+    let full = BASE.replace(
+        "retry_count = 2",
+        "retry_count = 2\ndescription = \"d\"\nowner_email = \"a@b.c\"",
+    );
+    let def = perago_core::taskdef::task_def(&manifest(&full));
+    for key in def.as_object().unwrap().keys() {
+        assert!(
+            TASKDEF_KEYS.contains(&key.as_str())
+                || ["inputSchema", "outputSchema", "enforceSchema"].contains(&key.as_str()),
+            "{key} is not classified"
+        );
+    }
+}
+
 #[test]
 fn the_kind_is_one_taskdef_field() {
     let workspace = BASE.replace("workspace-free", "workspace");
