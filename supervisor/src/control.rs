@@ -161,6 +161,9 @@ pub(crate) async fn serve(reloader: Reloader, broker_sockets: &[PathBuf]) -> Con
         );
         let service = SupervisorServer::new(ControlService { asks: asks.clone() });
         let server = tonic::transport::Server::builder()
+            // A reload checks every manifest and calls every broker (5 s each): a request
+            // still unanswered after a minute is given up.
+            .timeout(Duration::from_secs(60))
             .add_service(reflection.clone())
             .add_service(reflection_v1alpha.clone())
             .add_service(service)
