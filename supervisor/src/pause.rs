@@ -19,29 +19,23 @@ pub(crate) fn pause(
     args: &PauseArgs,
     vars: &BTreeMap<String, String>,
 ) -> Result<(), ExpectedError> {
-    each(
-        args.socket.as_ref(),
-        &args.manifests,
-        vars,
-        |socket, runtime| {
-            let (task, answer) = call_broker(socket, runtime, |channel| async move {
-                let mut client = AdminClient::new(channel);
-                let answer = client.pause(PauseRequest {}).await?.into_inner();
-                let status = client.status(StatusRequest {}).await?.into_inner();
-                Ok((status.task_name, answer))
-            })?;
-            let task = cell(&task, 200);
-            Ok(if answer.already_paused {
-                let since = Duration::from_millis(
-                    u64::try_from(now_ms().saturating_sub(answer.paused_since_unix_ms))
-                        .unwrap_or(0),
-                );
-                format!("{task}: already paused (for {})", human(since))
-            } else {
-                format!("{task}: paused (running tasks finish; nothing new is polled until resume)")
-            })
-        },
-    )
+    each(args, vars, |socket, runtime| {
+        let (task, answer) = call_broker(socket, runtime, |channel| async move {
+            let mut client = AdminClient::new(channel);
+            let answer = client.pause(PauseRequest {}).await?.into_inner();
+            let status = client.status(StatusRequest {}).await?.into_inner();
+            Ok((status.task_name, answer))
+        })?;
+        let task = cell(&task, 200);
+        Ok(if answer.already_paused {
+            let since = Duration::from_millis(
+                u64::try_from(now_ms().saturating_sub(answer.paused_since_unix_ms)).unwrap_or(0),
+            );
+            format!("{task}: already paused (for {})", human(since))
+        } else {
+            format!("{task}: paused (running tasks finish; nothing new is polled until resume)")
+        })
+    })
 }
 
 /// `resume`.
@@ -49,31 +43,35 @@ pub(crate) fn resume(
     args: &PauseArgs,
     vars: &BTreeMap<String, String>,
 ) -> Result<(), ExpectedError> {
-    each(
-        args.socket.as_ref(),
-        &args.manifests,
-        vars,
-        |socket, runtime| {
-            let (task, answer) = call_broker(socket, runtime, |channel| async move {
-                let mut client = AdminClient::new(channel);
-                let answer = client.resume(ResumeRequest {}).await?.into_inner();
-                let status = client.status(StatusRequest {}).await?.into_inner();
-                Ok((status.task_name, answer))
-            })?;
-            let task = cell(&task, 200);
-            Ok(if answer.already_running {
-                format!("{task}: already running")
-            } else {
-                format!("{task}: resumed")
-            })
-        },
-    )
+    each(args, vars, |socket, runtime| {
+        let (task, answer) = call_broker(socket, runtime, |channel| async move {
+            let mut client = AdminClient::new(channel);
+            let answer = client.resume(ResumeRequest {}).await?.into_inner();
+            let status = client.status(StatusRequest {}).await?.into_inner();
+            Ok((status.task_name, answer))
+        })?;
+        let task = cell(&task, 200);
+        Ok(if answer.already_running {
+            format!("{task}: already running")
+        } else {
+            format!("{task}: resumed")
+        })
+    })
 }
 
-/// Runs `call` on every runtime `socket` or `manifests` name (as `status` finds them: see
-/// [`sockets_of`]), printing each line it returns; every failure is reported, after the others
-/// were told. `pause`, `resume` and `scale` share it.
-pub(crate) fn each(
+/// Runs `call` on every runtime `args` name, printing each line it returns; every failure is
+/// reported, after the others were told.
+fn each(
+    args: &PauseArgs,
+    vars: &BTreeMap<String, String>,
+    call: impl Fn(&Path, &tokio::runtime::Runtime) -> Result<String, ExpectedError>,
+) -> Result<(), ExpectedError> {
+    each_of(args.socket.as_ref(), &args.manifests, vars, call)
+}
+
+/// [`each`] of the runtimes `socket` or `manifests` name (as `status` finds them: see
+/// [`sockets_of`]); `scale` shares it.
+pub(crate) fn each_of(
     socket: Option<&std::path::PathBuf>,
     manifests: &[std::path::PathBuf],
     vars: &BTreeMap<String, String>,
@@ -95,7 +93,8 @@ pub(crate) fn each(
     }
 }
 
-/// The current-thread runtime a command's client calls run on.
+/// The current-thread runtime a command's client calls run on (`status`, `pause`, `resume`,
+/// `scale`, `reload`).
 pub(crate) fn client_runtime() -> Result<tokio::runtime::Runtime, ExpectedError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -29,7 +29,7 @@ pub(crate) fn scale(
         })
     })?;
     // Every runtime is tried, each failure reported after the others were scaled.
-    crate::pause::each(
+    crate::pause::each_of(
         args.socket.as_ref(),
         &args.manifests,
         vars,
