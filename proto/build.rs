@@ -7,7 +7,11 @@
 use prost::Message as _;
 use std::{env, fs, path::PathBuf};
 
-const PROTOS: &[&str] = &["perago/slot/v1/slot.proto", "perago/admin/v1/admin.proto"];
+const PROTOS: &[&str] = &[
+    "perago/slot/v1/slot.proto",
+    "perago/admin/v1/admin.proto",
+    "perago/supervisor/v1/supervisor.proto",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     for proto in PROTOS {

@@ -73,6 +73,11 @@ pub(crate) enum Event {
         max: u32,
         reply: oneshot::Sender<Result<(u32, u32), Status>>,
     },
+    /// `Admin.Reconfigure`: the live settings set change.
+    Reconfigure {
+        soft_time_limit_ms: Option<u64>,
+        reply: oneshot::Sender<Result<(bool, Option<u64>), Status>>,
+    },
     /// A status snapshot.
     Status {
         reply: oneshot::Sender<admin::StatusResponse>,
@@ -379,6 +384,18 @@ impl Actor {
                     self.conns.resize_with(slots, || None);
                 }
                 if let Reply::Scale(answer) = out.reply {
+                    let _ = reply.send(answer);
+                }
+                self.perform(out.effects);
+            }
+            Event::Reconfigure {
+                soft_time_limit_ms,
+                reply,
+            } => {
+                let out = self
+                    .machine
+                    .handle(Input::Reconfigure { soft_time_limit_ms }, now());
+                if let Reply::Reconfigure(answer) = out.reply {
                     let _ = reply.send(answer);
                 }
                 self.perform(out.effects);

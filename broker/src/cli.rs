@@ -71,6 +71,15 @@ pub enum ConfigError {
     /// `PERAGO_DOMAIN` is not a domain.
     #[error("PERAGO_DOMAIN: {0}")]
     Domain(perago_core::conductor::DomainError),
+    /// `PERAGO_SOFT_TIME_LIMIT_MS` is not a number of milliseconds.
+    #[error(
+        "{} {value:?} must be a whole number of milliseconds",
+        env::PERAGO_SOFT_TIME_LIMIT_MS
+    )]
+    SoftTimeLimit {
+        /// The value as given.
+        value: String,
+    },
     /// `PERAGO_READY_FD` is not a descriptor number.
     #[error("{} must be a descriptor number", env::PERAGO_READY_FD)]
     ReadyFd {
@@ -137,7 +146,15 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
                 .ok_or(ConfigError::ReadyFd { value: fd })?,
         ),
     };
+    let soft_time_limit_ms = match var(env::PERAGO_SOFT_TIME_LIMIT_MS) {
+        None => None,
+        Some(ms) => Some(
+            ms.parse()
+                .map_err(|_| ConfigError::SoftTimeLimit { value: ms.clone() })?,
+        ),
+    };
     Ok(BrokerConfig {
+        soft_time_limit_ms,
         task_name,
         prefix,
         capacity,

@@ -70,6 +70,9 @@ pub struct BrokerConfig {
     /// process owns (inherited, or in thread mode given up by the supervisor). [`run`] takes
     /// it, writes one byte once the socket is served, and closes it. `None`: nobody is told.
     pub ready_fd: Option<std::os::fd::RawFd>,
+    /// `PERAGO_SOFT_TIME_LIMIT_MS`: the manifest's soft time limit as the supervisor read it
+    /// (0: none), shown in Admin.Status until `Admin.Reconfigure` changes it; `None`: not told.
+    pub soft_time_limit_ms: Option<u64>,
 }
 
 /// Why the broker stopped.
@@ -164,7 +167,8 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         },
         state::ExecutionIds::new(|| uuid::Uuid::new_v4().to_string()),
     )
-    .with_domain(config.domain.clone());
+    .with_domain(config.domain.clone())
+    .with_soft_time_limit(config.soft_time_limit_ms);
     // The gRPC health service: SERVING while the broker takes work, NOT_SERVING while paused
     // and from the start of a drain (the actor switches it), for readiness probes and load
     // balancers.

@@ -394,6 +394,23 @@ impl Admin for AdminService {
         }))
     }
 
+    async fn reconfigure(
+        &self,
+        request: Request<admin::ReconfigureRequest>,
+    ) -> Result<Response<admin::ReconfigureResponse>, Status> {
+        let admin::ReconfigureRequest { soft_time_limit_ms } = request.into_inner();
+        let (unchanged, previous_soft_time_limit_ms) =
+            ask(&self.events, |reply| Event::Reconfigure {
+                soft_time_limit_ms,
+                reply,
+            })
+            .await??;
+        Ok(Response::new(admin::ReconfigureResponse {
+            unchanged,
+            previous_soft_time_limit_ms,
+        }))
+    }
+
     async fn metrics(
         &self,
         _request: Request<admin::MetricsRequest>,

@@ -52,6 +52,10 @@ pub const PERAGO_POLL_WAIT_MS: &str = "PERAGO_POLL_WAIT_MS";
 /// milliseconds (default 0: the long poll itself paces the loop). Read by the broker; `start`
 /// sets it from the Conductor SDK's `poll_interval`.
 pub const PERAGO_POLL_INTERVAL_MS: &str = "PERAGO_POLL_INTERVAL_MS";
+/// The soft time limit of the runtime's manifest in milliseconds (0: none), which the
+/// supervisor gives its broker so `Admin.Status` shows the value in force from the start
+/// (`Admin.Reconfigure` changes it; issue #26 item 4).
+pub const PERAGO_SOFT_TIME_LIMIT_MS: &str = "PERAGO_SOFT_TIME_LIMIT_MS";
 /// The Conductor SDK worker settings `start` applied to a runtime, for its broker to report in
 /// `Admin.Status`: a JSON array of `{"property", "value", "variable"}`. Set by the supervisor.
 pub const PERAGO_SDK_SETTINGS: &str = "PERAGO_SDK_SETTINGS";

@@ -120,6 +120,10 @@ pub struct AssignmentIo<'a> {
     pub fence: Option<&'a dyn Fence>,
     /// Called as the assignment enters each phase.
     pub progress: Option<&'a (dyn Fn(Phase) + Send + Sync)>,
+    /// The soft time limit the broker gave this assignment (a reload changed it:
+    /// `Admin.Reconfigure`), in place of the manifest's `body.soft_time_limit`; `Some(None)`:
+    /// none. `None`: the manifest's.
+    pub soft_time_limit: Option<Option<Duration>>,
 }
 
 impl std::fmt::Debug for AssignmentIo<'_> {
@@ -302,7 +306,8 @@ impl AssignmentRunner {
         // the next phase arrives, and a message less per task is CPU saved on both sides.
         let budget = Budget::new(
             self.manifest.task.timeout_seconds,
-            self.manifest.body.soft_time_limit,
+            io.soft_time_limit
+                .unwrap_or(self.manifest.body.soft_time_limit),
             self.manifest.task.timeout_policy != TimeoutPolicy::AlertOnly,
             attempt.timeout_clock_started_ms,
             now_unix_ms(),

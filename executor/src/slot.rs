@@ -366,6 +366,10 @@ pub async fn serve(
             FromBroker::Welcome(_) | FromBroker::Ping(_) => {}
             FromBroker::Assignment(assignment) => {
                 let execution_id = assignment.execution_id.clone();
+                // The broker's soft time limit (a reload changed it) wins over the manifest's.
+                let soft_time_limit = assignment
+                    .soft_time_limit_ms
+                    .map(|ms| (ms > 0).then(|| std::time::Duration::from_millis(ms)));
                 // Every line logged about the assignment, the body's stderr included, carries
                 // its ids (the JSONL layer writes a span's fields into each line within it).
                 let span = tracing::info_span!(
@@ -397,6 +401,7 @@ pub async fn serve(
                         let io = AssignmentIo {
                             fence: Some(&fence),
                             progress: Some(&progress),
+                            soft_time_limit,
                         };
                         let work = runner.execute_with(&execution_id, &attempt, &io);
                         let result = run_watching_broker(

@@ -5,6 +5,8 @@
 //!   `perago/slot/v1/slot.proto`.
 //! - [`admin::v1`]: `Admin.Status`, `Admin.Drain`, `Admin.Metrics` and `Admin.Watch`, for
 //!   operators, `perago-supervisor status` and a multi-task supervisor's merged `/metrics`.
+//! - [`supervisor::v1`]: `Supervisor.Reload`, the supervisor's own control socket
+//!   (`perago-supervisor reload`).
 //!
 //! [`FILE_DESCRIPTOR_SET`] is the encoded descriptor set of both files, for gRPC server
 //! reflection. Code generation runs in `build.rs` with protox; see `README.md`.
@@ -26,6 +28,15 @@ pub mod admin {
     #[allow(missing_debug_implementations, unreachable_pub, clippy::all)]
     pub mod v1 {
         tonic::include_proto!("perago.admin.v1");
+    }
+}
+
+/// The supervisor's control protocol (`perago-supervisor reload`).
+pub mod supervisor {
+    /// Version 1 of the supervisor's control protocol.
+    #[allow(missing_debug_implementations, unreachable_pub, clippy::all)]
+    pub mod v1 {
+        tonic::include_proto!("perago.supervisor.v1");
     }
 }
 

@@ -29,7 +29,8 @@ fn every_service_is_described() {
         [
             "perago.admin.v1.Admin",
             "perago.slot.v1.Control",
-            "perago.slot.v1.Slot"
+            "perago.slot.v1.Slot",
+            "perago.supervisor.v1.Supervisor"
         ]
     );
 }
@@ -144,6 +145,11 @@ fn the_admin_service_has_its_methods_with_comments() {
                 ".perago.admin.v1.ScaleRequest",
                 ".perago.admin.v1.ScaleResponse"
             ),
+            (
+                "Reconfigure",
+                ".perago.admin.v1.ReconfigureRequest",
+                ".perago.admin.v1.ReconfigureResponse"
+            ),
         ]
     );
     // Watch is the one stream: the broker pushes, the request is one message.
@@ -162,6 +168,7 @@ fn the_admin_service_has_its_methods_with_comments() {
             ("Pause", false, false),
             ("Resume", false, false),
             ("Scale", false, false),
+            ("Reconfigure", false, false),
         ]
     );
     // 6 = service, 2 = method (descriptor.proto field numbers).

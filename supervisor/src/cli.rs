@@ -44,6 +44,11 @@ pub enum Command {
     /// Change a running runtime's executor count live (`-j N` or `-j MIN..MAX`): slots and
     /// worker ids stay; a retired executor finishes its current task first.
     Scale(ScaleArgs),
+    /// Re-read the manifests a running supervisor was started with and apply what changed:
+    /// `body.soft_time_limit` at once; a change that needs a new TaskDef, a body change or a
+    /// manifest that fails `check` refuses the whole reload (every problem listed, exit 1,
+    /// the running version keeps running). SIGHUP to the supervisor does the same.
+    Reload(ReloadArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(CompletionsArgs),
     /// Try a task with nothing to install: an embedded development Conductor, one workflow per
@@ -55,16 +60,34 @@ pub enum Command {
 /// `scale`.
 #[derive(Debug, Args)]
 #[deny(missing_docs)]
+#[command(group(clap::ArgGroup::new("runtime").required(true).args(["manifests", "socket"])))]
 pub struct ScaleArgs {
-    /// The task manifest whose runtime to scale (found as `status` finds it).
-    #[arg(value_name = "MANIFEST", required_unless_present = "socket")]
-    pub manifest: Option<PathBuf>,
+    /// The task manifests whose runtimes to scale (found as `status` finds them), each to the
+    /// same count. One of MANIFEST or --socket is required: `scale` never scales every runtime
+    /// of the user.
+    #[arg(value_name = "MANIFEST")]
+    pub manifests: Vec<PathBuf>,
     /// The broker socket to ask instead.
-    #[arg(long, conflicts_with = "manifest")]
+    #[arg(long, conflicts_with = "manifests")]
     pub socket: Option<PathBuf>,
     /// The executor count from now on: N, or an adaptive range MIN..MAX (as `start -j`).
     #[arg(short = 'j', long = "jobs", value_name = "N|MIN..MAX", required = true)]
     pub jobs: String,
+}
+
+/// `reload`.
+#[derive(Debug, Args)]
+#[deny(missing_docs)]
+pub struct ReloadArgs {
+    /// The task manifests whose runtimes to reload (found as `status` finds them; the
+    /// supervisor re-reads each from the path `start` was given). None: every task type of
+    /// every supervisor of this user that is running.
+    #[arg(value_name = "MANIFEST")]
+    pub manifests: Vec<PathBuf>,
+    /// The supervisor's control socket to ask instead (`supervisor.sock`, beside the
+    /// runtime's `broker.sock`): every task type of that supervisor.
+    #[arg(long, conflicts_with = "manifests")]
+    pub socket: Option<PathBuf>,
 }
 
 /// `check`.

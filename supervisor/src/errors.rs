@@ -117,6 +117,9 @@ pub enum ExpectedError {
     /// `check` found problems beyond the manifest itself (commands that do not exist).
     #[error("{}", .0.join("\n"))]
     CheckFailed(Vec<String>),
+    /// `reload` was refused or applied only in part: the supervisor's report, one line each.
+    #[error("{}", .0.join("\n"))]
+    Reload(Vec<String>),
     /// `-j` out of range.
     #[error(transparent)]
     WorkerCount(#[from] WorkerCountError),

@@ -1,5 +1,5 @@
 //! The perago command line: `check`, `extract`, `start`, `dev` (the `dev` feature, on by
-//! default), `status`, `pause`, `resume`, `completions`. `start` and `dev` build their runtimes from one
+//! default), `status`, `pause`, `resume`, `scale`, `reload`, `completions`. `start` and `dev` build their runtimes from one
 //! [`plan`](crate::plan).
 //! `main` calls [`run`], which parses the arguments, runs the command and maps every expected error to its exit
 //! code (see [`errors::exit_codes`]).
@@ -8,6 +8,7 @@
 
 mod check;
 pub mod cli;
+mod control;
 #[cfg(feature = "dev")]
 mod dev;
 pub mod errors;
@@ -15,6 +16,7 @@ mod extract;
 mod out;
 mod pause;
 mod plan;
+mod reload;
 mod runtime;
 mod scale;
 mod sdk_settings;
@@ -127,6 +129,7 @@ fn dispatch(cli: Cli, vars: &BTreeMap<String, String>) -> Result<(), ExpectedErr
         Command::Pause(args) => pause::pause(&args, vars)?,
         Command::Resume(args) => pause::resume(&args, vars)?,
         Command::Scale(args) => scale::scale(&args, vars)?,
+        Command::Reload(args) => control::reload(&args, vars)?,
         Command::Completions(_) => unreachable!("handled before dispatch"),
     }
     Ok(())

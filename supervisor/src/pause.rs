@@ -66,11 +66,19 @@ fn each(
     vars: &BTreeMap<String, String>,
     call: impl Fn(&Path, &tokio::runtime::Runtime) -> Result<String, ExpectedError>,
 ) -> Result<(), ExpectedError> {
-    let sockets = sockets_of(args.socket.as_ref(), &args.manifests, vars)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(ExpectedError::AsyncRuntime)?;
+    each_of(args.socket.as_ref(), &args.manifests, vars, call)
+}
+
+/// [`each`] of the runtimes `socket` or `manifests` name (as `status` finds them: see
+/// [`sockets_of`]); `scale` shares it.
+pub(crate) fn each_of(
+    socket: Option<&std::path::PathBuf>,
+    manifests: &[std::path::PathBuf],
+    vars: &BTreeMap<String, String>,
+    call: impl Fn(&Path, &tokio::runtime::Runtime) -> Result<String, ExpectedError>,
+) -> Result<(), ExpectedError> {
+    let sockets = sockets_of(socket, manifests, vars)?;
+    let runtime = client_runtime()?;
     let mut failed = Vec::new();
     for socket in &sockets {
         match call(socket, &runtime) {
@@ -83,4 +91,13 @@ fn each(
         1 => Err(failed.remove(0)),
         _ => Err(ExpectedError::Each(failed)),
     }
+}
+
+/// The current-thread runtime a command's client calls run on (`status`, `pause`, `resume`,
+/// `scale`, `reload`).
+pub(crate) fn client_runtime() -> Result<tokio::runtime::Runtime, ExpectedError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ExpectedError::AsyncRuntime)
 }

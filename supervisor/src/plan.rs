@@ -132,6 +132,15 @@ impl Plan {
         // What the broker reports in Admin.Status: how this runtime runs, and the SDK settings
         // that applied to it.
         child_env.push((env::PERAGO_EXECUTION_MODE.to_owned(), task.mode.to_string()));
+        // The soft time limit in force, which `reload` changes (Admin.Reconfigure).
+        child_env.push((
+            env::PERAGO_SOFT_TIME_LIMIT_MS.to_owned(),
+            task.manifest
+                .body
+                .soft_time_limit
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+                .to_string(),
+        ));
         if !task.sdk_settings.is_empty() {
             let rows: Vec<serde_json::Value> = task
                 .sdk_settings

@@ -28,28 +28,27 @@ pub(crate) fn scale(
             format!("-j {:?}: {e}", args.jobs)
         })
     })?;
-    let manifests: Vec<_> = args.manifest.iter().cloned().collect();
-    let sockets = status::sockets_of(args.socket.as_ref(), &manifests, vars)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(ExpectedError::AsyncRuntime)?;
-    for socket in &sockets {
-        let answer = status::call_broker(socket, &runtime, |channel| async move {
-            AdminClient::new(channel)
-                .scale(ScaleRequest {
-                    min_executors: min,
-                    max_executors: max,
-                })
-                .await
-                .map(tonic::Response::into_inner)
-        })?;
-        crate::out::print(&format!(
-            "scaled {}: -j {} -> -j {}\n",
-            socket.display(),
-            range(answer.previous_min_executors, answer.previous_max_executors),
-            range(min, max)
-        ))?;
-    }
-    Ok(())
+    // Every runtime is tried, each failure reported after the others were scaled.
+    crate::pause::each_of(
+        args.socket.as_ref(),
+        &args.manifests,
+        vars,
+        |socket, runtime| {
+            let answer = status::call_broker(socket, runtime, |channel| async move {
+                AdminClient::new(channel)
+                    .scale(ScaleRequest {
+                        min_executors: min,
+                        max_executors: max,
+                    })
+                    .await
+                    .map(tonic::Response::into_inner)
+            })?;
+            Ok(format!(
+                "scaled {}: -j {} -> -j {}",
+                socket.display(),
+                range(answer.previous_min_executors, answer.previous_max_executors),
+                range(min, max)
+            ))
+        },
+    )
 }

@@ -725,7 +725,16 @@ pub(crate) fn start(
             .map(PathBuf::from)
             .unwrap_or_else(|| root::default_log_root(vars));
         let mut lakefs_clients = Vec::new();
+        // What `reload` (and SIGHUP) re-reads: each manifest from the path `start` was given
+        // (a symlink swapped to a new version is followed), against the version running.
+        let mut reloadable = Vec::new();
         for ((task, locked), notify) in tasks.into_iter().zip(&locks).zip(notifiers) {
+            reloadable.push(crate::reload::Running {
+                path: std::path::absolute(&task.manifest.path)
+                    .unwrap_or_else(|_| task.manifest_path.clone()),
+                manifest: task.manifest.clone(),
+                socket: locked.socket.clone(),
+            });
             for (property, value, variable) in &task.sdk_settings {
                 tracing::info!(task = %task.manifest.task.name, %property, %value, %variable, "Conductor SDK setting applied");
             }
@@ -758,7 +767,13 @@ pub(crate) fn start(
                 tracing::warn!(dir = %registry_dir.display(), error = %e, "cannot record this supervisor for `perago-supervisor status`; give it the manifest or --socket");
             })
             .ok();
+        let control = crate::control::serve(
+            crate::reload::Reloader::new(reloadable, vars.clone()),
+            &locks.iter().map(|l| l.socket.clone()).collect::<Vec<_>>(),
+        )
+        .await;
         let results = supervise::supervise_all(runs, std::future::pending()).await;
+        drop(control);
         drop(registration);
         if let Some(metrics) = metrics {
             metrics.abort();

@@ -114,22 +114,32 @@ pub(crate) fn sockets_of(
     let mut sockets = Vec::new();
     for path in manifests {
         let manifest = Manifest::load(path)?;
-        let name = &manifest.task.name;
-        let root = crate::start::workspace_root_of(name, vars, several);
-        let root = std::fs::canonicalize(&root).unwrap_or(root);
-        let socket = runtime_dir(&root, vars).join("broker.sock");
-        // A supervisor of several task types keeps each root in a folder of its own.
-        let recorded = running
-            .iter()
-            .flat_map(|r| &r.runtimes)
-            .find(|e| &e.task == name)
-            .map(|e| e.socket.clone());
-        sockets.push(match recorded {
-            Some(recorded) if !socket.exists() => recorded,
-            _ => socket,
-        });
+        sockets.push(socket_of_task(&manifest.task.name, vars, several, &running));
     }
     Ok(sockets)
+}
+
+/// The broker socket of the task `name`'s runtime: through its workspace root, as `start`
+/// placed it, or the running supervisors' records.
+pub(crate) fn socket_of_task(
+    name: &str,
+    vars: &BTreeMap<String, String>,
+    several: bool,
+    running: &[crate::runtime::registry::Record],
+) -> PathBuf {
+    let root = crate::start::workspace_root_of(name, vars, several);
+    let root = std::fs::canonicalize(&root).unwrap_or(root);
+    let socket = runtime_dir(&root, vars).join("broker.sock");
+    // A supervisor of several task types keeps each root in a folder of its own.
+    let recorded = running
+        .iter()
+        .flat_map(|r| &r.runtimes)
+        .find(|e| e.task == name)
+        .map(|e| e.socket.clone());
+    match recorded {
+        Some(recorded) if !socket.exists() => recorded,
+        _ => socket,
+    }
 }
 
 /// The widest a worker id, task id or phase column grows; longer values are cut with `…`.
@@ -298,7 +308,29 @@ pub(crate) fn to_json(status: &StatusResponse) -> Value {
         "sdk_settings": status.settings.as_ref().map(|s| s.sdk_settings.iter().map(|x| json!({
             "property": x.property, "value": x.value, "variable": x.variable,
         })).collect::<Vec<_>>()).unwrap_or_default(),
+        "soft_time_limit_ms": status.soft_time_limit_ms,
+        "reconfigured_at_unix_ms": status.reconfigured_at_unix_ms,
     })
+}
+
+/// The live settings a reload changes, when there is one to show: a soft time limit, or any
+/// that a reload changed (`Admin.Reconfigure`).
+fn live_settings_line(status: &StatusResponse, now: i64) -> Option<String> {
+    let soft = status.soft_time_limit_ms?;
+    if soft == 0 && status.reconfigured_at_unix_ms == 0 {
+        return None;
+    }
+    let mut line = match soft {
+        0 => "soft time limit none".to_owned(),
+        ms => format!("soft time limit {}", human(Duration::from_millis(ms))),
+    };
+    if status.reconfigured_at_unix_ms > 0 {
+        let ago = Duration::from_millis(
+            u64::try_from(now.saturating_sub(status.reconfigured_at_unix_ms)).unwrap_or(0),
+        );
+        let _ = write!(line, " (changed by a reload {} ago)", human(ago));
+    }
+    Some(line)
 }
 
 /// The status as a table for a terminal.
@@ -349,6 +381,9 @@ pub(crate) fn to_table(status: &StatusResponse) -> String {
                 .collect();
             let _ = write!(line, "  SDK settings: {}", sdk.join(", "));
         }
+        let _ = writeln!(out, "{line}");
+    }
+    if let Some(line) = live_settings_line(status, now) {
         let _ = writeln!(out, "{line}");
     }
     let worker_ids: Vec<String> = status
@@ -673,10 +708,7 @@ pub(crate) fn status(
     vars: &BTreeMap<String, String>,
 ) -> Result<(), ExpectedError> {
     let sockets = sockets_of(args.socket.as_ref(), &args.manifests, vars)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(ExpectedError::AsyncRuntime)?;
+    let runtime = crate::pause::client_runtime()?;
     if let Some(kind) = args.probe {
         // Every runtime must pass: a probe of a supervisor is a probe of all its task types.
         let failed: Vec<ExpectedError> = sockets
@@ -988,5 +1020,35 @@ mod tests {
         let json = to_json(&status);
         assert_eq!(json["paused"], true);
         assert_eq!(json["paused_since_unix_ms"], status.paused_since_unix_ms);
+    }
+
+    /// Issue #26 item 4: the soft time limit in force, and whether a reload changed it.
+    #[test]
+    fn the_live_settings_show_what_a_reload_changed() {
+        let mut status = StatusResponse {
+            task_name: "t".into(),
+            ..StatusResponse::default()
+        };
+        assert!(!to_table(&status).contains("soft time limit"));
+        status.soft_time_limit_ms = Some(0);
+        assert!(!to_table(&status).contains("soft time limit"));
+        status.soft_time_limit_ms = Some(90_000);
+        assert!(
+            to_table(&status).contains("\nsoft time limit 1m30s\n"),
+            "{}",
+            to_table(&status)
+        );
+        status.reconfigured_at_unix_ms = now_ms() - 5_000;
+        let table = to_table(&status);
+        assert!(
+            table.contains("soft time limit 1m30s (changed by a reload 5."),
+            "{table}"
+        );
+        let json = to_json(&status);
+        assert_eq!(json["soft_time_limit_ms"], 90_000);
+        assert_eq!(
+            json["reconfigured_at_unix_ms"],
+            status.reconfigured_at_unix_ms
+        );
     }
 }

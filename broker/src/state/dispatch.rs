@@ -355,6 +355,7 @@ impl Machine {
                 proto::Assignment {
                     execution_id: execution_id.clone(),
                     attempt: Some(wire::attempt_into_wire(&mut attempt)),
+                    soft_time_limit_ms: self.soft_time_limit_ms,
                 },
             )),
         };

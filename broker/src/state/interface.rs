@@ -74,6 +74,9 @@ pub(crate) enum Input {
     Status,
     /// `Admin.Scale`: the executor count becomes `min..=max` live. Answer: [`Reply::Scale`].
     Scale { min: u32, max: u32 },
+    /// `Admin.Reconfigure`: the live settings set (`None`: unchanged) apply to every
+    /// assignment dispatched from now on. Answer: [`Reply::Reconfigure`].
+    Reconfigure { soft_time_limit_ms: Option<u64> },
     /// Available memory was measured (only with `PERAGO_MIN_FREE_MEMORY`): admission opens
     /// or closes.
     Memory { available: u64 },
@@ -129,6 +132,8 @@ pub(crate) enum Reply {
     Status(Box<admin::StatusResponse>),
     /// The range before the scale, or why it was refused.
     Scale(Result<(u32, u32), Status>),
+    /// Whether nothing changed and the soft time limit before, or why it was refused.
+    Reconfigure(Result<(bool, Option<u64>), Status>),
 }
 
 /// A result update to deliver.

@@ -186,6 +186,12 @@ pub(crate) struct Machine {
     /// the next poll asks for one task (a long poll that its first task answers); after a
     /// poll that came back full, polls ask for every free slot again (with [`FILL_WAIT`]).
     pub(super) poll_sparse: bool,
+    /// The soft time limit each assignment carries (`Admin.Reconfigure`, or the manifest's as
+    /// the supervisor told it at start), in milliseconds, 0 for none; `None`: not told, the
+    /// executors use their manifest's.
+    pub(super) soft_time_limit_ms: Option<u64>,
+    /// When the last `Admin.Reconfigure` that changed something came.
+    pub(super) reconfigured_at: Option<SystemTime>,
 }
 
 /// Compares secrets without an early exit on the first differing byte.
@@ -273,6 +279,8 @@ impl Machine {
             depth_unreadable: false,
             once_empty_polls: 0,
             poll_sparse: false,
+            soft_time_limit_ms: None,
+            reconfigured_at: None,
         }
     }
 
@@ -413,6 +421,9 @@ impl Machine {
             Input::Resume => return Reply::Resume(self.resume()),
             Input::Status => return Reply::Status(Box::new(self.status())),
             Input::Scale { min, max } => return Reply::Scale(self.scale(min, max)),
+            Input::Reconfigure { soft_time_limit_ms } => {
+                return Reply::Reconfigure(self.reconfigure(soft_time_limit_ms));
+            }
             Input::Memory { available } => self.memory_measured(available),
             Input::QueueDepth { depth, now } => self.queue_depth_read(depth, now),
             Input::CrashHistory {

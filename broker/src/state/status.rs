@@ -143,6 +143,8 @@ impl Machine {
             paused_since_unix_ms: self.paused_since.map_or(0, unix_ms),
             // Added by the actor, which knows how the supervisor set the runtime up.
             settings: None,
+            soft_time_limit_ms: self.soft_time_limit_ms,
+            reconfigured_at_unix_ms: self.reconfigured_at.map_or(0, unix_ms),
         }
     }
 

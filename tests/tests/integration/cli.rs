@@ -27,6 +27,7 @@ fn help_texts() {
         &["dev", "--help"],
         &["status", "--help"],
         &["scale", "--help"],
+        &["reload", "--help"],
     ] {
         let out = run(args);
         out.expect_code(0);

@@ -155,3 +155,57 @@ async fn scale_up_and_down_under_load_loses_and_fails_nothing() {
     sup.signal("TERM");
     assert_eq!(sup.wait_exit(Duration::from_secs(20)).await.code(), Some(0));
 }
+
+/// `scale` without a MANIFEST or --socket is a usage error naming both (it used to scale every
+/// runtime of the user); with several manifests every runtime is tried, a runtime that does
+/// not answer is reported after the others were scaled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_needs_a_target_and_tries_every_runtime() {
+    let bare = perago_tests::Run::of(perago_tests::command(SUPERVISOR).args(["scale", "-j", "2"]));
+    assert_eq!(bare.code, Some(2), "{bare:?}");
+    assert!(
+        bare.stderr.contains("<MANIFEST|--socket <SOCKET>>"),
+        "{bare:?}"
+    );
+
+    let conductor = Conductor::start().await;
+    let a = TaskFixture::new("live.each_a", SHORT, "");
+    let b = TaskFixture::new("live.each_b", SHORT, "");
+    let absent = TaskFixture::new("live.each_absent", SHORT, "");
+    conductor.register(&a).await;
+    conductor.register(&b).await;
+    let mut sup = SupervisorProc::start_many(&[&a, &b], &conductor, &["1"], &[]);
+    let ws = sup.workspace_root();
+    for task in [&a, &b] {
+        let root = ws.join(&task.name);
+        eventually("the runtime serves", Duration::from_secs(15), || async {
+            status(&root).await.map(|_| ())
+        })
+        .await;
+    }
+    // The runtime that does not run comes first: the two after it are still scaled.
+    let run = perago_tests::Run::of(
+        perago_tests::command(SUPERVISOR)
+            .arg("scale")
+            .args([absent.manifest(), a.manifest(), b.manifest()])
+            .args(["-j", "2"])
+            .env("PERAGO_WORKSPACE_ROOT", &ws)
+            .env("XDG_STATE_HOME", ws.join("no-records")),
+    );
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert!(
+        run.stderr.contains("live.each_absent/run/broker.sock"),
+        "{run:?}"
+    );
+    assert_eq!(run.stdout.matches("-j 1 -> -j 2").count(), 2, "{run:?}");
+    for task in [&a, &b] {
+        let c = status(&ws.join(&task.name))
+            .await
+            .unwrap()
+            .capacity
+            .unwrap();
+        assert_eq!((c.min_executors, c.max_executors), (2, 2));
+    }
+    sup.signal("TERM");
+    assert_eq!(sup.wait_exit(Duration::from_secs(20)).await.code(), Some(0));
+}

@@ -1452,7 +1452,7 @@ async fn a_rust_task_works_in_its_workspace_directory() {
     ]));
     let io = AssignmentIo {
         fence: Some(&fence),
-        progress: None,
+        ..AssignmentIo::default()
     };
     let result = runner.execute_with("exec-rust", &snapshot(), &io).await;
     let perago_core::result::Outcome::Completed(output) = result.outcome() else {

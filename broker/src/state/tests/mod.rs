@@ -516,6 +516,7 @@ mod once;
 mod pause;
 mod poison;
 mod props;
+mod reconfigure;
 mod scale;
 mod scaling;
 mod slots;

@@ -1,0 +1,521 @@
+//! `reload` (issue #26 item 4): what a re-read manifest changes, classified in one place
+//! ([`diff`]), and the reload itself ([`Reloader::apply`]), which the control socket
+//! (`perago-supervisor reload`) and SIGHUP both call.
+//!
+//! A reload re-reads the manifests the supervisor was started with (their paths as given to
+//! `start`). "Settings" are the manifest's: the SDK's worker settings and every `PERAGO_*`
+//! variable come from the supervisor's environment, which a running process cannot change
+//! (resolving them again gives what `start` had), so they change only with a restart; the
+//! executor count, pause and resume have their own commands (`scale`, `pause`, `resume`).
+//! Every manifest is checked as `check` checks it, and any problem refuses the whole reload:
+//! nothing applies, the running version keeps running. What can change live applies at once
+//! through the broker's `Admin.Reconfigure`; a change that needs a new TaskDef is refused
+//! naming the field; a body change (which rolls, in a build with rolling body changes) is
+//! refused in this one.
+
+use crate::errors::ExpectedError;
+use perago_core::{manifest::Manifest, taskdef};
+use perago_proto::admin::v1::{ReconfigureRequest, admin_client::AdminClient};
+use serde_json::Value;
+use std::{collections::BTreeMap, ffi::OsString, path::PathBuf, time::Duration};
+
+/// How a changed manifest field can reach a running runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// Applies at once, through `Admin.Reconfigure`.
+    Live,
+    /// Part of what an executor runs (the body, its environment, guardrails, schemas, the
+    /// workspace settings the executor reads): rolls, executor by executor.
+    Body,
+    /// Part of the TaskDef Conductor holds: needs a new TaskDef and a restart.
+    TaskDef,
+}
+
+/// One changed field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Change {
+    /// The manifest's dotted key, e.g. `task.timeout_seconds`.
+    pub(crate) field: &'static str,
+    /// The running value, for messages.
+    pub(crate) old: String,
+    /// The re-read value, for messages.
+    pub(crate) new: String,
+    /// How it can apply.
+    pub(crate) class: Class,
+}
+
+/// Everything a re-read manifest changes against the running one.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct Changes {
+    /// The running task's name.
+    pub(crate) task: String,
+    /// Each changed field, in the manifest's order.
+    pub(crate) changes: Vec<Change>,
+}
+
+impl Changes {
+    /// Nothing changed.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+    }
+
+    /// The changes of `class`.
+    pub(crate) fn of(&self, class: Class) -> impl Iterator<Item = &Change> {
+        self.changes.iter().filter(move |c| c.class == class)
+    }
+
+    /// Why this reload cannot apply, one line per field (empty: it can).
+    pub(crate) fn refusals(&self) -> Vec<String> {
+        let task = &self.task;
+        self.changes
+            .iter()
+            .filter_map(|c| match c.class {
+                Class::Live => None,
+                Class::TaskDef => Some(format!(
+                    "{task}: {} changed ({} → {}) — needs a new TaskDef; register it (`perago-supervisor extract`) and restart the supervisor",
+                    c.field, c.old, c.new
+                )),
+                Class::Body => Some(format!(
+                    "{task}: {} changed ({} → {}) — body changes roll executor by executor, which is not in this build; restart the supervisor to run the new body",
+                    c.field, c.old, c.new
+                )),
+            })
+            .collect()
+    }
+}
+
+/// A value for a message: JSON, cut at 80 characters.
+fn shown(value: &Value) -> String {
+    let text = match value {
+        Value::Null => "none".to_owned(),
+        v => v.to_string(),
+    };
+    crate::status::cell(&text, 80)
+}
+
+/// The TaskDef keys `extract` writes that need a new TaskDef when they change (the schemas,
+/// and `enforceSchema` with them, roll with the body instead).
+const TASKDEF_KEYS: [&str; 11] = [
+    "name",
+    "inputKeys",
+    "outputKeys",
+    "description",
+    "ownerEmail",
+    "timeoutSeconds",
+    "responseTimeoutSeconds",
+    "retryCount",
+    "retryLogic",
+    "retryDelaySeconds",
+    "timeoutPolicy",
+];
+
+/// The manifest key of a TaskDef key.
+fn taskdef_field(key: &str) -> &'static str {
+    match key {
+        "name" => "task.name",
+        "description" => "task.description",
+        "ownerEmail" => "task.owner_email",
+        "retryCount" => "task.retry_count",
+        "retryLogic" => "task.retry_logic",
+        "retryDelaySeconds" => "task.retry_delay_seconds",
+        "timeoutSeconds" => "task.timeout_seconds",
+        "responseTimeoutSeconds" => "task.response_timeout_seconds",
+        "timeoutPolicy" => "task.timeout_policy",
+        "inputKeys" | "outputKeys" => "task.kind",
+        _ => "task",
+    }
+}
+
+/// What `new` changes against the running `old`, each field classified: the one place that
+/// decides what applies live, what rolls and what needs a new TaskDef.
+///
+/// - TaskDef: every key `extract` writes into the TaskDef but the schemas (name, kind,
+///   description, owner, retries, every timeout, the timeout policy; `publish_budget.seconds`
+///   through the response timeout it derives).
+/// - Body: `body.command`/`body.protocol`/`body.executor`, `body.env`, `body.user`, the
+///   guardrails, the params and result schemas (their content: Conductor keeps a copy in the
+///   TaskDef with `enforceSchema: false`, perago validates in the executor), and the
+///   `[workspace]` settings the executor reads (prefix, merge timeout, budgets).
+/// - Live: `body.soft_time_limit`.
+/// - `[dev]` is read by `dev` only and never matters here.
+pub(crate) fn diff(old: &Manifest, new: &Manifest) -> Changes {
+    let mut changes = Vec::new();
+    let mut push = |field, old: &Value, new: &Value, class| {
+        if old != new {
+            changes.push(Change {
+                field,
+                old: shown(old),
+                new: shown(new),
+                class,
+            });
+        }
+    };
+    let (old_def, new_def) = (taskdef::task_def(old), taskdef::task_def(new));
+    let mut fields_seen = Vec::new();
+    for key in TASKDEF_KEYS {
+        let field = taskdef_field(key);
+        let (o, n) = (&old_def[key], &new_def[key]);
+        if key == "description" && old.task.description == new.task.description {
+            // The default description is derived from name and kind: said there.
+            continue;
+        }
+        if o != n && !fields_seen.contains(&field) {
+            fields_seen.push(field);
+            let (o, n) = match field {
+                "task.kind" => (
+                    Value::from(old.task.kind.as_str()),
+                    Value::from(new.task.kind.as_str()),
+                ),
+                _ => (o.clone(), n.clone()),
+            };
+            push(field, &o, &n, Class::TaskDef);
+        }
+    }
+    let (ob, nb) = (&old.body, &new.body);
+    use perago_core::manifest::BodyKind;
+    let (o_argv, o_protocol, o_executor) = match &ob.kind {
+        BodyKind::Command { argv, protocol } => (Some(argv), Some(protocol.as_str()), None),
+        BodyKind::Executor(path) => (None, None, Some(path)),
+    };
+    let (n_argv, n_protocol, n_executor) = match &nb.kind {
+        BodyKind::Command { argv, protocol } => (Some(argv), Some(protocol.as_str()), None),
+        BodyKind::Executor(path) => (None, None, Some(path)),
+    };
+    push("body.command", &json(&o_argv), &json(&n_argv), Class::Body);
+    push(
+        "body.protocol",
+        &json(&o_protocol),
+        &json(&n_protocol),
+        Class::Body,
+    );
+    push(
+        "body.executor",
+        &json(&o_executor.map(|p| p.display().to_string())),
+        &json(&n_executor.map(|p| p.display().to_string())),
+        Class::Body,
+    );
+    push("body.env", &json(&ob.env), &json(&nb.env), Class::Body);
+    push("body.user", &json(&ob.user), &json(&nb.user), Class::Body);
+    push(
+        "body.soft_time_limit",
+        &Value::from(ob.soft_time_limit.map(humantime_ms)),
+        &Value::from(nb.soft_time_limit.map(humantime_ms)),
+        Class::Live,
+    );
+    push(
+        "guardrails.pre",
+        &json(&old.guardrails.pre),
+        &json(&new.guardrails.pre),
+        Class::Body,
+    );
+    push(
+        "guardrails.post",
+        &json(&old.guardrails.post),
+        &json(&new.guardrails.post),
+        Class::Body,
+    );
+    let schema = |m: &Manifest, input: bool| {
+        let s = if input {
+            taskdef::input_schema(m)
+        } else {
+            taskdef::output_schema(m)
+        };
+        s.unwrap_or(Value::Null)
+    };
+    for (field, input) in [("task.params_schema", true), ("task.result_schema", false)] {
+        let (o, n) = (schema(old, input), schema(new, input));
+        if o != n {
+            // A schema's text is long: the file is named, not the schema.
+            let path = |m: &Manifest| {
+                let p = if input {
+                    &m.task.params_schema
+                } else {
+                    &m.task.result_schema
+                };
+                Value::from(p.as_ref().map(|p| p.display().to_string()))
+            };
+            let (po, pn) = (path(old), path(new));
+            let (po, pn) = if po == pn {
+                (
+                    Value::from(format!("{} (as running)", shown(&po))),
+                    Value::from(format!("{} (edited)", shown(&pn))),
+                )
+            } else {
+                (po, pn)
+            };
+            push(field, &po, &pn, Class::Body);
+        }
+    }
+    let ws = |m: &Manifest| {
+        m.workspace.as_ref().map(|w| {
+            (
+                w.prefix.clone(),
+                w.merge_timeout_seconds,
+                w.publish_budget.map(|b| (b.max_objects, b.max_bytes)),
+                w.download_budget.map(|b| (b.max_objects, b.max_bytes)),
+            )
+        })
+    };
+    if let (Some(o), Some(n)) = (ws(old), ws(new)) {
+        push(
+            "workspace.prefix",
+            &Value::from(o.0),
+            &Value::from(n.0),
+            Class::Body,
+        );
+        push(
+            "workspace.merge_timeout_seconds",
+            &Value::from(o.1),
+            &Value::from(n.1),
+            Class::Body,
+        );
+        push(
+            "workspace.publish_budget",
+            &json(&o.2),
+            &json(&n.2),
+            Class::Body,
+        );
+        push(
+            "workspace.download_budget",
+            &json(&o.3),
+            &json(&n.3),
+            Class::Body,
+        );
+    }
+    Changes {
+        task: old.task.name.clone(),
+        changes,
+    }
+}
+
+/// A duration as the manifest writes it, in milliseconds (`50m` → `"3000000ms"`), for
+/// messages.
+fn humantime_ms(d: Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        ms => format!("{ms}ms"),
+    }
+}
+
+/// A value as JSON, for comparing and showing.
+fn json<T: serde::Serialize>(value: &T) -> Value {
+    serde_json::to_value(value).unwrap_or(Value::Null)
+}
+
+/// One runtime a reload can change: its manifest's path as `start` was given it, the version
+/// running, and its broker's socket.
+#[derive(Debug, Clone)]
+pub(crate) struct Running {
+    /// The manifest file `start` read.
+    pub(crate) path: PathBuf,
+    /// The version running.
+    pub(crate) manifest: Manifest,
+    /// Its broker's socket.
+    pub(crate) socket: PathBuf,
+}
+
+/// What a reload did, for the `reload` command's output or the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ReloadReport {
+    /// Every manifest re-read is the one running: nothing to do.
+    Unchanged {
+        /// The tasks looked at.
+        tasks: Vec<String>,
+    },
+    /// The live changes applied, one line each (`orders.ship: body.soft_time_limit 50m →
+    /// 40m`); tasks unchanged are named too.
+    Applied {
+        /// One line per change applied, then one per task unchanged.
+        lines: Vec<String>,
+    },
+    /// Nothing applied: every problem found.
+    Refused {
+        /// Every problem, one line each.
+        problems: Vec<String>,
+    },
+    /// Some runtimes took their changes, others could not be told (their broker did not
+    /// answer): what applied, and what failed.
+    Partial {
+        /// One line per change applied.
+        lines: Vec<String>,
+        /// One line per runtime that could not be told.
+        problems: Vec<String>,
+    },
+}
+
+impl ReloadReport {
+    /// Whether the reload did what it was asked (unchanged or applied).
+    pub(crate) fn ok(&self) -> bool {
+        matches!(self, Self::Unchanged { .. } | Self::Applied { .. })
+    }
+
+    /// The report as lines, for a person.
+    pub(crate) fn lines(&self) -> Vec<String> {
+        match self {
+            Self::Unchanged { tasks } => tasks
+                .iter()
+                .map(|t| format!("{t}: unchanged (nothing to reload)"))
+                .collect(),
+            Self::Applied { lines } => lines.clone(),
+            Self::Refused { problems } => std::iter::once(format!(
+                "reload refused ({} problem{}); nothing applied, the running version keeps running:",
+                problems.len(),
+                if problems.len() == 1 { "" } else { "s" }
+            ))
+            .chain(problems.iter().map(|p| format!("  {p}")))
+            .collect(),
+            Self::Partial { lines, problems } => lines
+                .iter()
+                .cloned()
+                .chain(problems.iter().map(|p| format!("not applied: {p}")))
+                .collect(),
+        }
+    }
+}
+
+/// The supervisor's reload: the versions running, and what checking a manifest needs.
+#[derive(Debug)]
+pub(crate) struct Reloader {
+    runtimes: Vec<Running>,
+    /// The supervisor's environment as at start (PATH for the commands, the worker id prefix).
+    vars: BTreeMap<String, String>,
+}
+
+impl Reloader {
+    /// The reload of `runtimes`, checked against `vars` (the environment `start` had).
+    pub(crate) fn new(runtimes: Vec<Running>, vars: BTreeMap<String, String>) -> Self {
+        Self { runtimes, vars }
+    }
+
+    /// The task names it runs.
+    pub(crate) fn tasks(&self) -> Vec<String> {
+        self.runtimes
+            .iter()
+            .map(|r| r.manifest.task.name.clone())
+            .collect()
+    }
+
+    /// Re-reads and checks the manifests of `tasks` (all when empty), then applies what
+    /// changed live, or refuses the whole reload with every problem. Idempotent: a manifest
+    /// unchanged since the last reload is a no-op.
+    pub(crate) async fn apply(&mut self, tasks: &[String]) -> ReloadReport {
+        let several = self.runtimes.len() > 1;
+        let path_var = self.vars.get("PATH").map(OsString::from);
+        let mut problems = Vec::new();
+        for unknown in tasks.iter().filter(|t| !self.tasks().contains(t)) {
+            problems.push(format!(
+                "{unknown}: this supervisor does not run the task (it runs {})",
+                self.tasks().join(", ")
+            ));
+        }
+        let mut planned: Vec<(usize, Manifest, Changes)> = Vec::new();
+        for (index, running) in self.runtimes.iter().enumerate() {
+            let name = &running.manifest.task.name;
+            if !tasks.is_empty() && !tasks.contains(name) {
+                continue;
+            }
+            let manifest = match Manifest::load(&running.path) {
+                Ok(m) => m,
+                Err(e) => {
+                    problems.extend(e.to_string().lines().map(str::to_owned));
+                    continue;
+                }
+            };
+            // As `check` checks it (commands exist, worker ids, the body user).
+            match crate::check::check(&running.path, &manifest, path_var.as_ref(), |n| {
+                crate::start::prefix_of(n, &self.vars, several)
+            }) {
+                Ok(_) => {}
+                Err(ExpectedError::CheckFailed(found)) => problems.extend(found),
+                Err(e) => problems.push(e.to_string()),
+            }
+            let changes = diff(&running.manifest, &manifest);
+            problems.extend(changes.refusals());
+            planned.push((index, manifest, changes));
+        }
+        if !problems.is_empty() {
+            return ReloadReport::Refused { problems };
+        }
+        if planned.iter().all(|(_, _, c)| c.is_empty()) {
+            return ReloadReport::Unchanged {
+                tasks: planned
+                    .iter()
+                    .map(|(i, _, _)| self.runtimes[*i].manifest.task.name.clone())
+                    .collect(),
+            };
+        }
+        let mut lines = Vec::new();
+        let mut unchanged = Vec::new();
+        let mut failed = Vec::new();
+        for (index, manifest, changes) in planned {
+            let running = &mut self.runtimes[index];
+            if changes.is_empty() {
+                unchanged.push(format!("{}: unchanged", changes.task));
+                continue;
+            }
+            let request = reconfigure_request(&manifest);
+            match reconfigure(&running.socket, request).await {
+                Ok(()) => {
+                    for c in changes.of(Class::Live) {
+                        lines.push(format!(
+                            "{}: {} {} → {} (applied)",
+                            changes.task, c.field, c.old, c.new
+                        ));
+                    }
+                    running.manifest = manifest;
+                }
+                Err(e) => failed.push(format!(
+                    "{}: the broker at {} did not take the change: {e}",
+                    changes.task,
+                    running.socket.display()
+                )),
+            }
+        }
+        lines.extend(unchanged);
+        if failed.is_empty() {
+            ReloadReport::Applied { lines }
+        } else {
+            ReloadReport::Partial {
+                lines,
+                problems: failed,
+            }
+        }
+    }
+}
+
+/// The live settings of `manifest`, as `Admin.Reconfigure` takes them.
+pub(crate) fn reconfigure_request(manifest: &Manifest) -> ReconfigureRequest {
+    ReconfigureRequest {
+        soft_time_limit_ms: Some(
+            manifest
+                .body
+                .soft_time_limit
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        ),
+    }
+}
+
+/// `Admin.Reconfigure` on the broker at `socket`, bounded to 5 s.
+async fn reconfigure(socket: &std::path::Path, request: ReconfigureRequest) -> Result<(), String> {
+    let call = async {
+        let channel = perago_core::socket::connect(socket)
+            .await
+            .map_err(|e| e.to_string())?;
+        AdminClient::new(channel)
+            .reconfigure(request)
+            .await
+            .map(|_| ())
+            .map_err(|s| s.message().to_owned())
+    };
+    match tokio::time::timeout(Duration::from_secs(5), call).await {
+        Ok(result) => result,
+        Err(_) => Err("no answer within 5 s".to_owned()),
+    }
+}
+
+#[cfg(test)]
+#[path = "reload_tests.rs"]
+mod tests;

@@ -1,0 +1,365 @@
+//! The classification of a re-read manifest's changes ([`diff`]) and the refusals it makes.
+
+use super::*;
+use std::path::Path;
+
+const BASE: &str = r#"[task]
+name = "orders.ship"
+kind = "workspace-free"
+timeout_seconds = 6000
+retry_count = 2
+
+[body]
+command = ["sh", "body.sh"]
+soft_time_limit = "50m"
+"#;
+
+fn manifest(text: &str) -> Manifest {
+    Manifest::parse(Path::new("task.toml"), Path::new("/srv"), text).unwrap()
+}
+
+fn edited(from: &str, to: &str) -> Manifest {
+    assert!(BASE.contains(from), "{from}");
+    manifest(&BASE.replacen(from, to, 1))
+}
+
+fn fields(changes: &Changes) -> Vec<(&'static str, Class)> {
+    changes.changes.iter().map(|c| (c.field, c.class)).collect()
+}
+
+#[test]
+fn an_unchanged_manifest_changes_nothing() {
+    let changes = diff(&manifest(BASE), &manifest(BASE));
+    assert!(changes.is_empty(), "{changes:?}");
+    assert!(changes.refusals().is_empty());
+    // [dev] is `dev`'s only.
+    let dev = manifest(&format!("{BASE}\n[dev]\nrepository = \"other\"\n"));
+    assert!(diff(&manifest(BASE), &dev).is_empty());
+}
+
+#[test]
+fn the_soft_limit_applies_live() {
+    let changes = diff(
+        &manifest(BASE),
+        &edited("soft_time_limit = \"50m\"", "soft_time_limit = \"40m\""),
+    );
+    assert_eq!(fields(&changes), [("body.soft_time_limit", Class::Live)]);
+    assert_eq!(
+        (
+            changes.changes[0].old.as_str(),
+            changes.changes[0].new.as_str()
+        ),
+        ("\"50m\"", "\"40m\"")
+    );
+    assert!(changes.refusals().is_empty());
+    let removed = diff(&manifest(BASE), &edited("soft_time_limit = \"50m\"\n", ""));
+    assert_eq!(fields(&removed), [("body.soft_time_limit", Class::Live)]);
+    assert_eq!(removed.changes[0].new, "none");
+}
+
+#[test]
+fn taskdef_fields_are_refused_naming_the_field() {
+    for (from, to, field) in [
+        (
+            "timeout_seconds = 6000",
+            "timeout_seconds = 9000",
+            "task.timeout_seconds",
+        ),
+        ("retry_count = 2", "retry_count = 5", "task.retry_count"),
+        (
+            "retry_count = 2",
+            "retry_count = 2\nretry_logic = \"LINEAR_BACKOFF\"",
+            "task.retry_logic",
+        ),
+        (
+            "retry_count = 2",
+            "retry_count = 2\nretry_delay_seconds = 5",
+            "task.retry_delay_seconds",
+        ),
+        (
+            "retry_count = 2",
+            "retry_count = 2\ntimeout_policy = \"RETRY\"",
+            "task.timeout_policy",
+        ),
+        (
+            "retry_count = 2",
+            "retry_count = 2\nresponse_timeout_seconds = 120",
+            "task.response_timeout_seconds",
+        ),
+        (
+            "retry_count = 2",
+            "retry_count = 2\ndescription = \"ships\"",
+            "task.description",
+        ),
+        (
+            "retry_count = 2",
+            "retry_count = 2\nowner_email = \"a@b.c\"",
+            "task.owner_email",
+        ),
+        (
+            "name = \"orders.ship\"",
+            "name = \"orders.send\"",
+            "task.name",
+        ),
+    ] {
+        let changes = diff(&manifest(BASE), &edited(from, to));
+        assert_eq!(fields(&changes), [(field, Class::TaskDef)], "{to}");
+        let refusals = changes.refusals();
+        assert_eq!(refusals.len(), 1);
+        assert!(
+            refusals[0].starts_with(&format!("orders.ship: {field} changed (")),
+            "{refusals:?}"
+        );
+        assert!(refusals[0].contains("needs a new TaskDef"), "{refusals:?}");
+    }
+    let refusal = &diff(
+        &manifest(BASE),
+        &edited("timeout_seconds = 6000", "timeout_seconds = 9000"),
+    )
+    .refusals()[0];
+    assert!(
+        refusal.starts_with(
+            "orders.ship: task.timeout_seconds changed (6000 → 9000) — needs a new TaskDef"
+        ),
+        "{refusal}"
+    );
+}
+
+/// A key `extract` adds to the TaskDef one day is classified here too, or this fails.
+#[test]
+fn every_taskdef_key_is_classified() {
+    let full = BASE.replace(
+        "retry_count = 2",
+        "retry_count = 2\ndescription = \"d\"\nowner_email = \"a@b.c\"",
+    );
+    let def = perago_core::taskdef::task_def(&manifest(&full));
+    for key in def.as_object().unwrap().keys() {
+        assert!(
+            TASKDEF_KEYS.contains(&key.as_str())
+                || ["inputSchema", "outputSchema", "enforceSchema"].contains(&key.as_str()),
+            "{key} is not classified"
+        );
+    }
+}
+
+#[test]
+fn the_kind_is_one_taskdef_field() {
+    let workspace = BASE.replace("workspace-free", "workspace");
+    let changes = diff(&manifest(BASE), &manifest(&workspace));
+    assert_eq!(fields(&changes), [("task.kind", Class::TaskDef)]);
+    assert_eq!(
+        (
+            changes.changes[0].old.as_str(),
+            changes.changes[0].new.as_str()
+        ),
+        ("\"workspace-free\"", "\"workspace\"")
+    );
+}
+
+#[test]
+fn body_changes_roll_and_are_refused_in_this_build() {
+    for (from, to, field) in [
+        (
+            "command = [\"sh\", \"body.sh\"]",
+            "command = [\"sh\", \"body2.sh\"]",
+            "body.command",
+        ),
+        (
+            "command = [\"sh\", \"body.sh\"]",
+            "command = [\"sh\", \"body.sh\"]\nprotocol = \"jsonl\"",
+            "body.protocol",
+        ),
+        (
+            "command = [\"sh\", \"body.sh\"]",
+            "command = [\"sh\", \"body.sh\"]\nenv = { MODE = \"fast\" }",
+            "body.env",
+        ),
+        (
+            "command = [\"sh\", \"body.sh\"]",
+            "command = [\"sh\", \"body.sh\"]\nuser = \"nobody\"",
+            "body.user",
+        ),
+        (
+            "soft_time_limit = \"50m\"",
+            "soft_time_limit = \"50m\"\n\n[guardrails]\npre = [\"./pre.sh\"]",
+            "guardrails.pre",
+        ),
+        (
+            "soft_time_limit = \"50m\"",
+            "soft_time_limit = \"50m\"\n\n[guardrails]\npost = [\"./post.sh\"]",
+            "guardrails.post",
+        ),
+    ] {
+        let changes = diff(&manifest(BASE), &edited(from, to));
+        assert_eq!(fields(&changes), [(field, Class::Body)], "{to}");
+        let refusals = changes.refusals();
+        assert!(
+            refusals[0].starts_with(&format!("orders.ship: {field} changed (")),
+            "{refusals:?}"
+        );
+        assert!(refusals[0].contains("body changes roll"), "{refusals:?}");
+    }
+    // A Rust task binary in place of the command: both keys change.
+    let binary = diff(
+        &manifest(BASE),
+        &edited(
+            "command = [\"sh\", \"body.sh\"]",
+            "executor = \"/bin/task\"",
+        ),
+    );
+    assert_eq!(
+        fields(&binary),
+        [
+            ("body.command", Class::Body),
+            ("body.protocol", Class::Body),
+            ("body.executor", Class::Body)
+        ]
+    );
+}
+
+#[test]
+fn schemas_roll_with_the_body() {
+    let tmp = tempfile::tempdir().unwrap();
+    let write = |schema: &str| {
+        std::fs::write(tmp.path().join("params.json"), schema).unwrap();
+        let path = tmp.path().join("task.toml");
+        std::fs::write(
+            &path,
+            BASE.replace(
+                "retry_count = 2",
+                "retry_count = 2\nparams_schema = \"params.json\"",
+            ),
+        )
+        .unwrap();
+        Manifest::load(&path).unwrap()
+    };
+    let old = write(r#"{"type": "object"}"#);
+    let new = write(r#"{"type": "object", "required": ["n"]}"#);
+    let changes = diff(&old, &new);
+    assert_eq!(fields(&changes), [("task.params_schema", Class::Body)]);
+    assert!(changes.changes[0].new.contains("(edited)"), "{changes:?}");
+}
+
+#[test]
+fn every_change_is_listed_at_once() {
+    let text = BASE
+        .replace("timeout_seconds = 6000", "timeout_seconds = 9000")
+        .replace("body.sh", "other.sh")
+        .replace("50m", "10m");
+    let changes = diff(&manifest(BASE), &manifest(&text));
+    assert_eq!(
+        fields(&changes),
+        [
+            ("task.timeout_seconds", Class::TaskDef),
+            ("body.command", Class::Body),
+            ("body.soft_time_limit", Class::Live),
+        ]
+    );
+    assert_eq!(changes.refusals().len(), 2);
+    assert_eq!(changes.of(Class::Live).count(), 1);
+}
+
+#[test]
+fn the_report_says_what_happened() {
+    let refused = ReloadReport::Refused {
+        problems: vec!["a: x".to_owned(), "b: y".to_owned()],
+    };
+    assert!(!refused.ok());
+    assert_eq!(
+        refused.lines(),
+        [
+            "reload refused (2 problems); nothing applied, the running version keeps running:",
+            "  a: x",
+            "  b: y"
+        ]
+    );
+    let unchanged = ReloadReport::Unchanged {
+        tasks: vec!["a".to_owned()],
+    };
+    assert!(unchanged.ok());
+    assert_eq!(unchanged.lines(), ["a: unchanged (nothing to reload)"]);
+}
+
+#[test]
+fn the_request_carries_the_soft_limit_or_none() {
+    assert_eq!(
+        reconfigure_request(&manifest(BASE)).soft_time_limit_ms,
+        Some(3_000_000)
+    );
+    assert_eq!(
+        reconfigure_request(&edited("soft_time_limit = \"50m\"\n", "")).soft_time_limit_ms,
+        Some(0)
+    );
+}
+
+/// A reload whose manifest fails `check` or changes a TaskDef field refuses the whole
+/// reload, every problem listed, and keeps the running version; an unchanged one is a no-op.
+#[tokio::test]
+async fn apply_refuses_as_a_whole_and_is_idempotent() {
+    let tmp = tempfile::tempdir().unwrap();
+    let write = |dir: &str, text: &str| {
+        let dir = tmp.path().join(dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("body.sh"), "cat\n").unwrap();
+        let path = dir.join("task.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let a = write("a", BASE);
+    let b = write("b", &BASE.replace("orders.ship", "orders.pack"));
+    let running = |path: &PathBuf| Running {
+        path: path.clone(),
+        manifest: Manifest::load(path).unwrap(),
+        socket: tmp.path().join("none.sock"),
+    };
+    let vars: BTreeMap<String, String> = [("PATH".to_owned(), "/usr/bin:/bin".to_owned())].into();
+    let mut reloader = Reloader::new(vec![running(&a), running(&b)], vars);
+    assert_eq!(
+        reloader.apply(&[]).await,
+        ReloadReport::Unchanged {
+            tasks: vec!["orders.ship".to_owned(), "orders.pack".to_owned()]
+        }
+    );
+    // a: a TaskDef field; b: a body command that does not exist and a syntax error.
+    write("a", &BASE.replace("retry_count = 2", "retry_count = 4"));
+    write(
+        "b",
+        &BASE
+            .replace("orders.ship", "orders.pack")
+            .replace("\"sh\"", "\"no-such-program-here\""),
+    );
+    let ReloadReport::Refused { problems } = reloader.apply(&[]).await else {
+        panic!("refused");
+    };
+    let text = problems.join("\n");
+    assert!(
+        text.contains("orders.ship: task.retry_count changed (2 → 4)"),
+        "{text}"
+    );
+    assert!(text.contains("body.command"), "{text}");
+    assert!(text.contains("no-such-program-here"), "{text}");
+    // Nothing applied: the running versions are the old ones.
+    assert_eq!(reloader.runtimes[0].manifest.task.retry_count, 2);
+    write("b", "[task\n");
+    let ReloadReport::Refused { problems } = reloader.apply(&[]).await else {
+        panic!("refused");
+    };
+    assert!(
+        problems.iter().any(|p| p.contains("b/task.toml")),
+        "{problems:?}"
+    );
+    // One task selected: only its manifest is read.
+    let ReloadReport::Refused { problems } = reloader.apply(&["orders.ship".to_owned()]).await
+    else {
+        panic!("refused");
+    };
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    let ReloadReport::Refused { problems } = reloader.apply(&["orders.nope".to_owned()]).await
+    else {
+        panic!("refused");
+    };
+    assert!(
+        problems[0].starts_with("orders.nope: this supervisor does not run the task"),
+        "{problems:?}"
+    );
+}
