@@ -73,6 +73,12 @@ pub(crate) enum Event {
         max: u32,
         reply: oneshot::Sender<Result<(u32, u32), Status>>,
     },
+    /// `Admin.ShareGrant`: the permits this sharing broker may hold.
+    ShareGrant {
+        limit: u32,
+        epoch: u64,
+        reply: oneshot::Sender<Result<admin::ShareStatus, Status>>,
+    },
     /// A status snapshot.
     Status {
         reply: oneshot::Sender<admin::StatusResponse>,
@@ -379,6 +385,17 @@ impl Actor {
                     self.conns.resize_with(slots, || None);
                 }
                 if let Reply::Scale(answer) = out.reply {
+                    let _ = reply.send(answer);
+                }
+                self.perform(out.effects);
+            }
+            Event::ShareGrant {
+                limit,
+                epoch,
+                reply,
+            } => {
+                let out = self.machine.handle(Input::ShareGrant { limit, epoch }, now());
+                if let Reply::ShareGrant(answer) = out.reply {
                     let _ = reply.send(answer);
                 }
                 self.perform(out.effects);

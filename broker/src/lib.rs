@@ -70,6 +70,9 @@ pub struct BrokerConfig {
     /// process owns (inherited, or in thread mode given up by the supervisor). [`run`] takes
     /// it, writes one byte once the socket is served, and closes it. `None`: nobody is told.
     pub ready_fd: Option<std::os::fd::RawFd>,
+    /// `PERAGO_SHARE=1`: polls only within the permits the supervisor grants
+    /// (`Admin.ShareGrant`; docs/sharing.md).
+    pub share: bool,
 }
 
 /// Why the broker stopped.
@@ -164,7 +167,8 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         },
         state::ExecutionIds::new(|| uuid::Uuid::new_v4().to_string()),
     )
-    .with_domain(config.domain.clone());
+    .with_domain(config.domain.clone())
+    .with_share(config.share);
     // The gRPC health service: SERVING while the broker takes work, NOT_SERVING while paused
     // and from the start of a drain (the actor switches it), for readiness probes and load
     // balancers.

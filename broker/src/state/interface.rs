@@ -74,6 +74,9 @@ pub(crate) enum Input {
     Status,
     /// `Admin.Scale`: the executor count becomes `min..=max` live. Answer: [`Reply::Scale`].
     Scale { min: u32, max: u32 },
+    /// `Admin.ShareGrant`: the permits this sharing broker may hold from now on (ignored when
+    /// `epoch` is older than the grant in force). Answer: [`Reply::ShareGrant`].
+    ShareGrant { limit: u32, epoch: u64 },
     /// Available memory was measured (only with `PERAGO_MIN_FREE_MEMORY`): admission opens
     /// or closes.
     Memory { available: u64 },
@@ -129,6 +132,8 @@ pub(crate) enum Reply {
     Status(Box<admin::StatusResponse>),
     /// The range before the scale, or why it was refused.
     Scale(Result<(u32, u32), Status>),
+    /// The permits in force after a grant, or why it was refused (not sharing).
+    ShareGrant(Result<admin::ShareStatus, Status>),
 }
 
 /// A result update to deliver.

@@ -186,6 +186,9 @@ pub(crate) struct Machine {
     /// the next poll asks for one task (a long poll that its first task answers); after a
     /// poll that came back full, polls ask for every free slot again (with [`FILL_WAIT`]).
     pub(super) poll_sparse: bool,
+    /// Capacity shared across task types (`PERAGO_SHARE`): the permits granted (`None`: not
+    /// sharing, no limit).
+    pub(super) share: Option<super::share::Permits>,
 }
 
 /// Compares secrets without an early exit on the first differing byte.
@@ -273,6 +276,7 @@ impl Machine {
             depth_unreadable: false,
             once_empty_polls: 0,
             poll_sparse: false,
+            share: None,
         }
     }
 
@@ -413,6 +417,9 @@ impl Machine {
             Input::Resume => return Reply::Resume(self.resume()),
             Input::Status => return Reply::Status(Box::new(self.status())),
             Input::Scale { min, max } => return Reply::Scale(self.scale(min, max)),
+            Input::ShareGrant { limit, epoch } => {
+                return Reply::ShareGrant(self.share_grant(limit, epoch));
+            }
             Input::Memory { available } => self.memory_measured(available),
             Input::QueueDepth { depth, now } => self.queue_depth_read(depth, now),
             Input::CrashHistory {

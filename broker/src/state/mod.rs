@@ -31,7 +31,7 @@
 //! time and ids it is given), `machine` (its state and `handle`), `slots` (attach, generations,
 //! exits, the fence), `dispatch` (polls, tasks received, held, assigned, completed,
 //! reported), `crash` (poison detection), `liveness` (pings, stalls), `drain`, `pause` (pause
-//! and resume polling), `once` (run once), `scaling` (queue depths, the adaptive executor count, memory admission) and
+//! and resume polling), `share` (permits for capacity shared across task types), `once` (run once), `scaling` (queue depths, the adaptive executor count, memory admission) and
 //! `status` (`Admin.Status`).
 
 mod clock;
@@ -44,6 +44,7 @@ mod machine;
 mod once;
 mod pause;
 mod scaling;
+mod share;
 mod slots;
 mod status;
 

@@ -17,6 +17,8 @@ pub(crate) struct WatchView {
     range: (u32, u32),
     /// Per slot: state, generation, pid, recycling.
     slots: Vec<(admin::SlotState, u64, u32, bool)>,
+    /// Sharing capacity: limit, epoch, holding, fillable, empty.
+    share: Option<(u32, u64, u32, u32, bool)>,
 }
 
 impl Slot {
@@ -78,6 +80,13 @@ impl Machine {
         if view.slots.len() != self.slots.len() {
             view.slots.clear();
             view.slots.resize(self.slots.len(), Default::default());
+            changed = true;
+        }
+        let share = self
+            .share_status()
+            .map(|s| (s.limit, s.epoch, s.held, s.fillable, s.empty));
+        if view.share != share {
+            view.share = share;
             changed = true;
         }
         for (seen, s) in view.slots.iter_mut().zip(&self.slots) {
@@ -143,6 +152,7 @@ impl Machine {
             paused_since_unix_ms: self.paused_since.map_or(0, unix_ms),
             // Added by the actor, which knows how the supervisor set the runtime up.
             settings: None,
+            share: self.share_status(),
         }
     }
 

@@ -518,6 +518,7 @@ mod poison;
 mod props;
 mod scale;
 mod scaling;
+mod share;
 mod slots;
 
 /// Issue #26, item 1: Admin.Status says which domain the runtime polls in (empty: none).
