@@ -143,6 +143,17 @@ pub struct StartArgs {
     /// domain (the type's default queue).
     #[arg(long, value_name = "[NAME=]DOMAIN")]
     pub domain: Vec<String>,
+    /// The task types given share N busy executors: each keeps its own, but at most N run
+    /// tasks at once across them, offered capacity by --priority as it frees. Default: off
+    /// (each type runs its -j at once).
+    #[arg(long, value_name = "N")]
+    pub pool: Option<u32>,
+    /// How --pool's capacity is offered as it frees: `strict` (the default: in the order the
+    /// manifests are given; a lower type runs only while every higher one has nothing to
+    /// give, and can starve) or `weighted=3,2,1` (one weight per manifest, in order: shares
+    /// of the starts under contention).
+    #[arg(long, value_name = "strict|weighted=W,…")]
+    pub priority: Option<String>,
 }
 
 impl StartArgs {

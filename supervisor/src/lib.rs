@@ -18,6 +18,7 @@ mod plan;
 mod runtime;
 mod scale;
 mod sdk_settings;
+mod share;
 mod start;
 mod status;
 

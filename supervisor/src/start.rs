@@ -445,6 +445,8 @@ pub(crate) fn start(
         .map(|(_, m)| m.task.name.as_str())
         .collect();
     plan.check_names(&names)?;
+    let share_plan = crate::share::resolve(args.pool, args.priority.as_deref(), &names)
+        .map_err(ExpectedError::Usage)?;
     let problems = std::cell::RefCell::new(Vec::<String>::new());
     let add = |problem: String| {
         let mut problems = problems.borrow_mut();
@@ -725,7 +727,14 @@ pub(crate) fn start(
             .map(PathBuf::from)
             .unwrap_or_else(|| root::default_log_root(vars));
         let mut lakefs_clients = Vec::new();
-        for ((task, locked), notify) in tasks.into_iter().zip(&locks).zip(notifiers) {
+        for (index, ((mut task, locked), notify)) in
+            tasks.into_iter().zip(&locks).zip(notifiers).enumerate()
+        {
+            // Capacity shared across types: its broker polls only within its permits.
+            if share_plan.as_ref().is_some_and(|p| p.shares(index)) {
+                task.env
+                    .push((env::PERAGO_SHARE.to_owned(), "1".to_owned()));
+            }
             for (property, value, variable) in &task.sdk_settings {
                 tracing::info!(task = %task.manifest.task.name, %property, %value, %variable, "Conductor SDK setting applied");
             }
@@ -758,7 +767,14 @@ pub(crate) fn start(
                 tracing::warn!(dir = %registry_dir.display(), error = %e, "cannot record this supervisor for `perago-supervisor status`; give it the manifest or --socket");
             })
             .ok();
+        let sharing = share_plan.map(|plan| {
+            let sockets = locks.iter().map(|l| l.socket.clone()).collect();
+            tokio::spawn(crate::runtime::share_task::coordinate(plan, sockets))
+        });
         let results = supervise::supervise_all(runs, std::future::pending()).await;
+        if let Some(sharing) = sharing {
+            sharing.abort();
+        }
         drop(registration);
         if let Some(metrics) = metrics {
             metrics.abort();
@@ -818,6 +834,8 @@ mod tests {
             max_tasks_per_executor: None,
             max_executor_memory: None,
             domain: Vec::new(),
+            pool: None,
+            priority: None,
         }
     }
 

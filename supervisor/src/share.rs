@@ -1,0 +1,395 @@
+//! Capacity shared across task types (`start --pool N`, `--priority`, concurrency groups;
+//! docs/sharing.md): the ledger that decides how many tasks each type's broker may hold. A
+//! pure machine: [`Ledger::handle`] takes what a broker said (its `Admin.Watch` state, or the
+//! answer to a grant) and returns the grants (`Admin.ShareGrant`) to send; the coordinator
+//! task (`runtime/share_task.rs`) carries them out.
+//!
+//! Safety: a broker is counted as occupying `bound = max(limit sent, holding last reported at
+//! that epoch)`: after a grant its holding only grows up to the limit, and above the limit only
+//! shrinks. Limits are lowered at once (the broker sheds at its next completions) and raised
+//! only within what the bounds leave, so every cap holds at every moment.
+
+use perago_proto::admin::v1 as admin;
+
+/// How capacity is offered to the types when it frees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Priority {
+    /// In the order the manifests were given: a lower type gets a permit only while every
+    /// higher one has nothing more to give.
+    Strict,
+    /// Shares of the starts under contention (one weight per type, in order).
+    Weighted(Vec<u32>),
+}
+
+/// A cap on the summed cost of the tasks in flight of its member types.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Constraint {
+    /// What it is, for logs: `--pool`, `group providers limit`, `group providers budget`.
+    pub(crate) what: String,
+    pub(crate) cap: u64,
+    /// Per type (in order): the cost of one of its tasks; 0 for a type outside it.
+    pub(crate) costs: Vec<u64>,
+}
+
+/// What `start` resolved: the types (in the order given), how they are offered capacity,
+/// and the caps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SharePlan {
+    pub(crate) types: Vec<String>,
+    pub(crate) priority: Priority,
+    pub(crate) constraints: Vec<Constraint>,
+}
+
+impl SharePlan {
+    /// Whether type `index` is under any cap (its broker shares capacity).
+    pub(crate) fn shares(&self, index: usize) -> bool {
+        self.constraints
+            .iter()
+            .any(|c| c.costs.get(index).is_some_and(|&cost| cost > 0))
+    }
+}
+
+/// `--pool N` and `--priority …` for the task types `types` (in the order given): the plan,
+/// `None` when nothing is shared, or a usage error naming the flag.
+pub(crate) fn resolve(
+    pool: Option<u32>,
+    priority: Option<&str>,
+    types: &[&str],
+) -> Result<Option<SharePlan>, String> {
+    let given = priority.is_some();
+    let priority = match priority.map(str::trim) {
+        None | Some("strict") => Priority::Strict,
+        Some(p) => match p.strip_prefix("weighted=") {
+            None => {
+                return Err(format!(
+                    "--priority {p}: expected strict or weighted=W,… (one weight per manifest, in order)"
+                ));
+            }
+            Some(list) => {
+                let weights = list
+                    .split(',')
+                    .map(|w| w.trim().parse::<u32>().ok().filter(|&w| w > 0))
+                    .collect::<Option<Vec<u32>>>()
+                    .ok_or_else(|| {
+                        format!("--priority {p}: each weight must be a whole number of at least 1")
+                    })?;
+                if weights.len() != types.len() {
+                    return Err(format!(
+                        "--priority {p}: {} weights for {} task types ({}): give one per manifest, in order",
+                        weights.len(),
+                        types.len(),
+                        types.join(", ")
+                    ));
+                }
+                Priority::Weighted(weights)
+            }
+        },
+    };
+    let Some(n) = pool else {
+        if given {
+            return Err("--priority needs --pool N: it orders the types sharing a pool".to_owned());
+        }
+        return Ok(None);
+    };
+    if n == 0 {
+        return Err("--pool 0: the pool needs at least 1 executor".to_owned());
+    }
+    Ok(Some(SharePlan {
+        types: types.iter().map(|t| (*t).to_owned()).collect(),
+        priority,
+        constraints: vec![Constraint {
+            what: "--pool".to_owned(),
+            cap: u64::from(n),
+            costs: vec![1; types.len()],
+        }],
+    }))
+}
+
+/// What a broker said.
+#[derive(Debug, Clone)]
+pub(crate) enum Input {
+    /// Its state (`Admin.Watch`): which broker process, its permits, its starts so far.
+    Reported {
+        index: usize,
+        broker: (u32, i64),
+        share: admin::ShareStatus,
+        started: u64,
+    },
+    /// The answer to a grant.
+    Answered {
+        index: usize,
+        share: admin::ShareStatus,
+    },
+    /// A grant was not answered (the call failed): it is sent again.
+    Failed { index: usize, epoch: u64 },
+}
+
+/// A grant to send: `Admin.ShareGrant{limit, epoch}` to type `index`'s broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Grant {
+    pub(crate) index: usize,
+    pub(crate) limit: u32,
+    pub(crate) epoch: u64,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Seen {
+    broker: Option<(u32, i64)>,
+    limit_sent: u32,
+    epoch_sent: u64,
+    /// The epoch the broker last said is in force.
+    epoch_seen: u64,
+    next_epoch: u64,
+    in_flight: u32,
+    /// The most it may hold now (see the module's doc).
+    bound: u32,
+    held: u32,
+    fillable: u32,
+    empty: bool,
+    started: u64,
+    /// Weighted: starts not counted against its share (it was idle meanwhile).
+    forgiven: f64,
+    active: bool,
+}
+
+/// The ledger (see the module's doc).
+#[derive(Debug)]
+pub(crate) struct Ledger {
+    plan: SharePlan,
+    seen: Vec<Seen>,
+}
+
+impl Ledger {
+    pub(crate) fn new(plan: SharePlan) -> Self {
+        let seen = vec![
+            Seen {
+                next_epoch: 1,
+                ..Seen::default()
+            };
+            plan.types.len()
+        ];
+        Self { plan, seen }
+    }
+
+    pub(crate) fn plan(&self) -> &SharePlan {
+        &self.plan
+    }
+
+    /// What type `index` may hold at most now, as the ledger counts it.
+    #[cfg(test)]
+    pub(crate) fn bound(&self, index: usize) -> u32 {
+        self.seen[index].bound
+    }
+
+    /// One step: the grants to send now, in order.
+    pub(crate) fn handle(&mut self, input: Input) -> Vec<Grant> {
+        match input {
+            Input::Reported {
+                index,
+                broker,
+                share,
+                started,
+            } => {
+                let Some(s) = self.seen.get_mut(index) else {
+                    return Vec::new();
+                };
+                if s.broker != Some(broker) {
+                    // A new broker (or the first seen): it has what it says, nothing more.
+                    s.broker = Some(broker);
+                    s.limit_sent = share.limit;
+                    s.epoch_sent = share.epoch;
+                    s.next_epoch = s.next_epoch.max(share.epoch + 1);
+                    s.in_flight = 0;
+                    s.forgiven = 0.0;
+                    s.active = false;
+                }
+                s.started = started;
+                Self::note(s, &share);
+            }
+            Input::Answered { index, share } => {
+                let Some(s) = self.seen.get_mut(index) else {
+                    return Vec::new();
+                };
+                s.in_flight = s.in_flight.saturating_sub(1);
+                Self::note(s, &share);
+            }
+            Input::Failed { index, epoch } => {
+                let Some(s) = self.seen.get_mut(index) else {
+                    return Vec::new();
+                };
+                s.in_flight = s.in_flight.saturating_sub(1);
+                tracing::debug!(index, epoch, "a share grant was not answered; it is sent again");
+            }
+        }
+        self.allocate()
+    }
+
+    /// What a broker said of its permits.
+    fn note(s: &mut Seen, share: &admin::ShareStatus) {
+        if share.epoch > s.epoch_sent {
+            // Set by someone else (by hand): it is what is in force.
+            s.limit_sent = share.limit;
+            s.epoch_sent = share.epoch;
+            s.next_epoch = s.next_epoch.max(share.epoch + 1);
+        }
+        s.epoch_seen = s.epoch_seen.max(share.epoch);
+        if share.epoch == s.epoch_sent {
+            s.bound = s.limit_sent.max(share.held);
+        } else {
+            // A grant is on its way: the bound already covers it.
+            s.bound = s.bound.max(share.held);
+        }
+        s.held = share.held;
+        s.fillable = share.fillable;
+        s.empty = share.empty;
+    }
+
+    fn fits(&self, index: usize, used: &[u64]) -> bool {
+        self.plan.constraints.iter().zip(used).all(|(c, &u)| {
+            let cost = c.costs[index];
+            cost == 0 || u + cost <= c.cap
+        })
+    }
+
+    fn take(&self, index: usize, used: &mut [u64]) {
+        for (c, u) in self.plan.constraints.iter().zip(used) {
+            *u += c.costs[index];
+        }
+    }
+
+    /// The limits wanted now: every type's want (what it holds and could fill) offered the
+    /// caps by priority, then one permit each to idle types with nothing to give (a long poll
+    /// that a new task answers at once) while room is left.
+    fn desired(&mut self) -> Vec<u32> {
+        let n = self.seen.len();
+        let want: Vec<u32> = self
+            .seen
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                if s.broker.is_some() && self.plan.shares(i) {
+                    s.held.saturating_add(s.fillable)
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let mut d = vec![0u32; n];
+        let mut used = vec![0u64; self.plan.constraints.len()];
+        match &self.plan.priority {
+            Priority::Strict => {
+                for i in 0..n {
+                    while d[i] < want[i] && self.fits(i, &used) {
+                        d[i] += 1;
+                        self.take(i, &mut used);
+                    }
+                }
+            }
+            Priority::Weighted(weights) => {
+                let weight = |i: usize| f64::from(weights.get(i).copied().unwrap_or(1).max(1));
+                // A type that starts wanting again joins at the least-served active type's
+                // pass: what it did not ask for while idle is not owed to it.
+                let pass = |s: &Seen, i: usize| (s.started as f64 - s.forgiven) / weight(i);
+                let floor = (0..n)
+                    .filter(|&i| self.seen[i].active && want[i] > 0)
+                    .map(|i| pass(&self.seen[i], i))
+                    .fold(f64::INFINITY, f64::min);
+                for i in 0..n {
+                    let now_active = want[i] > 0;
+                    if now_active && !self.seen[i].active && floor.is_finite() {
+                        let behind = floor - pass(&self.seen[i], i);
+                        if behind > 0.0 {
+                            self.seen[i].forgiven -= behind * weight(i);
+                        }
+                    }
+                    self.seen[i].active = now_active;
+                }
+                loop {
+                    let next = (0..n)
+                        .filter(|&i| d[i] < want[i] && self.fits(i, &used))
+                        .min_by(|&a, &b| {
+                            let pa = pass(&self.seen[a], a) + f64::from(d[a] + 1) / weight(a);
+                            let pb = pass(&self.seen[b], b) + f64::from(d[b] + 1) / weight(b);
+                            pa.total_cmp(&pb).then(a.cmp(&b))
+                        });
+                    let Some(i) = next else { break };
+                    d[i] += 1;
+                    self.take(i, &mut used);
+                }
+            }
+        }
+        for i in 0..n {
+            let s = &self.seen[i];
+            if want[i] == 0
+                && s.broker.is_some()
+                && self.plan.shares(i)
+                && s.empty
+                && s.held == 0
+                && self.fits(i, &used)
+            {
+                d[i] = 1;
+                self.take(i, &mut used);
+            }
+        }
+        d
+    }
+
+    fn allocate(&mut self) -> Vec<Grant> {
+        let d = self.desired();
+        let mut grants = Vec::new();
+        let mut send = |s: &mut Seen, index: usize, limit: u32| {
+            s.limit_sent = limit;
+            s.epoch_sent = s.next_epoch;
+            s.next_epoch += 1;
+            s.in_flight += 1;
+            s.bound = s.bound.max(limit);
+            grants.push(Grant {
+                index,
+                limit,
+                epoch: s.epoch_sent,
+            });
+        };
+        // Lower first: the broker sheds at its next completions; the bound follows its answers.
+        for (i, &want) in d.iter().enumerate() {
+            let s = &mut self.seen[i];
+            if s.broker.is_none() {
+                continue;
+            }
+            let lost = s.in_flight == 0 && s.epoch_seen < s.epoch_sent;
+            if want < s.limit_sent || (lost && want <= s.limit_sent) {
+                send(s, i, want);
+            }
+        }
+        // Raise within what every cap leaves under the bounds.
+        for (i, &want) in d.iter().enumerate() {
+            if self.seen[i].broker.is_none() || want <= self.seen[i].limit_sent {
+                continue;
+            }
+            let mut room = u64::MAX;
+            for c in &self.plan.constraints {
+                let cost = c.costs[i];
+                if cost == 0 {
+                    continue;
+                }
+                let used: u64 = self
+                    .seen
+                    .iter()
+                    .zip(&c.costs)
+                    .map(|(s, &k)| u64::from(s.bound) * k)
+                    .sum();
+                room = room.min(c.cap.saturating_sub(used) / cost);
+            }
+            let s = &mut self.seen[i];
+            let most = u64::from(s.bound).saturating_add(room);
+            let limit = u32::try_from(u64::from(want).min(most)).unwrap_or(u32::MAX);
+            if limit > s.limit_sent {
+                send(s, i, limit);
+            }
+        }
+        grants
+    }
+}
+
+#[cfg(test)]
+#[path = "share_tests.rs"]
+mod tests;

@@ -1,0 +1,217 @@
+//! The ledger driven step by step: brokers' states in, grants out.
+
+use super::*;
+
+fn pool(n: u64, types: usize, priority: Priority) -> Ledger {
+    Ledger::new(SharePlan {
+        types: (0..types).map(|i| format!("t{i}")).collect(),
+        priority,
+        constraints: vec![Constraint {
+            what: "--pool".into(),
+            cap: n,
+            costs: vec![1; types],
+        }],
+    })
+}
+
+fn share(limit: u32, epoch: u64, held: u32, fillable: u32, empty: bool) -> admin::ShareStatus {
+    admin::ShareStatus {
+        limit,
+        epoch,
+        held,
+        fillable,
+        empty,
+    }
+}
+
+fn report(l: &mut Ledger, index: usize, s: admin::ShareStatus, started: u64) -> Vec<Grant> {
+    l.handle(Input::Reported {
+        index,
+        broker: (100 + index as u32, 1),
+        share: s,
+        started,
+    })
+}
+
+fn grant(index: usize, limit: u32, epoch: u64) -> Grant {
+    Grant {
+        index,
+        limit,
+        epoch,
+    }
+}
+
+#[test]
+fn strict_offers_the_pool_to_the_first_type_with_something_to_give() {
+    let mut l = pool(2, 2, Priority::Strict);
+    // The low type comes first: it gets what nobody higher asked for yet.
+    assert_eq!(report(&mut l, 1, share(0, 0, 0, 2, false), 0), [grant(1, 2, 1)]);
+    // The critical type shows up with a backlog: the low one is lowered at once, the critical
+    // one raised only as the low one's holding comes down.
+    let grants = report(&mut l, 0, share(0, 0, 0, 2, false), 0);
+    assert_eq!(grants, [grant(1, 0, 2)], "no room under the low type's bound yet");
+    // The low type answered with nothing held: room for the critical one.
+    let grants = l.handle(Input::Answered {
+        index: 1,
+        share: share(0, 2, 0, 2, false),
+    });
+    assert_eq!(grants, [grant(0, 2, 1)]);
+    assert_eq!((l.bound(0), l.bound(1)), (2, 0));
+}
+
+#[test]
+fn a_lowered_limit_counts_what_the_broker_still_holds_until_it_sheds() {
+    let mut l = pool(2, 2, Priority::Strict);
+    report(&mut l, 1, share(0, 0, 0, 2, false), 0);
+    l.handle(Input::Answered {
+        index: 1,
+        share: share(2, 1, 0, 2, false),
+    });
+    // The low type runs two tasks; then the critical one asks.
+    report(&mut l, 1, share(2, 1, 2, 0, false), 2);
+    let grants = report(&mut l, 0, share(0, 0, 0, 2, false), 0);
+    assert_eq!(grants, [grant(1, 0, 2)]);
+    // The answer: still two held. Nothing for the critical type: never more than 2 at once.
+    let grants = l.handle(Input::Answered {
+        index: 1,
+        share: share(0, 2, 2, 0, false),
+    });
+    assert!(grants.is_empty(), "{grants:?}");
+    assert_eq!(l.bound(1), 2);
+    // One finished (reported through v1): one permit moves.
+    let grants = report(&mut l, 1, share(0, 2, 1, 1, false), 2);
+    assert_eq!(grants, [grant(0, 1, 1)]);
+    let grants = report(&mut l, 1, share(0, 2, 0, 2, false), 2);
+    assert_eq!(grants, [grant(0, 2, 2)]);
+}
+
+#[test]
+fn a_type_with_nothing_to_give_yields_to_the_next_and_keeps_one_probe_when_the_pool_idles() {
+    let mut l = pool(2, 2, Priority::Strict);
+    report(&mut l, 0, share(0, 0, 0, 2, false), 0);
+    l.handle(Input::Answered {
+        index: 0,
+        share: share(2, 1, 0, 2, false),
+    });
+    report(&mut l, 1, share(0, 0, 0, 2, false), 0);
+    // The critical queue ran dry: its last poll came back empty.
+    let grants = report(&mut l, 0, share(2, 1, 0, 0, true), 5);
+    assert_eq!(grants, [grant(0, 0, 2)]);
+    let grants = l.handle(Input::Answered {
+        index: 0,
+        share: share(0, 2, 0, 0, true),
+    });
+    assert_eq!(grants, [grant(1, 2, 1)]);
+    // The low type is done too: each keeps one long poll.
+    l.handle(Input::Answered {
+        index: 1,
+        share: share(2, 1, 0, 2, false),
+    });
+    let grants = report(&mut l, 1, share(2, 1, 0, 0, true), 3);
+    assert_eq!(grants, [grant(1, 1, 2)]);
+    let grants = l.handle(Input::Answered {
+        index: 1,
+        share: share(1, 2, 0, 0, true),
+    });
+    assert_eq!(grants, [grant(0, 1, 3)]);
+}
+
+#[test]
+fn weighted_shares_follow_the_starts() {
+    let mut l = pool(1, 2, Priority::Weighted(vec![3, 1]));
+    // Each broker's limit and epoch in force; a grant applies when it is answered.
+    let mut limits = [0u32, 0];
+    let mut epochs = [0u64, 0];
+    let mut pending = report(&mut l, 0, share(0, 0, 0, 1, false), 0);
+    pending.extend(report(&mut l, 1, share(0, 0, 0, 1, false), 0));
+    // One permit, passed back and forth as each task ends; count who gets it.
+    let mut starts = [0u64; 2];
+    for _ in 0..400 {
+        while let Some(g) = pending.pop() {
+            limits[g.index] = g.limit;
+            epochs[g.index] = g.epoch;
+            pending.extend(l.handle(Input::Answered {
+                index: g.index,
+                share: share(g.limit, g.epoch, 0, 1, false),
+            }));
+        }
+        let Some(i) = (0..2).find(|&i| limits[i] > 0) else {
+            panic!("nobody holds the permit: {starts:?}");
+        };
+        // It starts a task and finishes it (through v1: the ledger decides who is next).
+        starts[i] += 1;
+        pending.extend(report(&mut l, i, share(limits[i], epochs[i], 1, 0, false), starts[i]));
+        pending.extend(report(&mut l, i, share(limits[i], epochs[i], 0, 1, false), starts[i]));
+        if starts.iter().sum::<u64>() == 40 {
+            break;
+        }
+    }
+    assert_eq!(starts.iter().sum::<u64>(), 40, "{starts:?}");
+    assert_eq!(starts, [30, 10]);
+}
+
+#[test]
+fn a_group_caps_its_members_summed_cost_beside_the_pool() {
+    let mut l = Ledger::new(SharePlan {
+        types: vec!["a".into(), "b".into(), "c".into()],
+        priority: Priority::Strict,
+        constraints: vec![Constraint {
+            what: "group providers budget".into(),
+            cap: 12,
+            costs: vec![5, 5, 0],
+        }],
+    });
+    assert_eq!(report(&mut l, 0, share(0, 0, 0, 4, false), 0), [grant(0, 2, 1)]);
+    // Another member: nothing left (10 of 12 taken, a task costs 5).
+    assert!(report(&mut l, 1, share(0, 0, 0, 4, false), 0).is_empty());
+    // The third type is under no cap: its broker does not share, nothing is granted.
+    assert!(report(&mut l, 2, share(0, 0, 0, 4, false), 0).is_empty());
+}
+
+#[test]
+fn a_new_broker_starts_from_what_it_says() {
+    let mut l = pool(2, 2, Priority::Strict);
+    report(&mut l, 0, share(0, 0, 0, 2, false), 0);
+    l.handle(Input::Answered {
+        index: 0,
+        share: share(2, 1, 2, 0, false),
+    });
+    // Another broker process on the same type: it holds nothing and was granted nothing.
+    let grants = l.handle(Input::Reported {
+        index: 0,
+        broker: (999, 2),
+        share: share(0, 0, 0, 2, false),
+        started: 0,
+    });
+    assert_eq!(grants, [grant(0, 2, 2)], "epochs keep increasing");
+}
+
+#[test]
+fn a_grant_that_was_not_answered_is_sent_again() {
+    let mut l = pool(2, 1, Priority::Strict);
+    assert_eq!(report(&mut l, 0, share(0, 0, 0, 2, false), 0), [grant(0, 2, 1)]);
+    let grants = l.handle(Input::Failed { index: 0, epoch: 1 });
+    assert_eq!(grants, [grant(0, 2, 2)]);
+}
+
+#[test]
+fn the_flags_resolve_or_name_what_is_wrong() {
+    let types = ["a", "b", "c"];
+    assert_eq!(resolve(None, None, &types).unwrap(), None);
+    let plan = resolve(Some(2), None, &types).unwrap().unwrap();
+    assert_eq!(plan.priority, Priority::Strict);
+    assert_eq!(plan.constraints[0].cap, 2);
+    assert!((0..3).all(|i| plan.shares(i)));
+    let plan = resolve(Some(2), Some("weighted=3,2,1"), &types).unwrap().unwrap();
+    assert_eq!(plan.priority, Priority::Weighted(vec![3, 2, 1]));
+    let bad = [
+        (Some(2), Some("weighted=3,1"), "--priority weighted=3,1: 2 weights for 3 task types (a, b, c): give one per manifest, in order"),
+        (Some(2), Some("weighted=3,0,1"), "--priority weighted=3,0,1: each weight must be a whole number of at least 1"),
+        (Some(2), Some("fair"), "--priority fair: expected strict or weighted=W,… (one weight per manifest, in order)"),
+        (None, Some("strict"), "--priority needs --pool N: it orders the types sharing a pool"),
+        (Some(0), None, "--pool 0: the pool needs at least 1 executor"),
+    ];
+    for (pool, priority, want) in bad {
+        assert_eq!(resolve(pool, priority, &types).unwrap_err(), want);
+    }
+}
