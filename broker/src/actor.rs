@@ -394,7 +394,9 @@ impl Actor {
                 epoch,
                 reply,
             } => {
-                let out = self.machine.handle(Input::ShareGrant { limit, epoch }, now());
+                let out = self
+                    .machine
+                    .handle(Input::ShareGrant { limit, epoch }, now());
                 if let Reply::ShareGrant(answer) = out.reply {
                     let _ = reply.send(answer);
                 }

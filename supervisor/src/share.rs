@@ -218,7 +218,11 @@ impl Ledger {
                     return Vec::new();
                 };
                 s.in_flight = s.in_flight.saturating_sub(1);
-                tracing::debug!(index, epoch, "a share grant was not answered; it is sent again");
+                tracing::debug!(
+                    index,
+                    epoch,
+                    "a share grant was not answered; it is sent again"
+                );
             }
         }
         self.allocate()
@@ -304,6 +308,19 @@ impl Ledger {
                     }
                     self.seen[i].active = now_active;
                 }
+                // No active type lags more than two rounds (a round: each type its weight in
+                // starts) behind the most served one: a
+                // type the others outran while the supervisor heard late is not owed a burst.
+                let top = (0..n)
+                    .filter(|&i| want[i] > 0)
+                    .map(|i| pass(&self.seen[i], i))
+                    .fold(f64::NEG_INFINITY, f64::max);
+                for i in 0..n {
+                    let lag = top - 2.0 - pass(&self.seen[i], i);
+                    if want[i] > 0 && lag > 0.0 {
+                        self.seen[i].forgiven -= lag * weight(i);
+                    }
+                }
                 loop {
                     let next = (0..n)
                         .filter(|&i| d[i] < want[i] && self.fits(i, &used))
@@ -335,6 +352,11 @@ impl Ledger {
     }
 
     fn allocate(&mut self) -> Vec<Grant> {
+        // Nothing is granted until every sharing broker has said what it has: the first to
+        // start must not take the pool from a higher type starting beside it.
+        if (0..self.seen.len()).any(|i| self.plan.shares(i) && self.seen[i].broker.is_none()) {
+            return Vec::new();
+        }
         let d = self.desired();
         let mut grants = Vec::new();
         let mut send = |s: &mut Seen, index: usize, limit: u32| {

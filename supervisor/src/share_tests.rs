@@ -21,6 +21,7 @@ fn share(limit: u32, epoch: u64, held: u32, fillable: u32, empty: bool) -> admin
         held,
         fillable,
         empty,
+        started: 0,
     }
 }
 
@@ -44,12 +45,27 @@ fn grant(index: usize, limit: u32, epoch: u64) -> Grant {
 #[test]
 fn strict_offers_the_pool_to_the_first_type_with_something_to_give() {
     let mut l = pool(2, 2, Priority::Strict);
-    // The low type comes first: it gets what nobody higher asked for yet.
-    assert_eq!(report(&mut l, 1, share(0, 0, 0, 2, false), 0), [grant(1, 2, 1)]);
+    // Nothing before every broker of the pool has reported.
+    assert!(report(&mut l, 1, share(0, 0, 0, 2, false), 0).is_empty());
+    assert_eq!(
+        report(&mut l, 0, share(0, 0, 0, 2, false), 0),
+        [grant(0, 2, 1)]
+    );
+    // The critical type has nothing more to give: the low one gets what is left.
+    let mut l = pool(2, 2, Priority::Strict);
+    report(&mut l, 0, share(0, 0, 0, 0, false), 0);
+    assert_eq!(
+        report(&mut l, 1, share(0, 0, 0, 2, false), 0),
+        [grant(1, 2, 1)]
+    );
     // The critical type shows up with a backlog: the low one is lowered at once, the critical
     // one raised only as the low one's holding comes down.
     let grants = report(&mut l, 0, share(0, 0, 0, 2, false), 0);
-    assert_eq!(grants, [grant(1, 0, 2)], "no room under the low type's bound yet");
+    assert_eq!(
+        grants,
+        [grant(1, 0, 2)],
+        "no room under the low type's bound yet"
+    );
     // The low type answered with nothing held: room for the critical one.
     let grants = l.handle(Input::Answered {
         index: 1,
@@ -140,8 +156,18 @@ fn weighted_shares_follow_the_starts() {
         };
         // It starts a task and finishes it (through v1: the ledger decides who is next).
         starts[i] += 1;
-        pending.extend(report(&mut l, i, share(limits[i], epochs[i], 1, 0, false), starts[i]));
-        pending.extend(report(&mut l, i, share(limits[i], epochs[i], 0, 1, false), starts[i]));
+        pending.extend(report(
+            &mut l,
+            i,
+            share(limits[i], epochs[i], 1, 0, false),
+            starts[i],
+        ));
+        pending.extend(report(
+            &mut l,
+            i,
+            share(limits[i], epochs[i], 0, 1, false),
+            starts[i],
+        ));
         if starts.iter().sum::<u64>() == 40 {
             break;
         }
@@ -161,16 +187,19 @@ fn a_group_caps_its_members_summed_cost_beside_the_pool() {
             costs: vec![5, 5, 0],
         }],
     });
-    assert_eq!(report(&mut l, 0, share(0, 0, 0, 4, false), 0), [grant(0, 2, 1)]);
-    // Another member: nothing left (10 of 12 taken, a task costs 5).
     assert!(report(&mut l, 1, share(0, 0, 0, 4, false), 0).is_empty());
+    // The first member takes two (10 of 12: a task costs 5); nothing is left for the other.
+    assert_eq!(
+        report(&mut l, 0, share(0, 0, 0, 4, false), 0),
+        [grant(0, 2, 1)]
+    );
     // The third type is under no cap: its broker does not share, nothing is granted.
     assert!(report(&mut l, 2, share(0, 0, 0, 4, false), 0).is_empty());
 }
 
 #[test]
 fn a_new_broker_starts_from_what_it_says() {
-    let mut l = pool(2, 2, Priority::Strict);
+    let mut l = pool(2, 1, Priority::Strict);
     report(&mut l, 0, share(0, 0, 0, 2, false), 0);
     l.handle(Input::Answered {
         index: 0,
@@ -189,7 +218,10 @@ fn a_new_broker_starts_from_what_it_says() {
 #[test]
 fn a_grant_that_was_not_answered_is_sent_again() {
     let mut l = pool(2, 1, Priority::Strict);
-    assert_eq!(report(&mut l, 0, share(0, 0, 0, 2, false), 0), [grant(0, 2, 1)]);
+    assert_eq!(
+        report(&mut l, 0, share(0, 0, 0, 2, false), 0),
+        [grant(0, 2, 1)]
+    );
     let grants = l.handle(Input::Failed { index: 0, epoch: 1 });
     assert_eq!(grants, [grant(0, 2, 2)]);
 }
@@ -202,14 +234,36 @@ fn the_flags_resolve_or_name_what_is_wrong() {
     assert_eq!(plan.priority, Priority::Strict);
     assert_eq!(plan.constraints[0].cap, 2);
     assert!((0..3).all(|i| plan.shares(i)));
-    let plan = resolve(Some(2), Some("weighted=3,2,1"), &types).unwrap().unwrap();
+    let plan = resolve(Some(2), Some("weighted=3,2,1"), &types)
+        .unwrap()
+        .unwrap();
     assert_eq!(plan.priority, Priority::Weighted(vec![3, 2, 1]));
     let bad = [
-        (Some(2), Some("weighted=3,1"), "--priority weighted=3,1: 2 weights for 3 task types (a, b, c): give one per manifest, in order"),
-        (Some(2), Some("weighted=3,0,1"), "--priority weighted=3,0,1: each weight must be a whole number of at least 1"),
-        (Some(2), Some("fair"), "--priority fair: expected strict or weighted=W,… (one weight per manifest, in order)"),
-        (None, Some("strict"), "--priority needs --pool N: it orders the types sharing a pool"),
-        (Some(0), None, "--pool 0: the pool needs at least 1 executor"),
+        (
+            Some(2),
+            Some("weighted=3,1"),
+            "--priority weighted=3,1: 2 weights for 3 task types (a, b, c): give one per manifest, in order",
+        ),
+        (
+            Some(2),
+            Some("weighted=3,0,1"),
+            "--priority weighted=3,0,1: each weight must be a whole number of at least 1",
+        ),
+        (
+            Some(2),
+            Some("fair"),
+            "--priority fair: expected strict or weighted=W,… (one weight per manifest, in order)",
+        ),
+        (
+            None,
+            Some("strict"),
+            "--priority needs --pool N: it orders the types sharing a pool",
+        ),
+        (
+            Some(0),
+            None,
+            "--pool 0: the pool needs at least 1 executor",
+        ),
     ];
     for (pool, priority, want) in bad {
         assert_eq!(resolve(pool, priority, &types).unwrap_err(), want);

@@ -48,8 +48,7 @@ impl Machine {
     /// Whether a completion may keep its slot (and permit) for update-v2's next task: the
     /// holding, this slot included, is within the limit.
     pub(super) fn share_keeps_slot(&self) -> bool {
-        self.share
-            .is_none_or(|p| self.share_holding() <= p.limit)
+        self.share.is_none_or(|p| self.share_holding() <= p.limit)
     }
 
     /// Tasks this broker could start now beyond what it holds, when it has something to give.
@@ -113,6 +112,7 @@ impl Machine {
             held: self.share_holding(),
             fillable: self.share_fillable(),
             empty: p.empty,
+            started: self.counters.dispatched.get(),
         })
     }
 }

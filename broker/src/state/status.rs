@@ -17,8 +17,8 @@ pub(crate) struct WatchView {
     range: (u32, u32),
     /// Per slot: state, generation, pid, recycling.
     slots: Vec<(admin::SlotState, u64, u32, bool)>,
-    /// Sharing capacity: limit, epoch, holding, fillable, empty.
-    share: Option<(u32, u64, u32, u32, bool)>,
+    /// Sharing capacity: limit, epoch, holding, fillable, empty, tasks started.
+    share: Option<(u32, u64, u32, u32, bool, u64)>,
 }
 
 impl Slot {
@@ -84,7 +84,7 @@ impl Machine {
         }
         let share = self
             .share_status()
-            .map(|s| (s.limit, s.epoch, s.held, s.fillable, s.empty));
+            .map(|s| (s.limit, s.epoch, s.held, s.fillable, s.empty, s.started));
         if view.share != share {
             view.share = share;
             changed = true;

@@ -99,7 +99,7 @@ async fn follow(index: usize, socket: PathBuf, tx: mpsc::UnboundedSender<Msg>) {
             let mut stream = stream.into_inner();
             while let Ok(Some(status)) = stream.message().await {
                 let Some(share) = status.share else { continue };
-                let started = status.counters.map_or(0, |c| c.dispatched);
+                let started = share.started;
                 let broker = (status.broker_pid, status.started_at_unix_ms);
                 let input = Input::Reported {
                     index,

@@ -36,6 +36,7 @@ mod recycle;
 mod runtime;
 mod sdk_settings;
 mod secrets_channel;
+mod share;
 mod soft_limit;
 mod stall;
 mod status_inputs;

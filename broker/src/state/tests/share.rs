@@ -66,7 +66,11 @@ fn a_completion_keeps_its_permit_for_the_next_task_only_within_the_limit() {
         slot: Some(1),
         next_task: Some(task("c")),
     });
-    assert_eq!(assignments(&effects).len(), 1, "the next task takes its slot");
+    assert_eq!(
+        assignments(&effects).len(),
+        1,
+        "the next task takes its slot"
+    );
     // Above the limit now: the next completion reports through v1 and frees its permit.
     let b = h.m.execution_of(2).unwrap().to_owned();
     let effects = h.complete(2, 1, "b", &b);

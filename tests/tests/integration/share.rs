@@ -1,0 +1,137 @@
+//! Capacity shared across task types (issue #27 item 1, docs/sharing.md): `start A B --pool N`
+//! runs at most N bodies at once across the types, offered by `--priority`. Each body writes
+//! its start and end to one ledger; the order and overlap of those lines are the evidence.
+
+use crate::harness::{Conductor, SupervisorProc, TaskFixture};
+use serde_json::json;
+use std::{path::Path, time::Duration};
+
+/// A body that records `<name> start|end <ns>` around `secs` of work.
+fn ledger_body(ledger: &Path, name: &str, secs: &str) -> String {
+    let ledger = ledger.display();
+    format!(
+        "read params\necho \"{name} start $(date +%s%N)\" >> {ledger}\nsleep {secs}\n\
+         echo \"{name} end $(date +%s%N)\" >> {ledger}\nprintf '{{}}'\n"
+    )
+}
+
+/// The ledger's lines as (time, type, is_start), in time order.
+fn read_ledger(ledger: &Path) -> Vec<(u128, String, bool)> {
+    let mut rows: Vec<(u128, String, bool)> = std::fs::read_to_string(ledger)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut parts = l.split(' ');
+            let name = parts.next()?.to_owned();
+            let start = parts.next()? == "start";
+            let at = parts.next()?.parse().ok()?;
+            Some((at, name, start))
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// The most bodies running at once.
+fn peak(rows: &[(u128, String, bool)]) -> i32 {
+    let mut now = 0;
+    let mut most = 0;
+    for (_, _, start) in rows {
+        now += if *start { 1 } else { -1 };
+        most = most.max(now);
+    }
+    most
+}
+
+/// Two types with backlogs, both `-j 2`, sharing `--pool 2` with `priority`: the ledger's
+/// start order once every task COMPLETED.
+async fn run_pool(
+    prefix: &str,
+    n: usize,
+    secs: &str,
+    priority: &[&str],
+) -> Vec<(u128, String, bool)> {
+    let conductor = Conductor::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    let critical = TaskFixture::new(
+        &format!("{prefix}.critical"),
+        &ledger_body(&ledger, "critical", secs),
+        "",
+    );
+    let low = TaskFixture::new(
+        &format!("{prefix}.low"),
+        &ledger_body(&ledger, "low", secs),
+        "",
+    );
+    conductor.register(&critical).await;
+    conductor.register(&low).await;
+    // The backlogs wait before the supervisor starts.
+    let mut ids = Vec::new();
+    for i in 0..n {
+        ids.push(conductor.start_workflow(&critical, json!({"n": i})).await);
+        ids.push(conductor.start_workflow(&low, json!({"n": i})).await);
+    }
+    let mut args = vec!["--pool", "2"];
+    args.extend_from_slice(priority);
+    let mut sup = SupervisorProc::start_tasks(
+        &[&critical, &low],
+        &conductor,
+        &["2"],
+        &args,
+        &[],
+        None,
+        None,
+    );
+    for id in &ids {
+        let wf = conductor.wait_terminal(id, Duration::from_secs(120)).await;
+        assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    }
+    let log = sup.log_text();
+    assert!(!log.contains("handing a task back"), "no hand-back\n{log}");
+    assert!(log.contains("capacity shared across task types"), "{log}");
+    sup.signal("TERM");
+    let exit = sup.wait_exit(Duration::from_secs(30)).await;
+    assert_eq!(exit.code(), Some(0), "{}", sup.log_text());
+    let rows = read_ledger(&ledger);
+    assert_eq!(rows.len(), 4 * n, "{rows:?}");
+    assert!(
+        peak(&rows) <= 2,
+        "never more than the pool at once: {rows:?}"
+    );
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strict_pool_runs_every_critical_task_before_any_low_one() {
+    let rows = run_pool("share.strict", 8, "0.2", &[]).await;
+    let starts: Vec<&str> = rows
+        .iter()
+        .filter(|(_, _, start)| *start)
+        .map(|(_, name, _)| name.as_str())
+        .collect();
+    let first_low = starts.iter().position(|n| *n == "low").unwrap();
+    assert!(
+        starts[first_low..].iter().all(|n| *n == "low"),
+        "every critical start comes before the first low one: {starts:?}"
+    );
+    assert_eq!(first_low, 8, "{starts:?}");
+    assert_eq!(peak(&rows), 2, "the pool is used whole: {rows:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_weighted_pool_gives_each_type_its_share_of_the_starts() {
+    let rows = run_pool("share.weighted", 40, "0.1", &["--priority", "weighted=3,1"]).await;
+    let first: Vec<&str> = rows
+        .iter()
+        .filter(|(_, _, start)| *start)
+        .map(|(_, name, _)| name.as_str())
+        .take(40)
+        .collect();
+    let critical = first.iter().filter(|n| **n == "critical").count();
+    eprintln!("weighted=3,1: critical took {critical} of the first 40 starts: {first:?}");
+    assert!(
+        (28..=32).contains(&critical),
+        "critical takes 70-80 % of the first 40 starts, took {critical}: {first:?}"
+    );
+}
