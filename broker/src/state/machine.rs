@@ -359,6 +359,13 @@ impl Machine {
         self.gauges
             .busy_slots
             .store(busy, std::sync::atomic::Ordering::Relaxed);
+        if let Some(p) = self.share {
+            let relaxed = std::sync::atomic::Ordering::Relaxed;
+            self.gauges.share_limit.store(u64::from(p.limit), relaxed);
+            self.gauges
+                .share_held
+                .store(u64::from(self.share_holding()), relaxed);
+        }
         Output {
             reply,
             effects: std::mem::take(&mut self.effects),

@@ -74,12 +74,14 @@ async fn run_pool(
     }
     let mut args = vec!["--pool", "2"];
     args.extend_from_slice(priority);
+    let state = tempfile::tempdir().unwrap();
+    let state_home = state.path().to_str().unwrap().to_owned();
     let mut sup = SupervisorProc::start_tasks(
         &[&critical, &low],
         &conductor,
         &["2"],
         &args,
-        &[],
+        &[("XDG_STATE_HOME", &state_home)],
         None,
         None,
     );
@@ -87,6 +89,27 @@ async fn run_pool(
         let wf = conductor.wait_terminal(id, Duration::from_secs(120)).await;
         assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
     }
+    // `status` shows each type's permits: within the pool, every start counted.
+    let status = perago_tests::Run::of(
+        perago_tests::command(crate::harness::SUPERVISOR)
+            .args(["status", "--json"])
+            .env("XDG_STATE_HOME", &state_home),
+    );
+    status.expect_code(0);
+    let all: serde_json::Value = serde_json::from_str(&status.stdout).unwrap();
+    let shares: Vec<&serde_json::Value> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| &s["share"])
+        .collect();
+    assert_eq!(shares.len(), 2, "{status}");
+    assert!(
+        shares.iter().all(|s| s["limit"].as_u64().unwrap() <= 2),
+        "{status}"
+    );
+    let started: u64 = shares.iter().map(|s| s["started"].as_u64().unwrap()).sum();
+    assert_eq!(started, 2 * n as u64, "{status}");
     let log = sup.log_text();
     assert!(!log.contains("handing a task back"), "no hand-back\n{log}");
     assert!(log.contains("capacity shared across task types"), "{log}");
@@ -134,4 +157,33 @@ async fn a_weighted_pool_gives_each_type_its_share_of_the_starts() {
         (28..=32).contains(&critical),
         "critical takes 70-80 % of the first 40 starts, took {critical}: {first:?}"
     );
+}
+
+#[test]
+fn bad_pool_flags_are_usage_errors_naming_the_flag() {
+    let a = TaskFixture::new("share.bad.a", "read params\necho '{}'\n", "");
+    let b = TaskFixture::new("share.bad.b", "read params\necho '{}'\n", "");
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["--pool", "2", "--priority", "weighted=3"],
+            "--priority weighted=3: 1 weights for 2 task types (share.bad.a, share.bad.b): give one per manifest, in order",
+        ),
+        (&["--priority", "strict"], "--priority needs --pool N"),
+        (
+            &["--pool", "0"],
+            "--pool 0: the pool needs at least 1 executor",
+        ),
+    ];
+    for (flags, want) in cases {
+        let run = perago_tests::Run::of(
+            perago_tests::command(crate::harness::SUPERVISOR)
+                .arg("start")
+                .arg(a.manifest())
+                .arg(b.manifest())
+                .args(flags)
+                .env("CONDUCTOR_SERVER_URL", "http://127.0.0.1:9"),
+        );
+        run.expect_code(2);
+        assert!(run.stderr.contains(want), "{flags:?}: {run}");
+    }
 }

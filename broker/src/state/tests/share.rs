@@ -47,6 +47,10 @@ fn a_sharing_broker_polls_nothing_before_its_first_grant_then_only_what_the_perm
     assert_eq!(h.poll(), None, "the one permit is busy");
     let share = h.share();
     assert_eq!((share.held, share.fillable), (1, 2));
+    // /metrics shows the permits and what holds them.
+    let relaxed = std::sync::atomic::Ordering::Relaxed;
+    assert_eq!(h.m.gauges.share_limit.load(relaxed), 1);
+    assert_eq!(h.m.gauges.share_held.load(relaxed), 1);
 }
 
 #[test]
@@ -148,5 +152,11 @@ fn a_broker_that_does_not_share_refuses_a_grant_and_shows_no_permits() {
         other => panic!("{other:?}"),
     }
     assert!(h.status().share.is_none());
+    let relaxed = std::sync::atomic::Ordering::Relaxed;
+    assert_eq!(
+        h.m.gauges.share_limit.load(relaxed),
+        u64::MAX,
+        "no permits in /metrics"
+    );
     assert_eq!(h.poll(), Some(2), "no limit");
 }
