@@ -154,6 +154,11 @@ pub struct StartArgs {
     /// of the starts under contention).
     #[arg(long, value_name = "strict|weighted=W,…")]
     pub priority: Option<String>,
+    /// Caps the summed `cost_units` of the tasks in flight of the concurrency group NAME
+    /// (`[task] concurrency_group`) across the task types given (repeatable). Also
+    /// PERAGO_GROUP_BUDGETS=NAME=UNITS,… (the flags win). Default: no budget.
+    #[arg(long, value_name = "NAME=UNITS")]
+    pub group_budget: Vec<String>,
 }
 
 impl StartArgs {

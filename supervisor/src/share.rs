@@ -49,21 +49,46 @@ impl SharePlan {
     }
 }
 
-/// `--pool N` and `--priority …` for the task types `types` (in the order given): the plan,
-/// `None` when nothing is shared, or a usage error naming the flag.
+/// `PERAGO_GROUP_BUDGETS`: `NAME=UNITS[,NAME=UNITS…]`, what `--group-budget` gives (the flags
+/// win).
+pub(crate) const PERAGO_GROUP_BUDGETS: &str = "PERAGO_GROUP_BUDGETS";
+
+/// One task type as `start` was given it: its name, its manifest, its concurrency group.
+pub(crate) struct Member<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) manifest: &'a std::path::Path,
+    pub(crate) group: Option<&'a perago_core::manifest::ConcurrencyGroup>,
+}
+
+/// Why the sharing settings do not resolve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ShareError {
+    /// A bad flag (exit 2), naming it.
+    Usage(String),
+    /// Manifests or variables that do not fit together, naming them.
+    Config(String),
+}
+
+/// `--pool N`, `--priority …`, `--group-budget NAME=UNITS` (else `PERAGO_GROUP_BUDGETS`) and
+/// each type's concurrency group, for the task types in the order given: the plan, `None`
+/// when nothing is shared.
 pub(crate) fn resolve(
     pool: Option<u32>,
     priority: Option<&str>,
-    types: &[&str],
-) -> Result<Option<SharePlan>, String> {
+    budget_flags: &[String],
+    budget_var: Option<&str>,
+    members: &[Member<'_>],
+) -> Result<Option<SharePlan>, ShareError> {
+    let names: Vec<&str> = members.iter().map(|m| m.name).collect();
+    let usage = ShareError::Usage;
     let given = priority.is_some();
     let priority = match priority.map(str::trim) {
         None | Some("strict") => Priority::Strict,
         Some(p) => match p.strip_prefix("weighted=") {
             None => {
-                return Err(format!(
+                return Err(usage(format!(
                     "--priority {p}: expected strict or weighted=W,… (one weight per manifest, in order)"
-                ));
+                )));
             }
             Some(list) => {
                 let weights = list
@@ -71,38 +96,153 @@ pub(crate) fn resolve(
                     .map(|w| w.trim().parse::<u32>().ok().filter(|&w| w > 0))
                     .collect::<Option<Vec<u32>>>()
                     .ok_or_else(|| {
-                        format!("--priority {p}: each weight must be a whole number of at least 1")
+                        usage(format!(
+                            "--priority {p}: each weight must be a whole number of at least 1"
+                        ))
                     })?;
-                if weights.len() != types.len() {
-                    return Err(format!(
+                if weights.len() != names.len() {
+                    return Err(usage(format!(
                         "--priority {p}: {} weights for {} task types ({}): give one per manifest, in order",
                         weights.len(),
-                        types.len(),
-                        types.join(", ")
-                    ));
+                        names.len(),
+                        names.join(", ")
+                    )));
                 }
                 Priority::Weighted(weights)
             }
         },
     };
-    let Some(n) = pool else {
-        if given {
-            return Err("--priority needs --pool N: it orders the types sharing a pool".to_owned());
+    let mut constraints = Vec::new();
+    if let Some(n) = pool {
+        if n == 0 {
+            return Err(usage(
+                "--pool 0: the pool needs at least 1 executor".to_owned(),
+            ));
         }
-        return Ok(None);
-    };
-    if n == 0 {
-        return Err("--pool 0: the pool needs at least 1 executor".to_owned());
-    }
-    Ok(Some(SharePlan {
-        types: types.iter().map(|t| (*t).to_owned()).collect(),
-        priority,
-        constraints: vec![Constraint {
+        constraints.push(Constraint {
             what: "--pool".to_owned(),
             cap: u64::from(n),
-            costs: vec![1; types.len()],
-        }],
+            costs: vec![1; names.len()],
+        });
+    }
+    // The groups, in order of first appearance, with the limit their members agree on.
+    let mut groups: Vec<(&str, Option<(u32, &std::path::Path)>)> = Vec::new();
+    for m in members {
+        let Some(g) = m.group else { continue };
+        let at = match groups.iter().position(|(name, _)| *name == g.name) {
+            Some(at) => at,
+            None => {
+                groups.push((g.name.as_str(), None));
+                groups.len() - 1
+            }
+        };
+        if let Some(limit) = g.limit {
+            match groups[at].1 {
+                None => groups[at].1 = Some((limit, m.manifest)),
+                Some((first, path)) if first != limit => {
+                    return Err(ShareError::Config(format!(
+                        "task.concurrency_limit: the members of the concurrency group {} disagree: {} says {first}, {} says {limit}; give every member the same limit",
+                        g.name,
+                        path.display(),
+                        m.manifest.display()
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    let budgets = parse_budgets(budget_flags, budget_var)?;
+    for (name, units, source) in &budgets {
+        if !groups.iter().any(|(g, _)| g == name) {
+            return Err(ShareError::Usage(format!(
+                "{source} {name}={units}: no manifest given is in the concurrency group {name}"
+            )));
+        }
+    }
+    for (name, limit) in &groups {
+        let member_costs = |cost: fn(&perago_core::manifest::ConcurrencyGroup) -> u64| -> Vec<u64> {
+            members
+                .iter()
+                .map(|m| m.group.filter(|g| g.name == *name).map_or(0, cost))
+                .collect()
+        };
+        if let Some((limit, _)) = limit {
+            constraints.push(Constraint {
+                what: format!("group {name} limit"),
+                cap: u64::from(*limit),
+                costs: member_costs(|_| 1),
+            });
+        }
+        if let Some((_, units, source)) = budgets.iter().find(|(g, _, _)| g == name) {
+            let costs = member_costs(|g| u64::from(g.cost_units));
+            if let Some((i, cost)) = costs.iter().enumerate().find(|(_, c)| **c > *units) {
+                return Err(ShareError::Config(format!(
+                    "{source} {name}={units}: a task of {} costs {cost} units ({}): none could ever run",
+                    names[i],
+                    members[i].manifest.display()
+                )));
+            }
+            constraints.push(Constraint {
+                what: format!("group {name} budget"),
+                cap: *units,
+                costs,
+            });
+        }
+    }
+    if constraints.is_empty() {
+        if given {
+            return Err(usage(
+                "--priority needs --pool N or a concurrency group: it orders the types sharing capacity"
+                    .to_owned(),
+            ));
+        }
+        return Ok(None);
+    }
+    Ok(Some(SharePlan {
+        types: names.iter().map(|t| (*t).to_owned()).collect(),
+        priority,
+        constraints,
     }))
+}
+
+/// The group budgets: every `--group-budget NAME=UNITS`, else `PERAGO_GROUP_BUDGETS`; each
+/// with the setting it came from.
+fn parse_budgets(
+    flags: &[String],
+    var: Option<&str>,
+) -> Result<Vec<(String, u64, &'static str)>, ShareError> {
+    let (items, source): (Vec<&str>, &'static str) = if flags.is_empty() {
+        match var.map(str::trim).filter(|v| !v.is_empty()) {
+            None => return Ok(Vec::new()),
+            Some(v) => (v.split(',').collect(), PERAGO_GROUP_BUDGETS),
+        }
+    } else {
+        (flags.iter().map(String::as_str).collect(), "--group-budget")
+    };
+    let bad = |item: &str, why: &str| {
+        let message = format!("{source} {item}: {why}");
+        if source == PERAGO_GROUP_BUDGETS {
+            ShareError::Config(message)
+        } else {
+            ShareError::Usage(message)
+        }
+    };
+    let mut budgets: Vec<(String, u64, &'static str)> = Vec::new();
+    for item in items {
+        let item = item.trim();
+        let Some((name, units)) = item.split_once('=') else {
+            return Err(bad(item, "expected NAME=UNITS (e.g. providers=12)"));
+        };
+        let name = name.trim();
+        let Some(units) = units.trim().parse::<u64>().ok().filter(|&u| u > 0) else {
+            return Err(bad(item, "UNITS must be a whole number of at least 1"));
+        };
+        if budgets.iter().any(|(n, _, _)| n == name) {
+            return Err(bad(item, "the group is given twice"));
+        }
+        budgets.push((name.to_owned(), units, source));
+    }
+    Ok(budgets)
 }
 
 /// What a broker said.

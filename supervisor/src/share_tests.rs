@@ -226,15 +226,39 @@ fn a_grant_that_was_not_answered_is_sent_again() {
     assert_eq!(grants, [grant(0, 2, 2)]);
 }
 
+fn members<'a>(
+    names: &'a [&'a str],
+    groups: &'a [Option<perago_core::manifest::ConcurrencyGroup>],
+) -> Vec<Member<'a>> {
+    names
+        .iter()
+        .zip(groups)
+        .map(|(name, group)| Member {
+            name,
+            manifest: std::path::Path::new(name),
+            group: group.as_ref(),
+        })
+        .collect()
+}
+
+fn pool_flags(
+    pool: Option<u32>,
+    priority: Option<&str>,
+    types: &[&str],
+) -> Result<Option<SharePlan>, ShareError> {
+    let none = vec![None; types.len()];
+    resolve(pool, priority, &[], None, &members(types, &none))
+}
+
 #[test]
 fn the_flags_resolve_or_name_what_is_wrong() {
     let types = ["a", "b", "c"];
-    assert_eq!(resolve(None, None, &types).unwrap(), None);
-    let plan = resolve(Some(2), None, &types).unwrap().unwrap();
+    assert_eq!(pool_flags(None, None, &types).unwrap(), None);
+    let plan = pool_flags(Some(2), None, &types).unwrap().unwrap();
     assert_eq!(plan.priority, Priority::Strict);
     assert_eq!(plan.constraints[0].cap, 2);
     assert!((0..3).all(|i| plan.shares(i)));
-    let plan = resolve(Some(2), Some("weighted=3,2,1"), &types)
+    let plan = pool_flags(Some(2), Some("weighted=3,2,1"), &types)
         .unwrap()
         .unwrap();
     assert_eq!(plan.priority, Priority::Weighted(vec![3, 2, 1]));
@@ -257,7 +281,7 @@ fn the_flags_resolve_or_name_what_is_wrong() {
         (
             None,
             Some("strict"),
-            "--priority needs --pool N: it orders the types sharing a pool",
+            "--priority needs --pool N or a concurrency group: it orders the types sharing capacity",
         ),
         (
             Some(0),
@@ -266,6 +290,108 @@ fn the_flags_resolve_or_name_what_is_wrong() {
         ),
     ];
     for (pool, priority, want) in bad {
-        assert_eq!(resolve(pool, priority, &types).unwrap_err(), want);
+        assert_eq!(
+            pool_flags(pool, priority, &types).unwrap_err(),
+            ShareError::Usage(want.to_owned())
+        );
     }
+}
+
+fn group(
+    name: &str,
+    limit: Option<u32>,
+    cost_units: u32,
+) -> Option<perago_core::manifest::ConcurrencyGroup> {
+    Some(perago_core::manifest::ConcurrencyGroup {
+        name: name.into(),
+        limit,
+        cost_units,
+    })
+}
+
+#[test]
+fn groups_resolve_into_a_limit_and_a_budget_over_their_members() {
+    let names = ["a", "b", "c"];
+    let groups = [
+        group("providers", Some(3), 5),
+        group("providers", None, 2),
+        None,
+    ];
+    let flags = ["providers=12".to_owned()];
+    let plan = resolve(
+        None,
+        None,
+        &flags,
+        Some("ignored=1"),
+        &members(&names, &groups),
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        plan.constraints,
+        [
+            Constraint {
+                what: "group providers limit".into(),
+                cap: 3,
+                costs: vec![1, 1, 0]
+            },
+            Constraint {
+                what: "group providers budget".into(),
+                cap: 12,
+                costs: vec![5, 2, 0]
+            },
+        ]
+    );
+    assert!(plan.shares(0) && plan.shares(1) && !plan.shares(2));
+    // The variable, when no flag is given.
+    let plan = resolve(
+        None,
+        None,
+        &[],
+        Some("providers=7"),
+        &members(&names, &groups),
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(plan.constraints[1].cap, 7);
+}
+
+#[test]
+fn members_that_disagree_on_a_limit_and_budgets_that_fit_no_task_are_errors() {
+    let names = ["a.toml", "b.toml"];
+    let groups = [
+        group("providers", Some(2), 1),
+        group("providers", Some(3), 1),
+    ];
+    assert_eq!(
+        resolve(None, None, &[], None, &members(&names, &groups)).unwrap_err(),
+        ShareError::Config("task.concurrency_limit: the members of the concurrency group providers disagree: a.toml says 2, b.toml says 3; give every member the same limit".into())
+    );
+    let groups = [group("providers", None, 5), None];
+    let err = |flags: &[&str], var: Option<&str>| {
+        let flags: Vec<String> = flags.iter().map(|f| (*f).to_owned()).collect();
+        resolve(None, None, &flags, var, &members(&names, &groups)).unwrap_err()
+    };
+    assert_eq!(
+        err(&["providers=4"], None),
+        ShareError::Config("--group-budget providers=4: a task of a.toml costs 5 units (a.toml): none could ever run".into())
+    );
+    assert_eq!(
+        err(&["others=4"], None),
+        ShareError::Usage(
+            "--group-budget others=4: no manifest given is in the concurrency group others".into()
+        )
+    );
+    assert_eq!(
+        err(&["providers"], None),
+        ShareError::Usage(
+            "--group-budget providers: expected NAME=UNITS (e.g. providers=12)".into()
+        )
+    );
+    assert_eq!(
+        err(&[], Some("providers=x")),
+        ShareError::Config(
+            "PERAGO_GROUP_BUDGETS providers=x: UNITS must be a whole number of at least 1".into()
+        )
+    );
 }

@@ -445,8 +445,28 @@ pub(crate) fn start(
         .map(|(_, m)| m.task.name.as_str())
         .collect();
     plan.check_names(&names)?;
-    let share_plan = crate::share::resolve(args.pool, args.priority.as_deref(), &names)
-        .map_err(ExpectedError::Usage)?;
+    let share_plan = {
+        let members: Vec<crate::share::Member<'_>> = manifests
+            .iter()
+            .map(|(path, m)| crate::share::Member {
+                name: m.task.name.as_str(),
+                manifest: path.as_path(),
+                group: m.task.concurrency.as_ref(),
+            })
+            .collect();
+        crate::share::resolve(
+            args.pool,
+            args.priority.as_deref(),
+            &args.group_budget,
+            vars.get(crate::share::PERAGO_GROUP_BUDGETS)
+                .map(String::as_str),
+            &members,
+        )
+        .map_err(|e| match e {
+            crate::share::ShareError::Usage(m) => ExpectedError::Usage(m),
+            crate::share::ShareError::Config(m) => ExpectedError::Config(vec![m]),
+        })?
+    };
     let problems = std::cell::RefCell::new(Vec::<String>::new());
     let add = |problem: String| {
         let mut problems = problems.borrow_mut();
@@ -836,6 +856,7 @@ mod tests {
             domain: Vec::new(),
             pool: None,
             priority: None,
+            group_budget: Vec::new(),
         }
     }
 
