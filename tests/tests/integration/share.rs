@@ -187,3 +187,110 @@ fn bad_pool_flags_are_usage_errors_naming_the_flag() {
         assert!(run.stderr.contains(want), "{flags:?}: {run}");
     }
 }
+
+/// Two types of one concurrency group, each `-j 2` (without the group 4 would run at once),
+/// 10 half-second tasks each (the 20 one-second tasks each, shortened for the
+/// suite's time): the ledger of starts and ends never shows more than 2 bodies at once.
+async fn run_group(
+    prefix: &str,
+    extra_a: &str,
+    extra_b: &str,
+    env: &[(&str, &str)],
+    args: &[&str],
+) {
+    let conductor = Conductor::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    let a = TaskFixture::new(
+        &format!("{prefix}.a"),
+        &ledger_body(&ledger, "a", "0.5"),
+        extra_a,
+    );
+    let b = TaskFixture::new(
+        &format!("{prefix}.b"),
+        &ledger_body(&ledger, "b", "0.5"),
+        extra_b,
+    );
+    conductor.register(&a).await;
+    conductor.register(&b).await;
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        ids.push(conductor.start_workflow(&a, json!({"n": i})).await);
+        ids.push(conductor.start_workflow(&b, json!({"n": i})).await);
+    }
+    let mut sup = SupervisorProc::start_tasks(&[&a, &b], &conductor, &["2"], args, env, None, None);
+    for id in &ids {
+        let wf = conductor.wait_terminal(id, Duration::from_secs(120)).await;
+        assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    }
+    let log = sup.log_text();
+    assert!(!log.contains("handing a task back"), "no hand-back\n{log}");
+    sup.signal("TERM");
+    let exit = sup.wait_exit(Duration::from_secs(30)).await;
+    assert_eq!(exit.code(), Some(0), "{}", sup.log_text());
+    let rows = read_ledger(&ledger);
+    assert_eq!(rows.len(), 40, "{rows:?}");
+    let peak = peak(&rows);
+    eprintln!("{prefix}: peak concurrency {peak}");
+    assert_eq!(
+        peak, 2,
+        "never more than 2 bodies at once, and 2 used: {rows:?}"
+    );
+    for name in ["a", "b"] {
+        assert!(
+            rows.iter().any(|(_, n, _)| n == name),
+            "{name} ran: {rows:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_group_limit_caps_its_members_together() {
+    let group = "concurrency_group = \"providers\"\nconcurrency_limit = 2";
+    run_group("share.group", group, group, &[], &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_budget_caps_the_summed_cost_in_flight() {
+    // Costs 5 and 6 against a budget of 12: two tasks fit at once, never three.
+    let a = "concurrency_group = \"providers\"\ncost_units = 5";
+    let b = "concurrency_group = \"providers\"\ncost_units = 6";
+    run_group(
+        "share.budget",
+        a,
+        b,
+        &[("PERAGO_GROUP_BUDGETS", "providers=12")],
+        &[],
+    )
+    .await;
+}
+
+#[test]
+fn members_that_disagree_on_a_group_limit_stop_start_naming_both_manifests() {
+    let a = TaskFixture::new(
+        "share.disagree.a",
+        "read params\necho '{}'\n",
+        "concurrency_group = \"g\"\nconcurrency_limit = 2",
+    );
+    let b = TaskFixture::new(
+        "share.disagree.b",
+        "read params\necho '{}'\n",
+        "concurrency_group = \"g\"\nconcurrency_limit = 3",
+    );
+    let run = perago_tests::Run::of(
+        perago_tests::command(crate::harness::SUPERVISOR)
+            .arg("start")
+            .arg(a.manifest())
+            .arg(b.manifest())
+            .env("CONDUCTOR_SERVER_URL", "http://127.0.0.1:9"),
+    );
+    assert_ne!(run.code, Some(0), "{run}");
+    for manifest in [a.manifest(), b.manifest()] {
+        assert!(run.stderr.contains(manifest.to_str().unwrap()), "{run}");
+    }
+    assert!(
+        run.stderr
+            .contains("task.concurrency_limit: the members of the concurrency group g disagree"),
+        "{run}"
+    );
+}
