@@ -51,7 +51,8 @@ impl Machine {
         self.share.is_none_or(|p| self.share_holding() <= p.limit)
     }
 
-    /// Tasks this broker could start now beyond what it holds, when it has something to give.
+    /// Tasks this broker could start now (or once its starting executors attach) beyond what
+    /// it holds, when it has something to give.
     pub(super) fn share_fillable(&self) -> u32 {
         let Some(p) = self.share else {
             return 0;
@@ -64,7 +65,14 @@ impl Machine {
         {
             return 0;
         }
-        let free = self.slots.iter().filter(|s| s.free()).count() as u32;
+        // Slots whose executor is starting count: a type whose executors attach later than
+        // another's must not lose its place to it at start-up (a slot in restart backoff
+        // does not count).
+        let free = self
+            .slots
+            .iter()
+            .filter(|s| s.free() || (s.wanted && !s.attached && !s.exited))
+            .count() as u32;
         let held = u32::try_from(self.held.len()).unwrap_or(u32::MAX);
         free.saturating_sub(self.reserved).saturating_sub(held)
     }

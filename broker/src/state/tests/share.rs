@@ -160,3 +160,18 @@ fn a_broker_that_does_not_share_refuses_a_grant_and_shows_no_permits() {
     );
     assert_eq!(h.poll(), Some(2), "no limit");
 }
+
+#[test]
+fn starting_executors_count_as_room_but_a_slot_in_backoff_does_not() {
+    let mut h = Harness::sharing(2);
+    assert_eq!(h.share().fillable, 2, "both executors are starting");
+    h.up(1);
+    h.go(Input::SlotExited(proto::SlotExited {
+        slot: 1,
+        generation: 1,
+        pid: 1,
+        status: "exit status 1".into(),
+        ..Default::default()
+    }));
+    assert_eq!(h.share().fillable, 1, "slot 1 waits for its restart");
+}
