@@ -293,4 +293,21 @@ fn members_that_disagree_on_a_group_limit_stop_start_naming_both_manifests() {
             .contains("task.concurrency_limit: the members of the concurrency group g disagree"),
         "{run}"
     );
+    // `check` says the same, without a server.
+    let check = perago_tests::Run::of(
+        perago_tests::command(crate::harness::SUPERVISOR)
+            .arg("check")
+            .arg(a.manifest())
+            .arg(b.manifest()),
+    );
+    assert_ne!(check.code, Some(0), "{check}");
+    assert!(
+        check
+            .stderr
+            .contains("the members of the concurrency group g disagree"),
+        "{check}"
+    );
+    for manifest in [a.manifest(), b.manifest()] {
+        assert!(check.stderr.contains(manifest.to_str().unwrap()), "{check}");
+    }
 }
