@@ -404,6 +404,8 @@ impl Ledger {
     /// The limits wanted now: every type's want (what it holds and could fill) offered the
     /// caps by priority, then one permit each to idle types with nothing to give (a long poll
     /// that a new task answers at once) while room is left.
+    // Several per-type arrays (wants, limits, what the ledger saw) are walked together.
+    #[allow(clippy::needless_range_loop)]
     fn desired(&mut self) -> Vec<u32> {
         let n = self.seen.len();
         let want: Vec<u32> = self
