@@ -81,7 +81,14 @@ async fn run_pool(
         &conductor,
         &["2"],
         &args,
-        &[("XDG_STATE_HOME", &state_home)],
+        &[
+            ("XDG_STATE_HOME", &state_home),
+            // The grants' round trips, for the figures below.
+            (
+                "RUST_LOG",
+                "info,perago_supervisor::runtime::share_task=debug",
+            ),
+        ],
         None,
         None,
     );
@@ -113,6 +120,28 @@ async fn run_pool(
     let log = sup.log_text();
     assert!(!log.contains("handing a task back"), "no hand-back\n{log}");
     assert!(log.contains("capacity shared across task types"), "{log}");
+    // What a permit's round trip costs (Admin.ShareGrant, asked to answered).
+    let mut took: Vec<u64> = log
+        .lines()
+        .filter(|l| l.contains("share grant answered"))
+        .filter_map(|l| {
+            l.split("took_us=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    took.sort_unstable();
+    assert!(!took.is_empty(), "{log}");
+    eprintln!(
+        "{prefix}: {} grants, round trip median {} us, p90 {} us, max {} us",
+        took.len(),
+        took[took.len() / 2],
+        took[took.len() * 9 / 10],
+        took[took.len() - 1]
+    );
     sup.signal("TERM");
     let exit = sup.wait_exit(Duration::from_secs(30)).await;
     assert_eq!(exit.code(), Some(0), "{}", sup.log_text());
