@@ -144,6 +144,11 @@ fn the_admin_service_has_its_methods_with_comments() {
                 ".perago.admin.v1.ScaleRequest",
                 ".perago.admin.v1.ScaleResponse"
             ),
+            (
+                "ShareGrant",
+                ".perago.admin.v1.ShareGrantRequest",
+                ".perago.admin.v1.ShareStatus"
+            ),
         ]
     );
     // Watch is the one stream: the broker pushes, the request is one message.
@@ -162,6 +167,7 @@ fn the_admin_service_has_its_methods_with_comments() {
             ("Pause", false, false),
             ("Resume", false, false),
             ("Scale", false, false),
+            ("ShareGrant", false, false),
         ]
     );
     // 6 = service, 2 = method (descriptor.proto field numbers).
