@@ -247,10 +247,32 @@ async fn run_group(
         ids.push(conductor.start_workflow(&a, json!({"n": i})).await);
         ids.push(conductor.start_workflow(&b, json!({"n": i})).await);
     }
+    let mut env = env.to_vec();
+    env.push(("PERAGO_METRICS_ADDR", "127.0.0.1:0"));
+    let env = env.as_slice();
     let mut sup = SupervisorProc::start_tasks(&[&a, &b], &conductor, &["2"], args, env, None, None);
     for id in &ids {
         let wf = conductor.wait_terminal(id, Duration::from_secs(120)).await;
         assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    }
+    // /metrics shows each member's permits.
+    let log = sup.log_text();
+    let at = log
+        .find("metrics of every task type served at http://")
+        .expect("metrics served");
+    let rest = &log[at + "metrics of every task type served at http://".len()..];
+    let addr = &rest[..rest.find("/metrics").unwrap()];
+    let out = std::process::Command::new("curl")
+        .args(["-sf", &format!("http://{addr}/metrics")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    for task in [&a.name, &b.name] {
+        for family in ["perago_share_permits", "perago_share_held"] {
+            let series = format!("{family}{{task=\"{task}\"}}");
+            assert!(text.contains(&series), "{series} in\n{text}");
+        }
     }
     let log = sup.log_text();
     assert!(!log.contains("handing a task back"), "no hand-back\n{log}");
