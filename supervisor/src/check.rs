@@ -48,6 +48,7 @@ pub(crate) fn check_all(
     let budgets = vars
         .get(crate::share::PERAGO_GROUP_BUDGETS)
         .map(String::as_str);
+    // A budget for a group none of these manifests names may be for others `start` is given.
     if let Err(
         crate::share::ShareError::Config(problem) | crate::share::ShareError::Usage(problem),
     ) = crate::share::resolve(None, None, &[], budgets, &members)

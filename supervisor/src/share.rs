@@ -67,6 +67,10 @@ pub(crate) enum ShareError {
     Usage(String),
     /// Manifests or variables that do not fit together, naming them.
     Config(String),
+    /// A budget for a group no manifest given names (`--group-budget`: a usage error;
+    /// `PERAGO_GROUP_BUDGETS`: a configuration error; `check` of some of the manifests
+    /// leaves it alone).
+    UnknownGroup { message: String, flag: bool },
 }
 
 /// `--pool N`, `--priority …`, `--group-budget NAME=UNITS` (else `PERAGO_GROUP_BUDGETS`) and
@@ -154,9 +158,12 @@ pub(crate) fn resolve(
     let budgets = parse_budgets(budget_flags, budget_var)?;
     for (name, units, source) in &budgets {
         if !groups.iter().any(|(g, _)| g == name) {
-            return Err(ShareError::Usage(format!(
-                "{source} {name}={units}: no manifest given is in the concurrency group {name}"
-            )));
+            return Err(ShareError::UnknownGroup {
+                message: format!(
+                    "{source} {name}={units}: no manifest given is in the concurrency group {name}"
+                ),
+                flag: *source != PERAGO_GROUP_BUDGETS,
+            });
         }
     }
     for (name, limit) in &groups {

@@ -378,9 +378,21 @@ fn members_that_disagree_on_a_limit_and_budgets_that_fit_no_task_are_errors() {
     );
     assert_eq!(
         err(&["others=4"], None),
-        ShareError::Usage(
-            "--group-budget others=4: no manifest given is in the concurrency group others".into()
-        )
+        ShareError::UnknownGroup {
+            message:
+                "--group-budget others=4: no manifest given is in the concurrency group others"
+                    .into(),
+            flag: true,
+        }
+    );
+    assert_eq!(
+        err(&[], Some("others=4")),
+        ShareError::UnknownGroup {
+            message:
+                "PERAGO_GROUP_BUDGETS others=4: no manifest given is in the concurrency group others"
+                    .into(),
+            flag: false,
+        }
     );
     assert_eq!(
         err(&["providers"], None),

@@ -465,6 +465,13 @@ pub(crate) fn start(
         .map_err(|e| match e {
             crate::share::ShareError::Usage(m) => ExpectedError::Usage(m),
             crate::share::ShareError::Config(m) => ExpectedError::Config(vec![m]),
+            crate::share::ShareError::UnknownGroup {
+                message,
+                flag: true,
+            } => ExpectedError::Usage(message),
+            crate::share::ShareError::UnknownGroup { message, .. } => {
+                ExpectedError::Config(vec![message])
+            }
         })?
     };
     let problems = std::cell::RefCell::new(Vec::<String>::new());
