@@ -73,6 +73,21 @@ pub(crate) enum ShareError {
     UnknownGroup { message: String, flag: bool },
 }
 
+impl From<ShareError> for crate::errors::ExpectedError {
+    fn from(e: ShareError) -> Self {
+        match e {
+            ShareError::Usage(message)
+            | ShareError::UnknownGroup {
+                message,
+                flag: true,
+            } => Self::Usage(message),
+            ShareError::Config(message) | ShareError::UnknownGroup { message, .. } => {
+                Self::Config(vec![message])
+            }
+        }
+    }
+}
+
 /// `--pool N`, `--priority …`, `--group-budget NAME=UNITS` (else `PERAGO_GROUP_BUDGETS`) and
 /// each type's concurrency group, for the task types in the order given: the plan, `None`
 /// when nothing is shared.

@@ -461,18 +461,7 @@ pub(crate) fn start(
             vars.get(crate::share::PERAGO_GROUP_BUDGETS)
                 .map(String::as_str),
             &members,
-        )
-        .map_err(|e| match e {
-            crate::share::ShareError::Usage(m) => ExpectedError::Usage(m),
-            crate::share::ShareError::Config(m) => ExpectedError::Config(vec![m]),
-            crate::share::ShareError::UnknownGroup {
-                message,
-                flag: true,
-            } => ExpectedError::Usage(message),
-            crate::share::ShareError::UnknownGroup { message, .. } => {
-                ExpectedError::Config(vec![message])
-            }
-        })?
+        )?
     };
     let problems = std::cell::RefCell::new(Vec::<String>::new());
     let add = |problem: String| {
