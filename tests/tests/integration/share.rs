@@ -362,3 +362,57 @@ fn members_that_disagree_on_a_group_limit_stop_start_naming_both_manifests() {
         assert!(check.stderr.contains(manifest.to_str().unwrap()), "{check}");
     }
 }
+
+/// An executor killed while its task holds the pool's one permit gives the permit back: the
+/// task is retried, and every task of both types completes, never two at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executor_killed_while_holding_a_permit_releases_it() {
+    if crate::harness::thread_mode() {
+        // No executor process to kill in thread mode.
+        return;
+    }
+    let conductor = Conductor::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    let a = TaskFixture::new("share.kill.a", &ledger_body(&ledger, "a", "1"), "");
+    let b = TaskFixture::new("share.kill.b", &ledger_body(&ledger, "b", "0.2"), "");
+    conductor.register(&a).await;
+    conductor.register(&b).await;
+    let mut ids = Vec::new();
+    for i in 0..2 {
+        ids.push(conductor.start_workflow(&a, json!({"n": i})).await);
+        ids.push(conductor.start_workflow(&b, json!({"n": i})).await);
+    }
+    let mut sup = SupervisorProc::start_tasks(
+        &[&a, &b],
+        &conductor,
+        &["1"],
+        &["--pool", "1"],
+        &[],
+        None,
+        None,
+    );
+    // a (first: strict priority) starts its first task: kill its executor mid-body.
+    crate::harness::eventually("a's first start", Duration::from_secs(30), || {
+        let started = read_ledger(&ledger).iter().any(|(_, n, s)| n == "a" && *s);
+        async move { started.then_some(()) }
+    })
+    .await;
+    let executor = crate::harness::child_named(sup.pid(), "perago-executor-0001@share.kill.a")
+        .expect("a's executor");
+    crate::harness::signal_pid(executor.pid, "KILL");
+    for id in &ids {
+        let wf = conductor.wait_terminal(id, Duration::from_secs(60)).await;
+        assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    }
+    let mut rows = read_ledger(&ledger);
+    // The killed body's start has no end: 5 starts (one retried), 4 ends.
+    let starts = rows.iter().filter(|(_, _, s)| *s).count();
+    assert_eq!(starts, 5, "{rows:?}");
+    // Without it, never more than the pool at once.
+    rows.remove(0);
+    assert_eq!(peak(&rows), 1, "never more than the pool: {rows:?}");
+    sup.signal("TERM");
+    let exit = sup.wait_exit(Duration::from_secs(30)).await;
+    assert_eq!(exit.code(), Some(0), "{}", sup.log_text());
+}
