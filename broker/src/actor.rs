@@ -78,6 +78,12 @@ pub(crate) enum Event {
         soft_time_limit_ms: Option<u64>,
         reply: oneshot::Sender<Result<(bool, Option<u64>), Status>>,
     },
+    /// `Admin.ShareGrant`: the permits this sharing broker may hold.
+    ShareGrant {
+        limit: u32,
+        epoch: u64,
+        reply: oneshot::Sender<Result<admin::ShareStatus, Status>>,
+    },
     /// A status snapshot.
     Status {
         reply: oneshot::Sender<admin::StatusResponse>,
@@ -396,6 +402,19 @@ impl Actor {
                     .machine
                     .handle(Input::Reconfigure { soft_time_limit_ms }, now());
                 if let Reply::Reconfigure(answer) = out.reply {
+                    let _ = reply.send(answer);
+                }
+                self.perform(out.effects);
+            }
+            Event::ShareGrant {
+                limit,
+                epoch,
+                reply,
+            } => {
+                let out = self
+                    .machine
+                    .handle(Input::ShareGrant { limit, epoch }, now());
+                if let Reply::ShareGrant(answer) = out.reply {
                     let _ = reply.send(answer);
                 }
                 self.perform(out.effects);

@@ -80,6 +80,12 @@ pub enum ConfigError {
         /// The value as given.
         value: String,
     },
+    /// `PERAGO_SHARE` is neither 1 nor 0.
+    #[error("{} {value:?}: expected 1 or 0", env::PERAGO_SHARE)]
+    Share {
+        /// The value as given.
+        value: String,
+    },
     /// `PERAGO_READY_FD` is not a descriptor number.
     #[error("{} must be a descriptor number", env::PERAGO_READY_FD)]
     ReadyFd {
@@ -137,6 +143,15 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
         None => None,
         Some(d) => Some(perago_core::conductor::Domain::parse(&d).map_err(ConfigError::Domain)?),
     };
+    let share = match var(env::PERAGO_SHARE).as_deref() {
+        None | Some("0") => false,
+        Some("1") => true,
+        Some(other) => {
+            return Err(ConfigError::Share {
+                value: other.to_owned(),
+            });
+        }
+    };
     let ready_fd = match var(env::PERAGO_READY_FD) {
         None => None,
         Some(fd) => Some(
@@ -170,6 +185,7 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
         stall_timeout,
         workspace_root,
         ready_fd,
+        share,
     })
 }
 

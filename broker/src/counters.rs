@@ -119,6 +119,10 @@ pub(crate) struct Gauges {
     pub(crate) admission_open: AtomicU64,
     /// 1 while polling is paused (`Admin.Pause`), else 0.
     pub(crate) paused: AtomicU64,
+    /// Sharing capacity (`PERAGO_SHARE`): the permits granted; `u64::MAX` = not sharing.
+    pub(crate) share_limit: AtomicU64,
+    /// Sharing capacity: the tasks held against the permits.
+    pub(crate) share_held: AtomicU64,
     /// Dispatch-to-completion durations.
     pub(crate) task_duration: Histogram,
     /// What only the Conductor SDKs' metric surface has.
@@ -135,6 +139,8 @@ impl Default for Gauges {
             available_memory: AtomicU64::default(),
             admission_open: AtomicU64::default(),
             paused: AtomicU64::default(),
+            share_limit: AtomicU64::new(u64::MAX),
+            share_held: AtomicU64::default(),
             task_duration: Histogram::new(DURATION_BUCKETS),
             sdk: SdkMetrics::default(),
         }
@@ -269,6 +275,19 @@ impl Collector for PeragoCollector {
             "1 while the broker may poll for new tasks, 0 while memory admission is closed",
             g.admission_open.load(Ordering::Relaxed),
         )?;
+        let share_limit = g.share_limit.load(Ordering::Relaxed);
+        if share_limit != u64::MAX {
+            gauge(
+                "perago_share_permits",
+                "Capacity shared across task types (start --pool, concurrency groups): the tasks the supervisor lets this type hold at once",
+                share_limit,
+            )?;
+            gauge(
+                "perago_share_held",
+                "Capacity shared across task types: the tasks this type holds against its permits (busy, awaiting the next, polled for, held)",
+                g.share_held.load(Ordering::Relaxed),
+            )?;
+        }
         gauge(
             "perago_paused",
             "1 while polling is paused (perago-supervisor pause, start --paused), else 0",

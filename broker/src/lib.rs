@@ -73,6 +73,9 @@ pub struct BrokerConfig {
     /// `PERAGO_SOFT_TIME_LIMIT_MS`: the manifest's soft time limit as the supervisor read it
     /// (0: none), shown in Admin.Status until `Admin.Reconfigure` changes it; `None`: not told.
     pub soft_time_limit_ms: Option<u64>,
+    /// `PERAGO_SHARE=1`: polls only within the permits the supervisor grants
+    /// (`Admin.ShareGrant`; docs/sharing.md).
+    pub share: bool,
 }
 
 /// Why the broker stopped.
@@ -168,7 +171,8 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         state::ExecutionIds::new(|| uuid::Uuid::new_v4().to_string()),
     )
     .with_domain(config.domain.clone())
-    .with_soft_time_limit(config.soft_time_limit_ms);
+    .with_soft_time_limit(config.soft_time_limit_ms)
+    .with_share(config.share);
     // The gRPC health service: SERVING while the broker takes work, NOT_SERVING while paused
     // and from the start of a drain (the actor switches it), for readiness probes and load
     // balancers.

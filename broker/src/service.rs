@@ -411,6 +411,20 @@ impl Admin for AdminService {
         }))
     }
 
+    async fn share_grant(
+        &self,
+        request: Request<admin::ShareGrantRequest>,
+    ) -> Result<Response<admin::ShareStatus>, Status> {
+        let admin::ShareGrantRequest { limit, epoch } = request.into_inner();
+        let status = ask(&self.events, |reply| Event::ShareGrant {
+            limit,
+            epoch,
+            reply,
+        })
+        .await??;
+        Ok(Response::new(status))
+    }
+
     async fn metrics(
         &self,
         _request: Request<admin::MetricsRequest>,

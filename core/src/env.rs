@@ -46,6 +46,10 @@ pub const PERAGO_METRICS_ADDR: &str = "PERAGO_METRICS_ADDR";
 /// counts; unset or empty = the default queue. `start` takes it as `--domain DOMAIN` (the flag
 /// wins) and sets it for each broker from its type's domain. Read by the broker.
 pub const PERAGO_DOMAIN: &str = "PERAGO_DOMAIN";
+/// `1`: the broker shares capacity with other task types (`start --pool`, concurrency groups):
+/// it polls only within the permits the supervisor grants (`Admin.ShareGrant`), none until the
+/// first grant. Set by `start` for each type under a pool or group. Read by the broker.
+pub const PERAGO_SHARE: &str = "PERAGO_SHARE";
 /// Long-poll wait in milliseconds (default 5000). Read by the broker.
 pub const PERAGO_POLL_WAIT_MS: &str = "PERAGO_POLL_WAIT_MS";
 /// How long the broker waits after a poll that brought no task before it polls again, in

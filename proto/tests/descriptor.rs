@@ -150,6 +150,11 @@ fn the_admin_service_has_its_methods_with_comments() {
                 ".perago.admin.v1.ReconfigureRequest",
                 ".perago.admin.v1.ReconfigureResponse"
             ),
+            (
+                "ShareGrant",
+                ".perago.admin.v1.ShareGrantRequest",
+                ".perago.admin.v1.ShareStatus"
+            ),
         ]
     );
     // Watch is the one stream: the broker pushes, the request is one message.
@@ -169,6 +174,7 @@ fn the_admin_service_has_its_methods_with_comments() {
             ("Resume", false, false),
             ("Scale", false, false),
             ("Reconfigure", false, false),
+            ("ShareGrant", false, false),
         ]
     );
     // 6 = service, 2 = method (descriptor.proto field numbers).

@@ -32,6 +32,29 @@ pub(crate) fn check_all(
     let several = paths.len() > 1;
     let mut reports = String::new();
     let mut problems = Vec::new();
+    // Concurrency groups across the manifests, as `start` would resolve them (its flags
+    // aside): members that disagree on a limit, a budget (PERAGO_GROUP_BUDGETS) no task fits.
+    let members: Vec<crate::share::Member<'_>> = loaded
+        .iter()
+        .filter_map(|(path, m)| {
+            let m = m.as_ref().ok()?;
+            Some(crate::share::Member {
+                name: m.task.name.as_str(),
+                manifest: path.as_path(),
+                group: m.task.concurrency.as_ref(),
+            })
+        })
+        .collect();
+    let budgets = vars
+        .get(crate::share::PERAGO_GROUP_BUDGETS)
+        .map(String::as_str);
+    // A budget for a group none of these manifests names may be for others `start` is given.
+    if let Err(
+        crate::share::ShareError::Config(problem) | crate::share::ShareError::Usage(problem),
+    ) = crate::share::resolve(None, None, &[], budgets, &members)
+    {
+        problems.push(problem);
+    }
     for (path, manifest) in loaded {
         let manifest = match manifest {
             Ok(manifest) => manifest,

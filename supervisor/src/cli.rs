@@ -166,6 +166,22 @@ pub struct StartArgs {
     /// domain (the type's default queue).
     #[arg(long, value_name = "[NAME=]DOMAIN")]
     pub domain: Vec<String>,
+    /// The task types given share N busy executors: each keeps its own, but at most N run
+    /// tasks at once across them, offered capacity by --priority as it frees. Default: off
+    /// (each type runs its -j at once).
+    #[arg(long, value_name = "N")]
+    pub pool: Option<u32>,
+    /// How --pool's capacity is offered as it frees: `strict` (the default: in the order the
+    /// manifests are given; a lower type runs only while every higher one has nothing to
+    /// give, and can starve) or `weighted=3,2,1` (one weight per manifest, in order: shares
+    /// of the starts under contention).
+    #[arg(long, value_name = "strict|weighted=W,…")]
+    pub priority: Option<String>,
+    /// Caps the summed `cost_units` of the tasks in flight of the concurrency group NAME
+    /// (`[task] concurrency_group`) across the task types given (repeatable). Also
+    /// PERAGO_GROUP_BUDGETS=NAME=UNITS,… (the flags win). Default: no budget.
+    #[arg(long, value_name = "NAME=UNITS")]
+    pub group_budget: Vec<String>,
 }
 
 impl StartArgs {

@@ -20,6 +20,7 @@ mod reload;
 mod runtime;
 mod scale;
 mod sdk_settings;
+mod share;
 mod start;
 mod status;
 

@@ -445,6 +445,24 @@ pub(crate) fn start(
         .map(|(_, m)| m.task.name.as_str())
         .collect();
     plan.check_names(&names)?;
+    let share_plan = {
+        let members: Vec<crate::share::Member<'_>> = manifests
+            .iter()
+            .map(|(path, m)| crate::share::Member {
+                name: m.task.name.as_str(),
+                manifest: path.as_path(),
+                group: m.task.concurrency.as_ref(),
+            })
+            .collect();
+        crate::share::resolve(
+            args.pool,
+            args.priority.as_deref(),
+            &args.group_budget,
+            vars.get(crate::share::PERAGO_GROUP_BUDGETS)
+                .map(String::as_str),
+            &members,
+        )?
+    };
     let problems = std::cell::RefCell::new(Vec::<String>::new());
     let add = |problem: String| {
         let mut problems = problems.borrow_mut();
@@ -728,7 +746,14 @@ pub(crate) fn start(
         // What `reload` (and SIGHUP) re-reads: each manifest from the path `start` was given
         // (a symlink swapped to a new version is followed), against the version running.
         let mut reloadable = Vec::new();
-        for ((task, locked), notify) in tasks.into_iter().zip(&locks).zip(notifiers) {
+        for (index, ((mut task, locked), notify)) in
+            tasks.into_iter().zip(&locks).zip(notifiers).enumerate()
+        {
+            // Capacity shared across types: its broker polls only within its permits.
+            if share_plan.as_ref().is_some_and(|p| p.shares(index)) {
+                task.env
+                    .push((env::PERAGO_SHARE.to_owned(), "1".to_owned()));
+            }
             reloadable.push(crate::reload::Running {
                 path: std::path::absolute(&task.manifest.path)
                     .unwrap_or_else(|_| task.manifest_path.clone()),
@@ -772,7 +797,14 @@ pub(crate) fn start(
             &locks.iter().map(|l| l.socket.clone()).collect::<Vec<_>>(),
         )
         .await;
+        let sharing = share_plan.map(|plan| {
+            let sockets = locks.iter().map(|l| l.socket.clone()).collect();
+            tokio::spawn(crate::runtime::share_task::coordinate(plan, sockets))
+        });
         let results = supervise::supervise_all(runs, std::future::pending()).await;
+        if let Some(sharing) = sharing {
+            sharing.abort();
+        }
         drop(control);
         drop(registration);
         if let Some(metrics) = metrics {
@@ -833,6 +865,9 @@ mod tests {
             max_tasks_per_executor: None,
             max_executor_memory: None,
             domain: Vec::new(),
+            pool: None,
+            priority: None,
+            group_budget: Vec::new(),
         }
     }
 

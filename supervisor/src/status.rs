@@ -310,6 +310,10 @@ pub(crate) fn to_json(status: &StatusResponse) -> Value {
         })).collect::<Vec<_>>()).unwrap_or_default(),
         "soft_time_limit_ms": status.soft_time_limit_ms,
         "reconfigured_at_unix_ms": status.reconfigured_at_unix_ms,
+        "share": status.share.as_ref().map(|s| json!({
+            "limit": s.limit, "epoch": s.epoch, "held": s.held, "fillable": s.fillable,
+            "empty": s.empty, "started": s.started,
+        })),
     })
 }
 
@@ -385,6 +389,21 @@ pub(crate) fn to_table(status: &StatusResponse) -> String {
     }
     if let Some(line) = live_settings_line(status, now) {
         let _ = writeln!(out, "{line}");
+    }
+    // Capacity shared across task types (`start --pool`, concurrency groups).
+    if let Some(share) = &status.share {
+        let _ = writeln!(
+            out,
+            "shared capacity: {} of {} permits held, {} more could start{}",
+            share.held,
+            share.limit,
+            share.fillable,
+            if share.empty {
+                " (its last poll came back empty)"
+            } else {
+                ""
+            }
+        );
     }
     let worker_ids: Vec<String> = status
         .slots
@@ -995,6 +1014,33 @@ mod tests {
             to_table(&status)
         );
         assert_eq!(to_json(&status)["domain"], "blue");
+    }
+
+    /// Issue #27, item 1: a sharing runtime's permits are in the table and the JSON.
+    #[test]
+    fn a_sharing_runtime_shows_its_permits() {
+        let mut status = StatusResponse {
+            task_name: "t".into(),
+            ..StatusResponse::default()
+        };
+        assert!(!to_table(&status).contains("shared capacity"));
+        assert!(to_json(&status)["share"].is_null());
+        status.share = Some(perago_proto::admin::v1::ShareStatus {
+            limit: 2,
+            epoch: 7,
+            held: 1,
+            fillable: 3,
+            empty: false,
+            started: 9,
+        });
+        assert!(
+            to_table(&status)
+                .contains("shared capacity: 1 of 2 permits held, 3 more could start\n"),
+            "{}",
+            to_table(&status)
+        );
+        assert_eq!(to_json(&status)["share"]["limit"], 2);
+        assert_eq!(to_json(&status)["share"]["started"], 9);
     }
 
     /// The table's header says whether polling is paused and for how long; the JSON has both

@@ -34,6 +34,7 @@ impl Machine {
     pub(super) fn polled(&mut self, tasks: Vec<Polled>, reserved: u32) {
         self.reserved = self.reserved.saturating_sub(reserved);
         self.poll_sparse = tasks.len() < reserved as usize;
+        self.share_polled(tasks.len());
         // A poll that returns empty after a pause began is no evidence of an empty queue.
         if tasks.is_empty() && self.capacity.once && self.all_idle() && self.paused_since.is_none()
         {
@@ -68,7 +69,12 @@ impl Machine {
         // A generation that leaves to be recycled gets no next task, nor does any while
         // paused: v1.
         let recycle = completion.recycle.clone();
-        let v2 = !self.draining && self.paused_since.is_none() && recycle.is_empty() && self.v2;
+        // Sharing capacity: the slot keeps its permit for the next task only within the limit.
+        let v2 = !self.draining
+            && self.paused_since.is_none()
+            && recycle.is_empty()
+            && self.v2
+            && self.share_keeps_slot();
         let Some(slot) = self.slot_mut(number) else {
             return;
         };
@@ -511,7 +517,11 @@ impl Machine {
         }
         let free = self.slots.iter().filter(|s| s.free()).count() as u32;
         let held = u32::try_from(self.held.len()).unwrap_or(u32::MAX);
-        let available = free.saturating_sub(self.reserved).saturating_sub(held);
+        // Sharing capacity: never more than the permits leave (none: wait for a grant).
+        let available = free
+            .saturating_sub(self.reserved)
+            .saturating_sub(held)
+            .min(self.share_room());
         if available > 0 && !self.admission_open {
             // Counted once per poll request that memory alone keeps waiting.
             if !self.poll_withheld {

@@ -77,6 +77,9 @@ pub(crate) enum Input {
     /// `Admin.Reconfigure`: the live settings set (`None`: unchanged) apply to every
     /// assignment dispatched from now on. Answer: [`Reply::Reconfigure`].
     Reconfigure { soft_time_limit_ms: Option<u64> },
+    /// `Admin.ShareGrant`: the permits this sharing broker may hold from now on (ignored when
+    /// `epoch` is older than the grant in force). Answer: [`Reply::ShareGrant`].
+    ShareGrant { limit: u32, epoch: u64 },
     /// Available memory was measured (only with `PERAGO_MIN_FREE_MEMORY`): admission opens
     /// or closes.
     Memory { available: u64 },
@@ -134,6 +137,8 @@ pub(crate) enum Reply {
     Scale(Result<(u32, u32), Status>),
     /// Whether nothing changed and the soft time limit before, or why it was refused.
     Reconfigure(Result<(bool, Option<u64>), Status>),
+    /// The permits in force after a grant, or why it was refused (not sharing).
+    ShareGrant(Result<admin::ShareStatus, Status>),
 }
 
 /// A result update to deliver.

@@ -192,6 +192,9 @@ pub(crate) struct Machine {
     pub(super) soft_time_limit_ms: Option<u64>,
     /// When the last `Admin.Reconfigure` that changed something came.
     pub(super) reconfigured_at: Option<SystemTime>,
+    /// Capacity shared across task types (`PERAGO_SHARE`): the permits granted (`None`: not
+    /// sharing, no limit).
+    pub(super) share: Option<super::share::Permits>,
 }
 
 /// Compares secrets without an early exit on the first differing byte.
@@ -281,6 +284,7 @@ impl Machine {
             poll_sparse: false,
             soft_time_limit_ms: None,
             reconfigured_at: None,
+            share: None,
         }
     }
 
@@ -363,6 +367,13 @@ impl Machine {
         self.gauges
             .busy_slots
             .store(busy, std::sync::atomic::Ordering::Relaxed);
+        if let Some(p) = self.share {
+            let relaxed = std::sync::atomic::Ordering::Relaxed;
+            self.gauges.share_limit.store(u64::from(p.limit), relaxed);
+            self.gauges
+                .share_held
+                .store(u64::from(self.share_holding()), relaxed);
+        }
         Output {
             reply,
             effects: std::mem::take(&mut self.effects),
@@ -423,6 +434,9 @@ impl Machine {
             Input::Scale { min, max } => return Reply::Scale(self.scale(min, max)),
             Input::Reconfigure { soft_time_limit_ms } => {
                 return Reply::Reconfigure(self.reconfigure(soft_time_limit_ms));
+            }
+            Input::ShareGrant { limit, epoch } => {
+                return Reply::ShareGrant(self.share_grant(limit, epoch));
             }
             Input::Memory { available } => self.memory_measured(available),
             Input::QueueDepth { depth, now } => self.queue_depth_read(depth, now),

@@ -18,7 +18,8 @@ impl Machine {
     /// Asks for the next queue-depth read (the first at once, then every
     /// [`QUEUE_DEPTH_INTERVAL`]) while run once or the adaptive range needs it.
     pub(super) fn request_queue_depth(&mut self) {
-        let needed = self.capacity.once || self.capacity.adaptive();
+        // Sharing capacity: an emptied type learns of new tasks without holding a permit.
+        let needed = self.capacity.once || self.capacity.adaptive() || self.share.is_some();
         if !needed || self.draining || self.depth_read_pending {
             return;
         }
@@ -40,6 +41,7 @@ impl Machine {
     pub(super) fn queue_depth_read(&mut self, depth: Option<u64>, now: Instant) {
         self.depth_read_pending = false;
         self.depth_unreadable = depth.is_none();
+        self.share_depth_read(depth);
         if let Some(depth) = depth {
             self.queue_depth = Some(depth);
             self.gauges

@@ -17,6 +17,8 @@ pub(crate) struct WatchView {
     range: (u32, u32),
     /// Per slot: state, generation, pid, recycling.
     slots: Vec<(admin::SlotState, u64, u32, bool)>,
+    /// Sharing capacity: limit, epoch, holding, fillable, empty, tasks started.
+    share: Option<(u32, u64, u32, u32, bool, u64)>,
 }
 
 impl Slot {
@@ -78,6 +80,13 @@ impl Machine {
         if view.slots.len() != self.slots.len() {
             view.slots.clear();
             view.slots.resize(self.slots.len(), Default::default());
+            changed = true;
+        }
+        let share = self
+            .share_status()
+            .map(|s| (s.limit, s.epoch, s.held, s.fillable, s.empty, s.started));
+        if view.share != share {
+            view.share = share;
             changed = true;
         }
         for (seen, s) in view.slots.iter_mut().zip(&self.slots) {
@@ -145,6 +154,7 @@ impl Machine {
             settings: None,
             soft_time_limit_ms: self.soft_time_limit_ms,
             reconfigured_at_unix_ms: self.reconfigured_at.map_or(0, unix_ms),
+            share: self.share_status(),
         }
     }
 

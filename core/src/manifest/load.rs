@@ -255,6 +255,33 @@ fn read_task(p: &mut Problems, dir: &Path, mut s: Section<'_>) -> Option<TaskSpe
     );
     let params_schema = s.string(p, "params_schema").map(|f| dir.join(f));
     let result_schema = s.string(p, "result_schema").map(|f| dir.join(f));
+    let group = s.string(p, "concurrency_group");
+    let limit = s.integer(p, "concurrency_limit", 1, 9999);
+    let cost_units = s.integer(p, "cost_units", 1, 1_000_000);
+    if let Some(name) = &group {
+        let ok = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if !ok {
+            p.add(
+                "task.concurrency_group",
+                format!("{name:?}: only letters, digits, '_', '-' and '.'"),
+            );
+        }
+    } else {
+        for (key, set) in [
+            ("task.concurrency_limit", limit.is_some()),
+            ("task.cost_units", cost_units.is_some()),
+        ] {
+            if set {
+                p.add(
+                    key,
+                    "counts against a concurrency group: set task.concurrency_group too",
+                );
+            }
+        }
+    }
     s.finish(p);
     if p.0.len() > before {
         return None;
@@ -273,6 +300,11 @@ fn read_task(p: &mut Problems, dir: &Path, mut s: Section<'_>) -> Option<TaskSpe
         timeout_policy: timeout_policy.unwrap_or(TimeoutPolicy::TimeOutWorkflow),
         params_schema,
         result_schema,
+        concurrency: group.map(|name| ConcurrencyGroup {
+            name,
+            limit: limit.map(|n| n as u32),
+            cost_units: cost_units.map_or(1, |n| n as u32),
+        }),
     })
 }
 

@@ -167,6 +167,22 @@ pub struct TaskSpec {
     pub params_schema: Option<PathBuf>,
     /// Result JSON Schema file, resolved against the manifest folder.
     pub result_schema: Option<PathBuf>,
+    /// `concurrency_group`, `concurrency_limit`, `cost_units`: the group whose limits this
+    /// type's in-flight tasks count against, across every type of one supervisor.
+    pub concurrency: Option<ConcurrencyGroup>,
+}
+
+/// A task type's membership of a concurrency group (`[task] concurrency_group = "…"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConcurrencyGroup {
+    /// The group's name (letters, digits, `_`, `-`, `.`).
+    pub name: String,
+    /// `concurrency_limit`: the most tasks of the group in flight at once, across every type
+    /// of the supervisor; every member that sets it must set the same.
+    pub limit: Option<u32>,
+    /// `cost_units` (default 1): what one task of this type costs against the group's budget
+    /// (`--group-budget NAME=UNITS`).
+    pub cost_units: u32,
 }
 
 /// How the executor talks to a command body.

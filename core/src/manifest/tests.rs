@@ -62,6 +62,7 @@ fn minimal_manifest_gets_conductor_defaults() {
             timeout_policy: TimeoutPolicy::TimeOutWorkflow,
             params_schema: None,
             result_schema: None,
+            concurrency: None,
         }
     );
     assert_eq!(
@@ -284,7 +285,7 @@ fn task_key_types_and_ranges() {
         ),
         (
             "retries = 3",
-            "task.retries: unknown key (keys of [task]: description, kind, name, owner_email, params_schema, response_timeout_seconds, result_schema, retry_count, retry_delay_seconds, retry_logic, timeout_policy, timeout_seconds)",
+            "task.retries: unknown key (keys of [task]: concurrency_group, concurrency_limit, cost_units, description, kind, name, owner_email, params_schema, response_timeout_seconds, result_schema, retry_count, retry_delay_seconds, retry_logic, timeout_policy, timeout_seconds)",
         ),
     ];
     for (line, expected) in cases {
@@ -728,4 +729,58 @@ fn dev_table() {
         one_problem(&format!("{ws}[dev]\ninputs = []\n")),
         "dev.inputs: unknown key (keys of [dev]: branch, repository, seed)"
     );
+}
+
+/// Issue #27 item 2: a concurrency group, its limit and a task's cost.
+#[test]
+fn a_concurrency_group_is_read_and_checked() {
+    let m = parse(&with(
+        "task",
+        "concurrency_group = \"providers\"\nconcurrency_limit = 3\ncost_units = 5",
+    ))
+    .unwrap();
+    assert_eq!(
+        m.task.concurrency,
+        Some(ConcurrencyGroup {
+            name: "providers".into(),
+            limit: Some(3),
+            cost_units: 5,
+        })
+    );
+    let m = parse(&with("task", "concurrency_group = \"providers\"")).unwrap();
+    assert_eq!(
+        m.task.concurrency.unwrap().cost_units,
+        1,
+        "the default cost"
+    );
+    for (line, key, problem) in [
+        (
+            "concurrency_limit = 3",
+            "task.concurrency_limit",
+            "set task.concurrency_group too",
+        ),
+        (
+            "cost_units = 2",
+            "task.cost_units",
+            "set task.concurrency_group too",
+        ),
+        (
+            "concurrency_group = \"a b\"",
+            "task.concurrency_group",
+            "only letters",
+        ),
+        (
+            "concurrency_group = \"g\"\nconcurrency_limit = 0",
+            "task.concurrency_limit",
+            "at least 1",
+        ),
+        (
+            "concurrency_group = \"g\"\ncost_units = 0",
+            "task.cost_units",
+            "at least 1",
+        ),
+    ] {
+        let err = parse(&with("task", line)).unwrap_err().to_string();
+        assert!(err.contains(key) && err.contains(problem), "{line}: {err}");
+    }
 }

@@ -10,4 +10,5 @@ pub(crate) mod metrics;
 pub(crate) mod notify;
 pub(crate) mod registry;
 pub(crate) mod root;
+pub(crate) mod share_task;
 pub(crate) mod supervise;

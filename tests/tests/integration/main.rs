@@ -37,6 +37,7 @@ mod reload;
 mod runtime;
 mod sdk_settings;
 mod secrets_channel;
+mod share;
 mod soft_limit;
 mod stall;
 mod status_inputs;

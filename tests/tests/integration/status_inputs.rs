@@ -154,6 +154,13 @@ impl perago_proto::admin::v1::admin_server::Admin for HostileBroker {
         Err(tonic::Status::unimplemented("not here"))
     }
 
+    async fn share_grant(
+        &self,
+        _: tonic::Request<perago_proto::admin::v1::ShareGrantRequest>,
+    ) -> Result<tonic::Response<perago_proto::admin::v1::ShareStatus>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not here"))
+    }
+
     async fn metrics(
         &self,
         _: tonic::Request<perago_proto::admin::v1::MetricsRequest>,

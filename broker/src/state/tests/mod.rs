@@ -519,6 +519,7 @@ mod props;
 mod reconfigure;
 mod scale;
 mod scaling;
+mod share;
 mod slots;
 
 /// Issue #26, item 1: Admin.Status says which domain the runtime polls in (empty: none).
