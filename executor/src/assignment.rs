@@ -208,6 +208,10 @@ impl AssignmentRunner {
                     env: env.clone(),
                     label: label.to_owned(),
                     user,
+                    // The body's limit; guardrails run outside it.
+                    memory_limit: (key == "body.command")
+                        .then_some(manifest.body.memory_limit)
+                        .flatten(),
                 },
             })
         };
@@ -978,6 +982,12 @@ fn body_result(run: &Finished, budget: &Budget) -> Result<RawJson, Failure> {
             &run.stderr_tail,
         )))
     };
+    // The kernel killed (part of) the tree at its memory limit: that is why it failed.
+    if run.ended != Ended::Exited(0)
+        && let Some(memory) = run.memory.filter(|m| m.oom_kills > 0)
+    {
+        return fail(command::oom_reason(&memory));
+    }
     match run.ended {
         Ended::Exited(0) => {}
         Ended::TimedOut => {

@@ -99,6 +99,18 @@ struct Running {
     answered: Option<String>,
     /// The process wrote a line nobody asked for: replace it after this assignment.
     suspect: bool,
+    /// The process's memory cgroup (`body.memory_limit`), for its whole life.
+    cgroup: Option<perago_sys::cgroup::BodyCgroup>,
+    /// Its OOM kills when the current call began: one more is the call's doing.
+    oom_kills: u64,
+}
+
+impl Running {
+    /// Why the process broke, if its cgroup saw an OOM kill during this call.
+    fn oom(&self) -> Option<String> {
+        let memory = self.cgroup.as_ref()?.outcome();
+        (memory.oom_kills > self.oom_kills).then(|| crate::command::oom_reason(&memory))
+    }
 }
 
 impl Running {
@@ -162,7 +174,12 @@ impl JsonlBody {
     fn start(&self, env: &[(String, String)]) -> std::io::Result<Running> {
         // Started as a command body is (see `body_spawn`); dropped before it was waited for,
         // it is killed.
-        let (mut child, managed) = crate::command::body_spawn(&self.spec, env).spawn()?;
+        let cgroup = self
+            .spec
+            .memory_limit
+            .map(crate::command::body_cgroup)
+            .transpose()?;
+        let (mut child, managed) = crate::command::spawn_body(&self.spec, env, cgroup.as_ref())?;
         let pgid = managed.pid();
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
@@ -228,6 +245,8 @@ impl JsonlBody {
             stdin_closed,
             answered: None,
             suspect: false,
+            cgroup,
+            oom_kills: 0,
         })
     }
 
@@ -237,8 +256,12 @@ impl JsonlBody {
         if let Some(mut r) = running.take() {
             let _ = signal_group(r.managed.pid(), SIGKILL);
             let _ = r.child.wait().await;
+            let cgroup = r.cgroup.take();
             drop(r);
             kill_adopted();
+            if let Some(cgroup) = cgroup {
+                crate::command::remove_body_cgroup(cgroup);
+            }
         }
     }
 
@@ -318,6 +341,9 @@ impl JsonlBody {
                 })?);
             }
             let running = guard.as_mut().expect("started above");
+            if let Some(cgroup) = &running.cgroup {
+                running.oom_kills = cgroup.outcome().oom_kills;
+            }
             let exchange = exchange(running, execution_id, request, soft);
             let outcome = match (deadline, limit) {
                 (Some(deadline), Some(limit)) => {
@@ -389,6 +415,9 @@ impl JsonlBody {
                 {
                     reason =
                         format!("body process exited ({status}) {doing} execution {execution_id}");
+                }
+                if let Some(oom) = guard.as_ref().and_then(Running::oom) {
+                    reason = format!("{oom}: {reason}");
                 }
                 Self::discard(&mut guard).await;
                 if too_long {
