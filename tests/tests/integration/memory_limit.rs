@@ -1,0 +1,105 @@
+//! `body.memory_limit` end to end (issue #27 item 4): each body runs in a memory cgroup of its
+//! own, so a body that allocates past its limit is OOM-killed by the kernel and its task FAILED
+//! with that reason, while the runtime (supervisor, broker, executor) goes on: the next task
+//! on the same runtime completes, and the body's cgroup is gone afterwards.
+//!
+//! Needs a writable memory cgroup (this project's machines and CI: root with cgroup v1); where
+//! none can be made the test fails saying so: `start` refuses the manifest.
+
+use crate::harness::{Conductor, SupervisorProc, TaskFixture, status_json};
+use serde_json::json;
+use std::{path::PathBuf, time::Duration};
+
+/// `{"big": true}`: dd fills one 256 MiB buffer (every page touched), far past the 64 MiB
+/// limit; otherwise a small result. The body's cgroup line goes to stderr, so the reason's
+/// tail (and the log) name it.
+const BODY: &str = "input=$(cat)\n\
+                    grep -E '(^[0-9]+:memory:|^0::)' /proc/self/cgroup >&2\n\
+                    case \"$input\" in *big*) dd if=/dev/zero of=/dev/null bs=256M count=1 2>/dev/null || exit 3;; esac\n\
+                    echo '{\"small\": true}'\n";
+
+/// The `perago-body-…` cgroup a body's stderr named.
+fn cgroup_named(text: &str) -> Option<String> {
+    text.split(['/', '\n', ' ', '"'])
+        .find(|part| part.starts_with("perago-body-"))
+        .map(str::to_owned)
+}
+
+/// Where the body cgroups of a runtime run by this test process go: this process's memory
+/// cgroup (the supervisor's too: it is our child).
+fn body_parent() -> PathBuf {
+    perago_sys::cgroup::locate()
+        .unwrap_or_else(|e| panic!("this test needs a writable memory cgroup: {e}"))
+        .body_parent()
+}
+
+async fn oom_then_complete(mode: &str) {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("e2e.memlimit", BODY, "retry_count = 0")
+        .with_manifest_tail("memory_limit = \"64MiB\"\n");
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(&task, &conductor, 1, &[("PERAGO_EXECUTION_MODE", mode)]);
+
+    let big = conductor.start_workflow(&task, json!({"big": true})).await;
+    let wf = conductor.wait_terminal(&big, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "FAILED", "{mode}: {wf:#}\n{}", sup.log_text());
+    let reason = wf["tasks"][0]["reasonForIncompletion"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        reason.starts_with("OOM-killed at ") && reason.contains(" MiB (limit 64 MiB)"),
+        "{mode}: {reason}\n{}",
+        sup.log_text()
+    );
+    let status = status_json(&sup.workspace_root());
+    let broker_pid = status["broker_pid"].clone();
+    assert!(broker_pid.is_number(), "{mode}: {status:#}");
+
+    let small = conductor.start_workflow(&task, json!({})).await;
+    let wf = conductor.wait_terminal(&small, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{mode}: {wf:#}\n{}", sup.log_text());
+    assert_eq!(wf["output"]["result"], json!({"small": true}), "{mode}");
+
+    // The runtime was not touched: the same broker, its supervisor alive, no executor killed.
+    let after = status_json(&sup.workspace_root());
+    assert_eq!(after["broker_pid"], broker_pid, "{mode}: {after:#}");
+    assert!(
+        std::path::Path::new(&format!("/proc/{}", sup.pid())).exists(),
+        "{mode}: the supervisor is gone"
+    );
+    assert_eq!(
+        after["slots"][0]["generation"], 1,
+        "{mode}: the executor was not replaced: {after:#}"
+    );
+    // The runtime itself is outside every body cgroup.
+    let own = std::fs::read_to_string(format!("/proc/{}/cgroup", sup.pid())).unwrap();
+    assert!(cgroup_named(&own).is_none(), "{mode}: {own}");
+
+    // Each body had a cgroup of its own, removed once it ended.
+    let failed = cgroup_named(reason).unwrap_or_else(|| panic!("{mode}: {reason}"));
+    let log = sup.log_text();
+    let completed = log
+        .lines()
+        .filter(|l| l.contains("perago-body-"))
+        .filter_map(cgroup_named)
+        .find(|name| *name != failed)
+        .unwrap_or_else(|| panic!("{mode}: the second body's cgroup is not logged\n{log}"));
+    let parent = body_parent();
+    for name in [&failed, &completed] {
+        assert!(
+            !parent.join(name).exists(),
+            "{mode}: {} is still there",
+            parent.join(name).display()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_past_its_memory_limit_fails_oom_killed_and_the_next_task_completes() {
+    oom_then_complete("process").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_past_its_memory_limit_fails_oom_killed_in_thread_mode_too() {
+    oom_then_complete("thread").await;
+}
