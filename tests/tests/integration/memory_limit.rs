@@ -56,8 +56,15 @@ async fn oom_then_complete(mode: &str) {
     assert!(broker_pid.is_number(), "{mode}: {status:#}");
 
     let small = conductor.start_workflow(&task, json!({})).await;
-    let wf = conductor.wait_terminal(&small, Duration::from_secs(30)).await;
-    assert_eq!(wf["status"], "COMPLETED", "{mode}: {wf:#}\n{}", sup.log_text());
+    let wf = conductor
+        .wait_terminal(&small, Duration::from_secs(30))
+        .await;
+    assert_eq!(
+        wf["status"],
+        "COMPLETED",
+        "{mode}: {wf:#}\n{}",
+        sup.log_text()
+    );
     assert_eq!(wf["output"]["result"], json!({"small": true}), "{mode}");
 
     // The runtime was not touched: the same broker, its supervisor alive, no executor killed.
@@ -102,4 +109,51 @@ async fn a_body_past_its_memory_limit_fails_oom_killed_and_the_next_task_complet
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_past_its_memory_limit_fails_oom_killed_in_thread_mode_too() {
     oom_then_complete("thread").await;
+}
+
+fn check_as(task: &TaskFixture, user: Option<u32>) -> perago_tests::Run {
+    let mut cmd = match user {
+        Some(uid) => {
+            let mut cmd = perago_tests::command("setpriv");
+            cmd.args([
+                format!("--reuid={uid}"),
+                format!("--regid={uid}"),
+                "--clear-groups".to_owned(),
+                crate::harness::SUPERVISOR.to_owned(),
+            ]);
+            cmd
+        }
+        None => perago_tests::command(crate::harness::SUPERVISOR),
+    };
+    cmd.args(["check", task.manifest().to_str().unwrap()]);
+    perago_tests::Run::of(&mut cmd)
+}
+
+#[test]
+fn check_shows_the_limit_and_refuses_it_where_no_cgroup_can_be_made() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let task =
+        TaskFixture::new("e2e.memcheck", BODY, "").with_manifest_tail("memory_limit = \"2GiB\"\n");
+    let ok = check_as(&task, None);
+    ok.expect_code(0);
+    assert!(
+        ok.stdout.contains(&format!(
+            "  memory limit: 2GiB per body (a memory cgroup of its own below {}, cgroup v",
+            body_parent().display()
+        )),
+        "{ok}"
+    );
+    // An unprivileged user cannot make cgroups in root's (no delegation): a clear refusal
+    // that names what would make it work, not a silent run without a limit.
+    std::fs::set_permissions(task.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let refused = check_as(&task, Some(65534));
+    refused.expect_code(1);
+    assert!(
+        refused
+            .stderr
+            .contains(": body.memory_limit needs a writable memory cgroup, and ")
+            && refused.stderr.contains("run perago as root")
+            && refused.stderr.contains("Delegate=yes"),
+        "{refused}"
+    );
 }
