@@ -193,6 +193,7 @@ pub(crate) fn slot_round_trips(rounds: usize) -> Result<Vec<f64>, String> {
                             worker_id: "benchecho0001".into(),
                         }),
                         recycle: String::new(),
+                        body_peak_memory_bytes: 0,
                     })),
                 };
                 // One round trip: the completion goes out, the next assignment comes in.

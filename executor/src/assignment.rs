@@ -99,6 +99,9 @@ pub struct AssignmentRunner {
     body_threads: Arc<std::sync::Mutex<Vec<u32>>>,
     /// `body.user`, resolved: the workspace is handed to this uid and gid before the body.
     body_user: Option<(u32, u32)>,
+    /// The peak memory of the last body run, as its memory cgroup counted it
+    /// (`body.memory_limit`; 0: not measured): see [`AssignmentRunner::take_body_peak`].
+    body_peak: Arc<std::sync::atomic::AtomicU64>,
     workspace: Option<WorkspaceRuntime>,
 }
 
@@ -252,6 +255,7 @@ impl AssignmentRunner {
             body_threads: Arc::default(),
             workspace: None,
             body_user: user,
+            body_peak: Arc::default(),
         })
     }
 
@@ -508,6 +512,10 @@ impl AssignmentRunner {
                     .map_err(|e| {
                         Failure::Retriable(Reason::new(format!("body could not start: {e}")))
                     })?;
+                if let Some(peak) = run.memory.and_then(|m| m.peak) {
+                    self.body_peak
+                        .store(peak, std::sync::atomic::Ordering::Relaxed);
+                }
                 body_result(&run, budget)?
             }
             Body::Jsonl(body) => {
@@ -525,7 +533,7 @@ impl AssignmentRunner {
                 };
                 let process_env = self.jsonl_process_env();
                 let soft = soft_limit(budget, &attempt.task_id, execution_id, &self.worker_id);
-                match body
+                let answer = body
                     .call(
                         execution_id,
                         &request,
@@ -533,8 +541,10 @@ impl AssignmentRunner {
                         budget.left(),
                         soft.as_ref(),
                     )
-                    .await
-                {
+                    .await;
+                self.body_peak
+                    .store(body.last_peak(), std::sync::atomic::Ordering::Relaxed);
+                match answer {
                     Ok(result) => {
                         // The size of the text that goes on to Conductor.
                         if result.len() > MAX_OUTPUT_BYTES {
@@ -709,6 +719,13 @@ impl AssignmentRunner {
             Body::Jsonl(body) => body.start_now(&self.jsonl_process_env()).await.map(Some),
             _ => Ok(None),
         }
+    }
+
+    /// The peak memory of the body of the assignment run last, as its memory cgroup counted it
+    /// (`body.memory_limit`; a `jsonl` body: its process's whole life so far), and 0 from then
+    /// on; 0 when not measured. For the completion (`Completion.body_peak_memory_bytes`).
+    pub fn take_body_peak(&self) -> u64 {
+        self.body_peak.swap(0, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The pid of the persistent (`jsonl`) body process, while one runs between assignments.

@@ -141,6 +141,9 @@ impl Running {
 /// The persistent body of one executor.
 pub(crate) struct JsonlBody {
     spec: CommandSpec,
+    /// The process's peak memory as its cgroup counted it at the end of the last call (0: not
+    /// measured).
+    last_peak: std::sync::atomic::AtomicU64,
     running: Mutex<Option<Running>>,
     stderr_tail: Arc<std::sync::Mutex<VecDeque<u8>>>,
     stderr_log: Arc<std::sync::Mutex<crate::command::StderrLog>>,
@@ -157,6 +160,7 @@ impl std::fmt::Debug for JsonlBody {
 impl JsonlBody {
     pub(crate) fn new(spec: CommandSpec) -> Self {
         Self {
+            last_peak: std::sync::atomic::AtomicU64::new(0),
             running: Mutex::new(None),
             stderr_tail: Arc::new(std::sync::Mutex::new(VecDeque::new())),
             stderr_log: Arc::new(std::sync::Mutex::new(crate::command::StderrLog::new(
@@ -295,6 +299,12 @@ impl JsonlBody {
         Ok(guard.as_ref().expect("started above").managed.pid())
     }
 
+    /// The process's peak memory at the end of the last call, as its memory cgroup counted it
+    /// over the process's life (`body.memory_limit`; 0: not measured).
+    pub(crate) fn last_peak(&self) -> u64 {
+        self.last_peak.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The running process's pid (`None` when none runs, or while a call holds it).
     pub(crate) fn pid(&self) -> Option<u32> {
         self.running
@@ -377,6 +387,13 @@ impl JsonlBody {
             r.stderr_pending.as_raw_fd()
         });
         self.finish_stderr(pending).await;
+        let peak = guard
+            .as_ref()
+            .and_then(|r| r.cgroup.as_ref())
+            .and_then(|c| c.outcome().peak)
+            .unwrap_or(0);
+        self.last_peak
+            .store(peak, std::sync::atomic::Ordering::Relaxed);
         match outcome {
             Ok(answer) => {
                 if let Some(running) = guard.as_mut() {

@@ -461,6 +461,7 @@ pub async fn serve(
                     execution_id,
                     result: Some(wire::result_into_wire(result)),
                     recycle: recycling.clone().unwrap_or_default(),
+                    body_peak_memory_bytes: runner.take_body_peak(),
                 };
                 tx.send(message(ToBroker::Completion(completion)))
                     .await

@@ -84,6 +84,10 @@ impl Machine {
             tracing::warn!(slot = number, generation, task_id = %completion.task_id, execution_id = %completion.execution_id, "rejected a completion that is not the slot's current assignment");
             return;
         }
+        if completion.body_peak_memory_bytes > 0 {
+            slot.last_body_peak = completion.body_peak_memory_bytes;
+            slot.max_body_peak = slot.max_body_peak.max(completion.body_peak_memory_bytes);
+        }
         let Work::Busy(run) = std::mem::replace(
             &mut slot.work,
             if v2 { Work::AwaitingNext } else { Work::Idle },

@@ -54,6 +54,11 @@ async fn oom_then_complete(mode: &str) {
     let status = status_json(&sup.workspace_root());
     let broker_pid = status["broker_pid"].clone();
     assert!(broker_pid.is_number(), "{mode}: {status:#}");
+    // The slot shows the body's peak: at its limit.
+    let peak = status["slots"][0]["last_body_peak_memory_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{mode}: no peak shown: {status:#}"));
+    assert!(peak > 48 << 20 && peak <= 64 << 20, "{mode}: {peak}");
 
     let small = conductor.start_workflow(&task, json!({})).await;
     let wf = conductor
@@ -70,6 +75,15 @@ async fn oom_then_complete(mode: &str) {
     // The runtime was not touched: the same broker, its supervisor alive, no executor killed.
     let after = status_json(&sup.workspace_root());
     assert_eq!(after["broker_pid"], broker_pid, "{mode}: {after:#}");
+    let slot = &after["slots"][0];
+    let last = slot["last_body_peak_memory_bytes"]
+        .as_u64()
+        .unwrap_or_default();
+    assert!(
+        last > 0 && last < peak,
+        "{mode}: the small body's own peak: {slot:#}"
+    );
+    assert_eq!(slot["max_body_peak_memory_bytes"], peak, "{mode}: {slot:#}");
     assert!(
         std::path::Path::new(&format!("/proc/{}", sup.pid())).exists(),
         "{mode}: the supervisor is gone"

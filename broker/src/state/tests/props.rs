@@ -437,6 +437,7 @@ impl World {
                         } else {
                             String::new()
                         },
+                        body_peak_memory_bytes: 0,
                     },
                 });
             }
