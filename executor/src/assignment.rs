@@ -244,6 +244,11 @@ impl AssignmentRunner {
             .as_deref()
             .map(|a| program("guardrails.post", a))
             .transpose()?;
+        if manifest.body.memory_limit.is_some() {
+            // Located now, so what a SIGKILLed runtime left is collected at start; a failure
+            // fails each body's start, saying why.
+            let _ = command::body_cgroups();
+        }
         Ok(Self {
             manifest,
             worker_id,

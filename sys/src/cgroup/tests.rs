@@ -186,6 +186,37 @@ fn a_body_cgroup_is_stale_once_its_maker_is_gone() {
     assert!(!is_stale("other", alive));
 }
 
+/// A cgroup left by a process that is gone (a SIGKILLed runtime) is removed, with what still
+/// runs in it; those of live makers stay.
+#[test]
+fn stale_body_cgroups_of_this_host_are_collected_with_their_processes() {
+    let located =
+        probe().unwrap_or_else(|e| panic!("this test needs a writable memory cgroup: {e}"));
+    let parent = located.body_parent();
+    // A maker that is gone: a child that ran and was reaped.
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    gone.wait().unwrap();
+    let stale = parent.join(format!("{BODY_PREFIX}{}-1-0", gone.id()));
+    fs::create_dir(&stale).unwrap();
+    let mut left = std::process::Command::new("sleep")
+        .arg("300")
+        .spawn()
+        .unwrap();
+    fs::write(stale.join("cgroup.procs"), left.id().to_string()).unwrap();
+    let live = BodyCgroup::create(&located, 8 << 20).unwrap();
+    assert!(collect_stale(&located) >= 1);
+    assert!(!stale.exists(), "{} is still there", stale.display());
+    let status = left.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt as _;
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGKILL),
+        "what ran in it was killed"
+    );
+    assert!(live.dir().exists(), "a live maker's cgroup stays");
+    live.remove(Duration::from_secs(1)).unwrap();
+}
+
 /// On a host where this test can make cgroups (this project's machines and CI: root with
 /// cgroup v1), the real thing: a cgroup with its limit, joined and removed.
 #[test]
