@@ -102,6 +102,9 @@ pub struct AssignmentRunner {
     /// The peak memory of the last body run, as its memory cgroup counted it
     /// (`body.memory_limit`; 0: not measured): see [`AssignmentRunner::take_body_peak`].
     body_peak: Arc<std::sync::atomic::AtomicU64>,
+    /// The last body run failed OOM-killed at its memory limit: see
+    /// [`AssignmentRunner::take_body_oom`].
+    body_oom: Arc<std::sync::atomic::AtomicBool>,
     workspace: Option<WorkspaceRuntime>,
 }
 
@@ -261,6 +264,7 @@ impl AssignmentRunner {
             workspace: None,
             body_user: user,
             body_peak: Arc::default(),
+            body_oom: Arc::default(),
         })
     }
 
@@ -521,6 +525,10 @@ impl AssignmentRunner {
                     self.body_peak
                         .store(peak, std::sync::atomic::Ordering::Relaxed);
                 }
+                self.body_oom.store(
+                    command::oom_killed(&run),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
                 body_result(&run, budget)?
             }
             Body::Jsonl(body) => {
@@ -569,6 +577,10 @@ impl AssignmentRunner {
                         reason,
                         stderr_tail,
                     }) => {
+                        self.body_oom.store(
+                            reason.starts_with(command::OOM_PREFIX),
+                            std::sync::atomic::Ordering::Relaxed,
+                        );
                         return Err(Failure::Retriable(Reason::with_tail(&reason, &stderr_tail)));
                     }
                 }
@@ -731,6 +743,14 @@ impl AssignmentRunner {
     /// on; 0 when not measured. For the completion (`Completion.body_peak_memory_bytes`).
     pub fn take_body_peak(&self) -> u64 {
         self.body_peak.swap(0, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether the assignment run last failed because its body was OOM-killed at its memory
+    /// limit (then false from then on). For the completion (`Completion.body_oom_killed`:
+    /// the broker counts it toward poison detection).
+    pub fn take_body_oom(&self) -> bool {
+        self.body_oom
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The pid of the persistent (`jsonl`) body process, while one runs between assignments.
@@ -1005,10 +1025,10 @@ fn body_result(run: &Finished, budget: &Budget) -> Result<RawJson, Failure> {
         )))
     };
     // The kernel killed (part of) the tree at its memory limit: that is why it failed.
-    if run.ended != Ended::Exited(0)
-        && let Some(memory) = run.memory.filter(|m| m.oom_kills > 0)
+    if command::oom_killed(run)
+        && let Some(memory) = &run.memory
     {
-        return fail(command::oom_reason(&memory));
+        return fail(command::oom_reason(memory));
     }
     match run.ended {
         Ended::Exited(0) => {}

@@ -187,6 +187,15 @@ pub(crate) fn remove_body_cgroup(cgroup: perago_sys::cgroup::BodyCgroup) {
     }
 }
 
+/// How every OOM reason starts.
+pub const OOM_PREFIX: &str = "OOM-killed ";
+
+/// Whether `run` failed with an OOM kill in its memory cgroup (one that exited 0 anyway
+/// recovered from it: its result stands).
+pub fn oom_killed(run: &Finished) -> bool {
+    run.ended != Ended::Exited(0) && run.memory.is_some_and(|m| m.oom_kills > 0)
+}
+
 /// `OOM-killed at 2.0 GiB (limit 2 GiB)`: why a body whose cgroup saw an OOM kill failed.
 pub fn oom_reason(memory: &MemoryOutcome) -> String {
     let limit = spaced(&perago_core::memory::format_bytes(memory.limit));

@@ -68,7 +68,10 @@ impl Machine {
         // A generation that leaves to be recycled gets no next task, nor does any while
         // paused: v1.
         let recycle = completion.recycle.clone();
-        let v2 = !self.draining && self.paused_since.is_none() && recycle.is_empty() && self.v2;
+        // An OOM-killed body is judged as a crash (poison detection), reported through v1.
+        let oom = completion.body_oom_killed;
+        let v2 =
+            !self.draining && self.paused_since.is_none() && recycle.is_empty() && !oom && self.v2;
         let Some(slot) = self.slot_mut(number) else {
             return;
         };
@@ -126,7 +129,21 @@ impl Machine {
         if let perago_core::result::Outcome::Completed(output) = result.outcome() {
             self.gauges.sdk.result_size.observe(output.len() as f64);
         }
-        self.report(v2.then_some(number), *run, result, v2);
+        match result.outcome() {
+            // The kernel killed the body at its memory limit: as much the task's doing as a
+            // fault that kills its executor, so it counts toward poison detection.
+            perago_core::result::Outcome::Failed(reason) if oom => {
+                let reason = reason.to_string();
+                let worker_id = result.worker_id().to_owned();
+                self.judge_crash(
+                    *run,
+                    worker_id,
+                    reason,
+                    crate::poison::Verdict::SelfInflicted,
+                );
+            }
+            _ => self.report(v2.then_some(number), *run, result, v2),
+        }
         if !recycle.is_empty() {
             self.recycle(number, &recycle);
         }

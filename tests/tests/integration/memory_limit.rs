@@ -47,7 +47,12 @@ async fn oom_then_complete(mode: &str) {
         .as_str()
         .unwrap_or_default();
     assert!(
-        reason.starts_with("OOM-killed at ") && reason.contains(" MiB (limit 64 MiB)"),
+        reason.starts_with("OOM-killed at ")
+            && reason.contains(" MiB (limit 64 MiB)")
+            // Counted toward poison detection, as a crash is.
+            && reason.ends_with(
+                "; crash 1 of 3 counted against this workflow task (PERAGO_POISON_AFTER=3)"
+            ),
         "{mode}: {reason}\n{}",
         sup.log_text()
     );

@@ -185,6 +185,7 @@ impl Harness {
                 }),
                 recycle: recycle.into(),
                 body_peak_memory_bytes,
+                body_oom_killed: false,
             },
         })
     }

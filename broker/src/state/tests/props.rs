@@ -438,6 +438,7 @@ impl World {
                             String::new()
                         },
                         body_peak_memory_bytes: 0,
+                        body_oom_killed: false,
                     },
                 });
             }
