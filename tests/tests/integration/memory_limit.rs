@@ -176,3 +176,44 @@ fn check_shows_the_limit_and_refuses_it_where_no_cgroup_can_be_made() {
         "{refused}"
     );
 }
+
+/// A `jsonl` body: one process for many tasks, in one cgroup for its life; `big` makes it fill
+/// 256 MiB (dd, OOM-killed), and the shell then exits.
+const JSONL_BODY: &str = r#"while IFS= read -r line; do
+  id=$(printf '%s' "$line" | sed 's/.*"execution_id": *"\([^"]*\)".*/\1/')
+  case "$line" in *big*) dd if=/dev/zero of=/dev/null bs=256M count=1 2>/dev/null || exit 3;; esac
+  printf '{"execution_id": "%s", "result": {"small": true}}\n' "$id"
+done
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jsonl_body_past_its_memory_limit_fails_that_task_and_a_fresh_process_takes_the_next() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("e2e.memjsonl", JSONL_BODY, "retry_count = 0")
+        .with_manifest_tail("protocol = \"jsonl\"\nmemory_limit = \"64MiB\"\n");
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(&task, &conductor, 1, &[]);
+    let first = conductor.start_workflow(&task, json!({})).await;
+    let wf = conductor
+        .wait_terminal(&first, Duration::from_secs(30))
+        .await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    let big = conductor.start_workflow(&task, json!({"big": true})).await;
+    let wf = conductor.wait_terminal(&big, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "FAILED", "{wf:#}\n{}", sup.log_text());
+    let reason = wf["tasks"][0]["reasonForIncompletion"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        reason.starts_with("OOM-killed at ")
+            && reason.contains(" MiB (limit 64 MiB): body process exited (exit status: 3)"),
+        "{reason}"
+    );
+    let next = conductor.start_workflow(&task, json!({})).await;
+    let wf = conductor
+        .wait_terminal(&next, Duration::from_secs(30))
+        .await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    let status = status_json(&sup.workspace_root());
+    assert_eq!(status["slots"][0]["generation"], 1, "{status:#}");
+}
