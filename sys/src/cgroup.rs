@@ -364,35 +364,42 @@ pub fn prepare() -> Result<Located, CgroupError> {
             .file_name()
             .is_none_or(|name| name != RUNTIME_LEAF)
     {
-        let leaf = located.dir.join(RUNTIME_LEAF);
-        match fs::create_dir(&leaf) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(io_error(&leaf)(e)),
-        }
-        let procs = leaf.join("cgroup.procs");
-        write_file(&procs, &std::process::id().to_string())?;
-        let control = located.dir.join("cgroup.subtree_control");
-        if let Err(source) = write_raw(&control, "+memory") {
-            let others = fs::read_to_string(located.dir.join("cgroup.procs"))
-                .unwrap_or_default()
-                .split_whitespace()
-                .collect::<Vec<_>>()
-                .join(", ");
-            return Err(if source.raw_os_error() == Some(libc::EBUSY) {
-                CgroupError::Busy {
-                    path: located.dir.clone(),
-                    others,
-                    source,
-                }
-            } else {
-                io_error(&control)(source)
-            });
-        }
+        move_into_leaf(&located.dir, std::process::id())?;
     }
     let located = locate()?;
     probe_at(&located)?;
     Ok(located)
+}
+
+/// v2: moves process `pid` into `dir`/[`RUNTIME_LEAF`] (made if missing) and enables the
+/// memory controller for `dir`'s children, which the kernel allows only once `dir` itself
+/// holds no process.
+pub fn move_into_leaf(dir: &Path, pid: u32) -> Result<(), CgroupError> {
+    let leaf = dir.join(RUNTIME_LEAF);
+    match fs::create_dir(&leaf) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io_error(dir)(e)),
+    }
+    write_file(&leaf.join("cgroup.procs"), &pid.to_string())?;
+    let control = dir.join("cgroup.subtree_control");
+    if let Err(source) = write_raw(&control, "+memory") {
+        let others = fs::read_to_string(dir.join("cgroup.procs"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(if source.raw_os_error() == Some(libc::EBUSY) {
+            CgroupError::Busy {
+                path: dir.to_owned(),
+                others,
+                source,
+            }
+        } else {
+            io_error(&control)(source)
+        });
+    }
+    Ok(())
 }
 
 /// Checks, without changing this process's cgroup, that body cgroups can be made here: the

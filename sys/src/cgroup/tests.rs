@@ -94,6 +94,35 @@ fn v2_a_delegated_service_and_the_leaf_it_moves_into() {
     );
 }
 
+/// `prepare`'s v2 step on a stand-in of a delegated cgroup (plain files: the kernel's own
+/// refusals cannot be played, only the steps and the file names).
+#[test]
+fn v2_the_runtime_moves_into_its_leaf_then_gives_memory_to_the_children() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = dir.path().join("perago.service");
+    fs::create_dir_all(service.join(RUNTIME_LEAF)).unwrap();
+    for file in ["cgroup.subtree_control", "cgroup.procs"] {
+        fs::write(service.join(file), "").unwrap();
+    }
+    fs::write(service.join(RUNTIME_LEAF).join("cgroup.procs"), "").unwrap();
+    move_into_leaf(&service, 4242).unwrap();
+    assert_eq!(
+        fs::read_to_string(service.join(RUNTIME_LEAF).join("cgroup.procs")).unwrap(),
+        "4242"
+    );
+    assert_eq!(
+        fs::read_to_string(service.join("cgroup.subtree_control")).unwrap(),
+        "+memory"
+    );
+    // A cgroup that is not there: the error names it.
+    let missing = dir.path().join("missing");
+    let error = move_into_leaf(&missing, 4242).unwrap_err();
+    assert!(
+        matches!(&error, CgroupError::Io { path, .. } if *path == missing),
+        "{error}"
+    );
+}
+
 #[test]
 fn v2_a_pod_in_its_own_cgroup_namespace_is_at_the_root() {
     let located = locate_in(
