@@ -70,6 +70,7 @@ impl Machine {
         let recycle = completion.recycle.clone();
         // An OOM-killed body is judged as a crash (poison detection), reported through v1.
         let oom = completion.body_oom_killed;
+        let peak = completion.body_peak_memory_bytes;
         let v2 =
             !self.draining && self.paused_since.is_none() && recycle.is_empty() && !oom && self.v2;
         let Some(slot) = self.slot_mut(number) else {
@@ -117,6 +118,9 @@ impl Machine {
             status = result.status().as_str(),
             "execution finished"
         );
+        if peak > 0 {
+            self.gauges.body_peak_memory.observe(peak as f64);
+        }
         if let Ok(took) = self.now.wall.duration_since(run.dispatched_at) {
             self.gauges.task_duration.observe(took.as_secs_f64());
             let completed = result.status() == perago_core::result::ResultStatus::Completed;
@@ -133,6 +137,7 @@ impl Machine {
             // The kernel killed the body at its memory limit: as much the task's doing as a
             // fault that kills its executor, so it counts toward poison detection.
             perago_core::result::Outcome::Failed(reason) if oom => {
+                self.gauges.body_oom_kills.inc();
                 let reason = reason.to_string();
                 let worker_id = result.worker_id().to_owned();
                 self.judge_crash(

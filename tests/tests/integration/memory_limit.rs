@@ -38,7 +38,15 @@ async fn oom_then_complete(mode: &str) {
     let task = TaskFixture::new("e2e.memlimit", BODY, "retry_count = 0")
         .with_manifest_tail("memory_limit = \"64MiB\"\n");
     conductor.register(&task).await;
-    let sup = SupervisorProc::start(&task, &conductor, 1, &[("PERAGO_EXECUTION_MODE", mode)]);
+    let sup = SupervisorProc::start(
+        &task,
+        &conductor,
+        1,
+        &[
+            ("PERAGO_EXECUTION_MODE", mode),
+            ("PERAGO_METRICS_ADDR", "127.0.0.1:0"),
+        ],
+    );
 
     let big = conductor.start_workflow(&task, json!({"big": true})).await;
     let wf = conductor.wait_terminal(&big, Duration::from_secs(30)).await;
@@ -100,6 +108,25 @@ async fn oom_then_complete(mode: &str) {
     // The runtime itself is outside every body cgroup.
     let own = std::fs::read_to_string(format!("/proc/{}/cgroup", sup.pid())).unwrap();
     assert!(cgroup_named(&own).is_none(), "{mode}: {own}");
+
+    // /metrics: the OOM kill, and both bodies' peaks.
+    let log = sup.log_text();
+    let url = log
+        .split("metrics served at ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{mode}: no metrics address in the log\n{log}"));
+    let out = std::process::Command::new("curl")
+        .args(["-sf", url])
+        .output()
+        .unwrap();
+    let metrics = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "perago_body_oom_kills_total{task=\"e2e.memlimit\"} 1\n",
+        "perago_body_peak_memory_bytes_count{task=\"e2e.memlimit\"} 2\n",
+    ] {
+        assert!(metrics.contains(line), "{mode}: {line} missing\n{metrics}");
+    }
 
     // Each body had a cgroup of its own, removed once it ended.
     let failed = cgroup_named(reason).unwrap_or_else(|| panic!("{mode}: {reason}"));
