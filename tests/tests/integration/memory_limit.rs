@@ -176,7 +176,7 @@ fn check_as(task: &TaskFixture, user: Option<u32>) -> perago_tests::Run {
 }
 
 #[test]
-fn check_shows_the_limit_and_refuses_it_where_no_cgroup_can_be_made() {
+fn check_shows_the_limit_and_check_and_start_refuse_it_where_no_cgroup_can_be_made() {
     use std::os::unix::fs::PermissionsExt as _;
     let task =
         TaskFixture::new("e2e.memcheck", BODY, "").with_manifest_tail("memory_limit = \"2GiB\"\n");
@@ -201,6 +201,30 @@ fn check_shows_the_limit_and_refuses_it_where_no_cgroup_can_be_made() {
             && refused.stderr.contains("run perago as root")
             && refused.stderr.contains("Delegate=yes"),
         "{refused}"
+    );
+    // `start` refuses it too, before anything starts (no Conductor is asked: the address is
+    // closed).
+    let root = tempfile::tempdir().unwrap();
+    let mut start = perago_tests::command("setpriv");
+    start
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            crate::harness::SUPERVISOR,
+            "start",
+            task.manifest().to_str().unwrap(),
+        ])
+        .env("CONDUCTOR_SERVER_URL", "http://127.0.0.1:1/api")
+        .env("PERAGO_WORKSPACE_ROOT", root.path());
+    let started = perago_tests::Run::of(&mut start);
+    started.expect_code(1);
+    assert!(
+        started
+            .stderr
+            .contains("task.toml: body.memory_limit needs a writable memory cgroup, and ")
+            && started.stderr.contains("run perago as root"),
+        "{started}"
     );
 }
 
