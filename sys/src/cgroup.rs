@@ -545,10 +545,15 @@ impl BodyCgroup {
     }
 }
 
+/// How long a [`BodyCgroup`] dropped with processes still in it (an executor leaving while
+/// its `jsonl` body runs) waits for them to die of its SIGKILL before it gives up (the
+/// cgroup is then collected at the next start).
+const DROP_PATIENCE: Duration = Duration::from_millis(500);
+
 impl Drop for BodyCgroup {
     fn drop(&mut self) {
         if !self.dir.as_os_str().is_empty() {
-            let _ = remove_dir(&self.dir, Duration::ZERO);
+            let _ = remove_dir(&self.dir, DROP_PATIENCE);
         }
     }
 }

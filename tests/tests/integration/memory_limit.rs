@@ -267,4 +267,18 @@ async fn a_jsonl_body_past_its_memory_limit_fails_that_task_and_a_fresh_process_
     assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
     let status = status_json(&sup.workspace_root());
     assert_eq!(status["slots"][0]["generation"], 1, "{status:#}");
+    // The runtime stops: the executor leaves with its body still running, and takes the
+    // body's cgroup with it.
+    let executor = status["slots"][0]["pid"].as_u64().unwrap();
+    let mut sup = sup;
+    sup.signal("TERM");
+    let exit = sup.wait_exit(Duration::from_secs(20)).await;
+    assert!(exit.success(), "{exit:?}\n{}", sup.log_text());
+    let left: Vec<_> = std::fs::read_dir(body_parent())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with(&format!("perago-body-{executor}-")))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
