@@ -282,3 +282,51 @@ async fn a_jsonl_body_past_its_memory_limit_fails_that_task_and_a_fresh_process_
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+/// An executor SIGKILLed while its body runs leaves the body's cgroup behind (its body dies
+/// of its parent-death signal, but nobody is left to remove the cgroup); the replacement
+/// executor removes it when it starts, its maker being gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cgroup_of_a_sigkilled_executor_is_removed_when_the_next_one_starts() {
+    use crate::harness::{eventually, gated_body, signal_pid};
+    let conductor = Conductor::start().await;
+    let body = format!(
+        "grep -E '(^[0-9]+:memory:|^0::)' /proc/self/cgroup > cgroup.txt\n{}",
+        gated_body("echo '{}'\n")
+    );
+    let task = TaskFixture::new("e2e.memstale", &body, "retry_count = 0")
+        .with_manifest_tail("memory_limit = \"64MiB\"\n");
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(&task, &conductor, 1, &[]);
+    conductor.start_workflow(&task, json!({})).await;
+    task.gate().started().await;
+    let written = std::fs::read_to_string(task.dir.path().join("cgroup.txt")).unwrap();
+    let name = cgroup_named(&written).unwrap_or_else(|| panic!("{written}"));
+    let dir = body_parent().join(&name);
+    assert!(dir.exists(), "{}", dir.display());
+    let status = status_json(&sup.workspace_root());
+    let executor = status["slots"][0]["pid"].as_u64().unwrap();
+    assert!(
+        name.starts_with(&format!("perago-body-{executor}-")),
+        "{name}"
+    );
+    signal_pid(executor as u32, "KILL");
+    eventually(
+        "the replacement executor to remove the stale cgroup",
+        Duration::from_secs(20),
+        || async { (!dir.exists()).then_some(()) },
+    )
+    .await;
+    let status = status_json(&sup.workspace_root());
+    assert!(
+        status["slots"][0]["generation"].as_u64() >= Some(2),
+        "{status:#}\n{}",
+        sup.log_text()
+    );
+    assert!(
+        sup.log_text()
+            .contains("removed the body memory cgroups a runtime that is gone left behind"),
+        "{}",
+        sup.log_text()
+    );
+}
