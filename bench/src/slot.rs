@@ -194,6 +194,8 @@ pub(crate) fn slot_round_trips(rounds: usize) -> Result<Vec<f64>, String> {
                             worker_id: "benchecho0001".into(),
                         }),
                         recycle: String::new(),
+                        body_peak_memory_bytes: 0,
+                        body_oom_killed: false,
                     })),
                 };
                 // One round trip: the completion goes out, the next assignment comes in.

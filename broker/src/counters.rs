@@ -104,6 +104,17 @@ pub(crate) const SDK_TIME_BUCKETS: [f64; 12] = [
 /// The buckets (bytes) of the Conductor SDKs' canonical size histograms.
 pub(crate) const SDK_SIZE_BUCKETS: [f64; 6] = [100.0, 1e3, 1e4, 1e5, 1e6, 1e7];
 
+/// Upper bounds (bytes) of the `perago_body_peak_memory_bytes` buckets: 16 MiB to 64 GiB.
+pub(crate) const MEMORY_BUCKETS: [f64; 7] = [
+    16.0 * 1048576.0,
+    64.0 * 1048576.0,
+    256.0 * 1048576.0,
+    1024.0 * 1048576.0,
+    4096.0 * 1048576.0,
+    16384.0 * 1048576.0,
+    65536.0 * 1048576.0,
+];
+
 /// Gauges and the histogram, beside the counters.
 #[derive(Debug)]
 pub(crate) struct Gauges {
@@ -125,6 +136,10 @@ pub(crate) struct Gauges {
     pub(crate) share_held: AtomicU64,
     /// Dispatch-to-completion durations.
     pub(crate) task_duration: Histogram,
+    /// The peak memory of each body whose memory cgroup measured one (`body.memory_limit`).
+    pub(crate) body_peak_memory: Histogram,
+    /// Bodies OOM-killed at their memory limit.
+    pub(crate) body_oom_kills: PromCounter,
     /// What only the Conductor SDKs' metric surface has.
     pub(crate) sdk: SdkMetrics,
 }
@@ -142,6 +157,8 @@ impl Default for Gauges {
             share_limit: AtomicU64::new(u64::MAX),
             share_held: AtomicU64::default(),
             task_duration: Histogram::new(DURATION_BUCKETS),
+            body_peak_memory: Histogram::new(MEMORY_BUCKETS),
+            body_oom_kills: PromCounter::default(),
             sdk: SdkMetrics::default(),
         }
     }
@@ -400,6 +417,16 @@ pub(crate) fn registry(
         "Time from dispatch to completion",
         gauges.task_duration.clone(),
     );
+    perago.register(
+        "perago_body_peak_memory_bytes",
+        "The peak memory of each body, as its memory cgroup counted it (body.memory_limit)",
+        gauges.body_peak_memory.clone(),
+    );
+    perago.register(
+        "perago_body_oom_kills",
+        "Bodies the kernel OOM-killed at their body.memory_limit (each failed its task)",
+        gauges.body_oom_kills.clone(),
+    );
     let sdk = root.sub_registry_with_label(("taskType".into(), task.to_owned().into()));
     sdk.register_collector(Box::new(SdkCollector(
         Arc::clone(counters),
@@ -524,6 +551,8 @@ mod tests {
         let g = Gauges::default();
         g.task_duration.observe(0.003);
         g.task_duration.observe(2.0);
+        g.body_peak_memory.observe(100.0 * 1048576.0);
+        g.body_oom_kills.inc();
         let text = scrape(c, g);
         for line in [
             "perago_polls_total{task=\"features.build\"} 1",
@@ -532,6 +561,9 @@ mod tests {
             "perago_task_duration_seconds_bucket{task=\"features.build\",le=\"0.005\"} 1",
             "perago_task_duration_seconds_bucket{task=\"features.build\",le=\"5\"} 2",
             "perago_task_duration_seconds_count{task=\"features.build\"} 2",
+            "perago_body_peak_memory_bytes_bucket{task=\"features.build\",le=\"6.7108864e+07\"} 0",
+            "perago_body_peak_memory_bytes_bucket{task=\"features.build\",le=\"2.68435456e+08\"} 1",
+            "perago_body_oom_kills_total{task=\"features.build\"} 1",
             // Kept by the logging, per process: its value is whatever this process dropped.
             "perago_log_lines_dropped_total{task=\"features.build\"} ",
         ] {

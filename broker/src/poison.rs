@@ -283,6 +283,9 @@ pub(crate) fn not_counted_suffix(why: &str, counted: Option<u32>, limit: u32) ->
 
 /// Where a crash reason starts: perago's own crash reasons, and nothing a body writes.
 pub(crate) const CRASH_PREFIX: &str = "executor ";
+/// Where the reason of a body OOM-killed at its `body.memory_limit` starts (counted as a
+/// crash; a body cannot choose how its reason starts).
+pub(crate) const OOM_PREFIX: &str = "OOM-killed ";
 /// Where the final poison reason starts.
 pub(crate) const POISON_PREFIX: &str = "poison task: ";
 
@@ -304,7 +307,7 @@ pub(crate) fn parse_counted(reason: &str) -> Counted {
     if reason.starts_with(POISON_PREFIX) {
         return Counted::Reset;
     }
-    if !reason.starts_with(CRASH_PREFIX) {
+    if !reason.starts_with(CRASH_PREFIX) && !reason.starts_with(OOM_PREFIX) {
         return Counted::Silent;
     }
     // `… <n> of <limit>` ends `head`.

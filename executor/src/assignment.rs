@@ -99,6 +99,12 @@ pub struct AssignmentRunner {
     body_threads: Arc<std::sync::Mutex<Vec<u32>>>,
     /// `body.user`, resolved: the workspace is handed to this uid and gid before the body.
     body_user: Option<(u32, u32)>,
+    /// The peak memory of the last body run, as its memory cgroup counted it
+    /// (`body.memory_limit`; 0: not measured): see [`AssignmentRunner::take_body_peak`].
+    body_peak: Arc<std::sync::atomic::AtomicU64>,
+    /// The last body run failed OOM-killed at its memory limit: see
+    /// [`AssignmentRunner::take_body_oom`].
+    body_oom: Arc<std::sync::atomic::AtomicBool>,
     workspace: Option<WorkspaceRuntime>,
 }
 
@@ -212,6 +218,10 @@ impl AssignmentRunner {
                     env: env.clone(),
                     label: label.to_owned(),
                     user,
+                    // The body's limit; guardrails run outside it.
+                    memory_limit: (key == "body.command")
+                        .then_some(manifest.body.memory_limit)
+                        .flatten(),
                 },
             })
         };
@@ -241,6 +251,11 @@ impl AssignmentRunner {
             .as_deref()
             .map(|a| program("guardrails.post", a))
             .transpose()?;
+        if manifest.body.memory_limit.is_some() {
+            // Located now, so what a SIGKILLed runtime left is collected at start; a failure
+            // fails each body's start, saying why.
+            let _ = command::body_cgroups();
+        }
         Ok(Self {
             manifest,
             worker_id,
@@ -252,6 +267,8 @@ impl AssignmentRunner {
             body_threads: Arc::default(),
             workspace: None,
             body_user: user,
+            body_peak: Arc::default(),
+            body_oom: Arc::default(),
         })
     }
 
@@ -509,6 +526,14 @@ impl AssignmentRunner {
                     .map_err(|e| {
                         Failure::Retriable(Reason::new(format!("body could not start: {e}")))
                     })?;
+                if let Some(peak) = run.memory.and_then(|m| m.peak) {
+                    self.body_peak
+                        .store(peak, std::sync::atomic::Ordering::Relaxed);
+                }
+                self.body_oom.store(
+                    command::oom_killed(&run),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
                 body_result(&run, budget)?
             }
             Body::Jsonl(body) => {
@@ -526,7 +551,7 @@ impl AssignmentRunner {
                 };
                 let process_env = self.jsonl_process_env();
                 let soft = soft_limit(budget, &attempt.task_id, execution_id, &self.worker_id);
-                match body
+                let answer = body
                     .call(
                         execution_id,
                         &request,
@@ -534,8 +559,10 @@ impl AssignmentRunner {
                         budget.left(),
                         soft.as_ref(),
                     )
-                    .await
-                {
+                    .await;
+                self.body_peak
+                    .store(body.last_peak(), std::sync::atomic::Ordering::Relaxed);
+                match answer {
                     Ok(result) => {
                         // The size of the text that goes on to Conductor.
                         if result.len() > MAX_OUTPUT_BYTES {
@@ -555,6 +582,10 @@ impl AssignmentRunner {
                         reason,
                         stderr_tail,
                     }) => {
+                        self.body_oom.store(
+                            reason.starts_with(command::OOM_PREFIX),
+                            std::sync::atomic::Ordering::Relaxed,
+                        );
                         return Err(Failure::Retriable(Reason::with_tail(&reason, &stderr_tail)));
                     }
                 }
@@ -710,6 +741,21 @@ impl AssignmentRunner {
             Body::Jsonl(body) => body.start_now(&self.jsonl_process_env()).await.map(Some),
             _ => Ok(None),
         }
+    }
+
+    /// The peak memory of the body of the assignment run last, as its memory cgroup counted it
+    /// (`body.memory_limit`; a `jsonl` body: its process's whole life so far), and 0 from then
+    /// on; 0 when not measured. For the completion (`Completion.body_peak_memory_bytes`).
+    pub fn take_body_peak(&self) -> u64 {
+        self.body_peak.swap(0, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether the assignment run last failed because its body was OOM-killed at its memory
+    /// limit (then false from then on). For the completion (`Completion.body_oom_killed`:
+    /// the broker counts it toward poison detection).
+    pub fn take_body_oom(&self) -> bool {
+        self.body_oom
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The pid of the persistent (`jsonl`) body process, while one runs between assignments.
@@ -983,6 +1029,12 @@ fn body_result(run: &Finished, budget: &Budget) -> Result<RawJson, Failure> {
             &run.stderr_tail,
         )))
     };
+    // The kernel killed (part of) the tree at its memory limit: that is why it failed.
+    if command::oom_killed(run)
+        && let Some(memory) = &run.memory
+    {
+        return fail(command::oom_reason(memory));
+    }
     match run.ended {
         Ended::Exited(0) => {}
         Ended::TimedOut => {

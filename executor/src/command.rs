@@ -41,6 +41,9 @@ pub struct CommandSpec {
     pub label: String,
     /// The uid and gid to run as (`body.user`); `None` = the executor's own.
     pub user: Option<(u32, u32)>,
+    /// `body.memory_limit`: the run goes in a memory cgroup of its own with this many bytes
+    /// (see [`perago_sys::cgroup`]); `None` = none (guardrails, and bodies without a limit).
+    pub memory_limit: Option<u64>,
 }
 
 /// Bounds on one run.
@@ -139,6 +142,89 @@ pub struct Finished {
     pub elapsed: Duration,
     /// How many bytes the body wrote to stdout, kept or drained.
     pub stdout_len: u64,
+    /// What the run's memory cgroup saw (`spec.memory_limit` set).
+    pub memory: Option<MemoryOutcome>,
+}
+
+pub use perago_sys::cgroup::MemoryOutcome;
+
+/// How long a body cgroup's removal waits for its last processes to leave.
+const CGROUP_REMOVE_PATIENCE: Duration = Duration::from_secs(2);
+
+/// This process's memory cgroup, where bodies' go: located once (and the cgroups a SIGKILLed
+/// runtime left behind removed then).
+pub(crate) fn body_cgroups() -> io::Result<&'static perago_sys::cgroup::Located> {
+    static LOCATED: OnceLock<Result<perago_sys::cgroup::Located, String>> = OnceLock::new();
+    LOCATED
+        .get_or_init(|| {
+            let located = perago_sys::cgroup::locate().map_err(|e| format!("body.{e}"))?;
+            let removed = perago_sys::cgroup::collect_stale(&located);
+            if removed > 0 {
+                tracing::info!(
+                    removed,
+                    parent = %located.body_parent().display(),
+                    "removed the body memory cgroups a runtime that is gone left behind"
+                );
+            }
+            Ok(located)
+        })
+        .as_ref()
+        .map_err(|e| io::Error::other(e.clone()))
+}
+
+/// A memory cgroup for one body with `limit` bytes.
+pub(crate) fn body_cgroup(limit: u64) -> io::Result<perago_sys::cgroup::BodyCgroup> {
+    perago_sys::cgroup::BodyCgroup::create(body_cgroups()?, limit)
+        .map_err(|e| io::Error::other(format!("body.{e}")))
+}
+
+/// Removes a body's cgroup once its tree is gone; a failure is logged (the cgroup is then
+/// collected at the next start, once this process is gone).
+pub(crate) fn remove_body_cgroup(cgroup: perago_sys::cgroup::BodyCgroup) {
+    let dir = cgroup.dir().to_owned();
+    if let Err(e) = cgroup.remove(CGROUP_REMOVE_PATIENCE) {
+        tracing::warn!(cgroup = %dir.display(), "cannot remove the body's memory cgroup: {e}");
+    }
+}
+
+/// How every OOM reason starts.
+pub const OOM_PREFIX: &str = "OOM-killed ";
+
+/// Whether `run` failed with an OOM kill in its memory cgroup (one that exited 0 anyway
+/// recovered from it: its result stands).
+pub fn oom_killed(run: &Finished) -> bool {
+    run.ended != Ended::Exited(0) && run.memory.is_some_and(|m| m.oom_kills > 0)
+}
+
+/// `OOM-killed at 2.0 GiB (limit 2 GiB)`: why a body whose cgroup saw an OOM kill failed.
+pub fn oom_reason(memory: &MemoryOutcome) -> String {
+    let limit = spaced(&perago_core::memory::format_bytes(memory.limit));
+    match memory.peak {
+        Some(peak) => format!("OOM-killed at {} (limit {limit})", one_decimal(peak)),
+        None => format!("OOM-killed (limit {limit})"),
+    }
+}
+
+/// `2.0 GiB`, `512.0 MiB`: a peak, always with one decimal.
+fn one_decimal(n: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
+    UNITS.iter().find(|(_, size)| n >= *size).map_or_else(
+        || format!("{n} B"),
+        |(unit, size)| format!("{:.1} {unit}", n as f64 / *size as f64),
+    )
+}
+
+/// `2GiB` → `2 GiB`.
+fn spaced(text: &str) -> String {
+    match text.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(at) => format!("{} {}", &text[..at], &text[at..]),
+        None => text.to_owned(),
+    }
 }
 
 /// Credentials of the runtime itself, removed from every body's environment: bodies talk to
@@ -181,6 +267,19 @@ pub(crate) fn body_spawn(spec: &CommandSpec, env: &[(String, String)]) -> Spawn 
     body
 }
 
+/// [`body_spawn`], started in `cgroup` (its first step, before the exec) when there is one.
+pub(crate) fn spawn_body(
+    spec: &CommandSpec,
+    env: &[(String, String)],
+    cgroup: Option<&perago_sys::cgroup::BodyCgroup>,
+) -> io::Result<(perago_sys::Child, perago_sys::Managed)> {
+    let mut body = body_spawn(spec, env);
+    if let Some(procs) = cgroup.and_then(perago_sys::cgroup::BodyCgroup::procs) {
+        body.cgroup(procs);
+    }
+    body.spawn()
+}
+
 /// Runs `spec` with `stdin` as its standard input, within `limits`.
 pub async fn run(spec: &CommandSpec, stdin: Vec<u8>, limits: RunLimits) -> io::Result<Finished> {
     run_with_soft_limit(spec, stdin, limits, None).await
@@ -197,7 +296,8 @@ pub async fn run_with_soft_limit(
     soft: Option<&SoftLimit>,
 ) -> io::Result<Finished> {
     let started = Instant::now();
-    let (mut child, managed) = body_spawn(spec, &[]).spawn()?;
+    let cgroup = spec.memory_limit.map(body_cgroup).transpose()?;
+    let (mut child, managed) = spawn_body(spec, &[], cgroup.as_ref())?;
     let pgid = managed.pid();
     let start = tokio::time::Instant::now();
     let kept = Arc::new(Mutex::new(Kept::new(limits.max_stdout)));
@@ -246,6 +346,22 @@ pub async fn run_with_soft_limit(
     if let Some(writer) = writer {
         writer.abort();
     }
+    // The tree is gone: what its cgroup saw is final, and the cgroup goes.
+    let memory = cgroup.map(|cgroup| {
+        let outcome = cgroup.outcome();
+        remove_body_cgroup(cgroup);
+        tracing::info!(
+            peak_bytes = outcome.peak,
+            limit_bytes = outcome.limit,
+            oom_kills = outcome.oom_kills,
+            "the body's memory cgroup: peak {} of its limit {}",
+            outcome
+                .peak
+                .map_or_else(|| "unknown".to_owned(), one_decimal),
+            spaced(&perago_core::memory::format_bytes(outcome.limit))
+        );
+        outcome
+    });
     let ended = match ended.and_then(|ended| group_killed.map(|()| ended)) {
         Ok(ended) => ended,
         Err(e) => {
@@ -292,6 +408,7 @@ pub async fn run_with_soft_limit(
         stderr_tail,
         elapsed: started.elapsed(),
         stdout_len,
+        memory,
     })
 }
 
@@ -646,6 +763,7 @@ mod tests {
             env: Vec::new(),
             label: "body".to_owned(),
             user: None,
+            memory_limit: None,
         }
     }
 
@@ -718,6 +836,70 @@ mod tests {
             run.elapsed
         );
         assert_eq!(alive_with(&marker), 0, "the daemon outlived the body");
+    }
+
+    #[test]
+    fn oom_reasons_name_the_peak_and_the_limit() {
+        let memory = MemoryOutcome {
+            limit: 2 << 30,
+            peak: Some((2 << 30) - 4096),
+            oom_kills: 1,
+        };
+        assert_eq!(oom_reason(&memory), "OOM-killed at 2.0 GiB (limit 2 GiB)");
+        let memory = MemoryOutcome {
+            limit: 64_000_000,
+            peak: None,
+            oom_kills: 1,
+        };
+        assert_eq!(oom_reason(&memory), "OOM-killed (limit 61.0 MiB)");
+    }
+
+    /// Needs a writable memory cgroup (this project's machines and CI: root, cgroup v1); fails
+    /// saying so elsewhere.
+    #[tokio::test]
+    async fn a_body_past_its_memory_limit_is_oom_killed_in_its_own_cgroup_which_then_goes() {
+        perago_sys::reaper::become_subreaper().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        // dd's one 128 MiB buffer, filled from /dev/zero: every page touched.
+        let mut spec = sh(
+            "cat /proc/self/cgroup >&2; dd if=/dev/zero of=/dev/null bs=128M count=1; echo '{}'",
+            dir.path(),
+        );
+        spec.memory_limit = Some(32 << 20);
+        let run = run(&spec, Vec::new(), RunLimits::default())
+            .await
+            .unwrap_or_else(|e| panic!("this test needs a writable memory cgroup: {e}"));
+        let memory = run.memory.expect("a limited run reports its cgroup");
+        assert!(
+            memory.oom_kills >= 1,
+            "{memory:?}; stderr: {}",
+            run.stderr_tail
+        );
+        assert_eq!(memory.limit, 32 << 20);
+        assert!(
+            memory.peak.is_some_and(|p| p > 16 << 20 && p <= 32 << 20),
+            "{memory:?}"
+        );
+        // The shell went on after dd was killed (exit 0): not a failure of the run itself.
+        assert!(
+            run.stderr_tail.contains("perago-body-"),
+            "the body ran in its cgroup: {}",
+            run.stderr_tail
+        );
+        let located = body_cgroups().unwrap();
+        let name = run
+            .stderr_tail
+            .split(['/', '\n'])
+            .find(|part| part.starts_with("perago-body-"))
+            .unwrap()
+            .to_owned();
+        assert!(
+            !located.body_parent().join(&name).exists(),
+            "the cgroup {name} is removed after the run"
+        );
+        // The executor's own cgroup is not the body's.
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        assert!(!own.contains("perago-body-"), "{own}");
     }
 
     #[tokio::test]

@@ -99,6 +99,18 @@ struct Running {
     answered: Option<String>,
     /// The process wrote a line nobody asked for: replace it after this assignment.
     suspect: bool,
+    /// The process's memory cgroup (`body.memory_limit`), for its whole life.
+    cgroup: Option<perago_sys::cgroup::BodyCgroup>,
+    /// Its OOM kills when the current call began: one more is the call's doing.
+    oom_kills: u64,
+}
+
+impl Running {
+    /// Why the process broke, if its cgroup saw an OOM kill during this call.
+    fn oom(&self) -> Option<String> {
+        let memory = self.cgroup.as_ref()?.outcome();
+        (memory.oom_kills > self.oom_kills).then(|| crate::command::oom_reason(&memory))
+    }
 }
 
 impl Running {
@@ -129,6 +141,9 @@ impl Running {
 /// The persistent body of one executor.
 pub(crate) struct JsonlBody {
     spec: CommandSpec,
+    /// The process's peak memory as its cgroup counted it at the end of the last call (0: not
+    /// measured).
+    last_peak: std::sync::atomic::AtomicU64,
     running: Mutex<Option<Running>>,
     stderr_tail: Arc<std::sync::Mutex<VecDeque<u8>>>,
     stderr_log: Arc<std::sync::Mutex<crate::command::StderrLog>>,
@@ -145,6 +160,7 @@ impl std::fmt::Debug for JsonlBody {
 impl JsonlBody {
     pub(crate) fn new(spec: CommandSpec) -> Self {
         Self {
+            last_peak: std::sync::atomic::AtomicU64::new(0),
             running: Mutex::new(None),
             stderr_tail: Arc::new(std::sync::Mutex::new(VecDeque::new())),
             stderr_log: Arc::new(std::sync::Mutex::new(crate::command::StderrLog::new(
@@ -162,7 +178,12 @@ impl JsonlBody {
     fn start(&self, env: &[(String, String)]) -> std::io::Result<Running> {
         // Started as a command body is (see `body_spawn`); dropped before it was waited for,
         // it is killed.
-        let (mut child, managed) = crate::command::body_spawn(&self.spec, env).spawn()?;
+        let cgroup = self
+            .spec
+            .memory_limit
+            .map(crate::command::body_cgroup)
+            .transpose()?;
+        let (mut child, managed) = crate::command::spawn_body(&self.spec, env, cgroup.as_ref())?;
         let pgid = managed.pid();
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
@@ -228,6 +249,8 @@ impl JsonlBody {
             stdin_closed,
             answered: None,
             suspect: false,
+            cgroup,
+            oom_kills: 0,
         })
     }
 
@@ -237,8 +260,12 @@ impl JsonlBody {
         if let Some(mut r) = running.take() {
             let _ = signal_group(r.managed.pid(), SIGKILL);
             let _ = r.child.wait().await;
+            let cgroup = r.cgroup.take();
             drop(r);
             kill_adopted();
+            if let Some(cgroup) = cgroup {
+                crate::command::remove_body_cgroup(cgroup);
+            }
         }
     }
 
@@ -270,6 +297,12 @@ impl JsonlBody {
             *guard = Some(self.start(env)?);
         }
         Ok(guard.as_ref().expect("started above").managed.pid())
+    }
+
+    /// The process's peak memory at the end of the last call, as its memory cgroup counted it
+    /// over the process's life (`body.memory_limit`; 0: not measured).
+    pub(crate) fn last_peak(&self) -> u64 {
+        self.last_peak.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The running process's pid (`None` when none runs, or while a call holds it).
@@ -318,6 +351,9 @@ impl JsonlBody {
                 })?);
             }
             let running = guard.as_mut().expect("started above");
+            if let Some(cgroup) = &running.cgroup {
+                running.oom_kills = cgroup.outcome().oom_kills;
+            }
             let exchange = exchange(running, execution_id, request, soft);
             let outcome = match (deadline, limit) {
                 (Some(deadline), Some(limit)) => {
@@ -351,6 +387,13 @@ impl JsonlBody {
             r.stderr_pending.as_raw_fd()
         });
         self.finish_stderr(pending).await;
+        let peak = guard
+            .as_ref()
+            .and_then(|r| r.cgroup.as_ref())
+            .and_then(|c| c.outcome().peak)
+            .unwrap_or(0);
+        self.last_peak
+            .store(peak, std::sync::atomic::Ordering::Relaxed);
         match outcome {
             Ok(answer) => {
                 if let Some(running) = guard.as_mut() {
@@ -389,6 +432,9 @@ impl JsonlBody {
                 {
                     reason =
                         format!("body process exited ({status}) {doing} execution {execution_id}");
+                }
+                if let Some(oom) = guard.as_ref().and_then(Running::oom) {
+                    reason = format!("{oom}: {reason}");
                 }
                 Self::discard(&mut guard).await;
                 if too_long {

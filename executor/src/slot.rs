@@ -466,6 +466,8 @@ pub async fn serve(
                     execution_id,
                     result: Some(wire::result_into_wire(result)),
                     recycle: recycling.clone().unwrap_or_default(),
+                    body_peak_memory_bytes: runner.take_body_peak(),
+                    body_oom_killed: runner.take_body_oom(),
                 };
                 tx.send(message(ToBroker::Completion(completion)))
                     .await

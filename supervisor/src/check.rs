@@ -152,6 +152,16 @@ pub(crate) fn check(
             problems.push(format!("{prefix}: guardrails.{key}: {e}"));
         }
     }
+    let memory_cgroup = match manifest.body.memory_limit {
+        Some(_) => match perago_sys::cgroup::probe() {
+            Ok(located) => Some(located),
+            Err(e) => {
+                problems.push(format!("{prefix}: body.{e}"));
+                None
+            }
+        },
+        None => None,
+    };
     if !problems.is_empty() {
         return Err(ExpectedError::CheckFailed(problems));
     }
@@ -192,6 +202,15 @@ pub(crate) fn check(
                 0 => format!("{}s", soft.as_secs()),
                 _ => format!("{}ms", soft.as_millis()),
             }
+        );
+    }
+    if let (Some(limit), Some(cgroup)) = (manifest.body.memory_limit, memory_cgroup) {
+        let _ = writeln!(
+            report,
+            "  memory limit: {} per body (a memory cgroup of its own below {}, cgroup {}; an OOM kill fails the task)",
+            perago_core::memory::format_bytes(limit),
+            cgroup.body_parent().display(),
+            cgroup.version.as_str()
         );
     }
     Ok(report)

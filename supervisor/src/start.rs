@@ -475,6 +475,15 @@ pub(crate) fn start(
             found.into_iter().for_each(add);
         }
     }
+    // body.memory_limit: the bodies' memory cgroups must be possible before anything starts
+    // (cgroup v2: the supervisor moves into its leaf now, so every child it starts is there).
+    if let Some((path, _)) = manifests
+        .iter()
+        .find(|(_, m)| m.body.memory_limit.is_some())
+        && let Err(e) = perago_sys::cgroup::prepare()
+    {
+        add(format!("manifest {}: body.{e}", path.display()));
+    }
     if !problems.borrow().is_empty() {
         return Err(ExpectedError::Config(problems.into_inner()));
     }

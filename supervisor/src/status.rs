@@ -301,6 +301,8 @@ pub(crate) fn to_json(status: &StatusResponse) -> Value {
             "slot": s.slot, "worker_id": s.worker_id, "generation": s.generation, "pid": s.pid,
             "state": state_name(s.state), "task_id": s.task_id, "execution_id": s.execution_id,
             "busy_since_unix_ms": s.busy_since_unix_ms, "phase": s.phase, "recycling": s.recycling,
+            "last_body_peak_memory_bytes": (s.last_body_peak_memory_bytes > 0).then_some(s.last_body_peak_memory_bytes),
+            "max_body_peak_memory_bytes": (s.max_body_peak_memory_bytes > 0).then_some(s.max_body_peak_memory_bytes),
         })).collect::<Vec<_>>(),
         "counters": status.counters.as_ref().map(counters_json),
         "capacity": status.capacity.as_ref().map(capacity_json),
@@ -450,6 +452,23 @@ pub(crate) fn to_table(status: &StatusResponse) -> String {
             busy,
             ids
         );
+    }
+    // body.memory_limit: what each slot's bodies peaked at, where their cgroups measured it.
+    let peaks: Vec<String> = status
+        .slots
+        .iter()
+        .filter(|s| s.max_body_peak_memory_bytes > 0)
+        .map(|s| {
+            format!(
+                "slot {} last {} max {}",
+                s.slot,
+                format_bytes(s.last_body_peak_memory_bytes),
+                format_bytes(s.max_body_peak_memory_bytes)
+            )
+        })
+        .collect();
+    if !peaks.is_empty() {
+        let _ = writeln!(out, "body memory peaks: {}", peaks.join(", "));
     }
     if let Some(c) = &status.counters {
         let listed: Vec<String> = counters_json(c)
@@ -826,6 +845,35 @@ mod tests {
             !cause.to_string().contains("transport error"),
             "the cause, not tonic's wrapper: {cause}"
         );
+    }
+
+    #[test]
+    fn body_memory_peaks_show_where_measured() {
+        use perago_proto::admin::v1::SlotStatus;
+        let slot = |n: u32, last: u64, max: u64| SlotStatus {
+            slot: n,
+            last_body_peak_memory_bytes: last,
+            max_body_peak_memory_bytes: max,
+            ..SlotStatus::default()
+        };
+        let status = StatusResponse {
+            slots: vec![slot(1, 3 << 20, 64 << 20), slot(2, 0, 0)],
+            ..StatusResponse::default()
+        };
+        let table = to_table(&status);
+        assert!(
+            table.contains("body memory peaks: slot 1 last 3MiB max 64MiB\n"),
+            "{table}"
+        );
+        let json = to_json(&status);
+        assert_eq!(json["slots"][0]["last_body_peak_memory_bytes"], 3 << 20);
+        assert_eq!(json["slots"][0]["max_body_peak_memory_bytes"], 64 << 20);
+        assert_eq!(json["slots"][1]["max_body_peak_memory_bytes"], Value::Null);
+        let unmeasured = to_table(&StatusResponse {
+            slots: vec![slot(1, 0, 0)],
+            ..StatusResponse::default()
+        });
+        assert!(!unmeasured.contains("body memory peaks"), "{unmeasured}");
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //! - [`guard`]: the thread-mode body guard program.
 //! - [`rlimit`]: the descriptor limit.
 //! - [`memory`]: malloc's tunables and whether the process is dumpable.
+//! - [`cgroup`]: the memory cgroups bodies run in (`body.memory_limit`), v1 and v2.
 //!
 //! Every child perago starts (broker, executors, bodies, guardrails) leads its own process
 //! group, so a terminal's Ctrl-C or a service manager's SIGTERM reaches only the supervisor, and
@@ -35,6 +36,7 @@
 //! [`signal`]), and what runs between `clone` and `exec` must be async-signal-safe (see
 //! [`spawn`]).
 
+pub mod cgroup;
 pub mod fd;
 pub mod guard;
 pub mod memory;

@@ -48,7 +48,8 @@ use std::{
 };
 use tokio::io::unix::AsyncFd;
 use vfork::{
-    ChildContext, STACK, STEP_PARENT_GONE, Stack, clone_child, pipe, pointers, stack_size,
+    ChildContext, STACK, STEP_CGROUP, STEP_PARENT_GONE, Stack, clone_child, pipe, pointers,
+    stack_size,
 };
 
 /// What to start, and how: a program with its arguments, its whole environment, a working
@@ -64,6 +65,8 @@ pub struct Spawn {
     dir: Option<CString>,
     user: Option<(u32, u32)>,
     death_signal: c_int,
+    /// `cgroup.procs` of the memory cgroup the child joins before anything else (-1: none).
+    cgroup_procs: c_int,
     /// An argument or variable held a NUL byte: reported by [`Spawn::spawn`], as std does.
     saw_nul: bool,
 }
@@ -81,6 +84,7 @@ impl Spawn {
             dir: None,
             user: None,
             death_signal: libc::SIGKILL,
+            cgroup_procs: -1,
             saw_nul: false,
         };
         spawn.program = spawn.c_string(program.as_ref());
@@ -159,6 +163,15 @@ impl Spawn {
         self
     }
 
+    /// Has the child join the cgroup whose `cgroup.procs` is `procs` (open for writing) as
+    /// its first step, before anything of the program runs: see
+    /// [`crate::cgroup::BodyCgroup::procs`]. The descriptor must stay open until
+    /// [`Spawn::spawn`] returns.
+    pub fn cgroup(&mut self, procs: std::os::fd::BorrowedFd<'_>) -> &mut Self {
+        self.cgroup_procs = procs.as_raw_fd();
+        self
+    }
+
     /// Starts the child, leader of its own process group, and registers it as [`Managed`].
     /// Must run inside a tokio runtime (the child is waited for through it).
     pub fn spawn(&self) -> io::Result<(Child, Managed)> {
@@ -180,6 +193,7 @@ impl Spawn {
             dir: self.dir.as_ref().map_or(ptr::null(), |d| d.as_ptr()),
             user: self.user,
             death_signal: self.death_signal,
+            cgroup_procs: self.cgroup_procs,
             // SAFETY: getpid(2) has no preconditions.
             parent: unsafe { libc::getpid() },
             stdio: [
@@ -213,6 +227,12 @@ impl Spawn {
             drop(pidfd);
             return Err(if step == STEP_PARENT_GONE {
                 io::Error::other("the parent exited while starting the child")
+            } else if step == STEP_CGROUP {
+                let cause = io::Error::from_raw_os_error(errno);
+                io::Error::new(
+                    cause.kind(),
+                    format!("cannot join the body's memory cgroup: {cause}"),
+                )
             } else {
                 io::Error::from_raw_os_error(errno)
             });

@@ -70,9 +70,13 @@ impl Machine {
         // paused: v1.
         let recycle = completion.recycle.clone();
         // Sharing capacity: the slot keeps its permit for the next task only within the limit.
+        // An OOM-killed body is judged as a crash (poison detection), reported through v1.
+        let oom = completion.body_oom_killed;
+        let peak = completion.body_peak_memory_bytes;
         let v2 = !self.draining
             && self.paused_since.is_none()
             && recycle.is_empty()
+            && !oom
             && self.v2
             && self.share_keeps_slot();
         let Some(slot) = self.slot_mut(number) else {
@@ -89,6 +93,10 @@ impl Machine {
             // Its own ids: a completion that is no assignment of this slot has no span of its own.
             tracing::warn!(slot = number, generation, task_id = %completion.task_id, execution_id = %completion.execution_id, "rejected a completion that is not the slot's current assignment");
             return;
+        }
+        if completion.body_peak_memory_bytes > 0 {
+            slot.last_body_peak = completion.body_peak_memory_bytes;
+            slot.max_body_peak = slot.max_body_peak.max(completion.body_peak_memory_bytes);
         }
         let Work::Busy(run) = std::mem::replace(
             &mut slot.work,
@@ -116,6 +124,9 @@ impl Machine {
             status = result.status().as_str(),
             "execution finished"
         );
+        if peak > 0 {
+            self.gauges.body_peak_memory.observe(peak as f64);
+        }
         if let Ok(took) = self.now.wall.duration_since(run.dispatched_at) {
             self.gauges.task_duration.observe(took.as_secs_f64());
             let completed = result.status() == perago_core::result::ResultStatus::Completed;
@@ -128,7 +139,22 @@ impl Machine {
         if let perago_core::result::Outcome::Completed(output) = result.outcome() {
             self.gauges.sdk.result_size.observe(output.len() as f64);
         }
-        self.report(v2.then_some(number), *run, result, v2);
+        match result.outcome() {
+            // The kernel killed the body at its memory limit: as much the task's doing as a
+            // fault that kills its executor, so it counts toward poison detection.
+            perago_core::result::Outcome::Failed(reason) if oom => {
+                self.gauges.body_oom_kills.inc();
+                let reason = reason.to_string();
+                let worker_id = result.worker_id().to_owned();
+                self.judge_crash(
+                    *run,
+                    worker_id,
+                    reason,
+                    crate::poison::Verdict::SelfInflicted,
+                );
+            }
+            _ => self.report(v2.then_some(number), *run, result, v2),
+        }
         if !recycle.is_empty() {
             self.recycle(number, &recycle);
         }

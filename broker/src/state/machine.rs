@@ -64,6 +64,10 @@ pub(super) struct Slot {
     /// This generation stopped answering and was killed by the broker (`PERAGO_STALL_TIMEOUT`):
     /// its death is the runtime's doing, never its task's (poison detection must not count it).
     pub(super) stalled: bool,
+    /// The body peak memory of the slot's last completion that measured one, and the highest
+    /// such peak (`body.memory_limit`; 0: none measured).
+    pub(super) last_body_peak: u64,
+    pub(super) max_body_peak: u64,
 }
 
 impl Slot {
@@ -86,6 +90,8 @@ impl Slot {
             heard: false,
             last_heard: None,
             stalled: false,
+            last_body_peak: 0,
+            max_body_peak: 0,
         }
     }
 

@@ -132,6 +132,8 @@ impl Machine {
                     busy_since_unix_ms: since,
                     phase: phase.to_owned(),
                     recycling: s.recycled,
+                    last_body_peak_memory_bytes: s.last_body_peak,
+                    max_body_peak_memory_bytes: s.max_body_peak,
                 }
             })
             .collect();

@@ -417,6 +417,7 @@ fn read_body(p: &mut Problems, dir: &Path, mut s: Section<'_>) -> Option<BodySpe
             })
             .ok()
     });
+    let memory_limit = memory_limit(p, &mut s);
     if let Some(user) = &user
         && (user.is_empty()
             || user
@@ -446,6 +447,12 @@ fn read_body(p: &mut Problems, dir: &Path, mut s: Section<'_>) -> Option<BodySpe
             protocol: protocol.unwrap_or(BodyProtocol::Exec),
         }),
         (false, true) => {
+            if memory_limit.is_some() {
+                p.add(
+                    "body.memory_limit",
+                    "applies only to body.command; an executor binary runs the task in its own process, which the runtime keeps outside any body's memory cgroup",
+                );
+            }
             if has_protocol {
                 p.add(
                     "body.protocol",
@@ -470,7 +477,51 @@ fn read_body(p: &mut Problems, dir: &Path, mut s: Section<'_>) -> Option<BodySpe
         env: env.unwrap_or_default(),
         user,
         soft_time_limit,
+        memory_limit,
     })
+}
+
+/// The smallest `body.memory_limit`: below it even a shell could not start.
+const MIN_MEMORY_LIMIT: u64 = 4 << 20;
+
+/// `body.memory_limit`: a size such as `"2GiB"` (or a byte count), at least
+/// [`MIN_MEMORY_LIMIT`].
+fn memory_limit(p: &mut Problems, s: &mut Section<'_>) -> Option<u64> {
+    const KEY: &str = "body.memory_limit";
+    let bytes = match s.get("memory_limit") {
+        None => return None,
+        Some(Value::Integer(n)) => u64::try_from(*n).ok(),
+        Some(Value::String(text)) => match parse_byte_size(text) {
+            Ok(n) => Some(n),
+            Err(e) => {
+                p.add(KEY, format!("{e} (a size such as \"512MiB\" or \"2GiB\")"));
+                return None;
+            }
+        },
+        Some(other) => {
+            p.add(
+                KEY,
+                format!(
+                    "expected a size such as \"2GiB\", found {}",
+                    type_name(other)
+                ),
+            );
+            return None;
+        }
+    };
+    match bytes {
+        Some(n) if n >= MIN_MEMORY_LIMIT => Some(n),
+        _ => {
+            p.add(
+                KEY,
+                format!(
+                    "must be at least {} (a body needs that much to start)",
+                    crate::memory::format_bytes(MIN_MEMORY_LIMIT)
+                ),
+            );
+            None
+        }
+    }
 }
 
 fn read_env(p: &mut Problems, env: &Section<'_>) -> BTreeMap<String, String> {

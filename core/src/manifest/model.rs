@@ -234,6 +234,10 @@ pub struct BodySpec {
     /// a `jsonl` body a `{"cancel": "<execution id>"}` line), counted on the same clock as
     /// `task.timeout_seconds`; `None` = never.
     pub soft_time_limit: Option<std::time::Duration>,
+    /// `body.memory_limit`, in bytes: each body (the whole tree it forks) runs in a memory
+    /// cgroup of its own with this limit, and an OOM kill fails the task; `None` = no limit.
+    /// Command bodies only.
+    pub memory_limit: Option<u64>,
 }
 
 /// The `[guardrails]` table: commands run before and after the body.

@@ -75,6 +75,7 @@ fn minimal_manifest_gets_conductor_defaults() {
             env: Default::default(),
             user: None,
             soft_time_limit: None,
+            memory_limit: None,
         }
     );
     assert_eq!(m.guardrails, Guardrails::default());
@@ -410,12 +411,49 @@ fn body_rules() {
         ),
         (
             "command = [\"x\"]\ncwd = \"/tmp\"",
-            "body.cwd: unknown key (keys of [body]: command, env, executor, protocol, soft_time_limit, user)",
+            "body.cwd: unknown key (keys of [body]: command, env, executor, memory_limit, protocol, soft_time_limit, user)",
         ),
     ];
     for (b, expected) in cases {
         assert_eq!(one_problem(&body(b)), expected, "{b}");
     }
+}
+
+#[test]
+fn memory_limit_is_a_size_of_at_least_4mib_for_a_command_body() {
+    let m = parse(&with("body", "memory_limit = \"2GiB\"")).unwrap();
+    assert_eq!(m.body.memory_limit, Some(2 << 30));
+    let m = parse(&with("body", "memory_limit = 67108864")).unwrap();
+    assert_eq!(m.body.memory_limit, Some(64 << 20));
+    let m = parse(&with("body", "memory_limit = \"64 MB\"")).unwrap();
+    assert_eq!(m.body.memory_limit, Some(64_000_000));
+    let cases = [
+        (
+            "memory_limit = \"2 gigs\"",
+            "body.memory_limit: invalid byte size \"2 gigs\": unknown unit (use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB) (a size such as \"512MiB\" or \"2GiB\")",
+        ),
+        (
+            "memory_limit = \"1MiB\"",
+            "body.memory_limit: must be at least 4MiB (a body needs that much to start)",
+        ),
+        (
+            "memory_limit = -1",
+            "body.memory_limit: must be at least 4MiB (a body needs that much to start)",
+        ),
+        (
+            "memory_limit = 1.5",
+            "body.memory_limit: expected a size such as \"2GiB\", found a float",
+        ),
+    ];
+    for (b, expected) in cases {
+        assert_eq!(one_problem(&with("body", b)), expected, "{b}");
+    }
+    let executor =
+        with("body", "memory_limit = \"1GiB\"").replace("command = ", "executor = \"bin/task\"\n#");
+    assert_eq!(
+        one_problem(&executor),
+        "body.memory_limit: applies only to body.command; an executor binary runs the task in its own process, which the runtime keeps outside any body's memory cgroup"
+    );
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! The child's side of [`Spawn`](super::Spawn): `clone(CLONE_VM | CLONE_VFORK)` onto a stack
 //! of its own, the steps before `exec`, and `execvpe`.
 //!
-//! What the child does, in std's order: stdio (three pipes), `setgroups`/`setgid`/`setuid`
+//! What the child does, in std's order (after joining its memory cgroup, if it has one):
+//! stdio (three pipes), `setgroups`/`setgid`/`setuid`
 //! (raw system calls: glibc's wrappers would signal every thread of the parent, whose memory
 //! the child shares), `chdir`, `setpgid(0, 0)`, caught signals back to their default action
 //! and SIGPIPE too, the parent-death signal (after the uid change, which clears it) and a
@@ -125,6 +126,8 @@ pub(super) struct ChildContext {
     pub(super) dir: *const c_char,
     pub(super) user: Option<(u32, u32)>,
     pub(super) death_signal: c_int,
+    /// `cgroup.procs` of the cgroup to join first (-1: none).
+    pub(super) cgroup_procs: RawFd,
     /// Who the child's parent must be once its parent-death signal is set.
     pub(super) parent: libc::pid_t,
     /// The child's ends of its stdin, stdout and stderr pipes (all above 2).
@@ -141,6 +144,7 @@ const STEP_GROUP: i32 = 4;
 const STEP_DEATH_SIGNAL: i32 = 5;
 pub(super) const STEP_PARENT_GONE: i32 = 6;
 const STEP_EXEC: i32 = 7;
+pub(super) const STEP_CGROUP: i32 = 8;
 
 /// Clones the child onto `stack`; returns its pid and pidfd once it has exec'd or exited.
 pub(super) fn clone_child(
@@ -212,6 +216,11 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
     // child's own process state; every pointer passed was prepared by the parent and lives
     // until the exec.
     unsafe {
+        // First: nothing of the body may run outside its memory cgroup. `0` is the writer
+        // itself (this child: no CLONE_THREAD), in v1 and v2 alike.
+        if ctx.cgroup_procs >= 0 && libc::write(ctx.cgroup_procs, b"0".as_ptr().cast(), 1) != 1 {
+            child_failed(ctx, STEP_CGROUP);
+        }
         for (target, fd) in (0..).zip(ctx.stdio) {
             // The parent made every `fd` > 2, so no dup2 overwrites another's source. The
             // pipes were made non-blocking, for the parent's ends: each end is its own open

@@ -291,6 +291,8 @@ async fn only_the_current_assignment_can_complete_or_read_its_attempt() {
                 worker_id: worker.clone(),
             }),
             recycle: String::new(),
+            body_peak_memory_bytes: 0,
+            body_oom_killed: false,
         })),
     };
     // Wrong execution id, then wrong task id: both refused. Then the real one.
@@ -402,6 +404,8 @@ async fn slot_started_out_of_order_is_refused_and_the_executor_keeps_its_slot() 
                 worker_id: worker.clone(),
             }),
             recycle: String::new(),
+            body_peak_memory_bytes: 0,
+            body_oom_killed: false,
         })),
     })
     .await
@@ -699,6 +703,8 @@ async fn admin_metrics_answers_what_the_metrics_endpoint_serves() {
                 worker_id: worker.clone(),
             }),
             recycle: String::new(),
+            body_peak_memory_bytes: 0,
+            body_oom_killed: false,
         })),
     })
     .await

@@ -243,6 +243,8 @@ async fn slot_exited_answers_the_brokers_view_of_the_slot_after_the_report() {
                 worker_id: worker.clone(),
             }),
             recycle: "1 assignments reached --max-tasks-per-executor 1".into(),
+            body_peak_memory_bytes: 0,
+            body_oom_killed: false,
         })),
     })
     .await
@@ -400,6 +402,8 @@ async fn a_later_watcher_hears_a_change_back_to_what_an_earlier_one_saw() {
                 worker_id: worker.clone(),
             }),
             recycle: String::new(),
+            body_peak_memory_bytes: 0,
+            body_oom_killed: false,
         })),
     })
     .await

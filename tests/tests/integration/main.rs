@@ -23,6 +23,7 @@ mod jsonl_faults;
 mod lakefs_refs;
 mod live;
 mod log_root;
+mod memory_limit;
 mod metrics;
 mod multi_task;
 mod once;

@@ -130,6 +130,37 @@ fn a_completion_must_name_the_current_assignment() {
     assert_eq!(h.poll(), Some(1), "v1: the slot is free at once");
 }
 
+/// `body.memory_limit`: each completion may say its body's peak; the slot shows the last one
+/// measured and the highest, and a completion that measured none changes neither.
+#[test]
+fn a_slot_shows_the_last_and_the_highest_body_peak_its_completions_measured() {
+    let mut h = Harness::new(1, false);
+    h.up(1);
+    let peaks = |h: &mut Harness| {
+        let slot = &h.status().slots[0];
+        (
+            slot.last_body_peak_memory_bytes,
+            slot.max_body_peak_memory_bytes,
+        )
+    };
+    assert_eq!(peaks(&mut h), (0, 0), "nothing measured yet");
+    for (task, peak, expected) in [
+        ("a", 64 << 20, (64 << 20, 64 << 20)),
+        ("b", 3 << 20, (3 << 20, 64 << 20)),
+        ("c", 0, (3 << 20, 64 << 20)),
+    ] {
+        let (_, execution, _) = assignments(&h.deliver(&[task])).remove(0);
+        let done = h.complete_measured(1, 1, task, &execution, "", peak);
+        assert_eq!(reports(&done).len(), 1);
+        assert_eq!(peaks(&mut h), expected, "after {task}");
+    }
+    // A refused completion (not the slot's assignment) is no measurement of the slot's.
+    let (_, execution, _) = assignments(&h.deliver(&["d"])).remove(0);
+    h.complete_measured(1, 1, "d", "other", "", 1 << 30);
+    assert_eq!(peaks(&mut h), (3 << 20, 64 << 20));
+    h.complete(1, 1, "d", &execution);
+}
+
 #[test]
 fn update_v2_keeps_the_slot_for_the_next_task() {
     let mut h = Harness::new(1, true);

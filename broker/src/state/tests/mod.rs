@@ -158,6 +158,19 @@ impl Harness {
         execution_id: &str,
         recycle: &str,
     ) -> Vec<Effect> {
+        self.complete_measured(slot, generation, task_id, execution_id, recycle, 0)
+    }
+
+    /// A completion that says what its body's memory cgroup counted as its peak (0: none).
+    fn complete_measured(
+        &mut self,
+        slot: u32,
+        generation: u64,
+        task_id: &str,
+        execution_id: &str,
+        recycle: &str,
+        body_peak_memory_bytes: u64,
+    ) -> Vec<Effect> {
         self.go(Input::Completion {
             slot,
             generation,
@@ -171,6 +184,8 @@ impl Harness {
                     worker_id: format!("t{slot:04}"),
                 }),
                 recycle: recycle.into(),
+                body_peak_memory_bytes,
+                body_oom_killed: false,
             },
         })
     }

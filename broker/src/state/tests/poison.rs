@@ -381,3 +381,92 @@ fn the_crash_ledger_stays_bounded() {
         ResultStatus::FailedWithTerminalError
     );
 }
+
+impl Harness {
+    /// Slot 1 (generation 1, attached) runs `task` and completes it FAILED with `reason`, the
+    /// executor saying whether its body was OOM-killed at its memory limit.
+    fn fail_body(&mut self, task: Polled, reason: &str, oom: bool) -> Report {
+        let granted = self
+            .poll()
+            .unwrap_or_else(|| panic!("no grant before {reason}: {:?}", self.status()));
+        let effects = self.go(Input::Polled {
+            tasks: vec![task],
+            reserved: granted,
+        });
+        let (slot, execution_id, task_id) = assignments(&effects)
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| panic!("no assignment: {effects:?}"));
+        let mut done = reports(&self.go(Input::Completion {
+            slot,
+            generation: 1,
+            completion: proto::Completion {
+                task_id,
+                execution_id,
+                result: Some(proto::TaskResult {
+                    outcome: Some(proto::task_result::Outcome::Failed(proto::Failed {
+                        reason: reason.into(),
+                    })),
+                    worker_id: format!("t{slot:04}"),
+                }),
+                recycle: String::new(),
+                body_peak_memory_bytes: 64 << 20,
+                body_oom_killed: oom,
+            },
+        }));
+        assert_eq!(done.len(), 1);
+        let done = done.remove(0);
+        if done.use_v2 {
+            // Update-v2 brings no next task: the slot is free again.
+            self.go(Input::UpdateDone {
+                slot: Some(slot),
+                next_task: None,
+            });
+        }
+        done
+    }
+}
+
+/// Issue #27 item 4: a body the kernel OOM-kills at its `body.memory_limit` counts toward
+/// poison detection as a crash does (the executor lives on); any other body failure does not.
+#[test]
+fn a_body_oom_killed_at_its_memory_limit_counts_toward_poison_detection() {
+    let mut h = Harness::new(1, true);
+    h.up(1);
+    const OOM: &str = "OOM-killed at 64.0 MiB (limit 64 MiB): Killed";
+    let first = h.fail_body(task_in("m1", "wf-mem"), OOM, true);
+    assert_eq!(first.result.status(), ResultStatus::Failed);
+    assert_eq!(
+        reason(&first),
+        format!("{OOM}; crash 1 of 3 counted against this workflow task (PERAGO_POISON_AFTER=3)")
+    );
+    assert!(!first.use_v2, "judged as a crash: reported through v1");
+    assert_eq!(
+        crate::poison::parse_counted(&reason(&first)),
+        crate::poison::Counted::Total(1),
+        "the next attempt reads the count back from Conductor"
+    );
+    // A body that fails otherwise is no crash: not counted, and the count stands.
+    let plain = h.fail_body(
+        retry_in("m2", "wf-mem", "m1"),
+        "body failed (exit status 1)",
+        false,
+    );
+    assert_eq!(reason(&plain), "body failed (exit status 1)");
+    let second = h.fail_body(retry_in("m3", "wf-mem", "m1"), OOM, true);
+    assert!(
+        reason(&second)
+            .ends_with("; crash 2 of 3 counted against this workflow task (PERAGO_POISON_AFTER=3)")
+    );
+    let third = h.fail_body(retry_in("m4", "wf-mem", "m3"), OOM, true);
+    assert_eq!(third.result.status(), ResultStatus::FailedWithTerminalError);
+    assert_eq!(
+        reason(&third),
+        format!(
+            "poison task: attempts of workflow task t_ref in workflow wf-mem killed their executor 3 times (PERAGO_POISON_AFTER=3); last: {OOM}"
+        )
+    );
+    assert_eq!(h.counters.tasks_poisoned.get(), 1);
+    // The slot is free again for the next task (no update-v2 next task was asked for).
+    assert_eq!(h.poll(), Some(1));
+}

@@ -437,6 +437,8 @@ impl World {
                         } else {
                             String::new()
                         },
+                        body_peak_memory_bytes: 0,
+                        body_oom_killed: false,
                     },
                 });
             }
