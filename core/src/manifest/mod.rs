@@ -6,6 +6,7 @@ mod load;
 mod model;
 mod reader;
 mod schemas;
+mod source;
 
 pub use errors::{ManifestError, Problem};
 pub use load::{
@@ -13,6 +14,7 @@ pub use load::{
     DEFAULT_RETRY_DELAY_SECONDS,
 };
 pub use model::*;
+pub use source::ManifestSource;
 pub use schemas::{Schema, SchemaError, SchemaViolations, Schemas, Violation};
 
 #[cfg(test)]
