@@ -153,6 +153,7 @@ impl Plan {
         let spec = RuntimeSpec {
             task_name: name.clone(),
             manifest_path: task.manifest_path,
+            manifest: Arc::new(task.manifest),
             capacity: task.capacity,
             prefix: task.prefix,
             domain: task.domain,

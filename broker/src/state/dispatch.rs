@@ -69,11 +69,13 @@ impl Machine {
         // paused: v1.
         let recycle = completion.recycle.clone();
         let v2 = !self.draining && self.paused_since.is_none() && recycle.is_empty() && self.v2;
+        let target = self.body_version;
         let Some(slot) = self.slot_mut(number) else {
             return;
         };
-        // A slot retired by `Admin.Scale` while busy takes no next task: it stops now.
-        let v2 = v2 && slot.wanted;
+        // A slot retired by `Admin.Scale` while busy takes no next task: it stops now. Nor
+        // does one of an older body version (a roll): it is recycled once idle.
+        let v2 = v2 && slot.wanted && !(slot.generation != 0 && slot.body_version < target);
         let matches = slot.generation == generation
             && matches!(&slot.work, Work::Busy(run)
                 if run.execution_id == completion.execution_id

@@ -74,6 +74,8 @@ pub(crate) enum Input {
     Status,
     /// `Admin.Scale`: the executor count becomes `min..=max` live. Answer: [`Reply::Scale`].
     Scale { min: u32, max: u32 },
+    /// `Control.RollBody`: every generation should run `body_version` (or newer) from now on.
+    Roll { body_version: u32 },
     /// Available memory was measured (only with `PERAGO_MIN_FREE_MEMORY`): admission opens
     /// or closes.
     Memory { available: u64 },

@@ -64,6 +64,9 @@ pub(super) struct Slot {
     /// This generation stopped answering and was killed by the broker (`PERAGO_STALL_TIMEOUT`):
     /// its death is the runtime's doing, never its task's (poison detection must not count it).
     pub(super) stalled: bool,
+    /// The body version this generation runs (`SlotStarted.body_version`; 0 from an older
+    /// supervisor counts as 1).
+    pub(super) body_version: u32,
 }
 
 impl Slot {
@@ -86,6 +89,7 @@ impl Slot {
             heard: false,
             last_heard: None,
             stalled: false,
+            body_version: 1,
         }
     }
 
@@ -186,6 +190,9 @@ pub(crate) struct Machine {
     /// the next poll asks for one task (a long poll that its first task answers); after a
     /// poll that came back full, polls ask for every free slot again (with [`FILL_WAIT`]).
     pub(super) poll_sparse: bool,
+    /// The body version every generation should run (`Control.RollBody`; 1 at start). A live
+    /// generation of an older one is recycled at its first safe moment (see `roll`).
+    pub(super) body_version: u32,
 }
 
 /// Compares secrets without an early exit on the first differing byte.
@@ -273,6 +280,7 @@ impl Machine {
             depth_unreadable: false,
             once_empty_polls: 0,
             poll_sparse: false,
+            body_version: 1,
         }
     }
 
@@ -338,6 +346,8 @@ impl Machine {
         self.note_heard(&input);
         let reply = self.step(input);
         self.stop_unwanted();
+        // Before anything is dispatched: an executor of an old body version takes no task.
+        self.roll_idle();
         self.run_held();
         self.settle_drain();
         self.grant_poll();
@@ -413,6 +423,7 @@ impl Machine {
             Input::Resume => return Reply::Resume(self.resume()),
             Input::Status => return Reply::Status(Box::new(self.status())),
             Input::Scale { min, max } => return Reply::Scale(self.scale(min, max)),
+            Input::Roll { body_version } => self.roll(body_version),
             Input::Memory { available } => self.memory_measured(available),
             Input::QueueDepth { depth, now } => self.queue_depth_read(depth, now),
             Input::CrashHistory {

@@ -15,8 +15,10 @@ pub(crate) struct WatchView {
     wanted_executors: u64,
     /// The executor range (`Admin.Scale` changes it).
     range: (u32, u32),
-    /// Per slot: state, generation, pid, recycling.
-    slots: Vec<(admin::SlotState, u64, u32, bool)>,
+    /// Per slot: state, generation, pid, recycling, body version.
+    slots: Vec<(admin::SlotState, u64, u32, bool, u32)>,
+    /// The body version new executors start with (a roll changes it).
+    body_version: u32,
 }
 
 impl Slot {
@@ -70,6 +72,10 @@ impl Machine {
             view.wanted_executors = wanted;
             changed = true;
         }
+        if view.body_version != self.body_version {
+            view.body_version = self.body_version;
+            changed = true;
+        }
         let range = (self.capacity.min_executors, self.capacity.max_executors);
         if view.range != range {
             view.range = range;
@@ -81,7 +87,7 @@ impl Machine {
             changed = true;
         }
         for (seen, s) in view.slots.iter_mut().zip(&self.slots) {
-            let now = (s.state(), s.generation, s.pid, s.recycled);
+            let now = (s.state(), s.generation, s.pid, s.recycled, s.body_version);
             if *seen != now {
                 *seen = now;
                 changed = true;
@@ -123,6 +129,7 @@ impl Machine {
                     busy_since_unix_ms: since,
                     phase: phase.to_owned(),
                     recycling: s.recycled,
+                    body_version: s.body_version,
                 }
             })
             .collect();
@@ -143,7 +150,14 @@ impl Machine {
             paused_since_unix_ms: self.paused_since.map_or(0, unix_ms),
             // Added by the actor, which knows how the supervisor set the runtime up.
             settings: None,
+            body_version: self.body_version,
+            rolling: self.rolling(),
         }
+    }
+
+    /// A roll is under way: a live generation runs an older body version than the runtime's.
+    pub(super) fn rolling(&self) -> bool {
+        self.slots.iter().any(|s| !s.exited && self.rolls(s))
     }
 
     /// The capacity settings and the live figures they act on, for Admin.Status.

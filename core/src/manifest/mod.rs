@@ -14,8 +14,8 @@ pub use load::{
     DEFAULT_RETRY_DELAY_SECONDS,
 };
 pub use model::*;
-pub use source::ManifestSource;
 pub use schemas::{Schema, SchemaError, SchemaViolations, Schemas, Violation};
+pub use source::ManifestSource;
 
 #[cfg(test)]
 mod tests;

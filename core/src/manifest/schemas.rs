@@ -91,7 +91,10 @@ impl Schema {
     }
 
     /// [`Schema::load`], the file's text coming from `read` (the disk, or a snapshot's copy).
-    pub(crate) fn read_with(path: &Path, read: super::source::Reader<'_>) -> Result<Self, SchemaError> {
+    pub(crate) fn read_with(
+        path: &Path,
+        read: super::source::Reader<'_>,
+    ) -> Result<Self, SchemaError> {
         let text = read(path).map_err(|source| SchemaError::Read {
             path: path.to_owned(),
             source,
@@ -163,13 +166,14 @@ pub struct Schemas {
 impl Schemas {
     pub(crate) fn load(p: &mut Problems, task: &TaskSpec, read: super::source::Reader<'_>) -> Self {
         let mut one = |key: &str, path: &Option<PathBuf>| {
-            path.as_ref().and_then(|path| match Schema::read_with(path, read) {
-                Ok(schema) => Some(schema),
-                Err(problem) => {
-                    p.add(key, problem.to_string());
-                    None
-                }
-            })
+            path.as_ref()
+                .and_then(|path| match Schema::read_with(path, read) {
+                    Ok(schema) => Some(schema),
+                    Err(problem) => {
+                        p.add(key, problem.to_string());
+                        None
+                    }
+                })
         };
         Self {
             params: one("task.params_schema", &task.params_schema),

@@ -87,6 +87,14 @@ mod tests {
         let spec = RuntimeSpec {
             task_name: "orders.ship".into(),
             manifest_path: "/etc/perago/task.toml".into(),
+            manifest: std::sync::Arc::new(
+                perago_core::manifest::Manifest::parse(
+                    std::path::Path::new("task.toml"),
+                    std::path::Path::new("/etc/perago"),
+                    "[task]\nname = \"orders.ship\"\nkind = \"workspace-free\"\ntimeout_seconds = 60\n[body]\ncommand = [\"./ship\"]\n",
+                )
+                .unwrap(),
+            ),
             capacity: capacity.clone(),
             prefix: WorkerPrefix::explicit("host7").unwrap(),
             conductor_url: "http://conductor:8080/api".into(),

@@ -173,7 +173,6 @@ pub(crate) enum Launcher {
         lock_fd: Option<RawFd>,
     },
     Thread {
-        manifest: Arc<Manifest>,
         tasks: Vec<WorkerThread>,
     },
 }
@@ -203,10 +202,7 @@ impl Launcher {
                 tracing::warn!(error = %e, "cannot find this program to guard thread-mode bodies: processes a body starts may outlive a SIGKILLed supervisor")
             }
         }
-        Ok(Self::Thread {
-            manifest,
-            tasks: Vec::new(),
-        })
+        Ok(Self::Thread { tasks: Vec::new() })
     }
 
     fn spawn_process(
@@ -413,12 +409,15 @@ impl Launcher {
         Ok((child, ready))
     }
 
-    /// Starts the executor of `slot` at `generation` with `env` (identity included). Each
-    /// assignment it completes is sent to `completions`.
+    /// Starts the executor of `slot` at `generation` with `env` (identity included), running
+    /// `body` (its body version's manifest: a thread takes it as it is; a process reads the
+    /// same version's source, named in `env`). Each assignment it completes is sent to
+    /// `completions`.
     pub(crate) fn executor(
         &mut self,
         slot_name: &str,
         kind: ChildKind,
+        body: &Arc<Manifest>,
         env: &[(String, String)],
         exits: &mpsc::UnboundedSender<ChildExit>,
         completions: &mpsc::UnboundedSender<ChildKind>,
@@ -447,7 +446,8 @@ impl Launcher {
                     Some(pipe.as_raw_fd()),
                 )
             }
-            Self::Thread { manifest, .. } => {
+            Self::Thread { .. } => {
+                let manifest = body;
                 // The executor task owns the write end from here (`adopt_fd`).
                 env.push((
                     perago_core::env::PERAGO_COMPLETION_FD.to_owned(),

@@ -33,6 +33,9 @@ pub(crate) const BROKER_START_DEADLINE: Duration = Duration::from_secs(15);
 pub(crate) struct RuntimeSpec {
     pub(crate) task_name: String,
     pub(crate) manifest_path: PathBuf,
+    /// The manifest as `start` checked it: body version 1 (executors start from it, not
+    /// from the file, which may have changed since).
+    pub(crate) manifest: std::sync::Arc<perago_core::manifest::Manifest>,
     /// `-j` and the other capacity and lifecycle settings (passed to every child).
     pub(crate) capacity: perago_core::capacity::Capacity,
     pub(crate) prefix: WorkerPrefix,
