@@ -119,6 +119,10 @@ pub(crate) struct Gauges {
     pub(crate) admission_open: AtomicU64,
     /// 1 while polling is paused (`Admin.Pause`), else 0.
     pub(crate) paused: AtomicU64,
+    /// The body version new executors start with (`Control.RollBody`; 1 at start).
+    pub(crate) body_version: AtomicU64,
+    /// The oldest body version a live executor runs (equal to `body_version` but mid-roll).
+    pub(crate) oldest_body_version: AtomicU64,
     /// Dispatch-to-completion durations.
     pub(crate) task_duration: Histogram,
     /// What only the Conductor SDKs' metric surface has.
@@ -135,6 +139,8 @@ impl Default for Gauges {
             available_memory: AtomicU64::default(),
             admission_open: AtomicU64::default(),
             paused: AtomicU64::default(),
+            body_version: AtomicU64::new(1),
+            oldest_body_version: AtomicU64::new(1),
             task_duration: Histogram::new(DURATION_BUCKETS),
             sdk: SdkMetrics::default(),
         }
@@ -247,6 +253,16 @@ impl Collector for PeragoCollector {
             "perago_wanted_executors",
             "Executors the runtime wants running (between the -j range's bounds)",
             g.wanted_executors.load(Ordering::Relaxed),
+        )?;
+        gauge(
+            "perago_body_version",
+            "The body version new executors start with (1 at start, +1 per roll of a changed body)",
+            g.body_version.load(Ordering::Relaxed),
+        )?;
+        gauge(
+            "perago_body_version_oldest",
+            "The oldest body version a live executor runs (below perago_body_version while a roll is under way)",
+            g.oldest_body_version.load(Ordering::Relaxed),
         )?;
         let depth = g.queue_depth.load(Ordering::Relaxed);
         if depth != u64::MAX {

@@ -365,6 +365,20 @@ impl Machine {
         self.gauges
             .busy_slots
             .store(busy, std::sync::atomic::Ordering::Relaxed);
+        let oldest = self
+            .slots
+            .iter()
+            .filter(|s| s.generation != 0 && !s.exited)
+            .map(|s| s.body_version)
+            .min()
+            .unwrap_or(self.body_version);
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        self.gauges
+            .body_version
+            .store(u64::from(self.body_version), relaxed);
+        self.gauges
+            .oldest_body_version
+            .store(u64::from(oldest), relaxed);
         Output {
             reply,
             effects: std::mem::take(&mut self.effects),

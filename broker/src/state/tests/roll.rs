@@ -35,6 +35,15 @@ impl Harness {
         self.m.exit_ack(slot, generation)
     }
 
+    /// `perago_body_version` and `perago_body_version_oldest`.
+    fn body_gauges(&self) -> (u64, u64) {
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        (
+            self.m.gauges.body_version.load(relaxed),
+            self.m.gauges.oldest_body_version.load(relaxed),
+        )
+    }
+
     fn versions(&mut self) -> (Vec<u32>, u32, bool) {
         let s = self.status();
         (
@@ -63,6 +72,7 @@ fn a_roll_recycles_idle_slots_at_once_and_busy_ones_after_their_task() {
     assert_eq!(stop_reasons(&effects), [(idle, "recycle".to_owned())]);
     assert!(reports(&effects).is_empty(), "nothing is failed or handed back");
     assert_eq!(h.versions(), (vec![1, 1], 2, true));
+    assert_eq!(h.body_gauges(), (2, 1), "/metrics shows both versions");
     assert_eq!(h.poll(), None, "no slot of the old version takes a task");
     let done = h.complete(*busy, 1, task, execution);
     let reported = reports(&done);
@@ -77,6 +87,7 @@ fn a_roll_recycles_idle_slots_at_once_and_busy_ones_after_their_task() {
         assert_eq!(h.hello(slot, 2).0.unwrap(), (slot, 2));
     }
     assert_eq!(h.versions(), (vec![2, 2], 2, false), "the roll is over");
+    assert_eq!(h.body_gauges(), (2, 2));
     assert_eq!(h.counters.snapshot().executor_exits, 0);
     assert!(h.poll().is_some(), "the new version takes tasks");
     // A repeat, or an older version, changes nothing.
