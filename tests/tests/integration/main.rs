@@ -33,6 +33,7 @@ mod polls;
 mod publish_once;
 mod ready;
 mod recycle;
+mod roll;
 mod runtime;
 mod sdk_settings;
 mod secrets_channel;
