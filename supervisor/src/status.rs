@@ -1038,7 +1038,10 @@ mod tests {
             ..StatusResponse::default()
         };
         let table = to_table(&status);
-        assert!(table.contains("\nbody version 1\n"), "0 is version 1: {table}");
+        assert!(
+            table.contains("\nbody version 1\n"),
+            "0 is version 1: {table}"
+        );
         status.body_version = 2;
         status.rolling = true;
         status.slots = vec![slot(1, 2), slot(2, 1)];

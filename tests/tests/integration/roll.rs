@@ -81,7 +81,11 @@ async fn an_edited_manifest_changes_no_body_until_a_roll() {
     assert_eq!(run(&conductor).await, "one");
     assert_eq!(run(&conductor).await, "one");
     std::fs::write(task.manifest(), "[task\nbroken").unwrap();
-    assert_eq!(run(&conductor).await, "one", "a broken file breaks no restart");
+    assert_eq!(
+        run(&conductor).await,
+        "one",
+        "a broken file breaks no restart"
+    );
     let status = status_json(&sup.workspace_root());
     assert_eq!(versions(&status), Some((1, false, vec![1])), "{status}");
 }
@@ -122,11 +126,15 @@ async fn a_changed_body_rolls_twice_under_load_with_nothing_failed() {
     let good = std::fs::read_to_string(task.manifest()).unwrap();
     std::fs::write(task.manifest(), "[task\nbroken").unwrap();
     sup.signal("HUP");
-    eventually("the broken manifest refused", Duration::from_secs(10), || async {
-        sup.log_text()
-            .contains("SIGHUP: the manifest does not check; refused")
-            .then_some(())
-    })
+    eventually(
+        "the broken manifest refused",
+        Duration::from_secs(10),
+        || async {
+            sup.log_text()
+                .contains("SIGHUP: the manifest does not check; refused")
+                .then_some(())
+        },
+    )
     .await;
     std::fs::write(
         task.manifest(),
@@ -135,11 +143,15 @@ async fn a_changed_body_rolls_twice_under_load_with_nothing_failed() {
     )
     .unwrap();
     sup.signal("HUP");
-    eventually("the TaskDef change refused", Duration::from_secs(10), || async {
-        sup.log_text()
-            .contains("task.retry_count changed")
-            .then_some(())
-    })
+    eventually(
+        "the TaskDef change refused",
+        Duration::from_secs(10),
+        || async {
+            sup.log_text()
+                .contains("task.retry_count changed")
+                .then_some(())
+        },
+    )
     .await;
     assert_eq!(
         versions(&status_json(&root)).map(|v| v.0),
@@ -161,7 +173,8 @@ async fn a_changed_body_rolls_twice_under_load_with_nothing_failed() {
         *seen.entry(version_of(&wf)).or_default() += 1;
     }
     assert!(
-        seen.keys().all(|v| ["one", "two", "three"].contains(&v.as_str())),
+        seen.keys()
+            .all(|v| ["one", "two", "three"].contains(&v.as_str())),
         "{seen:?}"
     );
     assert!(seen.contains_key("one"), "{seen:?}");
@@ -181,7 +194,11 @@ async fn a_changed_body_rolls_twice_under_load_with_nothing_failed() {
         assert_eq!(version_of(&wf), "three", "{wf}");
     }
     let log = sup.log_text();
-    assert_eq!(log.matches("a new body version body_version=").count(), 2, "{log}");
+    assert_eq!(
+        log.matches("a new body version body_version=").count(),
+        2,
+        "{log}"
+    );
     assert!(log.contains("body roll finished"), "{log}");
     assert!(!log.contains("slot restart scheduled"), "no backoff: {log}");
 }

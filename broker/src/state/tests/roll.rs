@@ -14,7 +14,11 @@ impl Harness {
             pid: 0,
             body_version,
         }));
-        assert!(matches!(out.reply, Reply::SlotStarted(Ok(()))), "{:?}", out.reply);
+        assert!(
+            matches!(out.reply, Reply::SlotStarted(Ok(()))),
+            "{:?}",
+            out.reply
+        );
     }
 
     fn roll(&mut self, body_version: u32) -> Vec<Effect> {
@@ -62,7 +66,11 @@ impl Harness {
 fn a_roll_recycles_idle_slots_at_once_and_busy_ones_after_their_task() {
     let mut h = Harness::new(2, true);
     h.up(2);
-    assert_eq!(h.versions(), (vec![1, 1], 1, false), "0 from the supervisor is 1");
+    assert_eq!(
+        h.versions(),
+        (vec![1, 1], 1, false),
+        "0 from the supervisor is 1"
+    );
     let run = assignments(&h.deliver(&["a"]));
     let [(busy, execution, task)] = run.as_slice() else {
         panic!("{run:?}");
@@ -70,7 +78,10 @@ fn a_roll_recycles_idle_slots_at_once_and_busy_ones_after_their_task() {
     let idle = 3 - busy;
     let effects = h.roll(2);
     assert_eq!(stop_reasons(&effects), [(idle, "recycle".to_owned())]);
-    assert!(reports(&effects).is_empty(), "nothing is failed or handed back");
+    assert!(
+        reports(&effects).is_empty(),
+        "nothing is failed or handed back"
+    );
     assert_eq!(h.versions(), (vec![1, 1], 2, true));
     assert_eq!(h.body_gauges(), (2, 1), "/metrics shows both versions");
     assert_eq!(h.poll(), None, "no slot of the old version takes a task");
