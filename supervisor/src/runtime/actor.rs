@@ -629,7 +629,10 @@ pub(crate) async fn supervise(
     // Version 1 of the body: the manifest as `start` checked it, never re-read from disk.
     let bodies = {
         let dir = matches!(launcher, Launcher::Process { .. })
-            .then(|| spec.workspace_root.join(body::BODY_DIR));
+            .then(|| {
+                let runtime_dir = spec.socket.parent().unwrap_or(&spec.workspace_root);
+                runtime_dir.join(body::BODY_DIR)
+            });
         Bodies::new(Arc::clone(&spec.manifest), dir).map_err(|source| RuntimeError::Spawn {
             what: "the body version's folder".to_owned(),
             source,

@@ -4,7 +4,8 @@
 //! file on disk: editing task.toml changes nothing until a roll takes it as version N+1.
 //!
 //! Process mode: each version's source is written once, as JSON, to
-//! `<workspace root>/.perago-body/<version>.json` (folder 0700, file 0600) and the executor
+//! `<runtime dir>/body/<version>.json` (beside the broker's socket, in the root's private 0700
+//! runtime folder; the folder `body` 0700, each file 0600) and the executor
 //! reads it at start ([`perago_core::env::PERAGO_BODY`]). Thread mode: the executor thread
 //! takes the version's `Arc<Manifest>`; its bodies are the commands it spawns, so a new
 //! version is simply a new manifest for the next executor thread.
@@ -17,8 +18,8 @@ use std::{
     sync::Arc,
 };
 
-/// The folder under the workspace root holding each body version's source.
-pub(crate) const BODY_DIR: &str = ".perago-body";
+/// The folder under the runtime directory holding each body version's source.
+pub(crate) const BODY_DIR: &str = "body";
 
 /// One body version: its number and the manifest it was taken from.
 #[derive(Debug, Clone)]
