@@ -628,11 +628,10 @@ pub(crate) async fn supervise(
     let mut hup = signal(SignalKind::hangup()).expect("SIGHUP handler");
     // Version 1 of the body: the manifest as `start` checked it, never re-read from disk.
     let bodies = {
-        let dir = matches!(launcher, Launcher::Process { .. })
-            .then(|| {
-                let runtime_dir = spec.socket.parent().unwrap_or(&spec.workspace_root);
-                runtime_dir.join(body::BODY_DIR)
-            });
+        let dir = matches!(launcher, Launcher::Process { .. }).then(|| {
+            let runtime_dir = spec.socket.parent().unwrap_or(&spec.workspace_root);
+            runtime_dir.join(body::BODY_DIR)
+        });
         Bodies::new(Arc::clone(&spec.manifest), dir).map_err(|source| RuntimeError::Spawn {
             what: "the body version's folder".to_owned(),
             source,

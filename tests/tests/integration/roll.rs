@@ -4,8 +4,8 @@
 //! executor recycled after its current assignment, nothing failed.
 
 use crate::harness::{
-    Conductor, SupervisorProc, TaskFixture, child_named, eventually, signal_pid, status_json,
-    thread_mode,
+    Conductor, SupervisorProc, TaskFixture, child_named, eventually, gated_body, signal_pid,
+    status_json, thread_mode,
 };
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -47,6 +47,27 @@ fn versions(status: &Value) -> Option<(u64, bool, Vec<u64>)> {
             .iter()
             .filter_map(|s| s["body_version"].as_u64())
             .collect(),
+    ))
+}
+
+/// The runtime's `perago_body_version` and `perago_body_version_oldest` on `/metrics`.
+fn body_gauges(sup: &SupervisorProc, task: &TaskFixture) -> Option<(u64, u64)> {
+    let log = sup.log_text();
+    let at = log.find("metrics served at ")? + "metrics served at ".len();
+    let url = log[at..].split_whitespace().next()?.to_owned();
+    let out = std::process::Command::new("curl")
+        .args(["-sf", &url])
+        .output()
+        .ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    let gauge = |name: &str| {
+        let prefix = format!("{name}{{task=\"{}\"}} ", task.name);
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
+    };
+    Some((
+        gauge("perago_body_version")?,
+        gauge("perago_body_version_oldest")?,
     ))
 }
 
@@ -109,7 +130,12 @@ async fn a_changed_body_rolls_twice_under_load_with_nothing_failed() {
     for n in 0..WORKFLOWS {
         ids.push(conductor.start_workflow(&task, json!({ "n": n })).await);
     }
-    let sup = SupervisorProc::start(&task, &conductor, 3, &[]);
+    let sup = SupervisorProc::start(
+        &task,
+        &conductor,
+        3,
+        &[("PERAGO_METRICS_ADDR", "127.0.0.1:0")],
+    );
     let root = sup.workspace_root();
     let completed_at_least = |n: u64| {
         let root = root.clone();
@@ -183,6 +209,7 @@ async fn a_changed_body_rolls_twice_under_load_with_nothing_failed() {
         (versions(&status)? == (3, false, vec![3, 3, 3])).then_some(status)
     })
     .await;
+    assert_eq!(body_gauges(&sup, &task), Some((3, 3)), "/metrics");
     let counters = &status["counters"];
     assert_eq!(counters["failed"], 0, "{status}");
     assert_eq!(counters["failed_terminal"], 0, "{status}");
@@ -201,4 +228,90 @@ async fn a_changed_body_rolls_twice_under_load_with_nothing_failed() {
     );
     assert!(log.contains("body roll finished"), "{log}");
     assert!(!log.contains("slot restart scheduled"), "no backoff: {log}");
+}
+
+/// A busy executor of the old version finishes its assignment first (its output is the old
+/// version's, completed at the first attempt) while an idle one rolls at once: until then
+/// `status` shows both versions and the roll under way; then every slot is at the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_executor_finishes_its_task_before_it_rolls_and_status_shows_both_versions() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new(
+        "e2e.rollbusy",
+        &gated_body("printf '{\"v\": \"%s\"}\\n' \"$V\"\n"),
+        "",
+    )
+    .with_manifest_tail("env = { V = \"one\" }\n");
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(&task, &conductor, 2, &[]);
+    let root = sup.workspace_root();
+    eventually(
+        "both executors attached",
+        Duration::from_secs(20),
+        || async {
+            let status = status_json(&root);
+            let idle = status["slots"]
+                .as_array()?
+                .iter()
+                .filter(|s| s["state"] == "idle")
+                .count();
+            (idle == 2).then_some(())
+        },
+    )
+    .await;
+    let gate = task.gate();
+    let held = conductor.start_workflow(&task, json!({})).await;
+    gate.started().await;
+    set_version(&task, "one", "two");
+    sup.signal("HUP");
+    let status = eventually("the idle slot rolled", Duration::from_secs(20), || async {
+        let status = status_json(&root);
+        let (version, rolling, mut slots) = versions(&status)?;
+        slots.sort_unstable();
+        (version == 2 && rolling && slots == [1, 2]).then_some(status)
+    })
+    .await;
+    let busy = status["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["body_version"] == 1)
+        .unwrap();
+    assert_eq!(
+        busy["state"], "busy",
+        "the old version is the busy one: {status}"
+    );
+    // The table says so too.
+    let run = perago_tests::Run::of(perago_tests::command(crate::harness::SUPERVISOR).args([
+        "status",
+        "--socket",
+        root.join("run/broker.sock").to_str().unwrap(),
+    ]));
+    assert!(
+        run.stdout
+            .contains("body version 2  rolling: slots at an older version: "),
+        "{}",
+        run.stdout
+    );
+    if !thread_mode() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let file = root.join("run/body/2.json");
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", file.display());
+    }
+    gate.open();
+    let wf = conductor
+        .wait_terminal(&held, Duration::from_secs(30))
+        .await;
+    assert_eq!(version_of(&wf), "one", "it finished as it started");
+    eventually("the roll to end", Duration::from_secs(20), || async {
+        (versions(&status_json(&root))? == (2, false, vec![2, 2])).then_some(())
+    })
+    .await;
+    let id = conductor.start_workflow(&task, json!({})).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(version_of(&wf), "two");
+    let status = status_json(&root);
+    assert_eq!(status["counters"]["executor_exits"], 0, "{status}");
+    assert_eq!(status["counters"]["failed"], 0, "{status}");
 }
