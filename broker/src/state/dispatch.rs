@@ -58,6 +58,9 @@ impl Machine {
             s.work = Work::Idle;
             reserved_slot = Some(n);
         }
+        // A slot of an older body version (a roll started while its update was in flight)
+        // takes no next task: it is recycled now, and the task goes to a free slot or is held.
+        self.roll_idle();
         if let Some(task) = next_task {
             self.receive(task, reserved_slot);
         }

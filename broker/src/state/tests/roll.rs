@@ -151,3 +151,38 @@ fn a_drain_during_a_roll_just_drains() {
     effects.extend(done);
     assert_eq!(stop_reasons(&effects), [(*busy, "drain".to_owned())]);
 }
+
+/// A roll that starts while a completion's update-v2 is in flight: the next task it brings
+/// back does not go to the old version's executor (recycled now); it is held, its lease
+/// extended, until the new generation attaches, and runs there.
+#[test]
+fn update_v2s_next_task_never_reaches_an_executor_of_the_old_version() {
+    let mut h = Harness::new(1, true);
+    h.up(1);
+    let (_, execution, _) = assignments(&h.deliver(&["a"])).remove(0);
+    let done = h.complete(1, 1, "a", &execution);
+    assert!(reports(&done)[0].use_v2, "before the roll: update-v2");
+    assert!(
+        stops(&h.roll(2)).is_empty(),
+        "its update is in flight: not idle yet"
+    );
+    let effects = h.go(Input::UpdateDone {
+        slot: Some(1),
+        next_task: Some(task("b")),
+    });
+    assert!(assignments(&effects).is_empty(), "{effects:?}");
+    assert_eq!(stop_reasons(&effects), [(1, "recycle".to_owned())]);
+    assert!(
+        effects
+            .iter()
+            .any(|e| matches!(e, Effect::StartLease { .. })),
+        "held, its lease extended: {effects:?}"
+    );
+    h.recycled_exit(1, 1);
+    h.started_at(1, 2, 2);
+    let (attached, effects) = h.hello(1, 2);
+    attached.unwrap();
+    let run = assignments(&effects);
+    assert_eq!(run.len(), 1, "{effects:?}");
+    assert_eq!((run[0].0, run[0].2.as_str()), (1, "b"));
+}
