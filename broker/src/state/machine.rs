@@ -193,6 +193,8 @@ pub(crate) struct Machine {
     /// The body version every generation should run (`Control.RollBody`; 1 at start). A live
     /// generation of an older one is recycled at its first safe moment (see `roll`).
     pub(super) body_version: u32,
+    /// A roll started and its end is not logged yet.
+    pub(super) roll_open: bool,
 }
 
 /// Compares secrets without an early exit on the first differing byte.
@@ -281,6 +283,7 @@ impl Machine {
             once_empty_polls: 0,
             poll_sparse: false,
             body_version: 1,
+            roll_open: false,
         }
     }
 
@@ -348,6 +351,7 @@ impl Machine {
         self.stop_unwanted();
         // Before anything is dispatched: an executor of an old body version takes no task.
         self.roll_idle();
+        self.roll_ended();
         self.run_held();
         self.settle_drain();
         self.grant_poll();

@@ -101,7 +101,7 @@ impl Machine {
         // Heard: its first tick starts its liveness clock.
         slot.heard = true;
         slot.last_heard = None;
-        tracing::info!(slot = slot.number, generation = slot.generation, worker_id = %slot.worker_id, pid = hello.pid, "executor attached");
+        tracing::info!(slot = slot.number, generation = slot.generation, worker_id = %slot.worker_id, pid = hello.pid, body_version = slot.body_version, "executor attached");
         let stopping = slot.stopping;
         self.send(creds.slot, creds.generation, welcome);
         if stopping && self.draining {
@@ -302,6 +302,18 @@ impl Machine {
             "body roll started: executors of older versions are recycled as their assignments finish"
         );
         self.body_version = body_version;
+        self.roll_open = true;
+    }
+
+    /// Logs the end of a roll once no live generation runs an older version.
+    pub(super) fn roll_ended(&mut self) {
+        if self.roll_open && !self.rolling() {
+            self.roll_open = false;
+            tracing::info!(
+                body_version = self.body_version,
+                "body roll finished: every executor runs the new version"
+            );
+        }
     }
 
     /// Whether `slot`'s generation runs an older body version than the runtime's.

@@ -311,6 +311,24 @@ async fn a_busy_executor_finishes_its_task_before_it_rolls_and_status_shows_both
     let id = conductor.start_workflow(&task, json!({})).await;
     let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
     assert_eq!(version_of(&wf), "two");
+    // The broker's JSONL log tells the roll: started, each slot recycled, finished.
+    let jsonl = sup.jsonl_dir(&task, &format!("{}Broker", task.prefix()));
+    let log = eventually(
+        "the broker's log of the roll",
+        Duration::from_secs(10),
+        || async {
+            let log = std::fs::read_to_string(jsonl.join("perago.jsonl")).ok()?;
+            log.contains("body roll finished").then_some(log)
+        },
+    )
+    .await;
+    assert!(log.contains("body roll started"), "{log}");
+    assert_eq!(
+        log.matches("executor recycled: body version 1 rolls to 2")
+            .count(),
+        2,
+        "{log}"
+    );
     let status = status_json(&root);
     assert_eq!(status["counters"]["executor_exits"], 0, "{status}");
     assert_eq!(status["counters"]["failed"], 0, "{status}");
