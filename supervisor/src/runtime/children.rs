@@ -168,6 +168,8 @@ impl Program {
 pub(crate) enum Launcher {
     Process {
         broker_bin: Program,
+        /// The stock executor (`perago-executor`): what runs a `body.command`; a body version
+        /// whose body is `body.executor` runs that binary instead.
         executor_bin: Program,
         /// The workspace root lock's descriptor, inherited by every child.
         lock_fd: Option<RawFd>,
@@ -435,9 +437,13 @@ impl Launcher {
                     perago_core::env::PERAGO_COMPLETION_FD.to_owned(),
                     pipe.as_raw_fd().to_string(),
                 ));
+                let program = match &body.body.kind {
+                    BodyKind::Executor(path) => Program::binary(path.clone()),
+                    BodyKind::Command { .. } => executor_bin.clone(),
+                };
                 // The child has its copy; ours closes when `pipe` drops.
                 Self::spawn_process(
-                    &executor_bin.clone(),
+                    &program,
                     slot_name,
                     &env,
                     kind,

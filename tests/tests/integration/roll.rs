@@ -333,3 +333,52 @@ async fn a_busy_executor_finishes_its_task_before_it_rolls_and_status_shows_both
     assert_eq!(status["counters"]["executor_exits"], 0, "{status}");
     assert_eq!(status["counters"]["failed"], 0, "{status}");
 }
+
+/// A roll may change what runs the body: from a command to a Rust task binary
+/// (`body.executor`), which the next generations run in place of the stock executor. Thread
+/// mode cannot run such a binary at all: the roll is refused there, saying why, and the running
+/// version keeps running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roll_can_change_the_command_for_a_task_binary_where_the_mode_runs_one() {
+    let conductor = Conductor::start().await;
+    let sum = env!("CARGO_BIN_EXE_perago-example-sum");
+    let task = TaskFixture::new(
+        "e2e.rollbin",
+        "cat > /dev/null\necho '{\"sum\": \"from the command\"}'\n",
+        "",
+    );
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(&task, &conductor, 1, &[]);
+    let sum_of = async |conductor: &Conductor| {
+        let id = conductor
+            .start_workflow(&task, json!({"a": 40, "b": 2}))
+            .await;
+        let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+        assert_eq!(wf["status"], "COMPLETED", "{wf}");
+        wf["output"]["result"]["sum"].clone()
+    };
+    assert_eq!(sum_of(&conductor).await, "from the command");
+    let manifest = std::fs::read_to_string(task.manifest()).unwrap().replace(
+        "command = [\"sh\", \"body.sh\"]",
+        &format!("executor = \"{sum}\""),
+    );
+    std::fs::write(task.manifest(), manifest).unwrap();
+    sup.signal("HUP");
+    let root = sup.workspace_root();
+    if thread_mode() {
+        eventually("the refusal", Duration::from_secs(10), || async {
+            sup.log_text()
+                .contains("cannot run in thread mode")
+                .then_some(())
+        })
+        .await;
+        assert_eq!(sum_of(&conductor).await, "from the command");
+        assert_eq!(versions(&status_json(&root)).map(|v| v.0), Some(1));
+    } else {
+        eventually("the roll to end", Duration::from_secs(20), || async {
+            (versions(&status_json(&root))? == (2, false, vec![2])).then_some(())
+        })
+        .await;
+        assert_eq!(sum_of(&conductor).await, 42);
+    }
+}
