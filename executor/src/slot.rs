@@ -364,8 +364,7 @@ pub async fn serve(
                 // The broker recycles this generation itself (a new body version rolls): it
                 // leaves for the next one as if it had reached a limit.
                 if recycling.is_none() && stop.reason == perago_core::recycle::STOP_RECYCLE {
-                    recycling =
-                        Some("the broker recycles it (a new body version rolls)".to_owned());
+                    recycling = Some("a new body version rolls".to_owned());
                 }
                 return Ok(served(&recycling));
             }

@@ -421,7 +421,9 @@ impl Actor {
     /// next version and rolls ([`Actor::roll`]); anything else is refused with a log line and
     /// nothing changes.
     fn reread(&mut self) {
-        let path = self.spec.manifest_path.clone();
+        // The path as the operator named it (not the canonical one `start` resolved): a deploy
+        // that switches a symlinked folder is read through the link, as it is now.
+        let path = self.bodies.current_manifest().path.clone();
         match Snapshot::load(&path) {
             Err(problems) => {
                 tracing::error!(manifest = %path.display(), problems = %problems.join("; "), "SIGHUP: the manifest does not check; refused, the running body version keeps running");

@@ -95,13 +95,6 @@ pub(crate) fn compare(current: &Manifest, next: &Manifest) -> Result<Change, Vec
     if current.dev != next.dev {
         refused.push("dev changed: the [dev] table does not roll".to_owned());
     }
-    if current.dir != next.dir {
-        refused.push(format!(
-            "the manifest's folder resolves to {} now, not {}",
-            next.dir.display(),
-            current.dir.display()
-        ));
-    }
     if !refused.is_empty() {
         return Err(refused);
     }
@@ -136,6 +129,11 @@ pub(crate) fn compare(current: &Manifest, next: &Manifest) -> Result<Change, Vec
     }
     if x.soft_time_limit != y.soft_time_limit {
         changed.push("body.soft_time_limit");
+    }
+    // A deploy that switches a symlinked folder (`current -> releases/7`): the bodies of the
+    // new version run from the folder it resolves to now.
+    if current.dir != next.dir {
+        changed.push("the manifest's folder");
     }
     if current.guardrails != next.guardrails {
         changed.push("guardrails");
@@ -261,6 +259,17 @@ mod tests {
         assert_eq!(
             compare(&v1, &command),
             Ok(Change::Body(vec!["body.command"]))
+        );
+        let moved = tempfile::tempdir().unwrap();
+        let release = manifest(
+            moved.path(),
+            "",
+            "command = [\"./a.sh\"]\nenv = { V = \"1\" }",
+        );
+        assert_eq!(
+            compare(&v1, &release),
+            Ok(Change::Body(vec!["the manifest's folder"])),
+            "a new release folder rolls"
         );
         let retries = manifest(d, "retry_count = 9", "command = [\"./b.sh\"]");
         let refused = compare(&v1, &retries).unwrap_err();
