@@ -20,11 +20,11 @@ impl Machine {
         if body_version <= self.body_version {
             return;
         }
+        // Every live slot runs an older version than a new one.
         let older = self
             .slots
             .values()
             .filter(|p| p.child.is_some() || p.starting.is_some())
-            .filter(|p| p.body_version < body_version || p.announcing.is_some())
             .count();
         if self.rolling {
             tracing::info!(
