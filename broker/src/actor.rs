@@ -67,6 +67,11 @@ pub(crate) enum Event {
     },
     /// Resume polling: answered with whether it was running already.
     Resume { reply: oneshot::Sender<bool> },
+    /// `Control.RollBody`: a new body version rolls.
+    Roll {
+        body_version: u32,
+        reply: oneshot::Sender<()>,
+    },
     /// `Admin.Scale`: the executor range becomes `min..=max`.
     Scale {
         min: u32,
@@ -334,6 +339,14 @@ impl Actor {
                 self.perform(out.effects);
                 // The view after the report and everything it set off.
                 let _ = reply.send(self.machine.exit_ack(slot, generation));
+            }
+            Event::Roll {
+                body_version,
+                reply,
+            } => {
+                let out = self.handle_input(Input::Roll { body_version });
+                self.perform(out.effects);
+                let _ = reply.send(());
             }
             Event::SlotStarted { started, reply } => {
                 let out = self.handle_input(Input::SlotStarted(started));

@@ -134,6 +134,10 @@ pub(crate) struct Gauges {
     pub(crate) share_limit: AtomicU64,
     /// Sharing capacity: the tasks held against the permits.
     pub(crate) share_held: AtomicU64,
+    /// The body version new executors start with (`Control.RollBody`; 1 at start).
+    pub(crate) body_version: AtomicU64,
+    /// The oldest body version a live executor runs (equal to `body_version` but mid-roll).
+    pub(crate) oldest_body_version: AtomicU64,
     /// Dispatch-to-completion durations.
     pub(crate) task_duration: Histogram,
     /// The peak memory of each body whose memory cgroup measured one (`body.memory_limit`).
@@ -156,6 +160,8 @@ impl Default for Gauges {
             paused: AtomicU64::default(),
             share_limit: AtomicU64::new(u64::MAX),
             share_held: AtomicU64::default(),
+            body_version: AtomicU64::new(1),
+            oldest_body_version: AtomicU64::new(1),
             task_duration: Histogram::new(DURATION_BUCKETS),
             body_peak_memory: Histogram::new(MEMORY_BUCKETS),
             body_oom_kills: PromCounter::default(),
@@ -270,6 +276,16 @@ impl Collector for PeragoCollector {
             "perago_wanted_executors",
             "Executors the runtime wants running (between the -j range's bounds)",
             g.wanted_executors.load(Ordering::Relaxed),
+        )?;
+        gauge(
+            "perago_body_version",
+            "The body version new executors start with (1 at start, +1 per roll of a changed body)",
+            g.body_version.load(Ordering::Relaxed),
+        )?;
+        gauge(
+            "perago_body_version_oldest",
+            "The oldest body version a live executor runs (below perago_body_version while a roll is under way)",
+            g.oldest_body_version.load(Ordering::Relaxed),
         )?;
         let depth = g.queue_depth.load(Ordering::Relaxed);
         if depth != u64::MAX {

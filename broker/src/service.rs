@@ -241,6 +241,20 @@ impl Control for ControlService {
         Ok(Response::new(proto::ControlAck {}))
     }
 
+    async fn roll_body(
+        &self,
+        request: Request<proto::RollBody>,
+    ) -> Result<Response<proto::ControlAck>, Status> {
+        self.authorize(&request)?;
+        let body_version = request.into_inner().body_version;
+        ask(&self.events, |reply| Event::Roll {
+            body_version,
+            reply,
+        })
+        .await?;
+        Ok(Response::new(proto::ControlAck {}))
+    }
+
     async fn slot_exited(
         &self,
         request: Request<proto::SlotExited>,

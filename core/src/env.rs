@@ -79,6 +79,12 @@ pub const PERAGO_SOCKET: &str = "PERAGO_SOCKET";
 pub const PERAGO_TASK_NAME: &str = "PERAGO_TASK_NAME";
 /// The manifest's path (broker and executors).
 pub const PERAGO_MANIFEST: &str = "PERAGO_MANIFEST";
+/// The body version an executor runs: a JSON [`crate::manifest::ManifestSource`] the supervisor
+/// wrote when it took the version (executors; without it, the manifest at [`PERAGO_MANIFEST`]
+/// is read).
+pub const PERAGO_BODY: &str = "PERAGO_BODY";
+/// The number of that body version (executors: 1 at start, +1 per roll; for its logs).
+pub const PERAGO_BODY_VERSION: &str = "PERAGO_BODY_VERSION";
 /// The supervisor's control secret (broker; a secret, passed over [`PERAGO_SECRETS_FD`]).
 pub const PERAGO_CONTROL_TOKEN: &str = "PERAGO_CONTROL_TOKEN";
 /// The only process whose `Control` calls the broker takes (the supervisor's pid; by default

@@ -95,6 +95,37 @@ pub fn identity_from(
     ))
 }
 
+/// The body this executor runs: the version the supervisor wrote for it ([`env::PERAGO_BODY`],
+/// a manifest's source as checked when the version was taken), never the manifest file as it
+/// is on disk now; without one (an executor started by hand), the file at `manifest_path`.
+pub fn manifest_from(
+    lookup: impl Fn(&str) -> Option<String>,
+    manifest_path: &std::path::Path,
+) -> Result<Manifest, String> {
+    /// A manifest and two schemas of at most 1 MiB each, escaped as JSON.
+    const MAX_BODY_BYTES: u64 = 8 * perago_core::files::MAX_CONFIG_BYTES;
+    let Some(file) = lookup(env::PERAGO_BODY).filter(|v| !v.is_empty()) else {
+        return Manifest::load(manifest_path).map_err(|e| e.to_string());
+    };
+    let file = PathBuf::from(file);
+    let text = perago_core::files::read_regular(&file, MAX_BODY_BYTES).map_err(|e| {
+        format!(
+            "cannot read the body version {} ({}): {e}",
+            file.display(),
+            env::PERAGO_BODY
+        )
+    })?;
+    let source: perago_core::manifest::ManifestSource =
+        serde_json::from_str(&text).map_err(|e| {
+            format!(
+                "the body version {} ({}) is not a manifest source: {e}",
+                file.display(),
+                env::PERAGO_BODY
+            )
+        })?;
+    source.manifest().map_err(|e| e.to_string())
+}
+
 /// The workspace side of an executor: the root, the lakeFS client (or why there is none: a
 /// workspace assignment then fails with that reason, and the executor keeps running), and the
 /// owner identity of its attempt directories.
@@ -155,7 +186,8 @@ fn start(task: Option<Arc<dyn crate::task::Task>>) -> Result<i32, Exit> {
     bootstrap::check_environment()?;
     let lookup = perago_core::env::secrets_then_env();
     let (identity, manifest_path) = identity_from(&lookup).map_err(bootstrap::config_error)?;
-    let manifest = Arc::new(Manifest::load(&manifest_path).map_err(bootstrap::start_error)?);
+    let manifest =
+        Arc::new(manifest_from(&lookup, &manifest_path).map_err(bootstrap::start_error)?);
     bootstrap::init_logging("perago-executor", &manifest.task.name, &identity.worker_id)?;
     // Whatever a body starts and leaves behind is re-parented here, not to init, so it can
     // be killed when the assignment ends.

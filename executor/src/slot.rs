@@ -361,6 +361,11 @@ pub async fn serve(
             FromBroker::Stop(stop) => {
                 tracing::info!(reason = %stop.reason, "stop from the broker; exiting while idle");
                 close(tx, inbound).await?;
+                // The broker recycles this generation itself (a new body version rolls): it
+                // leaves for the next one as if it had reached a limit.
+                if recycling.is_none() && stop.reason == perago_core::recycle::STOP_RECYCLE {
+                    recycling = Some("a new body version rolls".to_owned());
+                }
                 return Ok(served(&recycling));
             }
             FromBroker::Welcome(_) | FromBroker::Ping(_) => {}

@@ -14,13 +14,8 @@ use crate::{
     },
 };
 use perago_core::{
-    capacity::Capacity,
-    conductor::Domain,
-    env,
-    identity::WorkerPrefix,
-    lakefs::LakefsClient,
-    manifest::{BodyKind, Manifest},
-    mode::ExecutionMode,
+    capacity::Capacity, conductor::Domain, env, identity::WorkerPrefix, lakefs::LakefsClient,
+    manifest::Manifest, mode::ExecutionMode,
 };
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
@@ -162,6 +157,7 @@ impl Plan {
         let spec = RuntimeSpec {
             task_name: name.clone(),
             manifest_path: task.manifest_path,
+            manifest: Arc::new(task.manifest),
             capacity: task.capacity,
             prefix: task.prefix,
             domain: task.domain,
@@ -177,6 +173,7 @@ impl Plan {
             notify,
             process_label: self.several.then_some(name),
             stall_timeout: self.stall_timeout,
+            rolls: None,
         };
         Ok((spec, launcher))
     }
@@ -194,10 +191,9 @@ impl Plan {
             ExecutionMode::Process => Ok(Launcher::Process {
                 lock_fd: Some(locked.lock_fd()),
                 broker_bin: self.program(vars, Role::Broker)?,
-                executor_bin: match &manifest.body.kind {
-                    BodyKind::Executor(path) => Program::binary(path.clone()),
-                    BodyKind::Command { .. } => self.program(vars, Role::Executor)?,
-                },
+                // The stock executor; a body version whose body is `body.executor` runs that
+                // binary instead (chosen at each spawn: a roll may change it).
+                executor_bin: self.program(vars, Role::Executor)?,
             }),
         }
     }

@@ -10,14 +10,16 @@
 //! Every manifest is checked as `check` checks it, and any problem refuses the whole reload:
 //! nothing applies, the running version keeps running. What can change live applies at once
 //! through the broker's `Admin.Reconfigure`; a change that needs a new TaskDef is refused
-//! naming the field; a body change (which rolls, in a build with rolling body changes) is
-//! refused in this one.
+//! naming the field; a body change rolls in, executor by executor (`Actor::roll`, asked
+//! through each runtime's `RuntimeSpec::rolls`), unless what cannot roll changed with it.
 
 use crate::errors::ExpectedError;
+use crate::runtime::body::{self, RollRequest, Snapshot};
 use perago_core::{manifest::Manifest, taskdef};
 use perago_proto::admin::v1::{ReconfigureRequest, admin_client::AdminClient};
 use serde_json::Value;
-use std::{collections::BTreeMap, ffi::OsString, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, ffi::OsString, path::PathBuf, sync::Arc, time::Duration};
+use tokio::sync::{mpsc, oneshot};
 
 /// How a changed manifest field can reach a running runtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,10 +77,9 @@ impl Changes {
                     "{task}: {} changed ({} → {}) — needs a new TaskDef; register it (`perago-supervisor extract`) and restart the supervisor",
                     c.field, c.old, c.new
                 )),
-                Class::Body => Some(format!(
-                    "{task}: {} changed ({} → {}) — body changes roll executor by executor, which is not in this build; restart the supervisor to run the new body",
-                    c.field, c.old, c.new
-                )),
+                // Rolls executor by executor (what cannot roll, the runtime refuses: see
+                // `body::compare`).
+                Class::Body => None,
             })
             .collect()
     }
@@ -195,6 +196,14 @@ pub(crate) fn diff(old: &Manifest, new: &Manifest) -> Changes {
         Class::Body,
     );
     push("body.env", &json(&ob.env), &json(&nb.env), Class::Body);
+    // A deploy that switches a symlinked folder (`current -> releases/7`): the bodies of the
+    // new version run from the folder the manifest resolves to now.
+    push(
+        "the manifest's folder",
+        &Value::from(old.dir.display().to_string()),
+        &Value::from(new.dir.display().to_string()),
+        Class::Body,
+    );
     push("body.user", &json(&ob.user), &json(&nb.user), Class::Body);
     push(
         "body.soft_time_limit",
@@ -315,6 +324,8 @@ pub(crate) struct Running {
     pub(crate) manifest: Manifest,
     /// Its broker's socket.
     pub(crate) socket: PathBuf,
+    /// Where a changed body goes to roll in (the runtime's actor); `None`: it cannot.
+    pub(crate) rolls: Option<mpsc::UnboundedSender<RollRequest>>,
 }
 
 /// What a reload did, for the `reload` command's output or the log.
@@ -434,6 +445,19 @@ impl Reloader {
             }
             let changes = diff(&running.manifest, &manifest);
             problems.extend(changes.refusals());
+            // A body change rolls, if the runtime can take it and nothing it changes beside
+            // the body stops it (the workspace settings do not roll).
+            if changes.of(Class::Body).next().is_some() {
+                if running.rolls.is_none() {
+                    problems.push(format!(
+                        "{name}: the body changed, and this runtime takes no body change; restart the supervisor to run the new body"
+                    ));
+                } else if changes.of(Class::TaskDef).next().is_some() {
+                    // Refused already, each field named once.
+                } else if let Err(refused) = body::compare(&running.manifest, &manifest) {
+                    problems.extend(refused.into_iter().map(|p| format!("{name}: {p}")));
+                }
+            }
             planned.push((index, manifest, changes));
         }
         if !problems.is_empty() {
@@ -456,23 +480,46 @@ impl Reloader {
                 unchanged.push(format!("{}: unchanged", changes.task));
                 continue;
             }
-            let request = reconfigure_request(&manifest);
-            match reconfigure(&running.socket, request).await {
-                Ok(()) => {
-                    for c in changes.of(Class::Live) {
+            if changes.of(Class::Live).next().is_some() {
+                let request = reconfigure_request(&manifest);
+                if let Err(e) = reconfigure(&running.socket, request).await {
+                    failed.push(format!(
+                        "{}: the broker at {} did not take the change: {e}",
+                        changes.task,
+                        running.socket.display()
+                    ));
+                    continue;
+                }
+                for c in changes.of(Class::Live) {
+                    lines.push(format!(
+                        "{}: {} {} → {} (applied)",
+                        changes.task, c.field, c.old, c.new
+                    ));
+                }
+            }
+            if changes.of(Class::Body).next().is_some() {
+                let rolls = running.rolls.as_ref().expect("checked in planning");
+                match roll(rolls, manifest.clone()).await {
+                    Ok(Some(version)) => {
+                        let fields: Vec<&str> = changes.of(Class::Body).map(|c| c.field).collect();
                         lines.push(format!(
-                            "{}: {} {} → {} (applied)",
-                            changes.task, c.field, c.old, c.new
+                            "{}: the body rolls to version {version} ({} changed): each executor takes it after its current task",
+                            changes.task,
+                            fields.join(", ")
                         ));
                     }
-                    running.manifest = manifest;
+                    Ok(None) => {}
+                    Err(problems) => {
+                        failed.extend(
+                            problems
+                                .into_iter()
+                                .map(|p| format!("{}: {p}", changes.task)),
+                        );
+                        continue;
+                    }
                 }
-                Err(e) => failed.push(format!(
-                    "{}: the broker at {} did not take the change: {e}",
-                    changes.task,
-                    running.socket.display()
-                )),
             }
+            running.manifest = manifest;
         }
         lines.extend(unchanged);
         if failed.is_empty() {
@@ -495,6 +542,34 @@ pub(crate) fn reconfigure_request(manifest: &Manifest) -> ReconfigureRequest {
                 .soft_time_limit
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         ),
+    }
+}
+
+/// Asks the runtime's actor to roll `manifest` in as its next body version, bounded to 10 s.
+async fn roll(
+    rolls: &mpsc::UnboundedSender<RollRequest>,
+    manifest: Manifest,
+) -> Result<Option<u32>, Vec<String>> {
+    let (reply, answer) = oneshot::channel();
+    let request = RollRequest {
+        snapshot: Snapshot {
+            manifest: Arc::new(manifest),
+        },
+        reply,
+    };
+    if rolls.send(request).is_err() {
+        return Err(vec![
+            "the runtime has stopped; the body does not roll".to_owned(),
+        ]);
+    }
+    match tokio::time::timeout(Duration::from_secs(10), answer).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(_)) => Err(vec![
+            "the runtime stopped before the body rolled".to_owned(),
+        ]),
+        Err(_) => Err(vec![
+            "the runtime did not take the body within 10 s".to_owned(),
+        ]),
     }
 }
 

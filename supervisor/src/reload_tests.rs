@@ -157,7 +157,7 @@ fn the_kind_is_one_taskdef_field() {
 }
 
 #[test]
-fn body_changes_roll_and_are_refused_in_this_build() {
+fn body_changes_roll() {
     for (from, to, field) in [
         (
             "command = [\"sh\", \"body.sh\"]",
@@ -192,12 +192,12 @@ fn body_changes_roll_and_are_refused_in_this_build() {
     ] {
         let changes = diff(&manifest(BASE), &edited(from, to));
         assert_eq!(fields(&changes), [(field, Class::Body)], "{to}");
-        let refusals = changes.refusals();
+        // Not refused here: the runtime rolls it (or says why it cannot).
         assert!(
-            refusals[0].starts_with(&format!("orders.ship: {field} changed (")),
-            "{refusals:?}"
+            changes.refusals().is_empty(),
+            "{to}: {:?}",
+            changes.refusals()
         );
-        assert!(refusals[0].contains("body changes roll"), "{refusals:?}");
     }
     // A Rust task binary in place of the command: both keys change.
     let binary = diff(
@@ -255,7 +255,8 @@ fn every_change_is_listed_at_once() {
             ("body.soft_time_limit", Class::Live),
         ]
     );
-    assert_eq!(changes.refusals().len(), 2);
+    // The TaskDef field is refused; the body rolls and the soft limit applies live.
+    assert_eq!(changes.refusals().len(), 1);
     assert_eq!(changes.of(Class::Live).count(), 1);
 }
 
@@ -311,6 +312,7 @@ async fn apply_refuses_as_a_whole_and_is_idempotent() {
         path: path.clone(),
         manifest: Manifest::load(path).unwrap(),
         socket: tmp.path().join("none.sock"),
+        rolls: None,
     };
     let vars: BTreeMap<String, String> = [("PATH".to_owned(), "/usr/bin:/bin".to_owned())].into();
     let mut reloader = Reloader::new(vec![running(&a), running(&b)], vars);
@@ -360,6 +362,73 @@ async fn apply_refuses_as_a_whole_and_is_idempotent() {
     };
     assert!(
         problems[0].starts_with("orders.nope: this supervisor does not run the task"),
+        "{problems:?}"
+    );
+}
+
+/// A body change goes to the runtime's actor to roll in, and the report names the version;
+/// a runtime that takes no body change (`rolls: None`) refuses it, as does what cannot roll.
+#[tokio::test]
+async fn a_body_change_is_sent_to_its_runtime_to_roll() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("task.toml");
+    std::fs::write(tmp.path().join("body.sh"), "cat\n").unwrap();
+    std::fs::write(tmp.path().join("body2.sh"), "cat\n").unwrap();
+    std::fs::write(&path, BASE).unwrap();
+    let vars: BTreeMap<String, String> = [("PATH".to_owned(), "/usr/bin:/bin".to_owned())].into();
+    let (rolls, mut asked) = mpsc::unbounded_channel::<RollRequest>();
+    let runtime = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        while let Some(ask) = asked.recv().await {
+            seen.push(ask.snapshot.manifest.body.kind.clone());
+            let _ = ask.reply.send(Ok(Some(2)));
+        }
+        seen
+    });
+    let running = Running {
+        path: path.clone(),
+        manifest: Manifest::load(&path).unwrap(),
+        socket: tmp.path().join("none.sock"),
+        rolls: Some(rolls),
+    };
+    let mut reloader = Reloader::new(vec![running], vars.clone());
+    std::fs::write(&path, BASE.replace("body.sh", "body2.sh")).unwrap();
+    let report = reloader.apply(&[]).await;
+    let ReloadReport::Applied { lines } = &report else {
+        panic!("applied: {report:?}");
+    };
+    assert_eq!(
+        lines,
+        &[
+            "orders.ship: the body rolls to version 2 (body.command changed): each executor takes it after its current task"
+        ]
+    );
+    // The version running is the new one: reloading again is a no-op, nothing more is sent.
+    assert!(matches!(
+        reloader.apply(&[]).await,
+        ReloadReport::Unchanged { .. }
+    ));
+    drop(reloader);
+    let seen = runtime.await.unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(format!("{:?}", seen[0]).contains("body2.sh"), "{seen:?}");
+
+    // A runtime that takes no body change refuses the reload as a whole.
+    std::fs::write(&path, BASE).unwrap();
+    let running = Running {
+        path: path.clone(),
+        manifest: Manifest::load(&path).unwrap(),
+        socket: tmp.path().join("none.sock"),
+        rolls: None,
+    };
+    let mut reloader = Reloader::new(vec![running], vars);
+    std::fs::write(&path, BASE.replace("body.sh", "body2.sh")).unwrap();
+    let ReloadReport::Refused { problems } = reloader.apply(&[]).await else {
+        panic!("refused");
+    };
+    assert!(
+        problems[0]
+            .starts_with("orders.ship: the body changed, and this runtime takes no body change"),
         "{problems:?}"
     );
 }

@@ -763,11 +763,13 @@ pub(crate) fn start(
                 task.env
                     .push((env::PERAGO_SHARE.to_owned(), "1".to_owned()));
             }
+            let (rolls_tx, rolls_rx) = tokio::sync::mpsc::unbounded_channel();
             reloadable.push(crate::reload::Running {
                 path: std::path::absolute(&task.manifest.path)
                     .unwrap_or_else(|_| task.manifest_path.clone()),
                 manifest: task.manifest.clone(),
                 socket: locked.socket.clone(),
+                rolls: Some(rolls_tx),
             });
             for (property, value, variable) in &task.sdk_settings {
                 tracing::info!(task = %task.manifest.task.name, %property, %value, %variable, "Conductor SDK setting applied");
@@ -784,7 +786,10 @@ pub(crate) fn start(
             )
             .await;
             gc::report_leftovers(&locked.root, &locked.socket);
-            runs.push(runtime_plan.runtime(task, locked, lakefs.clone(), notify, vars)?);
+            let (mut spec, launcher) =
+                runtime_plan.runtime(task, locked, lakefs.clone(), notify, vars)?;
+            spec.rolls = Some(rolls_rx);
+            runs.push((spec, launcher));
             lakefs_clients.push(lakefs);
         }
         // `status` with no argument finds the runtimes through this record.

@@ -297,12 +297,15 @@ pub(crate) fn to_json(status: &StatusResponse) -> Value {
         "draining": status.draining,
         "paused": status.paused,
         "paused_since_unix_ms": status.paused_since_unix_ms,
+        "body_version": body_version(status.body_version),
+        "rolling": status.rolling,
         "slots": status.slots.iter().map(|s| json!({
             "slot": s.slot, "worker_id": s.worker_id, "generation": s.generation, "pid": s.pid,
             "state": state_name(s.state), "task_id": s.task_id, "execution_id": s.execution_id,
             "busy_since_unix_ms": s.busy_since_unix_ms, "phase": s.phase, "recycling": s.recycling,
             "last_body_peak_memory_bytes": (s.last_body_peak_memory_bytes > 0).then_some(s.last_body_peak_memory_bytes),
             "max_body_peak_memory_bytes": (s.max_body_peak_memory_bytes > 0).then_some(s.max_body_peak_memory_bytes),
+            "body_version": body_version(s.body_version),
         })).collect::<Vec<_>>(),
         "counters": status.counters.as_ref().map(counters_json),
         "capacity": status.capacity.as_ref().map(capacity_json),
@@ -337,6 +340,32 @@ fn live_settings_line(status: &StatusResponse, now: i64) -> Option<String> {
         let _ = write!(line, " (changed by a reload {} ago)", human(ago));
     }
     Some(line)
+}
+
+/// A body version as a broker reports it: 0 (a broker of before body versions) is version 1.
+fn body_version(v: u32) -> u32 {
+    v.max(1)
+}
+
+/// The body version line: the version new executors start with and, during a roll, the slots
+/// still at an older one.
+fn body_line(status: &StatusResponse) -> String {
+    let current = body_version(status.body_version);
+    let mut line = format!("body version {current}");
+    if status.rolling {
+        let older: Vec<String> = status
+            .slots
+            .iter()
+            .filter(|s| s.generation > 0 && body_version(s.body_version) < current)
+            .map(|s| format!("{} (v{})", s.slot, body_version(s.body_version)))
+            .collect();
+        let _ = write!(
+            line,
+            "  rolling: slots at an older version: {}",
+            older.join(", ")
+        );
+    }
+    line
 }
 
 /// The status as a table for a terminal.
@@ -407,6 +436,7 @@ pub(crate) fn to_table(status: &StatusResponse) -> String {
             }
         );
     }
+    let _ = writeln!(out, "{}", body_line(status));
     let worker_ids: Vec<String> = status
         .slots
         .iter()
@@ -420,7 +450,7 @@ pub(crate) fn to_table(status: &StatusResponse) -> String {
         .max(9);
     let _ = writeln!(
         out,
-        "SLOT  {:<width$}  GEN  PID      STATE     PHASE       BUSY     TASK ID / EXECUTION ID",
+        "SLOT  {:<width$}  GEN  PID      STATE     BODY  PHASE       BUSY     TASK ID / EXECUTION ID",
         "WORKER ID"
     );
     for (s, worker_id) in status.slots.iter().zip(&worker_ids) {
@@ -442,12 +472,13 @@ pub(crate) fn to_table(status: &StatusResponse) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<4}  {:<width$}  {:<3}  {:<7}  {:<8}  {:<10}  {:<7}  {}",
+            "{:<4}  {:<width$}  {:<3}  {:<7}  {:<8}  {:<4}  {:<10}  {:<7}  {}",
             s.slot,
             worker_id,
             s.generation,
             s.pid,
             state_name(s.state),
+            format!("v{}", body_version(s.body_version)),
             cell(&s.phase, MAX_CELL_CHARS),
             busy,
             ids
@@ -1144,5 +1175,42 @@ mod tests {
             json["reconfigured_at_unix_ms"],
             status.reconfigured_at_unix_ms
         );
+    }
+
+    /// Issue #26 item 4: the body version of each slot and the runtime's, and a roll under
+    /// way with the slots still at an older version, in the table and the JSON.
+    #[test]
+    fn the_body_versions_and_a_roll_are_shown() {
+        let slot = |slot, body_version| perago_proto::admin::v1::SlotStatus {
+            slot,
+            worker_id: format!("t{slot:04}"),
+            generation: 1,
+            body_version,
+            ..Default::default()
+        };
+        let mut status = StatusResponse {
+            task_name: "t".into(),
+            slots: vec![slot(1, 0), slot(2, 0)],
+            ..StatusResponse::default()
+        };
+        let table = to_table(&status);
+        assert!(
+            table.contains("\nbody version 1\n"),
+            "0 is version 1: {table}"
+        );
+        status.body_version = 2;
+        status.rolling = true;
+        status.slots = vec![slot(1, 2), slot(2, 1)];
+        let table = to_table(&status);
+        assert!(
+            table.contains("\nbody version 2  rolling: slots at an older version: 2 (v1)\n"),
+            "{table}"
+        );
+        let row = table.lines().find(|l| l.starts_with("2 ")).unwrap();
+        assert_eq!(row.split_whitespace().nth(5), Some("v1"), "{row}");
+        let json = to_json(&status);
+        assert_eq!(json["body_version"], 2);
+        assert_eq!(json["rolling"], true);
+        assert_eq!(json["slots"][1]["body_version"], 1);
     }
 }

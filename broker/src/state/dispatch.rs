@@ -59,6 +59,9 @@ impl Machine {
             s.work = Work::Idle;
             reserved_slot = Some(n);
         }
+        // A slot of an older body version (a roll started while its update was in flight)
+        // takes no next task: it is recycled now, and the task goes to a free slot or is held.
+        self.roll_idle();
         if let Some(task) = next_task {
             self.receive(task, reserved_slot);
         }
@@ -79,11 +82,13 @@ impl Machine {
             && !oom
             && self.v2
             && self.share_keeps_slot();
+        let target = self.body_version;
         let Some(slot) = self.slot_mut(number) else {
             return;
         };
-        // A slot retired by `Admin.Scale` while busy takes no next task: it stops now.
-        let v2 = v2 && slot.wanted;
+        // A slot retired by `Admin.Scale` while busy takes no next task: it stops now. Nor
+        // does one of an older body version (a roll): it is recycled once idle.
+        let v2 = v2 && slot.wanted && !(slot.generation != 0 && slot.body_version < target);
         let matches = slot.generation == generation
             && matches!(&slot.work, Work::Busy(run)
                 if run.execution_id == completion.execution_id

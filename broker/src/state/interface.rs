@@ -80,6 +80,8 @@ pub(crate) enum Input {
     /// `Admin.ShareGrant`: the permits this sharing broker may hold from now on (ignored when
     /// `epoch` is older than the grant in force). Answer: [`Reply::ShareGrant`].
     ShareGrant { limit: u32, epoch: u64 },
+    /// `Control.RollBody`: every generation should run `body_version` (or newer) from now on.
+    Roll { body_version: u32 },
     /// Available memory was measured (only with `PERAGO_MIN_FREE_MEMORY`): admission opens
     /// or closes.
     Memory { available: u64 },

@@ -68,6 +68,9 @@ pub(super) struct Slot {
     /// such peak (`body.memory_limit`; 0: none measured).
     pub(super) last_body_peak: u64,
     pub(super) max_body_peak: u64,
+    /// The body version this generation runs (`SlotStarted.body_version`; 0 from an older
+    /// supervisor counts as 1).
+    pub(super) body_version: u32,
 }
 
 impl Slot {
@@ -92,6 +95,7 @@ impl Slot {
             stalled: false,
             last_body_peak: 0,
             max_body_peak: 0,
+            body_version: 1,
         }
     }
 
@@ -201,6 +205,11 @@ pub(crate) struct Machine {
     /// Capacity shared across task types (`PERAGO_SHARE`): the permits granted (`None`: not
     /// sharing, no limit).
     pub(super) share: Option<super::share::Permits>,
+    /// The body version every generation should run (`Control.RollBody`; 1 at start). A live
+    /// generation of an older one is recycled at its first safe moment (see `roll`).
+    pub(super) body_version: u32,
+    /// A roll started and its end is not logged yet.
+    pub(super) roll_open: bool,
 }
 
 /// Compares secrets without an early exit on the first differing byte.
@@ -291,6 +300,8 @@ impl Machine {
             soft_time_limit_ms: None,
             reconfigured_at: None,
             share: None,
+            body_version: 1,
+            roll_open: false,
         }
     }
 
@@ -356,6 +367,9 @@ impl Machine {
         self.note_heard(&input);
         let reply = self.step(input);
         self.stop_unwanted();
+        // Before anything is dispatched: an executor of an old body version takes no task.
+        self.roll_idle();
+        self.roll_ended();
         self.run_held();
         self.settle_drain();
         self.grant_poll();
@@ -380,6 +394,20 @@ impl Machine {
                 .share_held
                 .store(u64::from(self.share_holding()), relaxed);
         }
+        let oldest = self
+            .slots
+            .iter()
+            .filter(|s| s.generation != 0 && !s.exited)
+            .map(|s| s.body_version)
+            .min()
+            .unwrap_or(self.body_version);
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        self.gauges
+            .body_version
+            .store(u64::from(self.body_version), relaxed);
+        self.gauges
+            .oldest_body_version
+            .store(u64::from(oldest), relaxed);
         Output {
             reply,
             effects: std::mem::take(&mut self.effects),
@@ -444,6 +472,7 @@ impl Machine {
             Input::ShareGrant { limit, epoch } => {
                 return Reply::ShareGrant(self.share_grant(limit, epoch));
             }
+            Input::Roll { body_version } => self.roll(body_version),
             Input::Memory { available } => self.memory_measured(available),
             Input::QueueDepth { depth, now } => self.queue_depth_read(depth, now),
             Input::CrashHistory {

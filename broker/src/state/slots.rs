@@ -4,7 +4,7 @@
 
 use super::{
     Effect,
-    machine::{Machine, Work, same_secret, stop_message},
+    machine::{Machine, Slot, Work, same_secret, stop_message},
 };
 use crate::poison::{self, ExitEvidence, Verdict};
 use perago_proto::slot::v1 as proto;
@@ -101,7 +101,7 @@ impl Machine {
         // Heard: its first tick starts its liveness clock.
         slot.heard = true;
         slot.last_heard = None;
-        tracing::info!(slot = slot.number, generation = slot.generation, worker_id = %slot.worker_id, pid = hello.pid, "executor attached");
+        tracing::info!(slot = slot.number, generation = slot.generation, worker_id = %slot.worker_id, pid = hello.pid, body_version = slot.body_version, "executor attached");
         let stopping = slot.stopping;
         self.send(creds.slot, creds.generation, welcome);
         if stopping && self.draining {
@@ -153,6 +153,7 @@ impl Machine {
         // dropped): only then does the new one take the slot.
         let previous = slot.generation;
         self.generation_gone(number, previous, "replaced by a new generation");
+        let target = self.body_version;
         let slot = self.slot_mut(number).expect("checked above");
         slot.generation = started.generation;
         slot.token = started.token;
@@ -163,6 +164,17 @@ impl Machine {
         slot.attached = false;
         slot.work = Work::Idle;
         slot.stalled = false;
+        slot.body_version = started.body_version.max(1);
+        if slot.body_version < target {
+            // Announced before the roll reached the broker: it is recycled once it attaches.
+            tracing::info!(
+                slot = number,
+                generation = started.generation,
+                body_version = slot.body_version,
+                target,
+                "a generation of an older body version: it is recycled as soon as it attaches"
+            );
+        }
         Ok(())
     }
 
@@ -266,6 +278,65 @@ impl Machine {
                 "execution {execution_id} is not the current assignment of slot {}",
                 creds.slot
             ))),
+        }
+    }
+
+    /// `Control.RollBody`: from now on every generation should run `body_version`. Each live
+    /// one of an older version is recycled at its first safe moment: an idle one at once (it
+    /// is marked stopping first, so no task can be dispatched to it meanwhile), a busy one
+    /// once its assignment is reported (v1, so update-v2 brings it no next task), one not
+    /// attached yet as soon as it attaches (see [`Machine::roll_idle`]).
+    pub(super) fn roll(&mut self, body_version: u32) {
+        if body_version <= self.body_version {
+            return;
+        }
+        let older = self
+            .slots
+            .iter()
+            .filter(|s| s.generation != 0 && !s.exited && s.body_version < body_version)
+            .count();
+        tracing::info!(
+            from = self.body_version,
+            to = body_version,
+            slots = older,
+            "body roll started: executors of older versions are recycled as their assignments finish"
+        );
+        self.body_version = body_version;
+        self.roll_open = true;
+    }
+
+    /// Logs the end of a roll once no live generation runs an older version.
+    pub(super) fn roll_ended(&mut self) {
+        if self.roll_open && !self.rolling() {
+            self.roll_open = false;
+            tracing::info!(
+                body_version = self.body_version,
+                "body roll finished: every executor runs the new version"
+            );
+        }
+    }
+
+    /// Whether `slot`'s generation runs an older body version than the runtime's.
+    pub(super) fn rolls(&self, slot: &Slot) -> bool {
+        slot.generation != 0 && slot.body_version < self.body_version
+    }
+
+    /// Recycles every attached, idle executor of an older body version (the roll's safe
+    /// moment): run after each input, before anything is dispatched.
+    pub(super) fn roll_idle(&mut self) {
+        if self.draining || self.body_version == 1 {
+            return;
+        }
+        let due: Vec<u32> = self
+            .slots
+            .iter()
+            .filter(|s| self.rolls(s) && s.attached && matches!(s.work, Work::Idle) && !s.stopping)
+            .map(|s| s.number)
+            .collect();
+        for number in due {
+            let from = self.slot_mut(number).map_or(0, |s| s.body_version);
+            let why = format!("body version {from} rolls to {}", self.body_version);
+            self.recycle(number, &why);
         }
     }
 

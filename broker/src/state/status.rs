@@ -15,10 +15,12 @@ pub(crate) struct WatchView {
     wanted_executors: u64,
     /// The executor range (`Admin.Scale` changes it).
     range: (u32, u32),
-    /// Per slot: state, generation, pid, recycling.
-    slots: Vec<(admin::SlotState, u64, u32, bool)>,
+    /// Per slot: state, generation, pid, recycling, body version.
+    slots: Vec<(admin::SlotState, u64, u32, bool, u32)>,
     /// Sharing capacity: limit, epoch, holding, fillable, empty, tasks started.
     share: Option<(u32, u64, u32, u32, bool, u64)>,
+    /// The body version new executors start with (a roll changes it).
+    body_version: u32,
 }
 
 impl Slot {
@@ -72,6 +74,10 @@ impl Machine {
             view.wanted_executors = wanted;
             changed = true;
         }
+        if view.body_version != self.body_version {
+            view.body_version = self.body_version;
+            changed = true;
+        }
         let range = (self.capacity.min_executors, self.capacity.max_executors);
         if view.range != range {
             view.range = range;
@@ -90,7 +96,7 @@ impl Machine {
             changed = true;
         }
         for (seen, s) in view.slots.iter_mut().zip(&self.slots) {
-            let now = (s.state(), s.generation, s.pid, s.recycled);
+            let now = (s.state(), s.generation, s.pid, s.recycled, s.body_version);
             if *seen != now {
                 *seen = now;
                 changed = true;
@@ -134,6 +140,7 @@ impl Machine {
                     recycling: s.recycled,
                     last_body_peak_memory_bytes: s.last_body_peak,
                     max_body_peak_memory_bytes: s.max_body_peak,
+                    body_version: s.body_version,
                 }
             })
             .collect();
@@ -157,7 +164,14 @@ impl Machine {
             soft_time_limit_ms: self.soft_time_limit_ms,
             reconfigured_at_unix_ms: self.reconfigured_at.map_or(0, unix_ms),
             share: self.share_status(),
+            body_version: self.body_version,
+            rolling: self.rolling(),
         }
+    }
+
+    /// A roll is under way: a live generation runs an older body version than the runtime's.
+    pub(super) fn rolling(&self) -> bool {
+        self.slots.iter().any(|s| !s.exited && self.rolls(s))
     }
 
     /// The capacity settings and the live figures they act on, for Admin.Status.

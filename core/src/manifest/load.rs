@@ -25,6 +25,11 @@ const MAX_SECONDS: i64 = i32::MAX as i64;
 impl Manifest {
     /// Reads and validates the manifest at `path`, and compiles its schemas.
     pub fn load(path: &Path) -> Result<Self, ManifestError> {
+        super::source::ManifestSource::read(path).map(|(_, manifest)| manifest)
+    }
+
+    /// Reads the manifest file at `path`: its text and its absolute folder.
+    pub(crate) fn read_text(path: &Path) -> Result<(String, std::path::PathBuf), ManifestError> {
         let text =
             crate::files::read_regular(path, crate::files::MAX_CONFIG_BYTES).map_err(|source| {
                 ManifestError::Read {
@@ -40,20 +45,44 @@ impl Manifest {
             path: path.to_owned(),
             source,
         })?;
-        Self::parse(path, &dir, &text)
+        Ok((text, dir))
     }
 
     /// Validates manifest text; `path` is used in messages and `dir` resolves relative paths.
     pub fn parse(path: &Path, dir: &Path, text: &str) -> Result<Self, ManifestError> {
+        Self::parse_with(path, dir, text, &super::source::read_file)
+    }
+
+    /// [`Manifest::parse`], the files it names (its schemas) read with `read`.
+    pub(crate) fn parse_with(
+        path: &Path,
+        dir: &Path,
+        text: &str,
+        read: super::source::Reader<'_>,
+    ) -> Result<Self, ManifestError> {
         let root: Table = toml::from_str(text).map_err(|e| ManifestError::Syntax {
             path: path.to_owned(),
             position: syntax_position(text, &e),
             message: e.message().split_whitespace().collect::<Vec<_>>().join(" "),
         })?;
         let mut p = Problems::default();
-        let manifest = read_manifest(&mut p, path, dir, &root);
+        let files = std::cell::RefCell::new(BTreeMap::new());
+        let record = |file: &Path| {
+            let text = read(file)?;
+            files.borrow_mut().insert(file.to_owned(), text.clone());
+            Ok(text)
+        };
+        let manifest = read_manifest(&mut p, path, dir, &root, &record);
         match manifest {
-            Some(m) if p.0.is_empty() => Ok(m),
+            Some(mut m) if p.0.is_empty() => {
+                m.source = std::sync::Arc::new(super::source::ManifestSource {
+                    path: path.to_owned(),
+                    dir: dir.to_owned(),
+                    text: text.to_owned(),
+                    files: files.into_inner(),
+                });
+                Ok(m)
+            }
             _ => Err(ManifestError::Invalid {
                 path: path.to_owned(),
                 problems: p.0,
@@ -72,7 +101,13 @@ fn syntax_position(text: &str, e: &toml::de::Error) -> Option<(usize, usize)> {
     Some((line, column))
 }
 
-fn read_manifest(p: &mut Problems, path: &Path, dir: &Path, root: &Table) -> Option<Manifest> {
+fn read_manifest(
+    p: &mut Problems,
+    path: &Path,
+    dir: &Path,
+    root: &Table,
+    read: super::source::Reader<'_>,
+) -> Option<Manifest> {
     let mut top = Section::new("", root);
     let task = match top.get("task") {
         None => {
@@ -157,7 +192,7 @@ fn read_manifest(p: &mut Problems, path: &Path, dir: &Path, root: &Table) -> Opt
     if dev.seed.is_some() && task.kind != TaskKind::Workspace {
         p.add("dev.seed", "only workspace tasks have a workspace to seed");
     }
-    let schemas = Schemas::load(p, &task);
+    let schemas = Schemas::load(p, &task, read);
     if !p.0.is_empty() {
         return None;
     }
@@ -170,6 +205,8 @@ fn read_manifest(p: &mut Problems, path: &Path, dir: &Path, root: &Table) -> Opt
         workspace,
         schemas,
         dev,
+        // Filled in by `parse_with` once every problem is known.
+        source: std::sync::Arc::default(),
     })
 }
 

@@ -6,6 +6,7 @@ mod load;
 mod model;
 mod reader;
 mod schemas;
+mod source;
 
 pub use errors::{ManifestError, Problem};
 pub use load::{
@@ -14,6 +15,7 @@ pub use load::{
 };
 pub use model::*;
 pub use schemas::{Schema, SchemaError, SchemaViolations, Schemas, Violation};
+pub use source::ManifestSource;
 
 #[cfg(test)]
 mod tests;

@@ -24,6 +24,9 @@ pub struct Manifest {
     pub schemas: Schemas,
     /// The `[dev]` table.
     pub dev: DevSpec,
+    /// What it was made from: its text and the files it names, as read when it was checked
+    /// (the supervisor hands executors this, not the file on disk).
+    pub source: std::sync::Arc<super::source::ManifestSource>,
 }
 
 /// The `[dev]` table: what `perago-supervisor dev` seeds its embedded servers with.

@@ -87,14 +87,24 @@ impl fmt::Debug for Schema {
 impl Schema {
     /// Reads and compiles a schema file; the error says what is wrong with it.
     pub fn load(path: &Path) -> Result<Self, SchemaError> {
-        let text =
-            crate::files::read_regular(path, crate::files::MAX_CONFIG_BYTES).map_err(|source| {
-                SchemaError::Read {
-                    path: path.to_owned(),
-                    source,
-                }
-            })?;
-        let document: Value = serde_json::from_str(&text).map_err(|source| SchemaError::Json {
+        Self::read_with(path, &super::source::read_file)
+    }
+
+    /// [`Schema::load`], the file's text coming from `read` (the disk, or a snapshot's copy).
+    pub(crate) fn read_with(
+        path: &Path,
+        read: super::source::Reader<'_>,
+    ) -> Result<Self, SchemaError> {
+        let text = read(path).map_err(|source| SchemaError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::compile(path, &text)
+    }
+
+    /// Compiles schema text read from `path`.
+    fn compile(path: &Path, text: &str) -> Result<Self, SchemaError> {
+        let document: Value = serde_json::from_str(text).map_err(|source| SchemaError::Json {
             path: path.to_owned(),
             source,
         })?;
@@ -154,15 +164,16 @@ pub struct Schemas {
 }
 
 impl Schemas {
-    pub(crate) fn load(p: &mut Problems, task: &TaskSpec) -> Self {
+    pub(crate) fn load(p: &mut Problems, task: &TaskSpec, read: super::source::Reader<'_>) -> Self {
         let mut one = |key: &str, path: &Option<PathBuf>| {
-            path.as_ref().and_then(|path| match Schema::load(path) {
-                Ok(schema) => Some(schema),
-                Err(problem) => {
-                    p.add(key, problem.to_string());
-                    None
-                }
-            })
+            path.as_ref()
+                .and_then(|path| match Schema::read_with(path, read) {
+                    Ok(schema) => Some(schema),
+                    Err(problem) => {
+                        p.add(key, problem.to_string());
+                        None
+                    }
+                })
         };
         Self {
             params: one("task.params_schema", &task.params_schema),

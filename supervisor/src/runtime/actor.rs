@@ -8,6 +8,7 @@
 //! only when the supervisor itself dies).
 
 use super::{
+    body::{self, Bodies, Snapshot},
     child_env::{broker_env, executor_env},
     children::{ChildExit, ChildKind, Launcher, ReadyPipe},
     machine::{self, AnnounceError, Effect, Input, Machine, Notice},
@@ -25,6 +26,7 @@ use perago_sys::{reaper, signal as sys_signal};
 use std::{
     collections::{BTreeMap, VecDeque},
     path::PathBuf,
+    sync::Arc,
     time::{Duration, Instant},
 };
 use tokio::{
@@ -84,6 +86,7 @@ pub(crate) async fn announce(
     slot: u32,
     generation: u64,
     token: String,
+    body_version: u32,
 ) -> Result<(), AnnounceError> {
     let Some(control) = control else {
         return Ok(());
@@ -93,6 +96,7 @@ pub(crate) async fn announce(
         generation,
         token,
         pid: 0,
+        body_version,
     }))
     .await;
     match answer {
@@ -377,6 +381,8 @@ struct Actor {
     control: Option<Control>,
     admin: Option<AdminClient<Channel>>,
     notifier: Option<NotifyHandle>,
+    /// The body versions taken so far (version 1: the manifest checked at start).
+    bodies: Bodies,
 }
 
 impl Actor {
@@ -410,6 +416,38 @@ impl Actor {
         self.feed(Input::Exited(exit));
     }
 
+    /// Rolls `next` in as the next body version if its body differs from the newest one's:
+    /// `Ok(Some(version))` once it rolls, `Ok(None)` if its body is the same; an error (every
+    /// problem) if it changes what cannot roll (the TaskDef, the workspace), if this runtime
+    /// cannot run it (thread mode and an executor binary), or if it cannot be stored. What a
+    /// reload (`perago-supervisor reload`, SIGHUP) asks through [`RuntimeSpec::rolls`].
+    pub(crate) fn roll(&mut self, next: Snapshot) -> Result<Option<u32>, Vec<String>> {
+        let current = Arc::clone(self.bodies.current_manifest());
+        let fields = match body::compare(&current, &next.manifest)? {
+            body::Change::Same => {
+                tracing::info!("the manifest's body is unchanged: nothing rolls");
+                return Ok(None);
+            }
+            body::Change::Body(fields) => fields,
+        };
+        if matches!(self.launcher, Launcher::Thread { .. })
+            && let perago_core::manifest::BodyKind::Executor(path) = &next.manifest.body.kind
+        {
+            return Err(vec![
+                crate::errors::ThreadModeError::ExecutorBinary { path: path.clone() }.to_string(),
+            ]);
+        }
+        let version = self
+            .bodies
+            .add(next.manifest)
+            .map_err(|e| vec![format!("cannot store the new body version: {e}")])?;
+        tracing::info!(body_version = version, changed = %fields.join(", "), "a new body version");
+        self.feed(Input::Roll {
+            body_version: version,
+        });
+        Ok(Some(version))
+    }
+
     /// Performs `effect`; returns its result when it is there at once.
     fn perform(&mut self, effect: Effect) -> Option<Input> {
         match effect {
@@ -417,12 +455,14 @@ impl Actor {
                 slot,
                 generation,
                 token,
+                body_version,
             } => {
                 let mut control = self.control.clone();
                 let inputs = self.inputs.clone();
                 tokio::spawn(
                     async move {
-                        let result = announce(control.as_mut(), slot, generation, token).await;
+                        let result =
+                            announce(control.as_mut(), slot, generation, token, body_version).await;
                         let _ = inputs.send(Input::Announced {
                             slot,
                             generation,
@@ -437,8 +477,23 @@ impl Actor {
                 generation,
                 token,
                 worker_id,
+                body_version,
             } => {
-                let env = executor_env(&self.spec, &worker_id, slot, generation, token);
+                let mut env = executor_env(&self.spec, &worker_id, slot, generation, token);
+                let (body, file) = self
+                    .bodies
+                    .get(body_version)
+                    .expect("the machine announces only versions taken");
+                env.push((
+                    perago_core::env::PERAGO_BODY_VERSION.to_owned(),
+                    body_version.to_string(),
+                ));
+                if let Some(file) = file {
+                    env.push((
+                        perago_core::env::PERAGO_BODY.to_owned(),
+                        file.display().to_string(),
+                    ));
+                }
                 let mut argv0 = format!(
                     "perago-executor-{}",
                     SlotNumber::new(u64::from(slot)).expect("slot in range")
@@ -449,6 +504,7 @@ impl Actor {
                 let result = self.launcher.executor(
                     &argv0,
                     ChildKind::Executor { slot, generation },
+                    &body,
                     &env,
                     &self.exits,
                     &self.completions,
@@ -458,6 +514,19 @@ impl Actor {
                     generation,
                     result,
                 });
+            }
+            Effect::Roll { body_version } => {
+                if let Some(mut control) = self.control.clone() {
+                    tokio::spawn(
+                        async move {
+                            let call = control.roll_body(proto::RollBody { body_version });
+                            if let Err(e) = bounded(call).await {
+                                tracing::warn!(error = %e, body_version, "cannot tell the broker of the new body version; asking again at its next state");
+                            }
+                        }
+                        .in_current_span(),
+                    );
+                }
             }
             Effect::Signal { child, signal } => child.signal(signal),
             Effect::AbortExecutors => self.launcher.abort_executors(),
@@ -538,6 +607,18 @@ pub(crate) async fn supervise(
     }
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    let mut rolls = spec.rolls.take();
+    // Version 1 of the body: the manifest as `start` checked it, never re-read from disk.
+    let bodies = {
+        let dir = matches!(launcher, Launcher::Process { .. }).then(|| {
+            let runtime_dir = spec.socket.parent().unwrap_or(&spec.workspace_root);
+            runtime_dir.join(body::BODY_DIR)
+        });
+        Bodies::new(Arc::clone(&spec.manifest), dir).map_err(|source| RuntimeError::Spawn {
+            what: "the body version's folder".to_owned(),
+            source,
+        })?
+    };
 
     let control_token = secret();
     let broker_env = broker_env(&spec, &control_token, std::process::id());
@@ -625,6 +706,7 @@ pub(crate) async fn supervise(
         control: Some(control),
         admin: Some(admin),
         notifier,
+        bodies,
     };
     actor.feed(Input::Begin);
     while !actor.machine.done() {
@@ -638,6 +720,14 @@ pub(crate) async fn supervise(
             Some(kind) = completions.recv() => actor.feed(Input::Completed(kind)),
             _ = term.recv() => actor.feed(Input::Signal("SIGTERM")),
             _ = int.recv() => actor.feed(Input::Signal("SIGINT")),
+            Some(ask) = async {
+                match rolls.as_mut() {
+                    Some(rolls) => rolls.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let _ = ask.reply.send(actor.roll(ask.snapshot));
+            }
             Some(input) = inputs.recv() => actor.feed(input),
             Ok(()) = status_seen.changed() => {
                 let seen = status_seen.borrow_and_update().clone();

@@ -55,6 +55,13 @@ impl proto::control_server::Control for ScriptedControl {
     ) -> Result<tonic::Response<proto::SlotExitedAck>, tonic::Status> {
         Ok(tonic::Response::new(proto::SlotExitedAck::default()))
     }
+
+    async fn roll_body(
+        &self,
+        _request: tonic::Request<proto::RollBody>,
+    ) -> Result<tonic::Response<proto::ControlAck>, tonic::Status> {
+        Ok(tonic::Response::new(proto::ControlAck {}))
+    }
 }
 
 /// A lost answer is retried with the same generation and token (the broker takes that
@@ -110,12 +117,20 @@ async fn announcements_are_repeated_when_lost_and_final_when_refused() {
                 slot,
                 generation,
                 token,
+                body_version,
             },
         ] = out.as_slice()
         else {
             panic!("{out:?}");
         };
-        let result = announce(Some(control), *slot, *generation, token.clone()).await;
+        let result = announce(
+            Some(control),
+            *slot,
+            *generation,
+            token.clone(),
+            *body_version,
+        )
+        .await;
         let error = match &result {
             Ok(()) => None,
             Err(AnnounceError::Lost(status)) => Some(RuntimeError::from(status.clone())),

@@ -87,6 +87,14 @@ mod tests {
         let spec = RuntimeSpec {
             task_name: "orders.ship".into(),
             manifest_path: "/etc/perago/task.toml".into(),
+            manifest: std::sync::Arc::new(
+                perago_core::manifest::Manifest::parse(
+                    std::path::Path::new("task.toml"),
+                    std::path::Path::new("/etc/perago"),
+                    "[task]\nname = \"orders.ship\"\nkind = \"workspace-free\"\ntimeout_seconds = 60\n[body]\ncommand = [\"./ship\"]\n",
+                )
+                .unwrap(),
+            ),
             capacity: capacity.clone(),
             prefix: WorkerPrefix::explicit("host7").unwrap(),
             conductor_url: "http://conductor:8080/api".into(),
@@ -111,6 +119,7 @@ mod tests {
             process_label: None,
             domain: Some(perago_core::conductor::Domain::parse("blue").unwrap()),
             stall_timeout: Some(Duration::from_secs(5)),
+            rolls: None,
         };
         let lookup = |vars: Vec<(String, String)>| {
             move |name: &str| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())

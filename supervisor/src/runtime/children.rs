@@ -168,12 +168,13 @@ impl Program {
 pub(crate) enum Launcher {
     Process {
         broker_bin: Program,
+        /// The stock executor (`perago-executor`): what runs a `body.command`; a body version
+        /// whose body is `body.executor` runs that binary instead.
         executor_bin: Program,
         /// The workspace root lock's descriptor, inherited by every child.
         lock_fd: Option<RawFd>,
     },
     Thread {
-        manifest: Arc<Manifest>,
         tasks: Vec<WorkerThread>,
     },
 }
@@ -203,10 +204,7 @@ impl Launcher {
                 tracing::warn!(error = %e, "cannot find this program to guard thread-mode bodies: processes a body starts may outlive a SIGKILLed supervisor")
             }
         }
-        Ok(Self::Thread {
-            manifest,
-            tasks: Vec::new(),
-        })
+        Ok(Self::Thread { tasks: Vec::new() })
     }
 
     fn spawn_process(
@@ -413,12 +411,15 @@ impl Launcher {
         Ok((child, ready))
     }
 
-    /// Starts the executor of `slot` at `generation` with `env` (identity included). Each
-    /// assignment it completes is sent to `completions`.
+    /// Starts the executor of `slot` at `generation` with `env` (identity included), running
+    /// `body` (its body version's manifest: a thread takes it as it is; a process reads the
+    /// same version's source, named in `env`). Each assignment it completes is sent to
+    /// `completions`.
     pub(crate) fn executor(
         &mut self,
         slot_name: &str,
         kind: ChildKind,
+        body: &Arc<Manifest>,
         env: &[(String, String)],
         exits: &mpsc::UnboundedSender<ChildExit>,
         completions: &mpsc::UnboundedSender<ChildKind>,
@@ -436,9 +437,13 @@ impl Launcher {
                     perago_core::env::PERAGO_COMPLETION_FD.to_owned(),
                     pipe.as_raw_fd().to_string(),
                 ));
+                let program = match &body.body.kind {
+                    BodyKind::Executor(path) => Program::binary(path.clone()),
+                    BodyKind::Command { .. } => executor_bin.clone(),
+                };
                 // The child has its copy; ours closes when `pipe` drops.
                 Self::spawn_process(
-                    &executor_bin.clone(),
+                    &program,
                     slot_name,
                     &env,
                     kind,
@@ -447,7 +452,8 @@ impl Launcher {
                     Some(pipe.as_raw_fd()),
                 )
             }
-            Self::Thread { manifest, .. } => {
+            Self::Thread { .. } => {
+                let manifest = body;
                 // The executor task owns the write end from here (`adopt_fd`).
                 env.push((
                     perago_core::env::PERAGO_COMPLETION_FD.to_owned(),

@@ -45,6 +45,7 @@ pub(crate) fn restart_delay(n: u32) -> Duration {
 mod broker_state;
 mod exits;
 mod protocol;
+mod roll;
 
 pub(crate) use protocol::{AnnounceError, Config, Effect, Input, Notice, SlotView};
 
@@ -74,9 +75,12 @@ struct SlotProc {
     worker_id: String,
     generation: u64,
     /// The generation announced to the broker and not yet acknowledged (a call that timed out
-    /// may or may not have been taken): the next try repeats it, token and all, and the broker
-    /// answers a repeat as taken. `generation` moves only once the broker took it.
-    announcing: Option<(u64, String)>,
+    /// may or may not have been taken): the next try repeats it, token and body version and
+    /// all, and the broker answers a repeat as taken. `generation` moves only once the broker
+    /// took it.
+    announcing: Option<(u64, String, u32)>,
+    /// The body version of `generation` (the one announced with it).
+    body_version: u32,
     child: Option<Child>,
     started_at: Instant,
     restarts: u32,
@@ -130,6 +134,10 @@ pub(crate) struct Machine {
     /// `Admin.Scale` changed the executor range since the start: the slots the broker wants are
     /// followed as an adaptive runtime's are, whatever `-j` the runtime started with.
     scaled: bool,
+    /// The body version every new generation starts with (1; each [`Input::Roll`] raises it).
+    body_version: u32,
+    /// A roll is under way: until the broker shows every live generation at `body_version`.
+    rolling: bool,
 }
 
 impl Machine {
@@ -163,6 +171,8 @@ impl Machine {
             ready: false,
             broker_drained: false,
             scaled: false,
+            body_version: 1,
+            rolling: false,
         }
     }
 
@@ -178,6 +188,7 @@ impl Machine {
             worker_id,
             generation: 0,
             announcing: None,
+            body_version: 1,
             child: None,
             started_at: now,
             restarts: 0,
@@ -226,6 +237,7 @@ impl Machine {
                     });
                 }
             }
+            Input::Roll { body_version } => self.on_roll(body_version, &mut out),
             Input::Tick => {}
         }
         if self.begun {
@@ -379,6 +391,12 @@ impl Machine {
     /// From now on no slot restarts, and the shutdown deadline runs (once, from the first
     /// drain: a signal, Admin.Drain or the broker's death).
     fn set_draining(&mut self, now: Instant) {
+        if std::mem::take(&mut self.rolling) {
+            tracing::info!(
+                body_version = self.body_version,
+                "the drain ends the body roll: executors of older versions finish as every executor does"
+            );
+        }
         self.draining = true;
         self.startup.clear();
         for proc in self.slots.values_mut() {
@@ -398,17 +416,21 @@ impl Machine {
     /// before it is expected. The broker takes generations only in order.
     fn start_executor(&mut self, slot: u32, why: Start, _now: Instant, out: &mut Vec<Effect>) {
         let tokens = self.tokens;
+        let body_version = self.body_version;
         let proc = self.slots.get_mut(&slot).expect("known slot");
         proc.restart_at = None;
         proc.starting = Some(why);
-        let (generation, token) = proc
+        // Every new generation starts at the newest body version (a slot that crashed or was
+        // recycled mid-roll too); a repeated announcement keeps the version it was made with.
+        let (generation, token, body_version) = proc
             .announcing
-            .get_or_insert_with(|| (proc.generation + 1, tokens()))
+            .get_or_insert_with(|| (proc.generation + 1, tokens(), body_version))
             .clone();
         out.push(Effect::Announce {
             slot,
             generation,
             token,
+            body_version,
         });
     }
 
@@ -428,12 +450,13 @@ impl Machine {
         };
         match result {
             Ok(()) => {
-                let token = proc
+                let (token, body_version) = proc
                     .announcing
                     .take()
-                    .map(|(_, token)| token)
+                    .map(|(_, token, version)| (token, version))
                     .unwrap_or_default();
                 proc.generation = generation;
+                proc.body_version = body_version;
                 if self.broker.is_none() {
                     // Taken, but nothing is left to attach to.
                     proc.starting = None;
@@ -444,6 +467,7 @@ impl Machine {
                     generation,
                     token,
                     worker_id: proc.worker_id.clone(),
+                    body_version,
                 });
             }
             Err(AnnounceError::Refused(reason)) => {
@@ -484,7 +508,10 @@ impl Machine {
             Ok(child) => {
                 proc.child = Some(child);
                 proc.started_at = now;
-                tracing::info!(worker_id = %proc.worker_id, slot, generation, pid = child.pid(), "executor started");
+                tracing::info!(worker_id = %proc.worker_id, slot, generation, pid = child.pid(), body_version = proc.body_version, "executor started");
+                if self.rolling && proc.body_version == self.body_version {
+                    tracing::info!(worker_id = %proc.worker_id, slot, generation, body_version = proc.body_version, "slot rolled to the new body version");
+                }
                 if why == Start::Startup {
                     self.next_startup(now, out);
                 }

@@ -5,7 +5,7 @@
 use super::*;
 use crate::errors::ExpectedError;
 use crate::runtime::children::Ended;
-use admin::SlotState::{Busy, Exited, Idle, Retired, Waiting};
+use admin::SlotState::{Busy, Exited, Idle, Retired, Stopping, Waiting};
 use std::{os::unix::process::ExitStatusExt as _, process::ExitStatus};
 
 const BROKER: Child = Child::Process(100);
@@ -209,6 +209,7 @@ fn the_minimum_starts_one_slot_at_a_time_announced_before_spawned() {
             slot: 1,
             generation: 1,
             token,
+            body_version: 1,
         },
     ] = out.as_slice()
     else {
@@ -226,7 +227,8 @@ fn the_minimum_starts_one_slot_at_a_time_announced_before_spawned() {
             slot: 1,
             generation: 1,
             token,
-            worker_id: "w0001".into()
+            worker_id: "w0001".into(),
+            body_version: 1,
         }]
     );
     let out = rig.go(Input::Spawned {
@@ -507,7 +509,8 @@ fn a_lost_announcement_is_repeated_with_the_same_token() {
         [Effect::Announce {
             slot: 1,
             generation: 2,
-            token
+            token,
+            body_version: 1,
         }]
     );
     rig.start(1, 2);
@@ -702,4 +705,186 @@ fn a_scaled_fixed_runtime_follows_the_slots_the_broker_wants() {
     // Wanted again: it starts at its next generation.
     let out = rig.go(Input::BrokerState(scaled(&[(4, Exited, 1, false)], 4, 4)));
     assert_eq!(announced(&out), Some((4, 2)));
+}
+
+/// The broker's state during a roll: `slots` as [`state`] makes them, the runtime's body
+/// version and whether some live generation still runs an older one.
+fn rolled(slots: &[Seen], body_version: u32, rolling: bool) -> admin::StatusResponse {
+    admin::StatusResponse {
+        body_version,
+        rolling,
+        ..state(slots, false)
+    }
+}
+
+/// The (slot, generation, body version) of the one announcement in `out`, if any.
+fn announced_at(out: &[Effect]) -> Option<(u32, u64, u32)> {
+    out.iter().find_map(|e| match e {
+        Effect::Announce {
+            slot,
+            generation,
+            body_version,
+            ..
+        } => Some((*slot, *generation, *body_version)),
+        _ => None,
+    })
+}
+
+/// The broker takes the announcement of `slot` at `generation`: the spawn's body version.
+fn spawned_at(rig: &mut Rig, slot: u32, generation: u64) -> u32 {
+    let out = rig.go(Input::Announced {
+        slot,
+        generation,
+        result: Ok(()),
+    });
+    let [Effect::Spawn { body_version, .. }] = out.as_slice() else {
+        panic!("{out:?}");
+    };
+    let version = *body_version;
+    rig.go(Input::Spawned {
+        slot,
+        generation,
+        result: Ok(Child::Process(Rig::pid(slot, generation))),
+    });
+    version
+}
+
+/// A roll: the broker is told (it alone knows when a slot is idle without racing a dispatch,
+/// and recycles each executor of an older version then); each recycled exit restarts its slot
+/// at once, with no backoff, at the new version; the roll ends once the broker shows every
+/// live generation at it.
+#[test]
+fn a_roll_recycles_each_slot_into_the_new_version_at_once() {
+    let mut rig = Rig::running(config(2, 2));
+    assert_eq!(rig.m.body_version(), (1, false));
+    let out = rig.go(Input::Roll { body_version: 2 });
+    assert_eq!(out, [Effect::Roll { body_version: 2 }]);
+    assert_eq!(rig.m.body_version(), (2, true));
+    // The broker took it: no second call.
+    let seen = rolled(&[(1, Idle, 1, false), (2, Busy, 1, false)], 2, true);
+    assert_eq!(rig.go(Input::BrokerState(seen)), []);
+    // Slot 1 was idle: the broker recycled it at once.
+    rig.exit(1, 1, code(perago_core::recycle::EXIT_RECYCLED));
+    let out = rig.handled(1, 1, Some(state(&[(1, Exited, 1, true)], false)));
+    assert_eq!(announced_at(&out), Some((1, 2, 2)), "at once, at version 2");
+    assert_eq!(spawned_at(&mut rig, 1, 2), 2);
+    assert_eq!(rig.m.slot_body_version(1), 2);
+    assert_eq!(rig.m.slot(1).1, 0, "a recycle is no failure: no backoff");
+    // Slot 2 finishes its assignment first, then goes the same way.
+    let seen = rolled(&[(1, Idle, 2, false), (2, Busy, 1, false)], 2, true);
+    assert_eq!(rig.go(Input::BrokerState(seen)), []);
+    assert_eq!(rig.m.body_version(), (2, true), "slot 2 is still at 1");
+    rig.exit(2, 1, code(perago_core::recycle::EXIT_RECYCLED));
+    let out = rig.handled(2, 1, Some(state(&[(2, Exited, 1, true)], false)));
+    assert_eq!(announced_at(&out), Some((2, 2, 2)));
+    assert_eq!(spawned_at(&mut rig, 2, 2), 2);
+    let seen = rolled(&[(1, Idle, 2, false), (2, Idle, 2, false)], 2, false);
+    assert_eq!(rig.go(Input::BrokerState(seen)), []);
+    assert_eq!(rig.m.body_version(), (2, false), "the roll is finished");
+    // An old or repeated version changes nothing.
+    assert_eq!(rig.go(Input::Roll { body_version: 2 }), []);
+    assert_eq!(rig.go(Input::Roll { body_version: 1 }), []);
+}
+
+/// A roll the broker has not taken (the call was lost: its state still shows the old
+/// version) is asked again; a slot that crashes mid-roll restarts, after its backoff, at the
+/// new version.
+#[test]
+fn a_lost_roll_is_asked_again_and_a_crash_mid_roll_restarts_at_the_new_version() {
+    let mut rig = Rig::running(config(1, 1));
+    rig.go(Input::Roll { body_version: 2 });
+    let seen = rolled(&[(1, Busy, 1, false)], 1, false);
+    assert_eq!(
+        rig.go(Input::BrokerState(seen)),
+        [Effect::Roll { body_version: 2 }]
+    );
+    assert_eq!(
+        rig.m.body_version(),
+        (2, true),
+        "not finished: the broker is behind"
+    );
+    rig.exit(1, 1, killed(9));
+    let out = rig.handled(1, 1, Some(state(&[(1, Exited, 1, false)], false)));
+    assert_eq!(out, [], "a crash backs off");
+    let out = rig.after(secs(1));
+    assert_eq!(announced_at(&out), Some((1, 2, 2)));
+    assert_eq!(spawned_at(&mut rig, 1, 2), 2);
+    let seen = rolled(&[(1, Idle, 2, false)], 2, false);
+    rig.go(Input::BrokerState(seen));
+    assert_eq!(rig.m.body_version(), (2, false));
+}
+
+/// A second roll during a roll supersedes it: the broker is told the newest version, and
+/// slots go straight to it. An announcement made before a roll and lost is repeated as it
+/// was (same generation, token and version): the broker recycles that generation as soon as
+/// it attaches, into the newest.
+#[test]
+fn a_second_roll_supersedes_the_first_and_slots_go_straight_to_the_newest() {
+    let mut rig = Rig::running(config(2, 2));
+    rig.go(Input::Roll { body_version: 2 });
+    let out = rig.go(Input::Roll { body_version: 3 });
+    assert_eq!(out, [Effect::Roll { body_version: 3 }]);
+    rig.exit(1, 1, code(perago_core::recycle::EXIT_RECYCLED));
+    let out = rig.handled(1, 1, Some(state(&[(1, Exited, 1, true)], false)));
+    assert_eq!(
+        announced_at(&out),
+        Some((1, 2, 3)),
+        "straight to 3, never 2"
+    );
+    assert_eq!(spawned_at(&mut rig, 1, 2), 3);
+    // Slot 2's restart was announced at 3 and lost; a roll to 4 comes meanwhile.
+    rig.exit(2, 1, code(perago_core::recycle::EXIT_RECYCLED));
+    let out = rig.handled(2, 1, Some(state(&[(2, Exited, 1, true)], false)));
+    let Some(Effect::Announce { token, .. }) = out.first() else {
+        panic!("{out:?}");
+    };
+    let token = token.clone();
+    assert_eq!(announced_at(&out), Some((2, 2, 3)));
+    let out = rig.go(Input::Announced {
+        slot: 2,
+        generation: 2,
+        result: Err(AnnounceError::Lost(tonic::Status::unavailable("lost"))),
+    });
+    assert_eq!(out, []);
+    assert_eq!(
+        rig.go(Input::Roll { body_version: 4 }),
+        [Effect::Roll { body_version: 4 }]
+    );
+    let out = rig.after(secs(1));
+    assert_eq!(
+        out,
+        [Effect::Announce {
+            slot: 2,
+            generation: 2,
+            token,
+            body_version: 3,
+        }],
+        "the repeat is the same announcement"
+    );
+    assert_eq!(spawned_at(&mut rig, 2, 2), 3);
+    let seen = rolled(&[(1, Idle, 3, false), (2, Stopping, 2, true)], 4, true);
+    rig.go(Input::BrokerState(seen));
+    assert_eq!(rig.m.body_version(), (4, true));
+    // The broker recycles it as it attaches: it restarts at 4.
+    rig.exit(2, 2, code(perago_core::recycle::EXIT_RECYCLED));
+    let out = rig.handled(2, 2, Some(state(&[(2, Exited, 2, true)], false)));
+    assert_eq!(announced_at(&out), Some((2, 3, 4)));
+}
+
+/// A drain during a roll just drains: no slot restarts, whatever version it ran, and a roll
+/// asked for during the drain is not started.
+#[test]
+fn draining_during_a_roll_just_drains() {
+    let mut rig = Rig::running(config(2, 2));
+    rig.go(Input::Roll { body_version: 2 });
+    let out = rig.go(Input::Signal("SIGTERM"));
+    assert!(out.contains(&Effect::Drain), "{out:?}");
+    assert_eq!(rig.m.body_version(), (2, false), "the drain ends the roll");
+    rig.exit(1, 1, code(perago_core::recycle::EXIT_RECYCLED));
+    let out = rig.handled(1, 1, Some(state(&[(1, Exited, 1, true)], true)));
+    assert_eq!(out, []);
+    assert_eq!(rig.m.slot(1), (1, 0, None), "no restart");
+    assert_eq!(rig.go(Input::Roll { body_version: 3 }), []);
+    rig.exit(2, 1, code(0));
+    assert_eq!(rig.handled(2, 1, None), []);
 }

@@ -2,6 +2,7 @@
 //! the machine that decides and the actor that supervises them.
 
 pub(crate) mod actor;
+pub(crate) mod body;
 pub(crate) mod child_env;
 pub(crate) mod children;
 pub(crate) mod gc;

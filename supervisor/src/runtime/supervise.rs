@@ -33,6 +33,9 @@ pub(crate) const BROKER_START_DEADLINE: Duration = Duration::from_secs(15);
 pub(crate) struct RuntimeSpec {
     pub(crate) task_name: String,
     pub(crate) manifest_path: PathBuf,
+    /// The manifest as `start` checked it: body version 1 (executors start from it, not
+    /// from the file, which may have changed since).
+    pub(crate) manifest: std::sync::Arc<perago_core::manifest::Manifest>,
     /// `-j` and the other capacity and lifecycle settings (passed to every child).
     pub(crate) capacity: perago_core::capacity::Capacity,
     pub(crate) prefix: WorkerPrefix,
@@ -62,6 +65,9 @@ pub(crate) struct RuntimeSpec {
     /// `PERAGO_STALL_TIMEOUT` (`None`: off): passed to every child; a broker whose state
     /// stream (`Admin.Watch`) has sent nothing for this long is killed.
     pub(crate) stall_timeout: Option<Duration>,
+    /// Where `reload` (and SIGHUP) sends a changed body to roll in (`None`: nothing can ask,
+    /// as under `dev`).
+    pub(crate) rolls: Option<tokio::sync::mpsc::UnboundedReceiver<super::body::RollRequest>>,
 }
 
 /// Runs the runtimes of several task types side by side (one runtime each: its own broker,

@@ -144,6 +144,7 @@ pub(crate) async fn first_assignment(
             generation: 1,
             token: "s1".into(),
             pid: 0,
+            body_version: 0,
         }))
         .await
         .unwrap();
@@ -174,6 +175,7 @@ async fn attaches_are_authenticated_per_generation() {
         generation: 1,
         token: "gen1-secret".into(),
         pid: 0,
+        body_version: 0,
     };
     let err = control.slot_started(started.clone()).await.unwrap_err();
     assert_eq!(
@@ -224,6 +226,7 @@ async fn attaches_are_authenticated_per_generation() {
             generation: 2,
             token: "gen2-secret".into(),
             pid: 0,
+            body_version: 0,
         }))
         .await
         .unwrap();
@@ -360,6 +363,7 @@ async fn slot_started_out_of_order_is_refused_and_the_executor_keeps_its_slot() 
             generation,
             token: token.to_owned(),
             pid: 0,
+            body_version: 0,
         })
     };
     control.slot_started(announce(1, "s1")).await.unwrap();
@@ -499,6 +503,7 @@ async fn the_right_control_token_from_another_process_is_refused() {
                 generation,
                 token: "thief".into(),
                 pid: 0,
+                body_version: 0,
             }))
             .await
             .unwrap_err();

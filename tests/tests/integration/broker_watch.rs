@@ -76,6 +76,7 @@ async fn slot_started(broker: &Broker, slot: u32, generation: u64, token: &str) 
             generation,
             token: token.into(),
             pid: 0,
+            body_version: 0,
         }))
         .await
         .unwrap();

@@ -35,6 +35,7 @@ mod publish_once;
 mod ready;
 mod recycle;
 mod reload;
+mod roll;
 mod runtime;
 mod sdk_settings;
 mod secrets_channel;

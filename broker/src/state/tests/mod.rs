@@ -80,6 +80,7 @@ impl Harness {
             generation,
             token: format!("{TOKEN}-{generation}"),
             pid: 0,
+            body_version: 0,
         }));
         match out.reply {
             Reply::SlotStarted(r) => r,
@@ -304,6 +305,7 @@ fn started_with(h: &mut Harness, slot: u32, generation: u64, token: &str) -> Rep
         generation,
         token: token.into(),
         pid: 0,
+        body_version: 0,
     }))
     .reply
 }
@@ -532,6 +534,7 @@ mod pause;
 mod poison;
 mod props;
 mod reconfigure;
+mod roll;
 mod scale;
 mod scaling;
 mod share;

@@ -364,6 +364,7 @@ impl World {
                     generation,
                     token: format!("{TOKEN}-{generation}"),
                     pid: 100 + i as u32,
+                    body_version: 0,
                 }));
                 assert!(matches!(reply, Reply::SlotStarted(Ok(()))), "{reply:?}");
                 if attach {

@@ -151,6 +151,7 @@ fn slot_started_before_slot_exited_fails_the_old_generations_task() {
         generation: 2,
         token: format!("{TOKEN}-2"),
         pid: 0,
+        body_version: 0,
     }));
     assert!(matches!(out.reply, Reply::SlotStarted(Ok(()))));
     let failed = reports(&out.effects);
@@ -213,6 +214,7 @@ fn slot_started_takes_generations_only_in_order() {
             generation,
             token: token.into(),
             pid: 0,
+            body_version: 0,
         }));
         let Reply::SlotStarted(Err(status)) = out.reply else {
             panic!("generation {generation} was taken: {:?}", out.reply);
@@ -236,6 +238,7 @@ fn slot_started_takes_generations_only_in_order() {
         generation: 2,
         token: format!("{TOKEN}-2"),
         pid: 0,
+        body_version: 0,
     }));
     assert!(matches!(retry.reply, Reply::SlotStarted(Ok(()))));
     assert!(retry.effects.is_empty());

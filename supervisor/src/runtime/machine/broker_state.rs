@@ -23,6 +23,7 @@ impl Machine {
                 out.push(Effect::Notify(Notice::Ready(notify::status_text(seen))));
             }
         }
+        self.follow_roll(seen, out);
         if seen.draining {
             if !self.draining {
                 tracing::info!("the broker is draining (Admin.Drain or run once): no restarts");

@@ -60,6 +60,9 @@ pub(crate) enum Input {
     GcDone,
     /// An [`Effect::Drain`] failed.
     DrainFailed(tonic::Status),
+    /// A new body version was taken (see `runtime/body.rs`): every new generation starts at
+    /// it, and the broker recycles each executor of an older one after its assignment.
+    Roll { body_version: u32 },
     /// Time passed (a deadline [`Machine::next_wake`] named).
     Tick,
 }
@@ -126,6 +129,8 @@ pub(crate) enum Effect {
         slot: u32,
         generation: u64,
         token: String,
+        /// The body version the generation runs (the broker shows it per slot).
+        body_version: u32,
     },
     /// Start the executor; answers [`Input::Spawned`].
     Spawn {
@@ -133,7 +138,13 @@ pub(crate) enum Effect {
         generation: u64,
         token: String,
         worker_id: String,
+        /// The body version it starts from.
+        body_version: u32,
     },
+    /// `Control.RollBody` (bounded): the broker recycles every executor of an older body
+    /// version at its first safe moment. Repeated while the broker's state shows an older
+    /// version (a lost call).
+    Roll { body_version: u32 },
     /// Signal a child's process group (a task ignores it).
     Signal { child: Child, signal: i32 },
     /// Thread mode: end every executor task.
