@@ -23,7 +23,7 @@ wait $!
 printf '{"soft": false}'
 "#;
 
-fn reload(args: &[&str], root: &Path) -> perago_tests::Run {
+pub(crate) fn reload(args: &[&str], root: &Path) -> perago_tests::Run {
     perago_tests::Run::of(
         perago_tests::command(SUPERVISOR)
             .arg("reload")

@@ -382,3 +382,37 @@ async fn a_roll_can_change_the_command_for_a_task_binary_where_the_mode_runs_one
         assert_eq!(sum_of(&conductor).await, 42);
     }
 }
+
+/// `perago-supervisor reload` rolls a changed body in and says so (the version and what
+/// changed); the runtime ends at the new version on every slot, the next task prints it, and a
+/// second reload is a no-op.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reload_command_rolls_a_changed_body_and_says_so() {
+    let conductor = Conductor::start().await;
+    let task = task("e2e.rollcmd");
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(&task, &conductor, 2, &[]);
+    let root = sup.workspace_root();
+    let run = async |conductor: &Conductor| {
+        let id = conductor.start_workflow(&task, json!({})).await;
+        version_of(&conductor.wait_terminal(&id, Duration::from_secs(30)).await)
+    };
+    assert_eq!(run(&conductor).await, "one");
+    set_version(&task, "one", "two");
+    let manifest = task.manifest();
+    let out = crate::reload::reload(&[manifest.to_str().unwrap()], &root);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout
+            .contains("e2e.rollcmd: the body rolls to version 2 (body.env changed)"),
+        "{out:?}"
+    );
+    eventually("the roll to end", Duration::from_secs(20), || async {
+        (versions(&status_json(&root))? == (2, false, vec![2, 2])).then_some(())
+    })
+    .await;
+    assert_eq!(run(&conductor).await, "two");
+    let again = crate::reload::reload(&[manifest.to_str().unwrap()], &root);
+    assert_eq!(again.code, Some(0), "{again:?}");
+    assert!(again.stdout.contains("e2e.rollcmd: unchanged"), "{again:?}");
+}
