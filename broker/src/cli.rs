@@ -211,8 +211,8 @@ fn start() -> Result<i32, Exit> {
         eprintln!("warning: cannot make the broker non-dumpable: {e}");
     }
     bootstrap::check_environment()?;
-    let config =
-        config_from(perago_core::env::secrets_then_env()).map_err(bootstrap::config_error)?;
+    let config = config_from(perago_core::env::secrets_then_env())
+        .map_err(|e| bootstrap::config_error(perago_core::errors::DisplayChain(&e)))?;
     bootstrap::init_logging(
         "perago-conductor-broker",
         &config.task_name,
@@ -233,7 +233,7 @@ fn start() -> Result<i32, Exit> {
     });
     Ok(match result {
         Ok(()) => EXIT_OK,
-        Err(e) => bootstrap::failed("broker failed", &e),
+        Err(e) => bootstrap::failed("broker failed", &perago_core::errors::DisplayChain(&e)),
     })
 }
 

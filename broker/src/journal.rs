@@ -499,7 +499,7 @@ impl Journal {
         match mark() {
             Ok(()) => self.put_slot(slot, true),
             Err(e) => {
-                tracing::warn!(error = %e, entry = ?slot.name, journal = %self.path.display(), "cannot mark a settled journal entry; it is removed");
+                tracing::warn!(error = %perago_core::errors::DisplayChain(&e), entry = ?slot.name, journal = %self.path.display(), "cannot mark a settled journal entry; it is removed");
                 self.put_slot(slot, false);
             }
         }
@@ -517,9 +517,12 @@ impl Journal {
         if !name.as_encoded_bytes().ends_with(SUFFIX.as_bytes()) {
             return Err("not an entry file".into());
         }
-        let file = self.dir.open_file(name).map_err(|e| e.to_string())?;
+        let file = self
+            .dir
+            .open_file(name)
+            .map_err(|e| perago_core::errors::chain(&e))?;
         let stat = perago_sys::fd::dir::fstat(std::os::fd::AsFd::as_fd(&file))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| perago_core::errors::chain(&e))?;
         if stat.kind != EntryKind::File {
             return Err("not a regular file".into());
         }
@@ -535,7 +538,7 @@ impl Journal {
         let mut bytes = Vec::new();
         file.take(MAX_ENTRY_BYTES as u64)
             .read_to_end(&mut bytes)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| perago_core::errors::chain(&e))?;
         let read = decode(&bytes)?;
         if let Read::Entry(entry) = &read
             && entry.header.task_type != self.task_type
@@ -555,7 +558,7 @@ impl Journal {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => {
-                tracing::warn!(error = %e, entry = ?name, journal = %self.path.display(), "cannot remove a journal file");
+                tracing::warn!(error = %perago_core::errors::DisplayChain(&e), entry = ?name, journal = %self.path.display(), "cannot remove a journal file");
                 return;
             }
         }
@@ -678,7 +681,7 @@ pub(crate) async fn replay(
     let names = match journal.names() {
         Ok(names) => names,
         Err(e) => {
-            tracing::warn!(error = %e, journal = %journal.path().display(), "cannot list the result journal; nothing replayed");
+            tracing::warn!(error = %perago_core::errors::DisplayChain(&e), journal = %journal.path().display(), "cannot list the result journal; nothing replayed");
             return done;
         }
     };
@@ -772,12 +775,12 @@ async fn replay_one(
         Ok(task) => task,
         Err(e) if e.is_not_found() => return drop_entry("Conductor no longer knows the task"),
         Err(e) if e.is_retryable() => {
-            tracing::warn!(error = %e, "cannot read the task of a journaled result");
+            tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot read the task of a journaled result");
             return None;
         }
         Err(e) => {
             // Credentials or a garbled answer: nothing shows the attempt settled; kept.
-            tracing::warn!(error = %e, "cannot read the task of a journaled result; it stays in the journal");
+            tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot read the task of a journaled result; it stays in the journal");
             return None;
         }
     };
@@ -795,7 +798,7 @@ async fn replay_one(
                 Some(true)
             }
             Err(e) if e.is_retryable() => {
-                tracing::warn!(error = %e, "cannot report a journaled result");
+                tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot report a journaled result");
                 None
             }
             Err(e) => drop_entry(&format!("Conductor refused the update: {e}")),

@@ -323,7 +323,7 @@ fn open_journal(config: &BrokerConfig) -> Option<Arc<journal::Journal>> {
     match journal::Journal::open(root, &config.task_name) {
         Ok(journal) => Some(Arc::new(journal)),
         Err(e) => {
-            tracing::warn!(error = %e, "results are not journaled: a runtime killed before Conductor takes an update loses it");
+            tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "results are not journaled: a runtime killed before Conductor takes an update loses it");
             None
         }
     }
@@ -356,7 +356,7 @@ impl<S: tokio_stream::Stream + Unpin> tokio_stream::Stream for Announced<S> {
 fn announce(mut ready: std::fs::File) {
     use std::io::Write as _;
     if let Err(e) = ready.write_all(b"R") {
-        tracing::warn!(error = %e, "cannot tell the supervisor the broker serves");
+        tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot tell the supervisor the broker serves");
     }
 }
 

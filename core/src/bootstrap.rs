@@ -62,7 +62,9 @@ pub fn start_error(e: impl Display) -> Exit {
 /// printed, and the start ends with [`EXIT_CONFIG`].
 pub fn check_environment() -> Result<(), Exit> {
     crate::env::check_process_environment().map_err(|errors| {
-        errors.iter().for_each(|e| eprintln!("error: {e}"));
+        errors
+            .iter()
+            .for_each(|e| eprintln!("error: {}", crate::errors::DisplayChain(e)));
         Exit(EXIT_CONFIG)
     })
 }
@@ -70,7 +72,8 @@ pub fn check_environment() -> Result<(), Exit> {
 /// JSONL logging as `process` (the name its lines carry) for `task` and `worker_id`, from the
 /// environment the supervisor sets; [`EXIT_FAILURE`] when it cannot start.
 pub fn init_logging(process: &str, task: &str, worker_id: &str) -> Result<(), Exit> {
-    crate::logging::init_worker_from_env(process, task, worker_id).map_err(start_error)
+    crate::logging::init_worker_from_env(process, task, worker_id)
+        .map_err(|e| start_error(crate::errors::DisplayChain(&e)))
 }
 
 /// The one-thread async runtime a child runs on: its work per task is a few small messages
@@ -81,7 +84,12 @@ pub fn runtime() -> Result<tokio::runtime::Runtime, Exit> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| start_error(format_args!("cannot start the async runtime: {e}")))
+        .map_err(|e| {
+            start_error(format_args!(
+                "cannot start the async runtime: {}",
+                crate::errors::DisplayChain(&e)
+            ))
+        })
 }
 
 /// The work failed: logged as `what` with the error, printed as `error: {e}`; gives

@@ -344,7 +344,7 @@ pub fn duration_at_least(
     value: Option<&str>,
     min: Duration,
 ) -> Result<Option<Duration>, String> {
-    match duration_var(name, value).map_err(|e| e.to_string())? {
+    match duration_var(name, value).map_err(|e| crate::errors::chain(&e))? {
         Some(d) if d < min => Err(format!(
             "{name}: {:?} is below the least allowed, {}ms",
             value.unwrap_or_default(),

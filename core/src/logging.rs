@@ -169,7 +169,7 @@ impl DropState {
             }
             (Err(e), None) => {
                 self.dropping = Some(1);
-                Some(DropNotice::Started(e.to_string()))
+                Some(DropNotice::Started(crate::errors::chain(&e)))
             }
             (Err(_), Some(n)) => {
                 *n += 1;

@@ -104,8 +104,8 @@ pub fn parse_input<'a>(
         TaskKind::WorkspaceFree => None,
         TaskKind::Workspace => {
             let text = member("workspace").expect("checked above");
-            let value =
-                crate::json::from_str(text).map_err(|e| input_error("workspace", e.to_string()))?;
+            let value = crate::json::from_str(text)
+                .map_err(|e| input_error("workspace", crate::errors::chain(&e)))?;
             Some(parse_workspace(&value, allowed_prefix)?)
         }
     };

@@ -325,7 +325,7 @@ impl AssignmentRunner {
             .as_ref()
             .map_or("", |w| w.prefix.as_str());
         let input = parse_input(self.manifest.task.kind, &attempt.input_data, allowed_prefix)
-            .map_err(|e| Failure::Retriable(Reason::new(e.to_string())))?;
+            .map_err(|e| Failure::Retriable(Reason::new(perago_core::errors::chain(&e))))?;
         // The params stay text: parsed only for a schema (a Rust body parses them too).
         let params = input.params;
         if let Some(schema) = &self.manifest.schemas.params {
@@ -379,7 +379,10 @@ impl AssignmentRunner {
         let runtime = self.workspace.as_ref().ok_or_else(|| {
             failed("this executor has no workspace root (PERAGO_WORKSPACE_ROOT)".to_owned())
         })?;
-        let client = runtime.lakefs.clone().map_err(|e| failed(e.to_string()))?;
+        let client = runtime
+            .lakefs
+            .clone()
+            .map_err(|e| failed(perago_core::errors::chain(&e)))?;
         let fence = io
             .fence
             .ok_or_else(|| failed("no attempt fence is available to this executor".to_owned()))?;
@@ -402,11 +405,12 @@ impl AssignmentRunner {
             limits,
         )
         .await
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(|e| failed(perago_core::errors::chain(&e)))?;
         if let Some((uid, gid)) = self.body_user {
             // The body runs as another user: the files it works on become its own, and the
             // folders above them must let it through.
-            hand_over(&runtime.root, ws.work_dir(), uid, gid).map_err(|e| failed(e.to_string()))?;
+            hand_over(&runtime.root, ws.work_dir(), uid, gid)
+                .map_err(|e| failed(perago_core::errors::chain(&e)))?;
         }
         env.push((
             perago_core::env::PERAGO_WORKSPACE_DIR.to_owned(),
@@ -421,7 +425,7 @@ impl AssignmentRunner {
             // The body has ended: the tree is taken back from its user before it is read.
             let changes = ws
                 .changes(self.body_user.map(|(uid, _)| uid), spec.publish_budget)
-                .map_err(|e| failed(e.to_string()))?;
+                .map_err(|e| failed(perago_core::errors::chain(&e)))?;
             let metadata: Map<String, Value> = [
                 ("workflow_id", attempt.workflow_instance_id.clone()),
                 ("task_id", attempt.task_id.clone()),
@@ -458,9 +462,9 @@ impl AssignmentRunner {
                 .await
                 .map_err(|e| {
                     if e.is_terminal() {
-                        Failure::Terminal(Reason::new(e.to_string()))
+                        Failure::Terminal(Reason::new(perago_core::errors::chain(&e)))
                     } else {
-                        failed(e.to_string())
+                        failed(perago_core::errors::chain(&e))
                     }
                 })?;
             Ok::<_, Failure>(workspace_output(&published, result))

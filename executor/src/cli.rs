@@ -154,13 +154,17 @@ fn start(task: Option<Arc<dyn crate::task::Task>>) -> Result<i32, Exit> {
     // No setting may fall back to its default because its value is not UTF-8.
     bootstrap::check_environment()?;
     let lookup = perago_core::env::secrets_then_env();
-    let (identity, manifest_path) = identity_from(&lookup).map_err(bootstrap::config_error)?;
-    let manifest = Arc::new(Manifest::load(&manifest_path).map_err(bootstrap::start_error)?);
+    let (identity, manifest_path) = identity_from(&lookup)
+        .map_err(|e| bootstrap::config_error(perago_core::errors::DisplayChain(&e)))?;
+    let manifest = Arc::new(
+        Manifest::load(&manifest_path)
+            .map_err(|e| bootstrap::start_error(perago_core::errors::DisplayChain(&e)))?,
+    );
     bootstrap::init_logging("perago-executor", &manifest.task.name, &identity.worker_id)?;
     // Whatever a body starts and leaves behind is re-parented here, not to init, so it can
     // be killed when the assignment ends.
     if let Err(e) = perago_sys::reaper::become_subreaper() {
-        tracing::warn!(error = %e, "cannot become a child subreaper: processes a body detaches may outlive it");
+        tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot become a child subreaper: processes a body detaches may outlive it");
     }
     let path = std::env::var_os("PATH");
     let built = match task {
@@ -170,7 +174,8 @@ fn start(task: Option<Arc<dyn crate::task::Task>>) -> Result<i32, Exit> {
         }
     };
     let built = built.map(|runner| runner.with_workspace(workspace_runtime(&identity, &lookup)));
-    let runner = built.map_err(bootstrap::start_error)?;
+    let runner =
+        built.map_err(|e| bootstrap::start_error(perago_core::errors::DisplayChain(&e)))?;
     let runtime = bootstrap::runtime()?;
     let code = runtime.block_on(async {
         let stop = Arc::new(AtomicBool::new(false));
@@ -196,7 +201,7 @@ fn start(task: Option<Arc<dyn crate::task::Task>>) -> Result<i32, Exit> {
                 tracing::info!(worker_id = %identity.worker_id, "executor recycled ({why}); exiting for the next generation");
                 perago_core::recycle::EXIT_RECYCLED
             }
-            Err(e) => bootstrap::failed("slot loop ended", &e),
+            Err(e) => bootstrap::failed("slot loop ended", &perago_core::errors::DisplayChain(&e)),
         }
     });
     // A Rust body that overran may still hold a blocking thread: do not wait for it.

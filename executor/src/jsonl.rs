@@ -371,7 +371,7 @@ impl JsonlBody {
             }
             Err(error) => {
                 let too_long = matches!(error, ProtocolError::LineTooLong { .. });
-                let mut reason = error.to_string();
+                let mut reason = perago_core::errors::chain(&error);
                 // Stdout closes a moment before the exit status is there to read.
                 let (exiting, doing) = match error {
                     ProtocolError::StdoutClosed => (true, "while running"),

@@ -60,7 +60,7 @@ impl Fence for SlotFence {
             match self.client.clone().reload_attempt(request).await {
                 Ok(answer) => match answer.into_inner().attempt.map(wire::attempt_from_wire) {
                     Some(Ok(fresh)) => FenceRead::Fresh(Box::new(fresh)),
-                    Some(Err(e)) => FenceRead::Unavailable(e.to_string()),
+                    Some(Err(e)) => FenceRead::Unavailable(perago_core::errors::chain(&e)),
                     None => FenceRead::Unavailable("the broker sent no attempt".to_owned()),
                 },
                 Err(status) if status.code() == tonic::Code::NotFound => FenceRead::Gone,
@@ -428,7 +428,10 @@ pub async fn serve(
                     }
                     Some(Err(e)) => (
                         String::new(),
-                        RuntimeResult::failed(&identity.worker_id, Reason::new(e.to_string())),
+                        RuntimeResult::failed(
+                            &identity.worker_id,
+                            Reason::new(perago_core::errors::chain(&e)),
+                        ),
                     ),
                     None => (
                         String::new(),

@@ -60,7 +60,7 @@ pub(crate) fn check_all(
             Ok(manifest) => manifest,
             Err(e) if !several => return Err(e.into()),
             Err(e) => {
-                problems.push(e.to_string());
+                problems.push(perago_core::errors::chain(&e));
                 continue;
             }
         };
@@ -69,7 +69,7 @@ pub(crate) fn check_all(
         }) {
             Ok(report) => reports.push_str(&report),
             Err(ExpectedError::CheckFailed(found)) => problems.extend(found),
-            Err(e) => problems.push(e.to_string()),
+            Err(e) => problems.push(perago_core::errors::chain(&e)),
         }
     }
     match problems.is_empty() {

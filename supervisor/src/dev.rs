@@ -155,7 +155,7 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
         vars.get(perago_core::liveness::PERAGO_STALL_TIMEOUT)
             .map(String::as_str),
     )
-    .map_err(|e| ExpectedError::Config(vec![e.to_string()]))?;
+    .map_err(|e| ExpectedError::Config(vec![perago_core::errors::chain(&e)]))?;
     let mode: ExecutionMode = args
         .execution_mode
         .map_or(ExecutionMode::Process, Into::into);
@@ -286,7 +286,7 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
             };
             let locked = crate::runtime::root::lock(&root, vars, Duration::ZERO).await?;
             let prefix = WorkerPrefix::derive(&name)
-                .map_err(|e| ExpectedError::Config(vec![e.to_string()]))?;
+                .map_err(|e| ExpectedError::Config(vec![perago_core::errors::chain(&e)]))?;
             let task = TaskPlan::new(
                 manifest.clone(),
                 task.manifest_path.clone(),

@@ -158,7 +158,12 @@ fn split_domains(
     values: &[String],
 ) -> Result<(Option<Domain>, BTreeMap<String, Domain>), ExpectedError> {
     let parse = |flag: &str, value: &str| {
-        Domain::parse(value).map_err(|e| ExpectedError::Usage(format!("--domain {flag}: {e}")))
+        Domain::parse(value).map_err(|e| {
+            ExpectedError::Usage(format!(
+                "--domain {flag}: {}",
+                perago_core::errors::DisplayChain(&e)
+            ))
+        })
     };
     let mut every: Option<Domain> = None;
     let mut named = BTreeMap::new();
@@ -192,7 +197,12 @@ fn split_domains(
 }
 
 fn capacity_problems(e: perago_core::capacity::CapacityError) -> ExpectedError {
-    ExpectedError::Config(e.problems.iter().map(ToString::to_string).collect())
+    ExpectedError::Config(
+        e.problems
+            .iter()
+            .map(|p| perago_core::errors::chain(p))
+            .collect(),
+    )
 }
 
 /// `-j`, the capacity settings and the execution mode, before anything touches the manifest.
@@ -206,14 +216,17 @@ pub(crate) fn resolve_args(
     if domain.is_none()
         && let Some(value) = vars.get(env::PERAGO_DOMAIN).filter(|v| !v.is_empty())
     {
-        domain =
-            Some(Domain::parse(value).map_err(|e| {
-                ExpectedError::Config(vec![format!("{}: {e}", env::PERAGO_DOMAIN)])
-            })?);
+        domain = Some(Domain::parse(value).map_err(|e| {
+            ExpectedError::Config(vec![format!(
+                "{}: {}",
+                env::PERAGO_DOMAIN,
+                perago_core::errors::DisplayChain(&e)
+            )])
+        })?);
     }
-    parse_jobs(&every).map_err(|e| ExpectedError::Usage(e.to_string()))?;
+    parse_jobs(&every).map_err(|e| ExpectedError::Usage(perago_core::errors::chain(&e)))?;
     for (_, jobs) in &named {
-        parse_jobs(jobs).map_err(|e| ExpectedError::Usage(e.to_string()))?;
+        parse_jobs(jobs).map_err(|e| ExpectedError::Usage(perago_core::errors::chain(&e)))?;
     }
     let lookup = |name: &str| vars.get(name).cloned();
     let capacity =
@@ -499,9 +512,14 @@ pub(crate) fn start(
         let prefix = prefix_of(&name, &prefix_vars, several)
             .map_err(|e| match sdk.as_ref().and_then(|s| s.worker_id.as_ref()) {
                 Some(w) if !vars.contains_key(env::PERAGO_WORKER_ID_PREFIX) => {
-                    add(format!("{} {:?}: {e}", w.variable, w.value))
+                    add(format!(
+                        "{} {:?}: {}",
+                        w.variable,
+                        w.value,
+                        perago_core::errors::DisplayChain(&e)
+                    ))
                 }
-                _ => add(e.to_string()),
+                _ => add(perago_core::errors::chain(&e)),
             })
             .ok();
         let capacity = plan
@@ -571,7 +589,7 @@ pub(crate) fn start(
                         add(format!("manifest {}: {problem}", path.display()));
                     }
                 }
-                Err(e) => add(e.to_string()),
+                Err(e) => add(perago_core::errors::chain(&e)),
             }
         }
         if let (Some(prefix), Some(capacity)) = (prefix, capacity) {
@@ -592,7 +610,7 @@ pub(crate) fn start(
         vars.get(env::PERAGO_SHUTDOWN_FORCE_KILL_AFTER)
             .map(String::as_str),
     )
-    .map_err(|e| add(e.to_string()))
+    .map_err(|e| add(perago_core::errors::chain(&e)))
     .ok()
     .flatten();
     let mut durations = [
@@ -616,25 +634,25 @@ pub(crate) fn start(
     // What the broker and executors read is checked here too, so a bad value stops `start`
     // before anything starts instead of killing the first child.
     if let Err(e) = env::poll_wait(vars.get(env::PERAGO_POLL_WAIT_MS).map(String::as_str)) {
-        add(e.to_string());
+        add(perago_core::errors::chain(&e));
     }
     if let Err(e) = env::poll_interval(vars.get(env::PERAGO_POLL_INTERVAL_MS).map(String::as_str)) {
-        add(e.to_string());
+        add(perago_core::errors::chain(&e));
     }
     if let Err(e) = perago_core::logging::JsonlConfig::from_lookup(PathBuf::new(), "", "", |n| {
         vars.get(n).cloned()
     }) {
-        add(e.to_string());
+        add(perago_core::errors::chain(&e));
     }
     let [(_, gc_interval), (_, gc_ttl), (_, lock_wait)] = durations;
     let stall_timeout = perago_core::liveness::stall_timeout(
         vars.get(perago_core::liveness::PERAGO_STALL_TIMEOUT)
             .map(String::as_str),
     )
-    .map_err(|e| add(e.to_string()))
+    .map_err(|e| add(perago_core::errors::chain(&e)))
     .unwrap_or_default();
     let conductor = ConductorClient::from_lookup(|name| vars.get(name).cloned())
-        .map_err(|e| add(e.to_string()))
+        .map_err(|e| add(perago_core::errors::chain(&e)))
         .ok();
     // Several task types, several brokers, one address: the supervisor serves their merged
     // metrics itself (one broker serves its own).
@@ -675,7 +693,7 @@ pub(crate) fn start(
                 Err(e) => missing.push(ExpectedError::TaskDefCheck {
                     name: name.clone(),
                     url: conductor.base_url().to_owned(),
-                    cause: e.to_string(),
+                    cause: perago_core::errors::chain(&e),
                 }),
             }
         }
@@ -789,7 +807,7 @@ pub(crate) fn start(
             .collect();
         let registration = registry::register(&registry_dir, entries)
             .map_err(|e| {
-                tracing::warn!(dir = %registry_dir.display(), error = %e, "cannot record this supervisor for `perago-supervisor status`; give it the manifest or --socket");
+                tracing::warn!(dir = %registry_dir.display(), error = %perago_core::errors::DisplayChain(&e), "cannot record this supervisor for `perago-supervisor status`; give it the manifest or --socket");
             })
             .ok();
         let control = crate::control::serve(

@@ -91,7 +91,8 @@ pub(crate) fn sockets_of(
         Err(e) => Err(e),
     };
     if manifests.is_empty() {
-        let running = running.map_err(|e| ExpectedError::Config(vec![e.to_string()]))?;
+        let running =
+            running.map_err(|e| ExpectedError::Config(vec![perago_core::errors::chain(&e)]))?;
         let sockets: Vec<PathBuf> = running
             .into_iter()
             .flat_map(|r| r.runtimes.into_iter().map(|e| e.socket))

@@ -106,7 +106,9 @@ impl Machine {
                     result.worker_id()
                 )),
             ),
-            Some(Err(e)) => RuntimeResult::failed(worker_id, Reason::new(e.to_string())),
+            Some(Err(e)) => {
+                RuntimeResult::failed(worker_id, Reason::new(perago_core::errors::chain(&e)))
+            }
             None => {
                 RuntimeResult::failed(worker_id, Reason::new("malformed completion: no result"))
             }
@@ -283,7 +285,7 @@ impl Machine {
                 return;
             }
             Err(e) => {
-                self.fail_unmappable(ids, &e.to_string());
+                self.fail_unmappable(ids, &perago_core::errors::chain(&e));
                 return;
             }
         };

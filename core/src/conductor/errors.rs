@@ -85,10 +85,10 @@ pub enum ConductorError {
 /// An error and its causes, `outer: inner: root`, skipping repeats (reqwest's top-level message
 /// alone, "error sending request", hides the useful "Connection refused").
 fn chain(error: &dyn std::error::Error) -> String {
-    let mut parts: Vec<String> = vec![error.to_string()];
+    let mut parts: Vec<String> = vec![crate::errors::chain(&error)];
     let mut source = error.source();
     while let Some(e) = source {
-        let text = e.to_string();
+        let text = crate::errors::chain(&e);
         if !parts.iter().any(|p| p.contains(&text)) {
             parts.push(text);
         }

@@ -207,7 +207,7 @@ pub async fn fetch_task_input(
         problem,
     };
     let text = String::from_utf8(bytes).map_err(|_| not_object("it is not UTF-8".to_owned()))?;
-    let input = RawJson::parse(text).map_err(|e| not_object(e.to_string()))?;
+    let input = RawJson::parse(text).map_err(|e| not_object(crate::errors::chain(&e)))?;
     match crate::json::kind(input.as_str()) {
         Kind::Object => Ok(input),
         _ => Err(not_object("it is another JSON value".to_owned())),

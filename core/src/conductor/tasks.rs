@@ -184,7 +184,7 @@ impl ConductorClient {
         {
             Ok(_) => Ok(()),
             Err(e @ ConductorError::TooLarge { .. }) if e.status().is_some_and(|s| s < 300) => {
-                tracing::warn!(error = %e, "the update was applied; its answer is not read");
+                tracing::warn!(error = %crate::errors::DisplayChain(&e), "the update was applied; its answer is not read");
                 Ok(())
             }
             Err(e) => Err(e),
@@ -218,7 +218,7 @@ impl ConductorClient {
                 return Ok(Some(Polled::Undecodable {
                     ids: None,
                     types: TaskTypes::default(),
-                    problem: e.to_string(),
+                    problem: crate::errors::chain(&e),
                 }));
             }
             Err(e) => return Err(e),

@@ -565,7 +565,7 @@ fn byte_size(p: &mut Problems, b: &mut Section<'_>, key: &str) -> Option<u64> {
             }
             Ok(n) => Some(n),
             Err(e) => {
-                p.add(key, e.to_string());
+                p.add(key, crate::errors::chain(&e));
                 None
             }
         },

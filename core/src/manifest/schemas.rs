@@ -101,7 +101,7 @@ impl Schema {
         let validator =
             jsonschema::validator_for(&document).map_err(|e| SchemaError::NotASchema {
                 path: path.to_owned(),
-                message: e.to_string(),
+                message: crate::errors::chain(&e),
             })?;
         Ok(Self {
             path: path.to_owned(),
@@ -131,7 +131,7 @@ impl Schema {
                 listed.push(Violation {
                     label: label.to_owned(),
                     pointer: error.instance_path().to_string(),
-                    message: error.to_string(),
+                    message: crate::errors::chain(&error),
                 });
             } else {
                 more += 1;

@@ -152,7 +152,7 @@ fn watch_status(
                                 return;
                             }
                             Err(e) => {
-                                tracing::debug!(error = %e, "the broker's state stream broke; following it again");
+                                tracing::debug!(error = %perago_core::errors::DisplayChain(&e), "the broker's state stream broke; following it again");
                                 break;
                             }
                         }
@@ -233,9 +233,11 @@ async fn handle_exit(root: &CleanupRoot, exit: ExitCleanup) -> Input {
         match bounded(control.slot_exited(report)).await {
             Ok(ack) => seen = Some(machine::SlotView::from(ack.into_inner())),
             // A broker that finished its drain has closed its socket.
-            Err(e) if draining => tracing::debug!(error = %e, "broker gone"),
+            Err(e) if draining => {
+                tracing::debug!(error = %perago_core::errors::DisplayChain(&e), "broker gone")
+            }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot tell the broker about an executor exit");
+                tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot tell the broker about an executor exit");
             }
         }
     }
@@ -534,7 +536,7 @@ pub(crate) async fn supervise(
     // What bodies start and leave behind is re-parented here when their executor dies (or, in
     // thread mode, when the body exits), so it can be killed.
     if let Err(e) = reaper::become_subreaper() {
-        tracing::warn!(error = %e, "cannot become a child subreaper: processes a body detaches may outlive it");
+        tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot become a child subreaper: processes a body detaches may outlive it");
     }
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");

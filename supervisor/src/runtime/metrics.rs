@@ -83,7 +83,7 @@ impl Broker {
                     .await
                     .map_err(|e| {
                         std::error::Error::source(&e)
-                            .map_or_else(|| e.to_string(), |s| s.to_string())
+                            .map_or_else(|| perago_core::errors::chain(&e), |s| s.to_string())
                     })?,
             };
             let answer = AdminClient::new(channel.clone())

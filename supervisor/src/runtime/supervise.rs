@@ -135,7 +135,7 @@ where
                 let (id, result) = match joined {
                     None => break,
                     Some(Ok((id, result))) => (id, result),
-                    Some(Err(e)) => (e.id(), Err(RuntimeError::Panicked { cause: e.to_string() })),
+                    Some(Err(e)) => (e.id(), Err(RuntimeError::Panicked { cause: perago_core::errors::chain(&e) })),
                 };
                 let index = index_of[&id];
                 if let Err(e) = &result
