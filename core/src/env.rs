@@ -180,7 +180,7 @@ pub fn require<const N: usize>(
 
 /// An environment value that is set but not usable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{name}: {source}")]
+#[error("{name}")]
 pub struct EnvDurationError {
     /// The variable's name.
     pub name: &'static str,
@@ -461,9 +461,9 @@ mod tests {
         assert_eq!(duration_var(PERAGO_WORKSPACE_GC_TTL, None), Ok(None));
         assert_eq!(duration_var(PERAGO_WORKSPACE_GC_TTL, Some("")), Ok(None));
         assert_eq!(
-            duration_var(PERAGO_WORKSPACE_GC_INTERVAL, Some("0"))
-                .unwrap_err()
-                .to_string(),
+            crate::errors::chain(
+                &duration_var(PERAGO_WORKSPACE_GC_INTERVAL, Some("0")).unwrap_err()
+            ),
             r#"PERAGO_WORKSPACE_GC_INTERVAL: invalid duration "0": must be greater than zero"#
         );
     }

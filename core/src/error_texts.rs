@@ -14,7 +14,7 @@ use crate::secrets::{HandOverError, ReceiveError};
 use crate::units::{ByteSizeError, DurationError};
 
 fn render(error: &(dyn std::error::Error + 'static)) -> String {
-    error.to_string()
+    crate::errors::chain(error)
 }
 
 fn denied() -> io::Error {
@@ -138,5 +138,18 @@ pub(crate) fn samples() -> Vec<(Box<dyn std::error::Error + 'static>, &'static s
 fn errors_render_as_before() {
     for (error, text) in samples() {
         assert_eq!(render(error.as_ref()), text);
+    }
+}
+
+/// The convention holds for every sample: no message repeats its cause's text (the renderer
+/// adds the cause), so a printer walking `source()` shows each cause once.
+#[test]
+fn no_message_repeats_its_cause() {
+    for (error, text) in samples() {
+        assert_eq!(
+            crate::errors::repeated_cause(error.as_ref()),
+            None,
+            "the message of {text:?} repeats its cause"
+        );
     }
 }

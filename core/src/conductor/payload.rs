@@ -25,7 +25,7 @@ use crate::json::{Kind, RawJson};
 #[derive(Debug, thiserror::Error)]
 pub enum PayloadError {
     /// Conductor did not say where the input is.
-    #[error("cannot ask Conductor where the task input {path:?} is stored: {source}")]
+    #[error("cannot ask Conductor where the task input {path:?} is stored")]
     Location {
         /// `externalInputPayloadStoragePath`.
         path: String,

@@ -90,7 +90,7 @@ pub enum LakefsError {
         op: String,
     },
     /// A local file could not be read or written.
-    #[error("lakeFS {op}: {}: {source}", file.display())]
+    #[error("lakeFS {op}: {}", file.display())]
     Local {
         /// What was being done.
         op: String,

@@ -506,7 +506,7 @@ fn read_workspace(p: &mut Problems, mut s: Section<'_>) -> Option<WorkspaceSpec>
     let prefix = match super::super::shape::normalize_prefix(&prefix) {
         Ok(prefix) => prefix,
         Err(problem) => {
-            p.add("workspace.prefix", problem.to_string());
+            p.add("workspace.prefix", crate::errors::chain(&problem));
             String::new()
         }
     };

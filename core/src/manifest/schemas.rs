@@ -15,7 +15,7 @@ const MAX_LISTED_VIOLATIONS: usize = 3;
 #[derive(Debug, thiserror::Error)]
 pub enum SchemaError {
     /// The file could not be read.
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}", path.display())]
     Read {
         /// The schema file.
         path: PathBuf,
@@ -24,7 +24,7 @@ pub enum SchemaError {
         source: io::Error,
     },
     /// The file is not JSON.
-    #[error("{} is not valid JSON: {source}", path.display())]
+    #[error("{} is not valid JSON", path.display())]
     Json {
         /// The schema file.
         path: PathBuf,
@@ -159,7 +159,7 @@ impl Schemas {
             path.as_ref().and_then(|path| match Schema::load(path) {
                 Ok(schema) => Some(schema),
                 Err(problem) => {
-                    p.add(key, problem.to_string());
+                    p.add(key, crate::errors::chain(&problem));
                     None
                 }
             })
