@@ -18,6 +18,8 @@ mod depth;
 mod health;
 mod incoming;
 mod journal;
+#[cfg(test)]
+mod error_texts;
 pub mod metrics;
 mod poison;
 mod poller;

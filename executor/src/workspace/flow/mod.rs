@@ -11,6 +11,8 @@ mod attempt;
 mod dir;
 mod download;
 mod errors;
+#[cfg(test)]
+mod error_texts;
 mod fence;
 mod publish;
 #[cfg(test)]
