@@ -14,7 +14,10 @@ fn errors_render_as_before() {
         addr: "127.0.0.1:9".parse().unwrap(),
         source: io::Error::other("in use"),
     };
-    assert_eq!(chain(&metrics), "cannot serve metrics on 127.0.0.1:9: in use");
+    assert_eq!(
+        chain(&metrics),
+        "cannot serve metrics on 127.0.0.1:9: in use"
+    );
     let journal = crate::journal::JournalError::Open {
         path: "/j".into(),
         source: io::Error::other("denied"),

@@ -15,11 +15,11 @@ pub mod cli;
 mod counters;
 mod crash_history;
 mod depth;
+#[cfg(test)]
+mod error_texts;
 mod health;
 mod incoming;
 mod journal;
-#[cfg(test)]
-mod error_texts;
 pub mod metrics;
 mod poison;
 mod poller;

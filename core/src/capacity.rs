@@ -208,7 +208,7 @@ pub enum CapacityProblem {
 /// Capacity settings with at least one bad value: every problem, in the order checked.
 /// Displays as the problems joined by `; `.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}", problems.iter().map(|p| crate::errors::chain(p)).collect::<Vec<_>>().join("; "))]
+#[error("{}", problems.iter().map(crate::errors::chain).collect::<Vec<_>>().join("; "))]
 pub struct CapacityError {
     /// Every bad setting.
     pub problems: Vec<CapacityProblem>,
@@ -513,7 +513,7 @@ mod tests {
         let problems = &error.problems;
         let text = problems
             .iter()
-            .map(|p| crate::errors::chain(p))
+            .map(crate::errors::chain)
             .collect::<Vec<_>>()
             .join("\n");
         for name in [

@@ -197,12 +197,7 @@ fn split_domains(
 }
 
 fn capacity_problems(e: perago_core::capacity::CapacityError) -> ExpectedError {
-    ExpectedError::Config(
-        e.problems
-            .iter()
-            .map(|p| perago_core::errors::chain(p))
-            .collect(),
-    )
+    ExpectedError::Config(e.problems.iter().map(perago_core::errors::chain).collect())
 }
 
 /// `-j`, the capacity settings and the execution mode, before anything touches the manifest.

@@ -10,9 +10,9 @@
 mod attempt;
 mod dir;
 mod download;
-mod errors;
 #[cfg(test)]
 mod error_texts;
+mod errors;
 mod fence;
 mod publish;
 #[cfg(test)]
