@@ -11,6 +11,8 @@ pub mod cli;
 mod control;
 #[cfg(feature = "dev")]
 mod dev;
+#[cfg(test)]
+mod error_texts;
 pub mod errors;
 mod extract;
 mod out;

@@ -506,14 +506,12 @@ pub(crate) fn start(
         }
         let prefix = prefix_of(&name, &prefix_vars, several)
             .map_err(|e| match sdk.as_ref().and_then(|s| s.worker_id.as_ref()) {
-                Some(w) if !vars.contains_key(env::PERAGO_WORKER_ID_PREFIX) => {
-                    add(format!(
-                        "{} {:?}: {}",
-                        w.variable,
-                        w.value,
-                        perago_core::errors::DisplayChain(&e)
-                    ))
-                }
+                Some(w) if !vars.contains_key(env::PERAGO_WORKER_ID_PREFIX) => add(format!(
+                    "{} {:?}: {}",
+                    w.variable,
+                    w.value,
+                    perago_core::errors::DisplayChain(&e)
+                )),
                 _ => add(perago_core::errors::chain(&e)),
             })
             .ok();

@@ -23,7 +23,7 @@ use std::{
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
     /// Nothing answers on the socket.
-    #[error("no perago runtime answers at {}: {cause}", socket.display())]
+    #[error("no perago runtime answers at {}", socket.display())]
     NoAnswer {
         /// The runtime's socket.
         socket: PathBuf,
@@ -52,18 +52,20 @@ pub enum ProbeError {
     },
 }
 
-/// Why a runtime's socket gave no answer.
+/// Why a runtime's socket gave no answer. Its text is the whole of the why (tonic's wrappers
+/// say nothing an operator can use), so it is the end of the chain: no variant has a source.
 #[derive(Debug, thiserror::Error)]
 pub enum NoAnswer {
     /// Connecting or calling took longer than 5 s.
     #[error("no answer within 5 s")]
     Timeout,
-    /// The connection failed; the text is its cause's (`Connection refused …`).
-    #[error("{}", std::error::Error::source(.0).map_or_else(|| .0.to_string(), ToString::to_string))]
-    Connect(#[source] tonic::transport::Error),
+    /// The connection failed; the text is its causes' (`Connection refused …`), without
+    /// tonic's `transport error`.
+    #[error("{}", std::error::Error::source(.0).map_or_else(|| .0.to_string(), perago_core::errors::chain))]
+    Connect(tonic::transport::Error),
     /// The call failed; the text is the status's message.
     #[error("{}", cell(.0.message(), 500))]
-    Call(#[source] Box<tonic::Status>),
+    Call(Box<tonic::Status>),
 }
 
 /// The broker sockets to ask: `--socket`; each manifest's runtime (through its workspace
@@ -807,7 +809,7 @@ mod tests {
             }
         ));
         assert_eq!(
-            error.to_string(),
+            perago_core::errors::chain(&error),
             "no perago runtime answers at /run/broker.sock: no answer within 5 s"
         );
         let call = NoAnswer::Call(Box::new(tonic::Status::unavailable("gone away")));

@@ -517,7 +517,8 @@ impl Machine {
                 if refused {
                     self.refused.get_or_insert(error);
                 } else {
-                    self.broker_failed.get_or_insert_with(|| error.to_string());
+                    self.broker_failed
+                        .get_or_insert_with(|| perago_core::errors::chain(&error));
                 }
             }
             _ if refused => {

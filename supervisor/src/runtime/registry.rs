@@ -173,7 +173,7 @@ impl Drop for Registration {
 pub(crate) enum RegisterError {
     #[error(transparent)]
     Folder(#[from] FolderError),
-    #[error("cannot write a record in {}: {source}", dir.display())]
+    #[error("cannot write a record in {}", dir.display())]
     Write {
         dir: PathBuf,
         #[source]
