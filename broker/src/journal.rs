@@ -65,7 +65,7 @@ const KEEP_BYTES: u64 = 64 << 10;
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum JournalError {
     /// A folder cannot be created or opened (a symlink in its place is refused).
-    #[error("cannot open the result journal folder {}: {source}", path.display())]
+    #[error("cannot open the result journal folder {}", path.display())]
     Open {
         /// The folder.
         path: PathBuf,

@@ -84,7 +84,7 @@ pub struct BrokerConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
     /// The socket could not be bound.
-    #[error("cannot serve on {}: {source}", path.display())]
+    #[error("cannot serve on {}", path.display())]
     Socket {
         /// The socket path.
         path: PathBuf,
@@ -93,7 +93,7 @@ pub enum BrokerError {
         source: std::io::Error,
     },
     /// The metrics address could not be bound.
-    #[error("cannot serve metrics on {addr}: {source}")]
+    #[error("cannot serve metrics on {addr}")]
     Metrics {
         /// `PERAGO_METRICS_ADDR`.
         addr: std::net::SocketAddr,
@@ -102,7 +102,7 @@ pub enum BrokerError {
         source: std::io::Error,
     },
     /// The gRPC server failed.
-    #[error("the slot server failed: {0}")]
+    #[error("the slot server failed")]
     Serve(#[from] tonic::transport::Error),
 }
 
