@@ -44,7 +44,7 @@ pub fn output_too_large(size: u64) -> Reason {
 #[derive(Debug, thiserror::Error)]
 pub enum RunnerError {
     /// A body or guardrail program is missing.
-    #[error("{key}: {source}")]
+    #[error("{key}")]
     Program {
         /// `body.command`, `guardrails.pre`, `guardrails.post`.
         key: &'static str,
@@ -904,23 +904,23 @@ fn hand_over(
 
 /// The attempt's `work` folder cannot be handed to `body.user`.
 #[derive(Debug, thiserror::Error)]
-enum HandOverError {
+pub(crate) enum HandOverError {
     /// The files cannot be chowned.
-    #[error("cannot hand the workspace to body.user (uid {uid}): {source}")]
+    #[error("cannot hand the workspace to body.user (uid {uid})")]
     Chown {
         uid: u32,
         #[source]
         source: std::io::Error,
     },
     /// A folder above it cannot be read.
-    #[error("cannot read {}: {source}", dir.display())]
+    #[error("cannot read {}", dir.display())]
     Read {
         dir: std::path::PathBuf,
         #[source]
         source: std::io::Error,
     },
     /// An attempt folder cannot be opened to the user.
-    #[error("cannot open {} to body.user: {source}", dir.display())]
+    #[error("cannot open {} to body.user", dir.display())]
     Open {
         dir: std::path::PathBuf,
         #[source]
@@ -1024,8 +1024,7 @@ mod tests {
             "{error:?}"
         );
         assert!(
-            error
-                .to_string()
+            perago_core::errors::chain(&error)
                 .starts_with("cannot hand the workspace to body.user (uid 4242): "),
             "{error}"
         );

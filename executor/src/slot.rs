@@ -107,7 +107,7 @@ pub enum Served {
 #[derive(Debug, thiserror::Error)]
 pub enum SlotError {
     /// The broker socket could not be reached.
-    #[error("cannot reach the broker at {}: {source}", path.display())]
+    #[error("cannot reach the broker at {}", path.display())]
     Connect {
         /// The socket.
         path: PathBuf,
@@ -116,7 +116,7 @@ pub enum SlotError {
         source: tonic::transport::Error,
     },
     /// The broker refused the attach or the stream failed.
-    #[error("the broker refused or dropped the slot stream: {0}")]
+    #[error("the broker refused or dropped the slot stream")]
     Stream(#[from] tonic::Status),
     /// A Rust body overran and could not be stopped.
     #[error("a task body overran its time limit; restarting the executor to stop it")]

@@ -338,7 +338,7 @@ impl Attempt {
         .map_err(|source| WorkspaceFailure::EarlierUnknown {
             branch: self.input.branch.clone(),
             when,
-            source,
+            cause: source,
         })
     }
 
