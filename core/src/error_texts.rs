@@ -35,9 +35,43 @@ fn byte_size() -> ByteSizeError {
     }
 }
 
+/// A reqwest error with a cause of its own (`builder error`, then the URL's).
+fn reqwest_error() -> reqwest::Error {
+    let client = crate::http::client_builder("http://c").build().unwrap();
+    client.get("no url").build().unwrap_err()
+}
+
 /// Every error value of the crate that has a cause, with the text it renders to.
 pub(crate) fn samples() -> Vec<(Box<dyn std::error::Error + 'static>, &'static str)> {
     vec![
+        (
+            Box::new(LakefsError::Transport {
+                op: "upload".to_owned(),
+                source: reqwest_error(),
+            }),
+            "lakeFS upload: builder error: relative URL without a base",
+        ),
+        (
+            Box::new(ConductorError::Transport {
+                method: "GET",
+                url: "http://c/api/tasks/poll".to_owned(),
+                source: reqwest_error(),
+            }),
+            "GET http://c/api/tasks/poll: builder error: relative URL without a base",
+        ),
+        (
+            Box::new(PayloadError::Transport {
+                uri: "http://s/k.json".to_owned(),
+                source: reqwest_error(),
+            }),
+            "GET http://s/k.json (the task input in external storage): builder error: relative URL without a base",
+        ),
+        (
+            Box::new(crate::lakefs::LakefsConfigError::Client(
+                std::sync::Arc::new(reqwest_error()),
+            )),
+            "cannot build an HTTP client: builder error: relative URL without a base",
+        ),
         (
             Box::new(ManifestError::Read {
                 path: "/m.toml".into(),

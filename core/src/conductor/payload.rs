@@ -50,7 +50,7 @@ pub enum PayloadError {
         problem: String,
     },
     /// The storage did not answer.
-    #[error("GET {uri} (the task input in external storage): {source}")]
+    #[error("GET {uri} (the task input in external storage)")]
     Transport {
         /// The URL without its query.
         uri: String,

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum LakefsError {
     /// No answer (connect, timeout, reset).
-    #[error("lakeFS {op}: {source}")]
+    #[error("lakeFS {op}")]
     Transport {
         /// What was being done.
         op: String,
