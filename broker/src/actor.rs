@@ -778,7 +778,10 @@ async fn fetch_input(client: &ConductorClient, path: &str) -> Result<RawJson, In
         Err(e) => {
             tracing::warn!(error = %perago_core::errors::DisplayChain(&e), terminal = e.is_terminal(), "cannot fetch the task input from external payload storage");
             Err(InputFailure {
-                reason: format!("task input in external payload storage: {e}"),
+                reason: format!(
+                    "task input in external payload storage: {}",
+                    perago_core::errors::DisplayChain(&e)
+                ),
                 terminal: e.is_terminal(),
             })
         }

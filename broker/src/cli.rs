@@ -208,7 +208,10 @@ fn start() -> Result<i32, Exit> {
     // user may read its memory or /proc/<pid>/environ. Its secrets come over a socket, asked for
     // only after.
     if let Err(e) = perago_sys::memory::set_non_dumpable() {
-        eprintln!("warning: cannot make the broker non-dumpable: {e}");
+        eprintln!(
+            "warning: cannot make the broker non-dumpable: {}",
+            perago_core::errors::DisplayChain(&e)
+        );
     }
     bootstrap::check_environment()?;
     let config = config_from(perago_core::env::secrets_then_env())

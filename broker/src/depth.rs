@@ -61,7 +61,7 @@ pub(crate) async fn read(
                 tracing::warn!(
                     task = task_type,
                     error = %first,
-                    fallback_error = %second,
+                    fallback_error = %perago_core::errors::DisplayChain(&second),
                     "cannot read the queue depth; run once ends after {} empty polls in a row \
                      instead, the adaptive executor count keeps the last depth read; polling \
                      goes on (logged again when a read works)",

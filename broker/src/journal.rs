@@ -125,8 +125,12 @@ impl Header {
 
     /// The header of a line, and the length of the body that follows it.
     fn parse(line: &str) -> Result<(Self, usize), String> {
-        let value: Value =
-            serde_json::from_str(line).map_err(|e| format!("header is not JSON: {e}"))?;
+        let value: Value = serde_json::from_str(line).map_err(|e| {
+            format!(
+                "header is not JSON: {}",
+                perago_core::errors::DisplayChain(&e)
+            )
+        })?;
         let text = |name: &str| -> Result<String, String> {
             value
                 .get(name)
@@ -211,8 +215,12 @@ fn decode(bytes: &[u8]) -> Result<Read, String> {
     let body = bytes[split + 1..]
         .get(..body_len)
         .ok_or("shorter than its header says (a write cut short?)")?;
-    let body: Value =
-        serde_json::from_slice(body).map_err(|e| format!("update body is not JSON: {e}"))?;
+    let body: Value = serde_json::from_slice(body).map_err(|e| {
+        format!(
+            "update body is not JSON: {}",
+            perago_core::errors::DisplayChain(&e)
+        )
+    })?;
     let field = |name: &str| body.get(name).and_then(Value::as_str);
     for (name, expected) in [
         ("taskId", header.task_id.as_str()),
@@ -400,7 +408,10 @@ impl Journal {
                 }
                 Err(e) => {
                     self.usage().files -= 1;
-                    return Err(format!("cannot create an entry file: {e}"));
+                    return Err(format!(
+                        "cannot create an entry file: {}",
+                        perago_core::errors::DisplayChain(&e)
+                    ));
                 }
             }
         }
@@ -471,7 +482,10 @@ impl Journal {
             Err(e) => {
                 self.put_slot(slot, false);
                 self.release(size);
-                self.refuse(&format!("cannot write an entry: {e}"));
+                self.refuse(&format!(
+                    "cannot write an entry: {}",
+                    perago_core::errors::DisplayChain(&e)
+                ));
                 None
             }
         }
@@ -593,7 +607,12 @@ pub(crate) enum Verdict {
 pub(crate) fn verdict(header: &Header, task: &Value) -> Verdict {
     let fresh = match AttemptSnapshot::from_conductor(task) {
         Ok(fresh) => fresh,
-        Err(e) => return Verdict::Drop(format!("Conductor's answer is not a task: {e}")),
+        Err(e) => {
+            return Verdict::Drop(format!(
+                "Conductor's answer is not a task: {}",
+                perago_core::errors::DisplayChain(&e)
+            ));
+        }
     };
     if fresh.task_id != header.task_id {
         return Verdict::Drop(format!(
@@ -801,7 +820,10 @@ async fn replay_one(
                 tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot report a journaled result");
                 None
             }
-            Err(e) => drop_entry(&format!("Conductor refused the update: {e}")),
+            Err(e) => drop_entry(&format!(
+                "Conductor refused the update: {}",
+                perago_core::errors::DisplayChain(&e)
+            )),
         },
     }
 }

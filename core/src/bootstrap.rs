@@ -46,15 +46,17 @@ pub fn exit_code(start: Result<i32, Exit>) -> i32 {
     start.unwrap_or_else(|Exit(code)| code)
 }
 
-/// Prints `error: {e}`: the environment cannot be run with ([`EXIT_CONFIG`]).
-pub fn config_error(e: impl Display) -> Exit {
-    eprintln!("error: {e}");
+/// Prints `error: {message}`: the environment cannot be run with ([`EXIT_CONFIG`]). An error
+/// is given rendered (`DisplayChain(&e)`).
+pub fn config_error(message: impl Display) -> Exit {
+    eprintln!("error: {message}");
     Exit(EXIT_CONFIG)
 }
 
-/// Prints `error: {e}`: a failure before the work started ([`EXIT_FAILURE`]).
-pub fn start_error(e: impl Display) -> Exit {
-    eprintln!("error: {e}");
+/// Prints `error: {message}`: a failure before the work started ([`EXIT_FAILURE`]). An error
+/// is given rendered (`DisplayChain(&e)`).
+pub fn start_error(message: impl Display) -> Exit {
+    eprintln!("error: {message}");
     Exit(EXIT_FAILURE)
 }
 
@@ -92,11 +94,11 @@ pub fn runtime() -> Result<tokio::runtime::Runtime, Exit> {
         })
 }
 
-/// The work failed: logged as `what` with the error, printed as `error: {e}`; gives
-/// [`EXIT_FAILURE`].
-pub fn failed(what: &str, e: &dyn Display) -> i32 {
-    tracing::error!(error = %e, "{what}");
-    eprintln!("error: {e}");
+/// The work failed: logged as `what` with the error, printed as `error: {message}`; gives
+/// [`EXIT_FAILURE`]. The error is given rendered (`&DisplayChain(&e)`).
+pub fn failed(what: &str, message: &dyn Display) -> i32 {
+    tracing::error!(error = %message, "{what}");
+    eprintln!("error: {message}");
     EXIT_FAILURE
 }
 

@@ -138,12 +138,20 @@ pub fn secrets_then_env() -> impl Fn(&str) -> Option<String> + use<> {
                 .parse()
                 .map_err(|_| format!("{PERAGO_SECRETS_FD} is not a descriptor number: {fd:?}"))
                 .and_then(|fd| {
-                    crate::secrets::receive(fd)
-                        .map_err(|e| format!("cannot take the secrets on descriptor {fd}: {e}"))
+                    crate::secrets::receive(fd).map_err(|e| {
+                        format!(
+                            "cannot take the secrets on descriptor {fd}: {}",
+                            crate::errors::DisplayChain(&e)
+                        )
+                    })
                 })
                 .and_then(|bytes| {
-                    serde_json::from_slice(&bytes)
-                        .map_err(|e| format!("the secrets are not a JSON object of strings: {e}"))
+                    serde_json::from_slice(&bytes).map_err(|e| {
+                        format!(
+                            "the secrets are not a JSON object of strings: {}",
+                            crate::errors::DisplayChain(&e)
+                        )
+                    })
                 });
             received
                 .map_err(|message| eprintln!("warning: {message}"))

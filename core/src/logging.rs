@@ -250,8 +250,8 @@ impl RotatingFile {
         }
         match self.drops.record(&written) {
             None => {}
-            Some(DropNotice::Started(error)) => eprintln!(
-                "perago: cannot write the log file {}: {error}; dropping its lines until \
+            Some(DropNotice::Started(problem)) => eprintln!(
+                "perago: cannot write the log file {}: {problem}; dropping its lines until \
                  writing works again (counted in perago_log_lines_dropped_total)",
                 self.path(0).display()
             ),

@@ -287,17 +287,9 @@ pub fn report(error: &DevstackError) {
     eprintln!("{}", report_line(error));
 }
 
-/// `error: message: cause: cause`, one line: perago_core's `DisplayChain` (devstack does not
-/// depend on perago-core), written for this crate's errors, which never repeat their cause.
+/// `error: message: cause: cause`, one line.
 fn report_line(error: &DevstackError) -> String {
-    let mut message = format!("error: {error}");
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
+    format!("error: {}", crate::errors::DisplayChain(error))
 }
 
 #[cfg(test)]

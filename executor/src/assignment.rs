@@ -511,7 +511,10 @@ impl AssignmentRunner {
                 let run = command::run_with_soft_limit(&spec, stdin, limits, soft.as_ref())
                     .await
                     .map_err(|e| {
-                        Failure::Retriable(Reason::new(format!("body could not start: {e}")))
+                        Failure::Retriable(Reason::new(format!(
+                            "body could not start: {}",
+                            perago_core::errors::DisplayChain(&e)
+                        )))
                     })?;
                 body_result(&run, budget)?
             }
@@ -585,7 +588,8 @@ impl AssignmentRunner {
         if let Some(schema) = &self.manifest.schemas.result {
             let parsed = result.to_value().map_err(|e| {
                 Failure::Retriable(Reason::new(format!(
-                    "result does not match the result schema: {e}"
+                    "result does not match the result schema: {}",
+                    perago_core::errors::DisplayChain(&e)
                 )))
             })?;
             schema.validate("result", &parsed).map_err(|v| {
@@ -616,8 +620,9 @@ impl AssignmentRunner {
     ) -> Result<(), Failure> {
         let run = self.run(program, env, stdin, limits).await.map_err(|e| {
             Failure::Retriable(Reason::new(format!(
-                "{which} guardrail {} could not start: {e}",
-                program.label
+                "{which} guardrail {} could not start: {}",
+                program.label,
+                perago_core::errors::DisplayChain(&e)
             )))
         })?;
         if run.ended == Ended::Exited(0) {
@@ -974,8 +979,12 @@ enum Failure {
 
 /// The params (a JSON object's text, within the input) parsed, for a schema or a Rust body.
 fn parsed_params(params: &str) -> Result<Value, Failure> {
-    perago_core::json::from_str(params)
-        .map_err(|e| Failure::Retriable(Reason::new(format!("bad input: params: {e}"))))
+    perago_core::json::from_str(params).map_err(|e| {
+        Failure::Retriable(Reason::new(format!(
+            "bad input: params: {}",
+            perago_core::errors::DisplayChain(&e)
+        )))
+    })
 }
 
 /// The body's result document (checked as it would be parsed, kept as text), or why there is
@@ -1004,8 +1013,12 @@ fn body_result(run: &Finished, budget: &Budget) -> Result<RawJson, Failure> {
     if text.trim().is_empty() {
         return fail("body printed no result on stdout (expected one JSON document)".to_owned());
     }
-    RawJson::parse(text.into_owned())
-        .or_else(|e| fail(format!("body result on stdout is not valid JSON: {e}")))
+    RawJson::parse(text.into_owned()).or_else(|e| {
+        fail(format!(
+            "body result on stdout is not valid JSON: {}",
+            perago_core::errors::DisplayChain(&e)
+        ))
+    })
 }
 
 #[cfg(test)]

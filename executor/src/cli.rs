@@ -146,7 +146,10 @@ fn start(task: Option<Arc<dyn crate::task::Task>>) -> Result<i32, Exit> {
     // It holds its slot token and the lakeFS credentials: no body of the same user may read
     // its memory or /proc/<pid>/environ. Its secrets come over a socket, asked for only after.
     if let Err(e) = perago_sys::memory::set_non_dumpable() {
-        eprintln!("warning: cannot make the executor non-dumpable: {e}");
+        eprintln!(
+            "warning: cannot make the executor non-dumpable: {}",
+            perago_core::errors::DisplayChain(&e)
+        );
     }
     // A publication holds a descriptor on every folder of the workspace and on every file it
     // uploads, from the check to the upload (see `workspace::scan`).

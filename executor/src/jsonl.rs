@@ -313,7 +313,10 @@ impl JsonlBody {
             if guard.is_none() {
                 self.stderr_tail.lock().expect("not poisoned").clear();
                 *guard = Some(self.start(env).map_err(|e| JsonlFailure::Broken {
-                    reason: format!("body could not start: {e}"),
+                    reason: format!(
+                        "body could not start: {}",
+                        perago_core::errors::DisplayChain(&e)
+                    ),
                     stderr_tail: String::new(),
                 })?);
             }

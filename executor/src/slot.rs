@@ -268,7 +268,8 @@ async fn run_watching_broker(
         }
         tracing::error!(
             grace_s = BROKER_GONE_GRACE.as_secs(),
-            "the broker is gone while an assignment runs ({error}): its result cannot be reported; stopping the body (SIGTERM, then SIGKILL)"
+            "the broker is gone while an assignment runs ({}): its result cannot be reported; stopping the body (SIGTERM, then SIGKILL)",
+            perago_core::errors::DisplayChain(&error)
         );
         perago_sys::reaper::signal_managed(perago_sys::signal::SIGTERM);
         if tokio::time::timeout(BROKER_GONE_GRACE, &mut work)

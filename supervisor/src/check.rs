@@ -98,7 +98,10 @@ pub(crate) fn check(
     // `start` derives worker ids from the task name (or PERAGO_WORKER_ID_PREFIX): a name it
     // would refuse is refused here too.
     if let Err(e) = prefix(&manifest.task.name) {
-        problems.push(format!("{prefix_text}: task.name: {e}"));
+        problems.push(format!(
+            "{prefix_text}: task.name: {}",
+            perago_core::errors::DisplayChain(&e)
+        ));
     }
     let prefix = prefix_text;
     if let Some(user) = &manifest.body.user {
@@ -108,7 +111,10 @@ pub(crate) fn check(
                     .into_iter()
                     .map(|p| format!("{prefix}: {p}")),
             ),
-            Err(e) => problems.push(format!("{prefix}: body.user: {e}")),
+            Err(e) => problems.push(format!(
+                "{prefix}: body.user: {}",
+                perago_core::errors::DisplayChain(&e)
+            )),
         }
     }
     let mut body_line = String::new();
@@ -123,7 +129,10 @@ pub(crate) fn check(
                         program.display()
                     );
                 }
-                Err(e) => problems.push(format!("{prefix}: body.command: {e}")),
+                Err(e) => problems.push(format!(
+                    "{prefix}: body.command: {}",
+                    perago_core::errors::DisplayChain(&e)
+                )),
             }
         }
         BodyKind::Executor(binary) => match std::fs::metadata(binary) {
@@ -149,7 +158,10 @@ pub(crate) fn check(
             && let Err(e) =
                 resolve_program(&argv[0], &manifest.dir, path_var.map(OsString::as_os_str))
         {
-            problems.push(format!("{prefix}: guardrails.{key}: {e}"));
+            problems.push(format!(
+                "{prefix}: guardrails.{key}: {}",
+                perago_core::errors::DisplayChain(&e)
+            ));
         }
     }
     if !problems.is_empty() {
@@ -211,8 +223,9 @@ pub(crate) fn body_user_access(
     let mut problems = Vec::new();
     if let Err(e) = user_can_enter(&manifest.dir, uid, gid) {
         problems.push(format!(
-            "body.user: {user:?} cannot work in the manifest folder {}: {e}",
-            manifest.dir.display()
+            "body.user: {user:?} cannot work in the manifest folder {}: {}",
+            manifest.dir.display(),
+            perago_core::errors::DisplayChain(&e)
         ));
     }
     let mut commands = Vec::new();
@@ -235,8 +248,9 @@ pub(crate) fn body_user_access(
         };
         if let Err(e) = user_can_execute(&program, uid, gid) {
             problems.push(format!(
-                "body.user: {user:?} cannot run {key} ({}): {e}",
-                program.display()
+                "body.user: {user:?} cannot run {key} ({}): {}",
+                program.display(),
+                perago_core::errors::DisplayChain(&e)
             ));
         }
     }

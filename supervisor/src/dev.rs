@@ -122,7 +122,11 @@ fn parse_inputs(inputs: &[String], names: &[String]) -> Result<Vec<Vec<Value>>, 
                 }
             }
             Ok(_) => problems.push(format!("--input {}: expected a JSON object", n + 1)),
-            Err(e) => problems.push(format!("--input {}: not valid JSON: {e}", n + 1)),
+            Err(e) => problems.push(format!(
+                "--input {}: not valid JSON: {}",
+                n + 1,
+                perago_core::errors::DisplayChain(&e)
+            )),
         }
     }
     if problems.is_empty() {

@@ -33,8 +33,14 @@ fn sdk_domain_and_paused(sdk: &SdkSettings) -> Result<(Option<Domain>, Option<bo
     let domain = sdk
         .domain_for()
         .map(|domain| {
-            Domain::parse(&domain.value)
-                .map_err(|e| format!("{} {:?}: {e}", domain.variable, domain.value))
+            Domain::parse(&domain.value).map_err(|e| {
+                format!(
+                    "{} {:?}: {}",
+                    domain.variable,
+                    domain.value,
+                    perago_core::errors::DisplayChain(&e)
+                )
+            })
         })
         .transpose()?;
     Ok((domain, sdk.paused_for().map(|paused| paused.value)))
@@ -85,7 +91,13 @@ impl StartPlan {
             Some(count) => Capacity::resolve(&args.capacity_flags(&count.value.to_string()), |n| {
                 vars.get(n).cloned()
             })
-            .map_err(|e| format!("{}: {e}", count.variable)),
+            .map_err(|e| {
+                format!(
+                    "{}: {}",
+                    count.variable,
+                    perago_core::errors::DisplayChain(&e)
+                )
+            }),
         }
     }
 
@@ -406,8 +418,9 @@ pub(crate) fn folder_setting_problem(name: &str, value: &str) -> Option<String> 
             existing.display()
         )),
         Err(e) => Some(format!(
-            "{name} {value:?}: cannot use {}: {e}",
-            existing.display()
+            "{name} {value:?}: cannot use {}: {}",
+            existing.display(),
+            perago_core::errors::DisplayChain(&e)
         )),
     }
 }
@@ -418,7 +431,10 @@ pub(crate) fn program_setting_problem(name: &str, value: &str) -> Option<String>
     match std::fs::metadata(value) {
         Ok(meta) if meta.is_file() && meta.permissions().mode() & 0o111 != 0 => None,
         Ok(_) => Some(format!("{name} {value:?}: not an executable file")),
-        Err(e) => Some(format!("{name} {value:?}: {e}")),
+        Err(e) => Some(format!(
+            "{name} {value:?}: {}",
+            perago_core::errors::DisplayChain(&e)
+        )),
     }
 }
 
@@ -723,7 +739,7 @@ pub(crate) fn start(
             None => None,
             Some(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-                    ExpectedError::Config(vec![format!("cannot serve metrics on {addr}: {e}")])
+                    ExpectedError::Config(vec![format!("cannot serve metrics on {addr}: {}", perago_core::errors::DisplayChain(&e))])
                 })?;
                 let bound = listener.local_addr().unwrap_or(addr);
                 tracing::info!(addr = %bound, "metrics of every task type served at http://{bound}/metrics");

@@ -110,7 +110,7 @@ pub(crate) fn sockets_of(
     // With manifests the records only help find a supervisor of several task types: a folder
     // that cannot be trusted is said, and the sockets are found through the roots alone.
     let running = running.unwrap_or_else(|e| {
-        eprintln!("warning: {e}");
+        eprintln!("warning: {}", perago_core::errors::DisplayChain(&e));
         Vec::new()
     });
     let several = manifests.len() > 1;
@@ -488,12 +488,19 @@ pub(crate) fn staging_left(socket: &std::path::Path) -> Result<Vec<Value>, Strin
     let text = match perago_core::files::read_regular_nofollow(&path, MAX_LEFTOVERS_BYTES) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        Err(e) => {
+            return Err(format!(
+                "cannot read {}: {}",
+                path.display(),
+                perago_core::errors::DisplayChain(&e)
+            ));
+        }
     };
     serde_json::from_str::<Vec<Value>>(&text).map_err(|e| {
         format!(
-            "cannot read {}: not a list of branches: {e}",
-            path.display()
+            "cannot read {}: not a list of branches: {}",
+            path.display(),
+            perago_core::errors::DisplayChain(&e)
         )
     })
 }

@@ -237,7 +237,10 @@ impl Machine {
             Polled::Task(task) => match task.task_ref() {
                 Ok(ids) => (ids, TaskTypes::of(&task.fields)),
                 Err(e) => {
-                    tracing::error!("dropped a polled task that cannot be identified: {e}");
+                    tracing::error!(
+                        "dropped a polled task that cannot be identified: {}",
+                        perago_core::errors::DisplayChain(&e)
+                    );
                     return;
                 }
             },

@@ -530,7 +530,7 @@ impl ConductorClient {
         crate::json::from_str(text).map_err(|e| ConductorError::Decode {
             method,
             url: format!("{base}{path}"),
-            message: format!("invalid JSON: {e}"),
+            message: format!("invalid JSON: {}", crate::errors::DisplayChain(&e)),
         })
     }
 }

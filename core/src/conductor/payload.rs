@@ -171,7 +171,12 @@ pub async fn fetch_task_input(
             path: path.to_owned(),
         });
     };
-    let url = reqwest::Url::parse(uri).map_err(|e| bad(&format!("uri does not parse: {e}")))?;
+    let url = reqwest::Url::parse(uri).map_err(|e| {
+        bad(&format!(
+            "uri does not parse: {}",
+            crate::errors::DisplayChain(&e)
+        ))
+    })?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(bad(&format!(
             "uri has scheme {:?}, not http or https",

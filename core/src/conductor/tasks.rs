@@ -62,7 +62,10 @@ impl ConductorClient {
             serde_json::from_str(&text).map_err(|e| ConductorError::Decode {
                 method: "GET",
                 url: format!("{}{path}", self.base),
-                message: format!("expected a JSON array of tasks: {e}"),
+                message: format!(
+                    "expected a JSON array of tasks: {}",
+                    crate::errors::DisplayChain(&e)
+                ),
             })?;
         if let [task] = tasks[..] {
             // One task: it takes the answer's buffer over.

@@ -412,7 +412,10 @@ fn read_body(p: &mut Problems, dir: &Path, mut s: Section<'_>) -> Option<BodySpe
             .map_err(|e| {
                 p.add(
                     "body.soft_time_limit",
-                    format!("{e} (a duration such as \"45s\", \"500ms\" or \"5m\")"),
+                    format!(
+                        "{} (a duration such as \"45s\", \"500ms\" or \"5m\")",
+                        crate::errors::DisplayChain(&e)
+                    ),
                 );
             })
             .ok()

@@ -90,9 +90,11 @@ impl Ended {
                 (None, Some(sig)) => format!("signal {sig} ({})", signal::signal_name(sig)),
                 (None, None) => "unknown status".to_owned(),
             },
-            Self::Process(Err(e)) => format!("wait failed: {e}"),
+            Self::Process(Err(e)) => {
+                format!("wait failed: {}", perago_core::errors::DisplayChain(&e))
+            }
             Self::Task(Ok(())) => "finished".to_owned(),
-            Self::Task(Err(e)) => format!("failed: {e}"),
+            Self::Task(Err(why)) => format!("failed: {why}"),
             Self::Recycled(why) => format!("recycled: {why}"),
         }
     }
@@ -535,7 +537,12 @@ where
     }
     let runtime = match builder.build() {
         Ok(rt) => rt,
-        Err(e) => return Ended::Task(Err(format!("cannot start its async runtime: {e}"))),
+        Err(e) => {
+            return Ended::Task(Err(format!(
+                "cannot start its async runtime: {}",
+                perago_core::errors::DisplayChain(&e)
+            )));
+        }
     };
     let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         runtime.block_on(async {
@@ -582,8 +589,9 @@ fn worker_log(
         .map(Some)
         .map_err(|e| {
             std::io::Error::other(format!(
-                "cannot open the log folder {}: {e}",
-                config.dir().display()
+                "cannot open the log folder {}: {}",
+                config.dir().display(),
+                perago_core::errors::DisplayChain(&e)
             ))
         })
 }

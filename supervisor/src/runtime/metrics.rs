@@ -82,8 +82,10 @@ impl Broker {
                 None => perago_core::socket::connect(&self.socket)
                     .await
                     .map_err(|e| {
-                        std::error::Error::source(&e)
-                            .map_or_else(|| perago_core::errors::chain(&e), |s| s.to_string())
+                        std::error::Error::source(&e).map_or_else(
+                            || perago_core::errors::chain(&e),
+                            perago_core::errors::chain,
+                        )
                     })?,
             };
             let answer = AdminClient::new(channel.clone())

@@ -234,7 +234,8 @@ fn read_record(dir: &Dir, name: &OsStr) -> Result<Record, String> {
     }
     let text = perago_core::files::read_open_regular(file, MAX_RECORD_BYTES)
         .map_err(|e| perago_core::errors::chain(&e))?;
-    serde_json::from_str(&text).map_err(|e| format!("not a record: {e}"))
+    serde_json::from_str(&text)
+        .map_err(|e| format!("not a record: {}", perago_core::errors::DisplayChain(&e)))
 }
 
 /// The records of the supervisors still running in the checked folder at `path` (none when

@@ -141,7 +141,7 @@ where
                 if let Err(e) = &result
                     && !matches!(e, RuntimeError::ForceKilled { .. })
                 {
-                    stop_all(format!("the runtime of task {} stopped ({e})", names[index]));
+                    stop_all(format!("the runtime of task {} stopped ({})", names[index], perago_core::errors::DisplayChain(&e)));
                 }
                 results[index] = Some(result);
             }

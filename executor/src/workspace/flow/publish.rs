@@ -211,7 +211,7 @@ impl Attempt {
                     last: refused,
                 });
             };
-            tracing::warn!(error = %refused, tries = tries.refused(), wait = ?wait, "the merge was refused under contention; merging again");
+            tracing::warn!(error = %perago_core::errors::DisplayChain(&refused), tries = tries.refused(), wait = ?wait, "the merge was refused under contention; merging again");
             tokio::time::sleep(wait).await;
             check_fence(fence, polled, "before merging again").await?;
             if let Some(earlier) = self
@@ -309,9 +309,11 @@ impl Attempt {
                         tracing::warn!(error = %perago_core::errors::DisplayChain(&e), commit = %commit, "the merge did not answer but landed");
                         Ok(commit)
                     }
-                    Settled::Unknown { waited, last } => {
-                        Err(unknown(format!("did not answer ({e})"), waited, last))
-                    }
+                    Settled::Unknown { waited, last } => Err(unknown(
+                        format!("did not answer ({})", perago_core::errors::DisplayChain(&e)),
+                        waited,
+                        last,
+                    )),
                 }
             }
         }
