@@ -7,9 +7,12 @@
 //! which writes `message: cause: cause`, one line, good for JSONL logs and Conductor's
 //! `reasonForIncompletion`.
 //!
-//! A cause whose text is already in the line is not written again, so a third-party error
-//! that prints its own cause (or a variant whose message must carry its cause mid-sentence)
-//! still reads once.
+//! Each cause is written as it is: the convention is what keeps a cause from reading twice
+//! (each crate's `error_texts` tests check it with [`repeated_cause`]). A variant whose
+//! message must carry its cause mid-sentence (`… ({cause}); nothing was published`) renders
+//! it there with [`DisplayChain`] and does not make it a source. One third-party error prints
+//! its own source: `tonic::Status` (`code: …, message: …, source: …`), so the chain ends at a
+//! status; and one is its source's text: `tonic::ConnectError`, which is not written.
 
 use std::error::Error;
 use std::fmt;
@@ -28,24 +31,63 @@ pub struct DisplayChain<'a, E: Error + ?Sized>(pub &'a E);
 
 impl<E: Error + ?Sized> fmt::Display for DisplayChain<'_, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut line = self.0.to_string();
-        let mut source = self.0.source();
-        while let Some(cause) = source {
-            let text = cause.to_string();
-            if !text.is_empty() && !line.contains(&text) {
-                line.push_str(": ");
-                line.push_str(&text);
-            }
-            source = cause.source();
+        write!(f, "{}", self.0)?;
+        // A status given itself (not as a cause) is known by its type's name: `E` need not
+        // be `'static`, so it cannot be downcast.
+        let top = std::any::type_name::<E>();
+        if top == std::any::type_name::<tonic::Status>()
+            || top == std::any::type_name::<Box<tonic::Status>>()
+        {
+            return Ok(());
         }
-        f.write_str(&line)
+        write_causes(f, self.0.source(), ": ")
     }
+}
+
+/// Writes `source` and its causes, each after `separator` (the first one too).
+fn write_causes(
+    f: &mut dyn fmt::Write,
+    mut source: Option<&(dyn Error + 'static)>,
+    separator: &str,
+) -> fmt::Result {
+    while let Some(cause) = source {
+        if !is_transparent(cause) {
+            write!(f, "{separator}{cause}")?;
+        }
+        if prints_its_source(cause) {
+            break;
+        }
+        source = cause.source();
+    }
+    Ok(())
+}
+
+/// The causes of `error` without its own message, `cause: cause`, as [`DisplayChain`] writes
+/// them; `None` when it has none. For a wrapper that says nothing an operator can use
+/// (tonic's `transport error`).
+pub fn causes<E: Error + ?Sized>(error: &E) -> Option<String> {
+    let mut text = String::new();
+    write_causes(&mut text, error.source(), ": ").expect("a String takes any text");
+    text.strip_prefix(": ").map(str::to_owned)
 }
 
 impl<E: Error + ?Sized> fmt::Debug for DisplayChain<'_, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(self, f)
     }
+}
+
+/// Whether `error`'s own text already shows its source, so the chain ends there:
+/// `tonic::Status` writes `source: {source:?}` into its `Display`.
+fn prints_its_source(error: &(dyn Error + 'static)) -> bool {
+    error.is::<tonic::Status>()
+}
+
+/// Whether `error` is a wrapper whose text is its source's, so only the source is written:
+/// `tonic::ConnectError` (the cause of a failed connect) displays what it wraps and gives it
+/// as its source.
+fn is_transparent(error: &(dyn Error + 'static)) -> bool {
+    error.is::<tonic::ConnectError>()
 }
 
 /// `error` and its causes as one line: `message: cause: cause` (see [`DisplayChain`]).
@@ -56,36 +98,24 @@ pub fn chain<E: Error + ?Sized>(error: &E) -> String {
 /// Checks the convention on one error value: no message repeats the text of its own cause.
 /// For the tests that walk a crate's errors; returns the offending `(message, cause)` pair.
 pub fn repeated_cause<E: Error + ?Sized>(error: &E) -> Option<(String, String)> {
-    let mut current: &dyn Error = &ErrorRef(error);
-    loop {
-        let cause = current.source()?;
-        let (message, text) = (current.to_string(), cause.to_string());
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        if is_transparent(cause) {
+            source = cause.source();
+            continue;
+        }
+        let text = cause.to_string();
         if !text.is_empty() && message.contains(&text) {
             return Some((message, text));
         }
-        current = cause;
+        if prints_its_source(cause) {
+            return None;
+        }
+        message = text;
+        source = cause.source();
     }
-}
-
-/// Lets an unsized `E` be walked as a `dyn Error`.
-struct ErrorRef<'a, E: Error + ?Sized>(&'a E);
-
-impl<E: Error + ?Sized> fmt::Debug for ErrorRef<'_, E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self.0, f)
-    }
-}
-
-impl<E: Error + ?Sized> fmt::Display for ErrorRef<'_, E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self.0, f)
-    }
-}
-
-impl<E: Error + ?Sized> Error for ErrorRef<'_, E> {
-    fn source(&self) -> Option<&(dyn Error + 'static)> {
-        self.0.source()
-    }
+    None
 }
 
 #[cfg(test)]
@@ -111,15 +141,34 @@ mod tests {
         assert_eq!(chain(&error as &dyn Error), "outer: middle: root");
         assert_eq!(format!("{:?}", DisplayChain(&error)), "outer: middle: root");
         assert_eq!(repeated_cause(&error), None);
+        assert_eq!(causes(&error).as_deref(), Some("middle: root"));
+        assert_eq!(causes(&std::io::Error::other("root")), None);
     }
 
+    /// The renderer trusts the convention: a message that repeats its cause reads it twice,
+    /// and `repeated_cause` is what finds it.
     #[test]
-    fn a_cause_already_in_the_line_is_written_once() {
+    fn a_message_that_repeats_its_cause_is_found() {
         let error = Repeats(std::io::Error::other("root"));
-        assert_eq!(chain(&error), "old style: root");
+        assert_eq!(chain(&error), "old style: root: root");
         assert_eq!(
             repeated_cause(&error),
             Some(("old style: root".to_owned(), "root".to_owned()))
         );
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot call")]
+    struct Call(#[source] tonic::Status);
+
+    /// A status shows its own source (`source: …`): the chain ends at it.
+    #[test]
+    fn the_chain_ends_at_a_status() {
+        let status = tonic::Status::from_error(Box::new(Middle(std::io::Error::other("root"))));
+        let error = Call(status);
+        let text = chain(&error);
+        assert!(text.starts_with("cannot call: code: "), "{text}");
+        assert_eq!(text.matches("root").count(), 1, "{text}");
+        assert_eq!(repeated_cause(&error), None);
     }
 }

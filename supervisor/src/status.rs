@@ -61,7 +61,7 @@ pub enum NoAnswer {
     Timeout,
     /// The connection failed; the text is its causes' (`Connection refused …`), without
     /// tonic's `transport error`.
-    #[error("{}", std::error::Error::source(.0).map_or_else(|| .0.to_string(), perago_core::errors::chain))]
+    #[error("{}", perago_core::errors::causes(.0).unwrap_or_else(|| .0.to_string()))]
     Connect(tonic::transport::Error),
     /// The call failed; the text is the status's message.
     #[error("{}", cell(.0.message(), 500))]
