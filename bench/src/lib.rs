@@ -191,7 +191,12 @@ pub fn ensure_binaries(binaries: &Binaries) -> Result<(), String> {
     if release {
         cmd.arg("--release");
     }
-    let status = cmd.status().map_err(|e| format!("cannot run cargo: {e}"))?;
+    let status = cmd.status().map_err(|e| {
+        format!(
+            "cannot run cargo: {}",
+            perago_core::errors::DisplayChain(&e)
+        )
+    })?;
     if !status.success() || !all.iter().all(|b| b.exists()) {
         return Err(format!(
             "cannot build the programs under test into {}",
@@ -490,7 +495,7 @@ impl Bench {
         // any spawn with pre-exec steps must, which is how the executor starts a body.
         let me_uid = std::fs::metadata("/proc/self")
             .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| perago_core::errors::chain(&e))?;
         for _ in 0..self.o.runs {
             for (how, uid) in [("", None), (" forking", Some(me_uid))] {
                 let me = std::process::id();
@@ -684,26 +689,26 @@ impl Bench {
         let lakefs = perago_devstack::lakefs::LakefsServer::builder()
             .bind("127.0.0.1:0")
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| perago_core::errors::chain(&e))?;
         let config = LakefsConfig {
             endpoint: lakefs.endpoint(),
             access_key_id: lakefs.credentials().access_key_id.clone(),
             secret_access_key: lakefs.credentials().secret_access_key.clone(),
         };
-        let client = LakefsClient::new(&config).map_err(|e| e.to_string())?;
+        let client = LakefsClient::new(&config).map_err(|e| perago_core::errors::chain(&e))?;
         client
             .ensure_repository("bench", "mem://bench", "main")
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| perago_core::errors::chain(&e))?;
         if linked {
             client
                 .ensure_repository("store", "mem://store", "main")
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| perago_core::errors::chain(&e))?;
             client
                 .upload("store", "main", "blob", vec![b'x'; 1024])
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| perago_core::errors::chain(&e))?;
         }
         for i in 0..10 {
             let key = format!("in/seed-{i}.csv");
@@ -713,13 +718,13 @@ impl Bench {
                 client
                     .upload("bench", "main", &key, vec![b'x'; 1024])
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| perago_core::errors::chain(&e))?;
             }
         }
         let seed = client
             .commit("bench", "main", "seed", &serde_json::Map::new())
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|e| perago_core::errors::chain(&e))?
             .id;
         // Every task reads the seed commit, so its download does not grow with the branch.
         let ws = json!({"repository": "bench", "branch": "main", "prefix": "in/", "ref": seed});
@@ -814,9 +819,16 @@ fn spawn_cat(input: &[u8], uid: Option<u32>) -> Result<(), String> {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
-        .map_err(|e| format!("cannot spawn cat: {e}"))?;
+        .map_err(|e| {
+            format!(
+                "cannot spawn cat: {}",
+                perago_core::errors::DisplayChain(&e)
+            )
+        })?;
     let mut stdin = child.stdin.take().expect("piped");
-    stdin.write_all(input).map_err(|e| e.to_string())?;
+    stdin
+        .write_all(input)
+        .map_err(|e| perago_core::errors::chain(&e))?;
     drop(stdin);
     let mut out = Vec::new();
     child
@@ -824,8 +836,8 @@ fn spawn_cat(input: &[u8], uid: Option<u32>) -> Result<(), String> {
         .take()
         .expect("piped")
         .read_to_end(&mut out)
-        .map_err(|e| e.to_string())?;
-    child.wait().map_err(|e| e.to_string())?;
+        .map_err(|e| perago_core::errors::chain(&e))?;
+    child.wait().map_err(|e| perago_core::errors::chain(&e))?;
     if out != input {
         return Err("cat did not echo its input".to_owned());
     }
@@ -876,11 +888,19 @@ pub async fn run(options: Options) -> Result<(), String> {
                 println!("\nagainst {}:", bench.o.previous.display());
                 print!("{}", report::comparison(&bench.figures, &previous));
             }
-            Err(e) => eprintln!("cannot read {}: {e}", bench.o.previous.display()),
+            Err(e) => eprintln!(
+                "cannot read {}: {}",
+                bench.o.previous.display(),
+                perago_core::errors::DisplayChain(&e)
+            ),
         },
-        Err(e) => eprintln!("no previous figures at {}: {e}", bench.o.previous.display()),
+        Err(e) => eprintln!(
+            "no previous figures at {}: {}",
+            bench.o.previous.display(),
+            perago_core::errors::DisplayChain(&e)
+        ),
     }
-    std::fs::create_dir_all(&bench.o.out).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&bench.o.out).map_err(|e| perago_core::errors::chain(&e))?;
     let results = json!({
         "runs": bench.o.runs, "tasks": bench.o.tasks, "smoke": bench.o.smoke,
         "machine": {"cpus": std::thread::available_parallelism().map_or(0, |n| n.get())},
@@ -891,11 +911,12 @@ pub async fn run(options: Options) -> Result<(), String> {
         &json_path,
         serde_json::to_string_pretty(&results).expect("json"),
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| perago_core::errors::chain(&e))?;
     eprintln!("wrote {}", json_path.display());
     if !bench.scaling.is_empty() {
         let svg_path = bench.o.out.join("scaling.svg");
-        std::fs::write(&svg_path, scaling_svg(&bench.scaling)).map_err(|e| e.to_string())?;
+        std::fs::write(&svg_path, scaling_svg(&bench.scaling))
+            .map_err(|e| perago_core::errors::chain(&e))?;
         eprintln!("wrote {}", svg_path.display());
     }
     Ok(())
@@ -924,8 +945,8 @@ pub fn main() -> i32 {
         .expect("a runtime");
     match runtime.block_on(run(options)) {
         Ok(()) => 0,
-        Err(e) => {
-            eprintln!("error: {e}");
+        Err(message) => {
+            eprintln!("error: {message}");
             1
         }
     }
@@ -946,7 +967,7 @@ async fn link_gateway_style(
     let api = format!("{}/api/v1", config.endpoint.trim_end_matches('/'));
     let http = perago_core::http::client_builder(&api)
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| perago_core::errors::chain(&e))?;
     let auth = (&config.access_key_id, Some(&config.secret_access_key));
     let stat: serde_json::Value = http
         .get(format!("{api}/repositories/{store}/refs/main/objects/stat"))
@@ -955,10 +976,10 @@ async fn link_gateway_style(
         .send()
         .await
         .and_then(reqwest::Response::error_for_status)
-        .map_err(|e| e.to_string())?
+        .map_err(|e| perago_core::errors::chain(&e))?
         .json()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| perago_core::errors::chain(&e))?;
     let content = vec![b'x'; size];
     let (first, second) = content.split_at(size / 2);
     let mut outer = Md5::new();
@@ -981,6 +1002,6 @@ async fn link_gateway_style(
     .send()
     .await
     .and_then(reqwest::Response::error_for_status)
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| perago_core::errors::chain(&e))?;
     Ok(())
 }

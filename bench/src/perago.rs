@@ -62,7 +62,7 @@ impl Runtime {
         jobs: u32,
         env: &[(String, String)],
     ) -> Result<(Self, Duration), String> {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let dir = tempfile::tempdir().map_err(|e| perago_core::errors::chain(&e))?;
         let body_table = match body {
             Body::Rust => format!("executor = \"{}\"", bins.task.display()),
             Body::Exec => "command = [\"cat\"]".to_owned(),
@@ -72,7 +72,7 @@ impl Runtime {
                     "import json, sys\nfor line in sys.stdin:\n    r = json.loads(line)\n    \
                      print(json.dumps({\"execution_id\": r[\"execution_id\"], \"result\": r[\"params\"]}), flush=True)\n",
                 )
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| perago_core::errors::chain(&e))?;
                 "command = [\"python3\", \"-u\", \"echo.py\"]\nprotocol = \"jsonl\"".to_owned()
             }
             Body::Workspace => {
@@ -81,7 +81,7 @@ impl Runtime {
                     "read p\nn=$(printf '%s' \"$p\" | tr -dc 0-9)\n\
                      echo \"$n\" > \"$PERAGO_WORKSPACE_DIR/out-$n.txt\"\necho '{}'\n",
                 )
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| perago_core::errors::chain(&e))?;
                 "command = [\"sh\", \"body.sh\"]".to_owned()
             }
         };
@@ -97,7 +97,7 @@ impl Runtime {
                  response_timeout_seconds = 600\nretry_count = 0\n[body]\n{body_table}\n"
             ),
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| perago_core::errors::chain(&e))?;
         let root = dir.path().join("ws");
         let started = Instant::now();
         let child = Command::new(&bins.supervisor)
@@ -114,7 +114,13 @@ impl Runtime {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", bins.supervisor.display()))?;
+            .map_err(|e| {
+                format!(
+                    "cannot start {}: {}",
+                    bins.supervisor.display(),
+                    perago_core::errors::DisplayChain(&e)
+                )
+            })?;
         let runtime = Self { child, _dir: dir };
         let socket = root.join("run/broker.sock");
         let deadline = Instant::now() + Duration::from_secs(60);

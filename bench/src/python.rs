@@ -30,12 +30,18 @@ impl PythonWorkers {
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", python.display()))?;
+            .map_err(|e| {
+                format!(
+                    "cannot start {}: {}",
+                    python.display(),
+                    perago_core::errors::DisplayChain(&e)
+                )
+            })?;
         let stdout = child.stdout.take().expect("piped");
         let mut line = String::new();
         BufReader::new(stdout)
             .read_line(&mut line)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| perago_core::errors::chain(&e))?;
         if line.trim() != "ready" {
             let _ = child.kill();
             return Err(format!(

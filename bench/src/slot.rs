@@ -116,7 +116,7 @@ pub(crate) fn serve_uds(socket: &Path) -> i32 {
 }
 
 fn spawn_server(mode: &str, socket: &Path) -> Result<Child, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| perago_core::errors::chain(&e))?;
     Command::new(exe)
         .arg(mode)
         .arg(socket)
@@ -124,7 +124,7 @@ fn spawn_server(mode: &str, socket: &Path) -> Result<Child, String> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .map_err(|e| e.to_string())
+        .map_err(|e| perago_core::errors::chain(&e))
 }
 
 /// Connects to the server's socket once it listens. The file appears at `bind`, a moment
@@ -135,7 +135,11 @@ fn connect_when_listening(socket: &Path) -> Result<UnixStream, String> {
         match UnixStream::connect(socket) {
             Ok(stream) => return Ok(stream),
             Err(e) if Instant::now() > deadline => {
-                return Err(format!("{} does not accept: {e}", socket.display()));
+                return Err(format!(
+                    "{} does not accept: {}",
+                    socket.display(),
+                    perago_core::errors::DisplayChain(&e)
+                ));
             }
             Err(_) => std::thread::sleep(Duration::from_millis(2)),
         }
@@ -144,7 +148,7 @@ fn connect_when_listening(socket: &Path) -> Result<UnixStream, String> {
 
 /// Round-trip times of the slot protocol, in microseconds.
 pub(crate) fn slot_round_trips(rounds: usize) -> Result<Vec<f64>, String> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let dir = tempfile::tempdir().map_err(|e| perago_core::errors::chain(&e))?;
     let socket = dir.path().join("slot.sock");
     let mut server = spawn_server("__slot-server", &socket)?;
     // The tonic server takes any number of connections: this one only proves it listens.
@@ -158,22 +162,25 @@ pub(crate) fn slot_round_trips(rounds: usize) -> Result<Vec<f64>, String> {
         runtime.block_on(async move {
             let channel = perago_core::socket::connect(&socket)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| perago_core::errors::chain(&e))?;
             let mut client = proto::slot_client::SlotClient::new(channel);
             let (tx, rx) = mpsc::channel(4);
             tx.send(proto::ExecutorMessage {
                 message: Some(ToBroker::Hello(proto::Hello::default())),
             })
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| perago_core::errors::chain(&e))?;
             let mut inbound = client
                 .attach(ReceiverStream::new(rx))
                 .await
-                .map_err(|e| e.to_string())?
+                .map_err(|e| perago_core::errors::chain(&e))?
                 .into_inner();
             let warmup = rounds / 10 + 10;
             let mut samples = Vec::with_capacity(rounds);
-            let mut current = inbound.message().await.map_err(|e| e.to_string())?;
+            let mut current = inbound
+                .message()
+                .await
+                .map_err(|e| perago_core::errors::chain(&e))?;
             for i in 0..rounds + warmup {
                 let Some(proto::BrokerMessage {
                     message: Some(FromBroker::Assignment(a)),
@@ -200,8 +207,13 @@ pub(crate) fn slot_round_trips(rounds: usize) -> Result<Vec<f64>, String> {
                 };
                 // One round trip: the completion goes out, the next assignment comes in.
                 let sent = Instant::now();
-                tx.send(completion).await.map_err(|e| e.to_string())?;
-                current = inbound.message().await.map_err(|e| e.to_string())?;
+                tx.send(completion)
+                    .await
+                    .map_err(|e| perago_core::errors::chain(&e))?;
+                current = inbound
+                    .message()
+                    .await
+                    .map_err(|e| perago_core::errors::chain(&e))?;
                 if i >= warmup {
                     samples.push(sent.elapsed().as_secs_f64() * 1e6);
                 }
@@ -218,7 +230,7 @@ pub(crate) fn slot_round_trips(rounds: usize) -> Result<Vec<f64>, String> {
 
 /// Round-trip times of a raw Unix-socket ping-pong, in microseconds.
 pub(crate) fn uds_round_trips(rounds: usize) -> Result<Vec<f64>, String> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let dir = tempfile::tempdir().map_err(|e| perago_core::errors::chain(&e))?;
     let socket = dir.path().join("pingpong.sock");
     let mut server = spawn_server("__uds-server", &socket)?;
     // The echo server accepts exactly one connection: this is it.
@@ -228,8 +240,12 @@ pub(crate) fn uds_round_trips(rounds: usize) -> Result<Vec<f64>, String> {
     let mut samples = Vec::with_capacity(rounds);
     for i in 0..rounds + warmup {
         let sent = Instant::now();
-        stream.write_all(&buf).map_err(|e| e.to_string())?;
-        stream.read_exact(&mut buf).map_err(|e| e.to_string())?;
+        stream
+            .write_all(&buf)
+            .map_err(|e| perago_core::errors::chain(&e))?;
+        stream
+            .read_exact(&mut buf)
+            .map_err(|e| perago_core::errors::chain(&e))?;
         if i >= warmup {
             samples.push(sent.elapsed().as_secs_f64() * 1e6);
         }

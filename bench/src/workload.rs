@@ -39,8 +39,14 @@ impl Conductor {
             .queue_semantics(semantics)
             .bind("127.0.0.1:0")
             .await
-            .map_err(|e| format!("cannot start devstack: {e}"))?;
-        let client = ConductorClient::new(&server.base_url()).map_err(|e| e.to_string())?;
+            .map_err(|e| {
+                format!(
+                    "cannot start devstack: {}",
+                    perago_core::errors::DisplayChain(&e)
+                )
+            })?;
+        let client =
+            ConductorClient::new(&server.base_url()).map_err(|e| perago_core::errors::chain(&e))?;
         Ok(Self { server, client })
     }
 
@@ -71,7 +77,7 @@ impl Conductor {
         self.client
             .register_task_defs(&[def])
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| perago_core::errors::chain(&e))?;
         let wf = json!({
             "name": format!("{task}.wf"), "version": 1, "schemaVersion": 2,
             "tasks": [{"name": task, "taskReferenceName": "t", "type": "SIMPLE",
@@ -81,7 +87,7 @@ impl Conductor {
         self.client
             .upsert_workflow_defs(&[wf])
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| perago_core::errors::chain(&e))
     }
 
     /// Starts `n` workflows of `task`; returns their ids in start order.
@@ -117,13 +123,13 @@ impl Conductor {
                 let id = client
                     .start_workflow(&name, &json!({"params": params}))
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| perago_core::errors::chain(&e))?;
                 Ok::<_, String>((i, id))
             });
         }
         let mut ids = vec![String::new(); n];
         while let Some(done) = starts.join_next().await {
-            let (i, id) = done.map_err(|e| e.to_string())??;
+            let (i, id) = done.map_err(|e| perago_core::errors::chain(&e))??;
             ids[i] = id;
         }
         Ok(ids)
@@ -144,7 +150,7 @@ impl Conductor {
                     .client
                     .get_workflow(id)
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| perago_core::errors::chain(&e))?;
                 match wf["status"].as_str() {
                     Some("COMPLETED") => {
                         let task = &wf["tasks"][0];
@@ -198,7 +204,7 @@ pub(crate) async fn ceiling(conductor: &Conductor, task: &str, n: usize) -> Resu
             .client
             .batch_poll(task, "ceiling", 64, Duration::from_millis(100))
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| perago_core::errors::chain(&e))?;
         for t in tasks {
             let perago_core::conductor::Polled::Task(t) = t else {
                 return Err("the ceiling client polled an undecodable task".to_owned());
@@ -217,7 +223,7 @@ pub(crate) async fn ceiling(conductor: &Conductor, task: &str, n: usize) -> Resu
                 .client
                 .update_task(&body)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| perago_core::errors::chain(&e))?;
             done += 1;
         }
     }

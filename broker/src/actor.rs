@@ -650,7 +650,7 @@ impl Actor {
                                     Some(n)
                                 }
                                 Err(e) => {
-                                    tracing::warn!(error = %e, "cannot count the crashes before this attempt from Conductor's record");
+                                    tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot count the crashes before this attempt from Conductor's record");
                                     None
                                 }
                             };
@@ -684,7 +684,7 @@ impl Actor {
                             "SIGKILLed a stalled executor: {why}"
                         ),
                         Err(e) => {
-                            tracing::error!(slot, generation, pid = process.pid(), error = %e, "cannot SIGKILL a stalled executor: {why}")
+                            tracing::error!(slot, generation, pid = process.pid(), error = %perago_core::errors::DisplayChain(&e), "cannot SIGKILL a stalled executor: {why}")
                         }
                     }
                 }
@@ -789,9 +789,12 @@ async fn fetch_input(client: &ConductorClient, path: &str) -> Result<RawJson, In
             Ok(input)
         }
         Err(e) => {
-            tracing::warn!(error = %e, terminal = e.is_terminal(), "cannot fetch the task input from external payload storage");
+            tracing::warn!(error = %perago_core::errors::DisplayChain(&e), terminal = e.is_terminal(), "cannot fetch the task input from external payload storage");
             Err(InputFailure {
-                reason: format!("task input in external payload storage: {e}"),
+                reason: format!(
+                    "task input in external payload storage: {}",
+                    perago_core::errors::DisplayChain(&e)
+                ),
                 terminal: e.is_terminal(),
             })
         }

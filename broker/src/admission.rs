@@ -24,7 +24,7 @@ pub(crate) async fn measure(events: &mpsc::Sender<Event>, failing: &mut bool) ->
         Err(e) => {
             // Admission keeps its last state: a runtime that cannot measure is not stopped.
             if !std::mem::replace(failing, true) {
-                tracing::warn!(error = %e, "cannot measure available memory; memory admission keeps its last state until it can");
+                tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot measure available memory; memory admission keeps its last state until it can");
             }
             true
         }

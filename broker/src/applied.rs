@@ -77,7 +77,7 @@ pub(crate) async fn applied(
         }
         Verdict::Unknown => {
             tracing::debug!(
-                error = ?read.err(),
+                error = ?read.as_ref().err().map(perago_core::errors::chain),
                 lease_lost,
                 "cannot tell whether Conductor applied the update; counted by what the broker knows"
             );

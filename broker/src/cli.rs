@@ -208,11 +208,14 @@ fn start() -> Result<i32, Exit> {
     // user may read its memory or /proc/<pid>/environ. Its secrets come over a socket, asked for
     // only after.
     if let Err(e) = perago_sys::memory::set_non_dumpable() {
-        eprintln!("warning: cannot make the broker non-dumpable: {e}");
+        eprintln!(
+            "warning: cannot make the broker non-dumpable: {}",
+            perago_core::errors::DisplayChain(&e)
+        );
     }
     bootstrap::check_environment()?;
-    let config =
-        config_from(perago_core::env::secrets_then_env()).map_err(bootstrap::config_error)?;
+    let config = config_from(perago_core::env::secrets_then_env())
+        .map_err(|e| bootstrap::config_error(perago_core::errors::DisplayChain(&e)))?;
     bootstrap::init_logging(
         "perago-conductor-broker",
         &config.task_name,
@@ -233,7 +236,7 @@ fn start() -> Result<i32, Exit> {
     });
     Ok(match result {
         Ok(()) => EXIT_OK,
-        Err(e) => bootstrap::failed("broker failed", &e),
+        Err(e) => bootstrap::failed("broker failed", &perago_core::errors::DisplayChain(&e)),
     })
 }
 

@@ -27,7 +27,7 @@ pub(crate) const MAX_WALK_TIME: Duration = Duration::from_secs(15);
 /// Why the history could not be read: the crash is then counted on the broker's own count.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum HistoryError {
-    #[error("cannot read earlier attempt {task_id}: {source}")]
+    #[error("cannot read earlier attempt {task_id}")]
     Read {
         task_id: String,
         #[source]

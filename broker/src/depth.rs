@@ -41,7 +41,7 @@ pub(crate) async fn read(
                 {
                     tracing::info!(
                         task = task_type,
-                        error = %e,
+                        error = %perago_core::errors::DisplayChain(&e),
                         "this Conductor has no GET /tasks/queue/size; the queue depth is read \
                          from GET /tasks/queue/sizes from now on"
                     );
@@ -56,12 +56,12 @@ pub(crate) async fn read(
             if !routes.failing.swap(true, Ordering::AcqRel) {
                 let first = first.map_or_else(
                     || "not asked (missing on this server)".to_owned(),
-                    |e| e.to_string(),
+                    |e| perago_core::errors::chain(&e),
                 );
                 tracing::warn!(
                     task = task_type,
                     error = %first,
-                    fallback_error = %second,
+                    fallback_error = %perago_core::errors::DisplayChain(&second),
                     "cannot read the queue depth; run once ends after {} empty polls in a row \
                      instead, the adaptive executor count keeps the last depth read; polling \
                      goes on (logged again when a read works)",

@@ -303,14 +303,14 @@ async fn accept_loop(listener: UnixListener, limits: Limits, tx: mpsc::Sender<io
                 registry.evict_oldest();
                 backoff = (backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
                 if backoff == Duration::from_millis(10) {
-                    tracing::warn!(error = %e, "cannot accept on the broker socket; backing off");
+                    tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot accept on the broker socket; backing off");
                 }
                 tokio::time::sleep(backoff).await;
                 continue;
             }
             Err(e) => {
                 // The peer left before we accepted (ECONNABORTED…): nothing to do.
-                tracing::debug!(error = %e, "accept failed");
+                tracing::debug!(error = %perago_core::errors::DisplayChain(&e), "accept failed");
                 continue;
             }
         };

@@ -65,7 +65,7 @@ const KEEP_BYTES: u64 = 64 << 10;
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum JournalError {
     /// A folder cannot be created or opened (a symlink in its place is refused).
-    #[error("cannot open the result journal folder {}: {source}", path.display())]
+    #[error("cannot open the result journal folder {}", path.display())]
     Open {
         /// The folder.
         path: PathBuf,
@@ -125,8 +125,12 @@ impl Header {
 
     /// The header of a line, and the length of the body that follows it.
     fn parse(line: &str) -> Result<(Self, usize), String> {
-        let value: Value =
-            serde_json::from_str(line).map_err(|e| format!("header is not JSON: {e}"))?;
+        let value: Value = serde_json::from_str(line).map_err(|e| {
+            format!(
+                "header is not JSON: {}",
+                perago_core::errors::DisplayChain(&e)
+            )
+        })?;
         let text = |name: &str| -> Result<String, String> {
             value
                 .get(name)
@@ -211,8 +215,12 @@ fn decode(bytes: &[u8]) -> Result<Read, String> {
     let body = bytes[split + 1..]
         .get(..body_len)
         .ok_or("shorter than its header says (a write cut short?)")?;
-    let body: Value =
-        serde_json::from_slice(body).map_err(|e| format!("update body is not JSON: {e}"))?;
+    let body: Value = serde_json::from_slice(body).map_err(|e| {
+        format!(
+            "update body is not JSON: {}",
+            perago_core::errors::DisplayChain(&e)
+        )
+    })?;
     let field = |name: &str| body.get(name).and_then(Value::as_str);
     for (name, expected) in [
         ("taskId", header.task_id.as_str()),
@@ -400,7 +408,10 @@ impl Journal {
                 }
                 Err(e) => {
                     self.usage().files -= 1;
-                    return Err(format!("cannot create an entry file: {e}"));
+                    return Err(format!(
+                        "cannot create an entry file: {}",
+                        perago_core::errors::DisplayChain(&e)
+                    ));
                 }
             }
         }
@@ -471,7 +482,10 @@ impl Journal {
             Err(e) => {
                 self.put_slot(slot, false);
                 self.release(size);
-                self.refuse(&format!("cannot write an entry: {e}"));
+                self.refuse(&format!(
+                    "cannot write an entry: {}",
+                    perago_core::errors::DisplayChain(&e)
+                ));
                 None
             }
         }
@@ -499,7 +513,7 @@ impl Journal {
         match mark() {
             Ok(()) => self.put_slot(slot, true),
             Err(e) => {
-                tracing::warn!(error = %e, entry = ?slot.name, journal = %self.path.display(), "cannot mark a settled journal entry; it is removed");
+                tracing::warn!(error = %perago_core::errors::DisplayChain(&e), entry = ?slot.name, journal = %self.path.display(), "cannot mark a settled journal entry; it is removed");
                 self.put_slot(slot, false);
             }
         }
@@ -517,9 +531,12 @@ impl Journal {
         if !name.as_encoded_bytes().ends_with(SUFFIX.as_bytes()) {
             return Err("not an entry file".into());
         }
-        let file = self.dir.open_file(name).map_err(|e| e.to_string())?;
+        let file = self
+            .dir
+            .open_file(name)
+            .map_err(|e| perago_core::errors::chain(&e))?;
         let stat = perago_sys::fd::dir::fstat(std::os::fd::AsFd::as_fd(&file))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| perago_core::errors::chain(&e))?;
         if stat.kind != EntryKind::File {
             return Err("not a regular file".into());
         }
@@ -535,7 +552,7 @@ impl Journal {
         let mut bytes = Vec::new();
         file.take(MAX_ENTRY_BYTES as u64)
             .read_to_end(&mut bytes)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| perago_core::errors::chain(&e))?;
         let read = decode(&bytes)?;
         if let Read::Entry(entry) = &read
             && entry.header.task_type != self.task_type
@@ -555,7 +572,7 @@ impl Journal {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => {
-                tracing::warn!(error = %e, entry = ?name, journal = %self.path.display(), "cannot remove a journal file");
+                tracing::warn!(error = %perago_core::errors::DisplayChain(&e), entry = ?name, journal = %self.path.display(), "cannot remove a journal file");
                 return;
             }
         }
@@ -590,7 +607,12 @@ pub(crate) enum Verdict {
 pub(crate) fn verdict(header: &Header, task: &Value) -> Verdict {
     let fresh = match AttemptSnapshot::from_conductor(task) {
         Ok(fresh) => fresh,
-        Err(e) => return Verdict::Drop(format!("Conductor's answer is not a task: {e}")),
+        Err(e) => {
+            return Verdict::Drop(format!(
+                "Conductor's answer is not a task: {}",
+                perago_core::errors::DisplayChain(&e)
+            ));
+        }
     };
     if fresh.task_id != header.task_id {
         return Verdict::Drop(format!(
@@ -678,7 +700,7 @@ pub(crate) async fn replay(
     let names = match journal.names() {
         Ok(names) => names,
         Err(e) => {
-            tracing::warn!(error = %e, journal = %journal.path().display(), "cannot list the result journal; nothing replayed");
+            tracing::warn!(error = %perago_core::errors::DisplayChain(&e), journal = %journal.path().display(), "cannot list the result journal; nothing replayed");
             return done;
         }
     };
@@ -772,12 +794,12 @@ async fn replay_one(
         Ok(task) => task,
         Err(e) if e.is_not_found() => return drop_entry("Conductor no longer knows the task"),
         Err(e) if e.is_retryable() => {
-            tracing::warn!(error = %e, "cannot read the task of a journaled result");
+            tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot read the task of a journaled result");
             return None;
         }
         Err(e) => {
             // Credentials or a garbled answer: nothing shows the attempt settled; kept.
-            tracing::warn!(error = %e, "cannot read the task of a journaled result; it stays in the journal");
+            tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot read the task of a journaled result; it stays in the journal");
             return None;
         }
     };
@@ -795,10 +817,13 @@ async fn replay_one(
                 Some(true)
             }
             Err(e) if e.is_retryable() => {
-                tracing::warn!(error = %e, "cannot report a journaled result");
+                tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot report a journaled result");
                 None
             }
-            Err(e) => drop_entry(&format!("Conductor refused the update: {e}")),
+            Err(e) => drop_entry(&format!(
+                "Conductor refused the update: {}",
+                perago_core::errors::DisplayChain(&e)
+            )),
         },
     }
 }

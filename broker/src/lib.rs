@@ -15,6 +15,8 @@ pub mod cli;
 mod counters;
 mod crash_history;
 mod depth;
+#[cfg(test)]
+mod error_texts;
 mod health;
 mod incoming;
 mod journal;
@@ -82,7 +84,7 @@ pub struct BrokerConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
     /// The socket could not be bound.
-    #[error("cannot serve on {}: {source}", path.display())]
+    #[error("cannot serve on {}", path.display())]
     Socket {
         /// The socket path.
         path: PathBuf,
@@ -91,7 +93,7 @@ pub enum BrokerError {
         source: std::io::Error,
     },
     /// The metrics address could not be bound.
-    #[error("cannot serve metrics on {addr}: {source}")]
+    #[error("cannot serve metrics on {addr}")]
     Metrics {
         /// `PERAGO_METRICS_ADDR`.
         addr: std::net::SocketAddr,
@@ -100,7 +102,7 @@ pub enum BrokerError {
         source: std::io::Error,
     },
     /// The gRPC server failed.
-    #[error("the slot server failed: {0}")]
+    #[error("the slot server failed")]
     Serve(#[from] tonic::transport::Error),
 }
 
@@ -323,7 +325,7 @@ fn open_journal(config: &BrokerConfig) -> Option<Arc<journal::Journal>> {
     match journal::Journal::open(root, &config.task_name) {
         Ok(journal) => Some(Arc::new(journal)),
         Err(e) => {
-            tracing::warn!(error = %e, "results are not journaled: a runtime killed before Conductor takes an update loses it");
+            tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "results are not journaled: a runtime killed before Conductor takes an update loses it");
             None
         }
     }
@@ -356,7 +358,7 @@ impl<S: tokio_stream::Stream + Unpin> tokio_stream::Stream for Announced<S> {
 fn announce(mut ready: std::fs::File) {
     use std::io::Write as _;
     if let Err(e) = ready.write_all(b"R") {
-        tracing::warn!(error = %e, "cannot tell the supervisor the broker serves");
+        tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot tell the supervisor the broker serves");
     }
 }
 

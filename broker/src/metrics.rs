@@ -96,7 +96,7 @@ where
             }
             Err(e) => {
                 if !failing {
-                    tracing::warn!(error = %e, "the metrics listener cannot accept connections; retrying");
+                    tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "the metrics listener cannot accept connections; retrying");
                     failing = true;
                 }
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
@@ -117,7 +117,7 @@ where
                 .serve_connection(TokioIo::new(stream), service)
                 .await
             {
-                tracing::debug!(error = %e, "a metrics connection ended with an error");
+                tracing::debug!(error = %perago_core::errors::DisplayChain(&e), "a metrics connection ended with an error");
             }
         });
     }

@@ -92,7 +92,7 @@ impl Poller {
                     self.counters.poll_errors.inc();
                     let delay = self.backoff.delay(failures);
                     if failures == 0 {
-                        tracing::warn!(error = %e, "poll failed; backing off until Conductor answers again");
+                        tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "poll failed; backing off until Conductor answers again");
                     }
                     failures = failures.saturating_add(1);
                     if events

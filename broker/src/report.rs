@@ -311,7 +311,7 @@ impl Reporter {
                 Err(e) if v2 && v2_unsupported(&e) => {
                     // Concurrent updates may all see the 405; the switch is logged once.
                     if self.v2.swap(false, Ordering::Relaxed) {
-                        tracing::warn!(error = %e, "the Conductor server has no usable update-v2; using v1 from now on");
+                        tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "the Conductor server has no usable update-v2; using v1 from now on");
                         // The machine then keeps no slot for a next task (the answer to this
                         // update, `UpdateDone`, follows this input).
                         let _ = events.send(Event::Slot(Input::UpdateV2Unsupported)).await;
@@ -320,7 +320,7 @@ impl Reporter {
                 Err(e) if e.is_retryable() && started.elapsed() < MAX_UPDATE_RETRY => {
                     self.counters.update_retries.inc();
                     if attempt == 0 {
-                        tracing::warn!(error = %e, "result update failed; retrying with backoff");
+                        tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "result update failed; retrying with backoff");
                     }
                     // An outage's end wakes the retry at once (see `health`).
                     waker.wait(&self.health, self.backoff.delay(attempt)).await;
@@ -331,10 +331,10 @@ impl Reporter {
                     match published {
                         // The change is in lakeFS already: say where, for whoever reconciles.
                         Some(commit) => {
-                            tracing::error!(error = %e, attempts = attempt + 1, published_commit = commit, "task result lost: Conductor did not take the update; its timeout and retry policy decide what happens to the task; its workspace change was published as commit {commit}")
+                            tracing::error!(error = %perago_core::errors::DisplayChain(&e), attempts = attempt + 1, published_commit = commit, "task result lost: Conductor did not take the update; its timeout and retry policy decide what happens to the task; its workspace change was published as commit {commit}")
                         }
                         None => {
-                            tracing::error!(error = %e, attempts = attempt + 1, "task result lost: Conductor did not take the update; its timeout and retry policy decide what happens to the task")
+                            tracing::error!(error = %perago_core::errors::DisplayChain(&e), attempts = attempt + 1, "task result lost: Conductor did not take the update; its timeout and retry policy decide what happens to the task")
                         }
                     }
                     return Err(if e.is_retryable() {
@@ -423,7 +423,7 @@ impl Reporter {
                 }
                 if let Err(e) = this.health.observe(this.client.update_task(&body).await) {
                     if failures == 0 {
-                        tracing::warn!(error = %e, "lease extension failed; retrying with backoff");
+                        tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "lease extension failed; retrying with backoff");
                         let doubt = Event::LeaseDoubt {
                             execution_id: execution_id.clone(),
                         };
@@ -456,7 +456,7 @@ impl Reporter {
                         true
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "cannot read the task back after a lease extension");
+                        tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot read the task back after a lease extension");
                         false
                     }
                 };

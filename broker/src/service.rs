@@ -173,11 +173,18 @@ impl Slot for SlotService {
             if e.is_not_found() {
                 Status::not_found(format!("Conductor no longer knows task {task_id}"))
             } else {
-                Status::unavailable(format!("cannot read task {task_id}: {e}"))
+                Status::unavailable(format!(
+                    "cannot read task {task_id}: {}",
+                    perago_core::errors::DisplayChain(&e)
+                ))
             }
         })?;
-        let attempt = AttemptSnapshot::from_conductor(&task)
-            .map_err(|e| Status::unavailable(format!("task {task_id} read back malformed: {e}")))?;
+        let attempt = AttemptSnapshot::from_conductor(&task).map_err(|e| {
+            Status::unavailable(format!(
+                "task {task_id} read back malformed: {}",
+                perago_core::errors::DisplayChain(&e)
+            ))
+        })?;
         Ok(Response::new(proto::ReloadAttemptResponse {
             attempt: Some(wire::attempt_to_wire(&attempt)),
         }))

@@ -86,7 +86,10 @@ pub fn result_from_wire(result: wire::TaskResult) -> Result<RuntimeResult, WireE
         Some(W::Completed(c)) => match RawJson::parse(c.output_json) {
             Ok(output) if output.is_object() => Ok(RuntimeResult::completed(worker, output)),
             Ok(_) => Err(WireError("output_json is not a JSON object".into())),
-            Err(e) => Err(WireError(format!("output_json is not JSON: {e}"))),
+            Err(e) => Err(WireError(format!(
+                "output_json is not JSON: {}",
+                perago_core::errors::DisplayChain(&e)
+            ))),
         },
         Some(W::Failed(f)) => Ok(RuntimeResult::failed(worker, failure_reason(f)?)),
         Some(W::FailedTerminal(f)) => {

@@ -46,15 +46,17 @@ pub fn exit_code(start: Result<i32, Exit>) -> i32 {
     start.unwrap_or_else(|Exit(code)| code)
 }
 
-/// Prints `error: {e}`: the environment cannot be run with ([`EXIT_CONFIG`]).
-pub fn config_error(e: impl Display) -> Exit {
-    eprintln!("error: {e}");
+/// Prints `error: {message}`: the environment cannot be run with ([`EXIT_CONFIG`]). An error
+/// is given rendered (`DisplayChain(&e)`).
+pub fn config_error(message: impl Display) -> Exit {
+    eprintln!("error: {message}");
     Exit(EXIT_CONFIG)
 }
 
-/// Prints `error: {e}`: a failure before the work started ([`EXIT_FAILURE`]).
-pub fn start_error(e: impl Display) -> Exit {
-    eprintln!("error: {e}");
+/// Prints `error: {message}`: a failure before the work started ([`EXIT_FAILURE`]). An error
+/// is given rendered (`DisplayChain(&e)`).
+pub fn start_error(message: impl Display) -> Exit {
+    eprintln!("error: {message}");
     Exit(EXIT_FAILURE)
 }
 
@@ -62,7 +64,9 @@ pub fn start_error(e: impl Display) -> Exit {
 /// printed, and the start ends with [`EXIT_CONFIG`].
 pub fn check_environment() -> Result<(), Exit> {
     crate::env::check_process_environment().map_err(|errors| {
-        errors.iter().for_each(|e| eprintln!("error: {e}"));
+        errors
+            .iter()
+            .for_each(|e| eprintln!("error: {}", crate::errors::DisplayChain(e)));
         Exit(EXIT_CONFIG)
     })
 }
@@ -70,7 +74,8 @@ pub fn check_environment() -> Result<(), Exit> {
 /// JSONL logging as `process` (the name its lines carry) for `task` and `worker_id`, from the
 /// environment the supervisor sets; [`EXIT_FAILURE`] when it cannot start.
 pub fn init_logging(process: &str, task: &str, worker_id: &str) -> Result<(), Exit> {
-    crate::logging::init_worker_from_env(process, task, worker_id).map_err(start_error)
+    crate::logging::init_worker_from_env(process, task, worker_id)
+        .map_err(|e| start_error(crate::errors::DisplayChain(&e)))
 }
 
 /// The one-thread async runtime a child runs on: its work per task is a few small messages
@@ -81,14 +86,19 @@ pub fn runtime() -> Result<tokio::runtime::Runtime, Exit> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| start_error(format_args!("cannot start the async runtime: {e}")))
+        .map_err(|e| {
+            start_error(format_args!(
+                "cannot start the async runtime: {}",
+                crate::errors::DisplayChain(&e)
+            ))
+        })
 }
 
-/// The work failed: logged as `what` with the error, printed as `error: {e}`; gives
-/// [`EXIT_FAILURE`].
-pub fn failed(what: &str, e: &dyn Display) -> i32 {
-    tracing::error!(error = %e, "{what}");
-    eprintln!("error: {e}");
+/// The work failed: logged as `what` with the error, printed as `error: {message}`; gives
+/// [`EXIT_FAILURE`]. The error is given rendered (`&DisplayChain(&e)`).
+pub fn failed(what: &str, message: &dyn Display) -> i32 {
+    tracing::error!(error = %message, "{what}");
+    eprintln!("error: {message}");
     EXIT_FAILURE
 }
 

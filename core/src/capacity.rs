@@ -186,7 +186,7 @@ pub enum CapacityProblem {
         least_ms: u128,
     },
     /// Not a byte size.
-    #[error("{label}: {source}")]
+    #[error("{label}")]
     ByteSize {
         /// The setting and its value.
         label: String,
@@ -195,7 +195,7 @@ pub enum CapacityProblem {
         source: crate::units::ByteSizeError,
     },
     /// Not a duration.
-    #[error("{label}: {source}")]
+    #[error("{label}")]
     Duration {
         /// The setting and its value.
         label: String,
@@ -208,7 +208,7 @@ pub enum CapacityProblem {
 /// Capacity settings with at least one bad value: every problem, in the order checked.
 /// Displays as the problems joined by `; `.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+#[error("{}", problems.iter().map(crate::errors::chain).collect::<Vec<_>>().join("; "))]
 pub struct CapacityError {
     /// Every bad setting.
     pub problems: Vec<CapacityProblem>,
@@ -513,7 +513,7 @@ mod tests {
         let problems = &error.problems;
         let text = problems
             .iter()
-            .map(ToString::to_string)
+            .map(crate::errors::chain)
             .collect::<Vec<_>>()
             .join("\n");
         for name in [

@@ -138,7 +138,7 @@ fn grants(meta: &std::fs::Metadata, uid: u32, gid: u32, want: u32) -> bool {
 fn inspect(path: &Path) -> Result<std::fs::Metadata, AccessError> {
     std::fs::metadata(path).map_err(|e| AccessError::Inspect {
         path: path.to_owned(),
-        cause: e.to_string(),
+        cause: crate::errors::chain(&e),
     })
 }
 

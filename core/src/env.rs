@@ -144,12 +144,20 @@ pub fn secrets_then_env() -> impl Fn(&str) -> Option<String> + use<> {
                 .parse()
                 .map_err(|_| format!("{PERAGO_SECRETS_FD} is not a descriptor number: {fd:?}"))
                 .and_then(|fd| {
-                    crate::secrets::receive(fd)
-                        .map_err(|e| format!("cannot take the secrets on descriptor {fd}: {e}"))
+                    crate::secrets::receive(fd).map_err(|e| {
+                        format!(
+                            "cannot take the secrets on descriptor {fd}: {}",
+                            crate::errors::DisplayChain(&e)
+                        )
+                    })
                 })
                 .and_then(|bytes| {
-                    serde_json::from_slice(&bytes)
-                        .map_err(|e| format!("the secrets are not a JSON object of strings: {e}"))
+                    serde_json::from_slice(&bytes).map_err(|e| {
+                        format!(
+                            "the secrets are not a JSON object of strings: {}",
+                            crate::errors::DisplayChain(&e)
+                        )
+                    })
                 });
             received
                 .map_err(|message| eprintln!("warning: {message}"))
@@ -186,7 +194,7 @@ pub fn require<const N: usize>(
 
 /// An environment value that is set but not usable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{name}: {source}")]
+#[error("{name}")]
 pub struct EnvDurationError {
     /// The variable's name.
     pub name: &'static str,
@@ -350,7 +358,7 @@ pub fn duration_at_least(
     value: Option<&str>,
     min: Duration,
 ) -> Result<Option<Duration>, String> {
-    match duration_var(name, value).map_err(|e| e.to_string())? {
+    match duration_var(name, value).map_err(|e| crate::errors::chain(&e))? {
         Some(d) if d < min => Err(format!(
             "{name}: {:?} is below the least allowed, {}ms",
             value.unwrap_or_default(),
@@ -467,9 +475,9 @@ mod tests {
         assert_eq!(duration_var(PERAGO_WORKSPACE_GC_TTL, None), Ok(None));
         assert_eq!(duration_var(PERAGO_WORKSPACE_GC_TTL, Some("")), Ok(None));
         assert_eq!(
-            duration_var(PERAGO_WORKSPACE_GC_INTERVAL, Some("0"))
-                .unwrap_err()
-                .to_string(),
+            crate::errors::chain(
+                &duration_var(PERAGO_WORKSPACE_GC_INTERVAL, Some("0")).unwrap_err()
+            ),
             r#"PERAGO_WORKSPACE_GC_INTERVAL: invalid duration "0": must be greater than zero"#
         );
     }

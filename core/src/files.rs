@@ -75,8 +75,12 @@ pub fn read_open_regular(file: File, max_bytes: u64) -> io::Result<String> {
     if bytes.len() as u64 > max_bytes {
         return Err(too_big(bytes.len() as u64));
     }
-    String::from_utf8(bytes)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("not UTF-8 text: {e}")))
+    String::from_utf8(bytes).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("not UTF-8 text: {}", crate::errors::DisplayChain(&e)),
+        )
+    })
 }
 
 #[cfg(test)]

@@ -72,7 +72,7 @@ fn tls_config(roots: rustls::RootCertStore) -> rustls::ClientConfig {
 fn system_roots() -> rustls::RootCertStore {
     let found = rustls_native_certs::load_native_certs();
     for error in &found.errors {
-        tracing::warn!(%error, "cannot read a system root certificate");
+        tracing::warn!(error = %crate::errors::DisplayChain(&error), "cannot read a system root certificate");
     }
     let mut roots = rustls::RootCertStore::empty();
     let (added, _ignored) = roots.add_parsable_certificates(found.certs);

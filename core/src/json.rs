@@ -80,12 +80,15 @@ pub fn from_str(text: &str) -> Result<Value, JsonError> {
         // parsed on a stack that grows as needed.
         de.disable_recursion_limit();
         let value = Value::deserialize(serde_stacker::Deserializer::new(&mut de))
-            .map_err(|e| JsonError::Syntax(e.to_string()))?;
-        de.end().map_err(|e| JsonError::Syntax(e.to_string()))?;
+            .map_err(|e| JsonError::Syntax(crate::errors::chain(&e)))?;
+        de.end()
+            .map_err(|e| JsonError::Syntax(crate::errors::chain(&e)))?;
         return Ok(value);
     }
-    let value = Value::deserialize(&mut de).map_err(|e| JsonError::Syntax(e.to_string()))?;
-    de.end().map_err(|e| JsonError::Syntax(e.to_string()))?;
+    let value =
+        Value::deserialize(&mut de).map_err(|e| JsonError::Syntax(crate::errors::chain(&e)))?;
+    de.end()
+        .map_err(|e| JsonError::Syntax(crate::errors::chain(&e)))?;
     Ok(value)
 }
 
@@ -104,8 +107,9 @@ pub fn check(text: &str) -> Result<(), JsonError> {
     } else {
         Checked::deserialize(&mut de)
     };
-    checked.map_err(|e| JsonError::Syntax(e.to_string()))?;
-    de.end().map_err(|e| JsonError::Syntax(e.to_string()))
+    checked.map_err(|e| JsonError::Syntax(crate::errors::chain(&e)))?;
+    de.end()
+        .map_err(|e| JsonError::Syntax(crate::errors::chain(&e)))
 }
 
 /// Accepts exactly what `serde_json::Value` accepts (numbers are parsed, so one out of
@@ -187,7 +191,7 @@ impl RawJson {
             return Err(JsonError::TooDeep { depth });
         }
         let raw = serde_json::from_str::<&serde_json::value::RawValue>(&text)
-            .map_err(|e| JsonError::Syntax(e.to_string()))?;
+            .map_err(|e| JsonError::Syntax(crate::errors::chain(&e)))?;
         if raw.get().len() != text.len() {
             return Ok(Self(raw.get().to_owned()));
         }
@@ -348,7 +352,7 @@ pub fn members(text: &str) -> Result<Vec<(String, &str)>, JsonError> {
         let raw_key = &text[i + 1..key_end - 1];
         let key = if raw_key.bytes().any(|b| b == b'\\' || b < 0x20) {
             serde_json::from_str::<String>(&text[i..key_end])
-                .map_err(|e| JsonError::Syntax(e.to_string()))?
+                .map_err(|e| JsonError::Syntax(crate::errors::chain(&e)))?
         } else {
             raw_key.to_owned()
         };

@@ -19,6 +19,9 @@ pub mod capacity;
 pub mod command;
 pub mod conductor;
 pub mod env;
+#[cfg(test)]
+mod error_texts;
+pub mod errors;
 pub mod files;
 pub mod http;
 pub mod identity;

@@ -44,7 +44,7 @@ const FILE_NAME: &str = "perago.jsonl";
 #[derive(Debug, thiserror::Error)]
 pub enum LogConfigError {
     /// `PERAGO_LOG_MAX_BYTES` is not a byte size.
-    #[error("{PERAGO_LOG_MAX_BYTES}: {0}")]
+    #[error("{PERAGO_LOG_MAX_BYTES}")]
     MaxBytes(#[source] crate::units::ByteSizeError),
     /// `PERAGO_LOG_MAX_BYTES` is below [`MIN_MAX_BYTES`] (it was raised to it silently).
     #[error("{PERAGO_LOG_MAX_BYTES} {value:?}: must be at least 1KiB")]
@@ -59,7 +59,7 @@ pub enum LogConfigError {
         value: String,
     },
     /// The worker's log folder or file cannot be opened.
-    #[error("cannot open the log folder {}: {source}", dir.display())]
+    #[error("cannot open the log folder {}", dir.display())]
     Open {
         /// The worker's log folder.
         dir: PathBuf,
@@ -169,7 +169,7 @@ impl DropState {
             }
             (Err(e), None) => {
                 self.dropping = Some(1);
-                Some(DropNotice::Started(e.to_string()))
+                Some(DropNotice::Started(crate::errors::chain(&e)))
             }
             (Err(_), Some(n)) => {
                 *n += 1;
@@ -250,8 +250,8 @@ impl RotatingFile {
         }
         match self.drops.record(&written) {
             None => {}
-            Some(DropNotice::Started(error)) => eprintln!(
-                "perago: cannot write the log file {}: {error}; dropping its lines until \
+            Some(DropNotice::Started(problem)) => eprintln!(
+                "perago: cannot write the log file {}: {problem}; dropping its lines until \
                  writing works again (counted in perago_log_lines_dropped_total)",
                 self.path(0).display()
             ),
@@ -621,7 +621,7 @@ mod tests {
         let err = config(PERAGO_LOG_MAX_BYTES, "lots").unwrap_err();
         assert!(matches!(err, LogConfigError::MaxBytes(ref e) if e.value == "lots"));
         assert!(
-            err.to_string()
+            crate::errors::chain(&err)
                 .starts_with("PERAGO_LOG_MAX_BYTES: invalid byte size \"lots\"")
         );
         let err = config(PERAGO_LOG_MAX_BYTES, "0").unwrap_err();

@@ -18,7 +18,7 @@ use std::{
 #[derive(Debug, thiserror::Error)]
 pub enum MemoryError {
     /// `/proc/meminfo` cannot be read.
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}", path.display())]
     Read {
         /// The meminfo file.
         path: PathBuf,

@@ -54,7 +54,7 @@ pub enum HandOverError {
     #[error("the child wrote {0:#04x} on its secrets channel, not its ready byte")]
     NotTheReadyByte(u8),
     /// The channel failed.
-    #[error("the secrets channel failed: {0}")]
+    #[error("the secrets channel failed")]
     Io(#[from] io::Error),
 }
 
@@ -92,13 +92,13 @@ pub enum ReceiveError {
     #[error("descriptor {0} is not a socket")]
     NotASocket(std::os::fd::RawFd),
     /// This process could not turn non-dumpable, so it does not ask.
-    #[error("this process is still dumpable: {0}")]
+    #[error("this process is still dumpable")]
     Dumpable(#[source] io::Error),
     /// More than [`MAX_BYTES`] came.
     #[error("more than {MAX_BYTES} bytes of secrets")]
     TooLarge,
     /// The channel failed.
-    #[error("the secrets channel failed: {0}")]
+    #[error("the secrets channel failed")]
     Io(#[from] io::Error),
 }
 

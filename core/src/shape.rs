@@ -70,8 +70,12 @@ pub fn parse_input<'a>(
         let quoted: Vec<String> = expected.iter().map(|k| format!("'{k}'")).collect();
         format!("a {} task takes exactly {}", kind, quoted.join(" and "))
     };
-    let members = crate::json::members(input.as_str())
-        .map_err(|e| input_error("input", format!("must be a JSON object: {e}")))?;
+    let members = crate::json::members(input.as_str()).map_err(|e| {
+        input_error(
+            "input",
+            format!("must be a JSON object: {}", crate::errors::DisplayChain(&e)),
+        )
+    })?;
     let member = |key: &str| members.iter().find(|(k, _)| k == key).map(|(_, v)| *v);
     let mut unexpected: Vec<&String> = members
         .iter()
@@ -104,8 +108,8 @@ pub fn parse_input<'a>(
         TaskKind::WorkspaceFree => None,
         TaskKind::Workspace => {
             let text = member("workspace").expect("checked above");
-            let value =
-                crate::json::from_str(text).map_err(|e| input_error("workspace", e.to_string()))?;
+            let value = crate::json::from_str(text)
+                .map_err(|e| input_error("workspace", crate::errors::chain(&e)))?;
             Some(parse_workspace(&value, allowed_prefix)?)
         }
     };

@@ -134,7 +134,7 @@ async fn the_token_request_is_not_sent_on_to_another_host() {
         assert_eq!(why.status, status);
         assert_eq!(why.location, format!("http://{to}/api/stolen"));
         assert!(
-            error.to_string().contains(&format!(
+            perago_core::errors::chain(&error).contains(&format!(
                 "HTTP {status} redirecting to http://{to}/api/stolen; perago follows no redirects"
             )),
             "{error}"

@@ -284,11 +284,38 @@ impl Signals {
 
 /// Prints an error and its causes on stderr.
 pub fn report(error: &DevstackError) {
-    let mut message = format!("error: {error}");
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        message.push_str(&format!(": {cause}"));
-        source = cause.source();
+    eprintln!("{}", report_line(error));
+}
+
+/// `error: message: cause: cause`, one line.
+fn report_line(error: &DevstackError) -> String {
+    format!("error: {}", crate::errors::DisplayChain(error))
+}
+
+#[cfg(test)]
+mod error_texts {
+    use super::*;
+
+    /// The text each error with a cause prints, pinned.
+    #[test]
+    fn errors_print_as_before() {
+        let denied = || std::io::Error::other("denied");
+        let cases = [
+            (
+                DevstackError::Bind { source: denied() },
+                "error: failed to bind the listening socket: denied",
+            ),
+            (
+                DevstackError::Signal { source: denied() },
+                "error: failed to install signal handlers: denied",
+            ),
+            (
+                DevstackError::Stdout { source: denied() },
+                "error: failed to print the bound addresses: denied",
+            ),
+        ];
+        for (error, text) in cases {
+            assert_eq!(report_line(&error), text);
+        }
     }
-    eprintln!("{message}");
 }

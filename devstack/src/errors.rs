@@ -47,3 +47,25 @@ impl DevstackError {
         }
     }
 }
+
+/// Renders an error and its causes as `message: cause: cause`, one line: the same rendering as
+/// `perago_core::errors::DisplayChain` (devstack does not depend on perago-core), for the
+/// servers' logs and the texts they answer with.
+pub(crate) struct DisplayChain<'a, E: std::error::Error + ?Sized>(pub(crate) &'a E);
+
+impl<E: std::error::Error + ?Sized> std::fmt::Display for DisplayChain<'_, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
+    }
+}
+
+/// `error` and its causes as one line (see [`DisplayChain`]).
+pub(crate) fn chain<E: std::error::Error + ?Sized>(error: &E) -> String {
+    DisplayChain(error).to_string()
+}

@@ -354,7 +354,10 @@ pub(crate) async fn inject(State(faults): State<Faults>, request: Request, next:
             Err(error) => {
                 return error_body(
                     StatusCode::PAYLOAD_TOO_LARGE,
-                    &format!("cannot read the body for a bodyContains fault: {error}"),
+                    &format!(
+                        "cannot read the body for a bodyContains fault: {}",
+                        crate::errors::DisplayChain(&error)
+                    ),
                 );
             }
         }
@@ -412,7 +415,10 @@ async fn detached(faults: Faults, action: Action, request: Request, next: Next) 
         Err(error) => {
             return error_body(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                &format!("cannot read the body for a detached fault: {error}"),
+                &format!(
+                    "cannot read the body for a detached fault: {}",
+                    crate::errors::DisplayChain(&error)
+                ),
             );
         }
     };
@@ -465,11 +471,16 @@ async fn list(State(faults): State<Faults>) -> Response {
 async fn add(State(faults): State<Faults>, body: Bytes) -> Response {
     let spec: FaultSpec = match serde_json::from_slice(&body) {
         Ok(spec) => spec,
-        Err(e) => return error_body(StatusCode::BAD_REQUEST, &format!("bad fault: {e}")),
+        Err(e) => {
+            return error_body(
+                StatusCode::BAD_REQUEST,
+                &format!("bad fault: {}", crate::errors::DisplayChain(&e)),
+            );
+        }
     };
     match faults.add(spec) {
         Ok(id) => Json(serde_json::json!({ "id": id })).into_response(),
-        Err(error) => error_body(StatusCode::BAD_REQUEST, &error.to_string()),
+        Err(error) => error_body(StatusCode::BAD_REQUEST, &crate::errors::chain(&error)),
     }
 }
 

@@ -60,7 +60,7 @@ pub(crate) async fn serve(
                 // Accept errors (e.g. too many open files) concern one connection; keep serving,
                 // after a pause so a persistent error does not spin the loop (as axum::serve).
                 Err(error) => {
-                    tracing::warn!(server = name, %error, "accept failed");
+                    tracing::warn!(server = name, error = %crate::errors::DisplayChain(&error), "accept failed");
                     tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
                 }
             },
@@ -112,7 +112,7 @@ async fn serve_connection(
         tokio::select! {
             result = connection.as_mut() => {
                 if let Err(error) = result {
-                    tracing::debug!(%error, "connection ended with an error");
+                    tracing::debug!(error = %crate::errors::DisplayChain(&error), "connection ended with an error");
                 }
                 return;
             }

@@ -44,7 +44,7 @@ pub fn output_too_large(size: u64) -> Reason {
 #[derive(Debug, thiserror::Error)]
 pub enum RunnerError {
     /// A body or guardrail program is missing.
-    #[error("{key}: {source}")]
+    #[error("{key}")]
     Program {
         /// `body.command`, `guardrails.pre`, `guardrails.post`.
         key: &'static str,
@@ -342,7 +342,7 @@ impl AssignmentRunner {
             .as_ref()
             .map_or("", |w| w.prefix.as_str());
         let input = parse_input(self.manifest.task.kind, &attempt.input_data, allowed_prefix)
-            .map_err(|e| Failure::Retriable(Reason::new(e.to_string())))?;
+            .map_err(|e| Failure::Retriable(Reason::new(perago_core::errors::chain(&e))))?;
         // The params stay text: parsed only for a schema (a Rust body parses them too).
         let params = input.params;
         if let Some(schema) = &self.manifest.schemas.params {
@@ -396,7 +396,10 @@ impl AssignmentRunner {
         let runtime = self.workspace.as_ref().ok_or_else(|| {
             failed("this executor has no workspace root (PERAGO_WORKSPACE_ROOT)".to_owned())
         })?;
-        let client = runtime.lakefs.clone().map_err(|e| failed(e.to_string()))?;
+        let client = runtime
+            .lakefs
+            .clone()
+            .map_err(|e| failed(perago_core::errors::chain(&e)))?;
         let fence = io
             .fence
             .ok_or_else(|| failed("no attempt fence is available to this executor".to_owned()))?;
@@ -419,11 +422,12 @@ impl AssignmentRunner {
             limits,
         )
         .await
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(|e| failed(perago_core::errors::chain(&e)))?;
         if let Some((uid, gid)) = self.body_user {
             // The body runs as another user: the files it works on become its own, and the
             // folders above them must let it through.
-            hand_over(&runtime.root, ws.work_dir(), uid, gid).map_err(|e| failed(e.to_string()))?;
+            hand_over(&runtime.root, ws.work_dir(), uid, gid)
+                .map_err(|e| failed(perago_core::errors::chain(&e)))?;
         }
         env.push((
             perago_core::env::PERAGO_WORKSPACE_DIR.to_owned(),
@@ -438,7 +442,7 @@ impl AssignmentRunner {
             // The body has ended: the tree is taken back from its user before it is read.
             let changes = ws
                 .changes(self.body_user.map(|(uid, _)| uid), spec.publish_budget)
-                .map_err(|e| failed(e.to_string()))?;
+                .map_err(|e| failed(perago_core::errors::chain(&e)))?;
             let metadata: Map<String, Value> = [
                 ("workflow_id", attempt.workflow_instance_id.clone()),
                 ("task_id", attempt.task_id.clone()),
@@ -475,9 +479,9 @@ impl AssignmentRunner {
                 .await
                 .map_err(|e| {
                     if e.is_terminal() {
-                        Failure::Terminal(Reason::new(e.to_string()))
+                        Failure::Terminal(Reason::new(perago_core::errors::chain(&e)))
                     } else {
-                        failed(e.to_string())
+                        failed(perago_core::errors::chain(&e))
                     }
                 })?;
             Ok::<_, Failure>(workspace_output(&published, result))
@@ -524,7 +528,10 @@ impl AssignmentRunner {
                 let run = command::run_with_soft_limit(&spec, stdin, limits, soft.as_ref())
                     .await
                     .map_err(|e| {
-                        Failure::Retriable(Reason::new(format!("body could not start: {e}")))
+                        Failure::Retriable(Reason::new(format!(
+                            "body could not start: {}",
+                            perago_core::errors::DisplayChain(&e)
+                        )))
                     })?;
                 if let Some(peak) = run.memory.and_then(|m| m.peak) {
                     self.body_peak
@@ -612,7 +619,8 @@ impl AssignmentRunner {
         if let Some(schema) = &self.manifest.schemas.result {
             let parsed = result.to_value().map_err(|e| {
                 Failure::Retriable(Reason::new(format!(
-                    "result does not match the result schema: {e}"
+                    "result does not match the result schema: {}",
+                    perago_core::errors::DisplayChain(&e)
                 )))
             })?;
             schema.validate("result", &parsed).map_err(|v| {
@@ -643,8 +651,9 @@ impl AssignmentRunner {
     ) -> Result<(), Failure> {
         let run = self.run(program, env, stdin, limits).await.map_err(|e| {
             Failure::Retriable(Reason::new(format!(
-                "{which} guardrail {} could not start: {e}",
-                program.label
+                "{which} guardrail {} could not start: {}",
+                program.label,
+                perago_core::errors::DisplayChain(&e)
             )))
         })?;
         if run.ended == Ended::Exited(0) {
@@ -946,23 +955,23 @@ fn hand_over(
 
 /// The attempt's `work` folder cannot be handed to `body.user`.
 #[derive(Debug, thiserror::Error)]
-enum HandOverError {
+pub(crate) enum HandOverError {
     /// The files cannot be chowned.
-    #[error("cannot hand the workspace to body.user (uid {uid}): {source}")]
+    #[error("cannot hand the workspace to body.user (uid {uid})")]
     Chown {
         uid: u32,
         #[source]
         source: std::io::Error,
     },
     /// A folder above it cannot be read.
-    #[error("cannot read {}: {source}", dir.display())]
+    #[error("cannot read {}", dir.display())]
     Read {
         dir: std::path::PathBuf,
         #[source]
         source: std::io::Error,
     },
     /// An attempt folder cannot be opened to the user.
-    #[error("cannot open {} to body.user: {source}", dir.display())]
+    #[error("cannot open {} to body.user", dir.display())]
     Open {
         dir: std::path::PathBuf,
         #[source]
@@ -1016,8 +1025,12 @@ enum Failure {
 
 /// The params (a JSON object's text, within the input) parsed, for a schema or a Rust body.
 fn parsed_params(params: &str) -> Result<Value, Failure> {
-    perago_core::json::from_str(params)
-        .map_err(|e| Failure::Retriable(Reason::new(format!("bad input: params: {e}"))))
+    perago_core::json::from_str(params).map_err(|e| {
+        Failure::Retriable(Reason::new(format!(
+            "bad input: params: {}",
+            perago_core::errors::DisplayChain(&e)
+        )))
+    })
 }
 
 /// The body's result document (checked as it would be parsed, kept as text), or why there is
@@ -1052,8 +1065,12 @@ fn body_result(run: &Finished, budget: &Budget) -> Result<RawJson, Failure> {
     if text.trim().is_empty() {
         return fail("body printed no result on stdout (expected one JSON document)".to_owned());
     }
-    RawJson::parse(text.into_owned())
-        .or_else(|e| fail(format!("body result on stdout is not valid JSON: {e}")))
+    RawJson::parse(text.into_owned()).or_else(|e| {
+        fail(format!(
+            "body result on stdout is not valid JSON: {}",
+            perago_core::errors::DisplayChain(&e)
+        ))
+    })
 }
 
 #[cfg(test)]
@@ -1072,8 +1089,7 @@ mod tests {
             "{error:?}"
         );
         assert!(
-            error
-                .to_string()
+            perago_core::errors::chain(&error)
                 .starts_with("cannot hand the workspace to body.user (uid 4242): "),
             "{error}"
         );

@@ -105,25 +105,29 @@ pub fn manifest_from(
     /// A manifest and two schemas of at most 1 MiB each, escaped as JSON.
     const MAX_BODY_BYTES: u64 = 8 * perago_core::files::MAX_CONFIG_BYTES;
     let Some(file) = lookup(env::PERAGO_BODY).filter(|v| !v.is_empty()) else {
-        return Manifest::load(manifest_path).map_err(|e| e.to_string());
+        return Manifest::load(manifest_path).map_err(|e| perago_core::errors::chain(&e));
     };
     let file = PathBuf::from(file);
     let text = perago_core::files::read_regular(&file, MAX_BODY_BYTES).map_err(|e| {
         format!(
-            "cannot read the body version {} ({}): {e}",
+            "cannot read the body version {} ({}): {}",
             file.display(),
-            env::PERAGO_BODY
+            env::PERAGO_BODY,
+            perago_core::errors::DisplayChain(&e)
         )
     })?;
     let source: perago_core::manifest::ManifestSource =
         serde_json::from_str(&text).map_err(|e| {
             format!(
-                "the body version {} ({}) is not a manifest source: {e}",
+                "the body version {} ({}) is not a manifest source: {}",
                 file.display(),
-                env::PERAGO_BODY
+                env::PERAGO_BODY,
+                perago_core::errors::DisplayChain(&e)
             )
         })?;
-    source.manifest().map_err(|e| e.to_string())
+    source
+        .manifest()
+        .map_err(|e| perago_core::errors::chain(&e))
 }
 
 /// The workspace side of an executor: the root, the lakeFS client (or why there is none: a
@@ -177,7 +181,10 @@ fn start(task: Option<Arc<dyn crate::task::Task>>) -> Result<i32, Exit> {
     // It holds its slot token and the lakeFS credentials: no body of the same user may read
     // its memory or /proc/<pid>/environ. Its secrets come over a socket, asked for only after.
     if let Err(e) = perago_sys::memory::set_non_dumpable() {
-        eprintln!("warning: cannot make the executor non-dumpable: {e}");
+        eprintln!(
+            "warning: cannot make the executor non-dumpable: {}",
+            perago_core::errors::DisplayChain(&e)
+        );
     }
     // A publication holds a descriptor on every folder of the workspace and on every file it
     // uploads, from the check to the upload (see `workspace::scan`).
@@ -185,14 +192,15 @@ fn start(task: Option<Arc<dyn crate::task::Task>>) -> Result<i32, Exit> {
     // No setting may fall back to its default because its value is not UTF-8.
     bootstrap::check_environment()?;
     let lookup = perago_core::env::secrets_then_env();
-    let (identity, manifest_path) = identity_from(&lookup).map_err(bootstrap::config_error)?;
+    let (identity, manifest_path) = identity_from(&lookup)
+        .map_err(|e| bootstrap::config_error(perago_core::errors::DisplayChain(&e)))?;
     let manifest =
         Arc::new(manifest_from(&lookup, &manifest_path).map_err(bootstrap::start_error)?);
     bootstrap::init_logging("perago-executor", &manifest.task.name, &identity.worker_id)?;
     // Whatever a body starts and leaves behind is re-parented here, not to init, so it can
     // be killed when the assignment ends.
     if let Err(e) = perago_sys::reaper::become_subreaper() {
-        tracing::warn!(error = %e, "cannot become a child subreaper: processes a body detaches may outlive it");
+        tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot become a child subreaper: processes a body detaches may outlive it");
     }
     let path = std::env::var_os("PATH");
     let built = match task {
@@ -202,7 +210,8 @@ fn start(task: Option<Arc<dyn crate::task::Task>>) -> Result<i32, Exit> {
         }
     };
     let built = built.map(|runner| runner.with_workspace(workspace_runtime(&identity, &lookup)));
-    let runner = built.map_err(bootstrap::start_error)?;
+    let runner =
+        built.map_err(|e| bootstrap::start_error(perago_core::errors::DisplayChain(&e)))?;
     let runtime = bootstrap::runtime()?;
     let code = runtime.block_on(async {
         let stop = Arc::new(AtomicBool::new(false));
@@ -228,7 +237,7 @@ fn start(task: Option<Arc<dyn crate::task::Task>>) -> Result<i32, Exit> {
                 tracing::info!(worker_id = %identity.worker_id, "executor recycled ({why}); exiting for the next generation");
                 perago_core::recycle::EXIT_RECYCLED
             }
-            Err(e) => bootstrap::failed("slot loop ended", &e),
+            Err(e) => bootstrap::failed("slot loop ended", &perago_core::errors::DisplayChain(&e)),
         }
     });
     // A Rust body that overran may still hold a blocking thread: do not wait for it.

@@ -157,7 +157,8 @@ pub(crate) fn body_cgroups() -> io::Result<&'static perago_sys::cgroup::Located>
     static LOCATED: OnceLock<Result<perago_sys::cgroup::Located, String>> = OnceLock::new();
     LOCATED
         .get_or_init(|| {
-            let located = perago_sys::cgroup::locate().map_err(|e| format!("body.{e}"))?;
+            let located = perago_sys::cgroup::locate()
+                .map_err(|e| format!("body.{}", perago_core::errors::DisplayChain(&e)))?;
             let removed = perago_sys::cgroup::collect_stale(&located);
             if removed > 0 {
                 tracing::info!(
@@ -175,7 +176,7 @@ pub(crate) fn body_cgroups() -> io::Result<&'static perago_sys::cgroup::Located>
 /// A memory cgroup for one body with `limit` bytes.
 pub(crate) fn body_cgroup(limit: u64) -> io::Result<perago_sys::cgroup::BodyCgroup> {
     perago_sys::cgroup::BodyCgroup::create(body_cgroups()?, limit)
-        .map_err(|e| io::Error::other(format!("body.{e}")))
+        .map_err(|e| io::Error::other(format!("body.{}", perago_core::errors::DisplayChain(&e))))
 }
 
 /// Removes a body's cgroup once its tree is gone; a failure is logged (the cgroup is then
@@ -183,7 +184,7 @@ pub(crate) fn body_cgroup(limit: u64) -> io::Result<perago_sys::cgroup::BodyCgro
 pub(crate) fn remove_body_cgroup(cgroup: perago_sys::cgroup::BodyCgroup) {
     let dir = cgroup.dir().to_owned();
     if let Err(e) = cgroup.remove(CGROUP_REMOVE_PATIENCE) {
-        tracing::warn!(cgroup = %dir.display(), "cannot remove the body's memory cgroup: {e}");
+        tracing::warn!(cgroup = %dir.display(), error = %perago_core::errors::DisplayChain(&e), "cannot remove the body's memory cgroup");
     }
 }
 

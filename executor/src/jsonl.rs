@@ -346,7 +346,10 @@ impl JsonlBody {
             if guard.is_none() {
                 self.stderr_tail.lock().expect("not poisoned").clear();
                 *guard = Some(self.start(env).map_err(|e| JsonlFailure::Broken {
-                    reason: format!("body could not start: {e}"),
+                    reason: format!(
+                        "body could not start: {}",
+                        perago_core::errors::DisplayChain(&e)
+                    ),
                     stderr_tail: String::new(),
                 })?);
             }
@@ -414,7 +417,7 @@ impl JsonlBody {
             }
             Err(error) => {
                 let too_long = matches!(error, ProtocolError::LineTooLong { .. });
-                let mut reason = error.to_string();
+                let mut reason = perago_core::errors::chain(&error);
                 // Stdout closes a moment before the exit status is there to read.
                 let (exiting, doing) = match error {
                     ProtocolError::StdoutClosed => (true, "while running"),

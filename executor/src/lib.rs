@@ -13,6 +13,8 @@
 pub mod assignment;
 pub mod cli;
 pub mod command;
+#[cfg(test)]
+mod error_texts;
 mod jsonl;
 pub mod recycle;
 pub mod slot;

@@ -83,7 +83,7 @@ impl RecycleLimits {
         match measured {
             Ok(bytes) => memory_reason(bytes, max, what),
             Err(e) => {
-                tracing::warn!(error = %e, "cannot measure the executor's memory for --max-executor-memory");
+                tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot measure the executor's memory for --max-executor-memory");
                 None
             }
         }

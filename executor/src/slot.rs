@@ -60,7 +60,7 @@ impl Fence for SlotFence {
             match self.client.clone().reload_attempt(request).await {
                 Ok(answer) => match answer.into_inner().attempt.map(wire::attempt_from_wire) {
                     Some(Ok(fresh)) => FenceRead::Fresh(Box::new(fresh)),
-                    Some(Err(e)) => FenceRead::Unavailable(e.to_string()),
+                    Some(Err(e)) => FenceRead::Unavailable(perago_core::errors::chain(&e)),
                     None => FenceRead::Unavailable("the broker sent no attempt".to_owned()),
                 },
                 Err(status) if status.code() == tonic::Code::NotFound => FenceRead::Gone,
@@ -107,7 +107,7 @@ pub enum Served {
 #[derive(Debug, thiserror::Error)]
 pub enum SlotError {
     /// The broker socket could not be reached.
-    #[error("cannot reach the broker at {}: {source}", path.display())]
+    #[error("cannot reach the broker at {}", path.display())]
     Connect {
         /// The socket.
         path: PathBuf,
@@ -116,7 +116,7 @@ pub enum SlotError {
         source: tonic::transport::Error,
     },
     /// The broker refused the attach or the stream failed.
-    #[error("the broker refused or dropped the slot stream: {0}")]
+    #[error("the broker refused or dropped the slot stream")]
     Stream(#[from] tonic::Status),
     /// A Rust body overran and could not be stopped.
     #[error("a task body overran its time limit; restarting the executor to stop it")]
@@ -268,7 +268,8 @@ async fn run_watching_broker(
         }
         tracing::error!(
             grace_s = BROKER_GONE_GRACE.as_secs(),
-            "the broker is gone while an assignment runs ({error}): its result cannot be reported; stopping the body (SIGTERM, then SIGKILL)"
+            "the broker is gone while an assignment runs ({}): its result cannot be reported; stopping the body (SIGTERM, then SIGKILL)",
+            perago_core::errors::DisplayChain(&error)
         );
         perago_sys::reaper::signal_managed(perago_sys::signal::SIGTERM);
         if tokio::time::timeout(BROKER_GONE_GRACE, &mut work)
@@ -433,7 +434,10 @@ pub async fn serve(
                     }
                     Some(Err(e)) => (
                         String::new(),
-                        RuntimeResult::failed(&identity.worker_id, Reason::new(e.to_string())),
+                        RuntimeResult::failed(
+                            &identity.worker_id,
+                            Reason::new(perago_core::errors::chain(&e)),
+                        ),
                     ),
                     None => (
                         String::new(),

@@ -39,8 +39,12 @@ pub fn attempt_from_wire(attempt: wire::AttemptSnapshot) -> Result<AttemptSnapsh
     // The broker checked the input as it came from Conductor (as it would be parsed, numbers
     // included): here it is kept as text and forwarded, its depth counted and its syntax
     // skimmed (both without parsing), and only its top level read (by `parse_input`).
-    let input_data = RawJson::skimmed(attempt.input_data_json)
-        .map_err(|e| WireError(format!("input_data_json is not JSON: {e}")))?;
+    let input_data = RawJson::skimmed(attempt.input_data_json).map_err(|e| {
+        WireError(format!(
+            "input_data_json is not JSON: {}",
+            perago_core::errors::DisplayChain(&e)
+        ))
+    })?;
     if perago_core::json::kind(input_data.as_str()) != Kind::Object {
         return Err(WireError("input_data_json is not a JSON object".into()));
     }

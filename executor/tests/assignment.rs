@@ -368,13 +368,13 @@ fn unsupported_manifests_are_refused_with_a_reason() {
     let load = |text: &str| {
         fs::write(dir.path().join("task.toml"), text).unwrap();
         let m = Manifest::load(&dir.path().join("task.toml")).unwrap();
-        AssignmentRunner::new(
+        let error = AssignmentRunner::new(
             Arc::new(m),
             WORKER.into(),
             std::env::var_os("PATH").as_deref(),
         )
-        .unwrap_err()
-        .to_string()
+        .unwrap_err();
+        perago_core::errors::chain(&error)
     };
     assert_eq!(
         load(

@@ -688,7 +688,7 @@ async fn a_merge_counts_only_when_the_branch_shows_it_merging_the_staged_commit(
         let server = one_attempt_server(json(503, r#"{"message": "timeout"}"#), log).await;
         let failure = publish_once(&server).await.unwrap_err();
         assert!(
-            failure.to_string().starts_with(
+            perago_core::errors::chain(&failure).starts_with(
                 "publish failed: lakeFS merge repo/perago-staging-exec-1 into main: HTTP 503"
             ),
             "{failure}"

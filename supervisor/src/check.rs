@@ -60,7 +60,7 @@ pub(crate) fn check_all(
             Ok(manifest) => manifest,
             Err(e) if !several => return Err(e.into()),
             Err(e) => {
-                problems.push(e.to_string());
+                problems.push(perago_core::errors::chain(&e));
                 continue;
             }
         };
@@ -69,7 +69,7 @@ pub(crate) fn check_all(
         }) {
             Ok(report) => reports.push_str(&report),
             Err(ExpectedError::CheckFailed(found)) => problems.extend(found),
-            Err(e) => problems.push(e.to_string()),
+            Err(e) => problems.push(perago_core::errors::chain(&e)),
         }
     }
     match problems.is_empty() {
@@ -98,7 +98,10 @@ pub(crate) fn check(
     // `start` derives worker ids from the task name (or PERAGO_WORKER_ID_PREFIX): a name it
     // would refuse is refused here too.
     if let Err(e) = prefix(&manifest.task.name) {
-        problems.push(format!("{prefix_text}: task.name: {e}"));
+        problems.push(format!(
+            "{prefix_text}: task.name: {}",
+            perago_core::errors::DisplayChain(&e)
+        ));
     }
     let prefix = prefix_text;
     if let Some(user) = &manifest.body.user {
@@ -108,7 +111,10 @@ pub(crate) fn check(
                     .into_iter()
                     .map(|p| format!("{prefix}: {p}")),
             ),
-            Err(e) => problems.push(format!("{prefix}: body.user: {e}")),
+            Err(e) => problems.push(format!(
+                "{prefix}: body.user: {}",
+                perago_core::errors::DisplayChain(&e)
+            )),
         }
     }
     let mut body_line = String::new();
@@ -123,7 +129,10 @@ pub(crate) fn check(
                         program.display()
                     );
                 }
-                Err(e) => problems.push(format!("{prefix}: body.command: {e}")),
+                Err(e) => problems.push(format!(
+                    "{prefix}: body.command: {}",
+                    perago_core::errors::DisplayChain(&e)
+                )),
             }
         }
         BodyKind::Executor(binary) => match std::fs::metadata(binary) {
@@ -149,14 +158,20 @@ pub(crate) fn check(
             && let Err(e) =
                 resolve_program(&argv[0], &manifest.dir, path_var.map(OsString::as_os_str))
         {
-            problems.push(format!("{prefix}: guardrails.{key}: {e}"));
+            problems.push(format!(
+                "{prefix}: guardrails.{key}: {}",
+                perago_core::errors::DisplayChain(&e)
+            ));
         }
     }
     let memory_cgroup = match manifest.body.memory_limit {
         Some(_) => match perago_sys::cgroup::probe() {
             Ok(located) => Some(located),
             Err(e) => {
-                problems.push(format!("{prefix}: body.{e}"));
+                problems.push(format!(
+                    "{prefix}: body.{}",
+                    perago_core::errors::DisplayChain(&e)
+                ));
                 None
             }
         },
@@ -230,8 +245,9 @@ pub(crate) fn body_user_access(
     let mut problems = Vec::new();
     if let Err(e) = user_can_enter(&manifest.dir, uid, gid) {
         problems.push(format!(
-            "body.user: {user:?} cannot work in the manifest folder {}: {e}",
-            manifest.dir.display()
+            "body.user: {user:?} cannot work in the manifest folder {}: {}",
+            manifest.dir.display(),
+            perago_core::errors::DisplayChain(&e)
         ));
     }
     let mut commands = Vec::new();
@@ -254,8 +270,9 @@ pub(crate) fn body_user_access(
         };
         if let Err(e) = user_can_execute(&program, uid, gid) {
             problems.push(format!(
-                "body.user: {user:?} cannot run {key} ({}): {e}",
-                program.display()
+                "body.user: {user:?} cannot run {key} ({}): {}",
+                program.display(),
+                perago_core::errors::DisplayChain(&e)
             ));
         }
     }

@@ -118,7 +118,7 @@ pub(crate) async fn serve(reloader: Reloader, broker_sockets: &[PathBuf]) -> Con
             }));
         }
         Err(e) => {
-            tracing::warn!(error = %e, "cannot take SIGHUP; reload over the control socket only")
+            tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot take SIGHUP; reload over the control socket only")
         }
     }
     let reflection = tonic_reflection::server::Builder::configure()
@@ -135,7 +135,7 @@ pub(crate) async fn serve(reloader: Reloader, broker_sockets: &[PathBuf]) -> Con
         let listener = match bind(&path).await {
             Ok(listener) => listener,
             Err(e) => {
-                tracing::warn!(socket = %path.display(), error = %e, "cannot serve the control socket; `perago-supervisor reload` cannot reach this runtime (SIGHUP still reloads)");
+                tracing::warn!(socket = %path.display(), error = %perago_core::errors::DisplayChain(&e), "cannot serve the control socket; `perago-supervisor reload` cannot reach this runtime (SIGHUP still reloads)");
                 continue;
             }
         };
@@ -154,7 +154,7 @@ pub(crate) async fn serve(reloader: Reloader, broker_sockets: &[PathBuf]) -> Con
                     }
                 }
                 Err(e) => {
-                    tracing::debug!(error = %e, "accept failed on the control socket");
+                    tracing::debug!(error = %perago_core::errors::DisplayChain(&e), "accept failed on the control socket");
                     None
                 }
             },
@@ -170,7 +170,7 @@ pub(crate) async fn serve(reloader: Reloader, broker_sockets: &[PathBuf]) -> Con
             .serve_with_incoming(incoming);
         tasks.push(tokio::spawn(async move {
             if let Err(e) = server.await {
-                tracing::warn!(socket = %path.display(), error = %e, "the control socket stopped serving");
+                tracing::warn!(socket = %path.display(), error = %perago_core::errors::DisplayChain(&e), "the control socket stopped serving");
             }
         }));
     }
@@ -251,7 +251,7 @@ fn targets(
     if args.manifests.is_empty() {
         let registry_dir = crate::runtime::registry::dir(vars);
         let running = crate::runtime::registry::running(&registry_dir)
-            .map_err(|e| ExpectedError::Config(vec![e.to_string()]))?;
+            .map_err(|e| ExpectedError::Config(vec![perago_core::errors::chain(&e)]))?;
         let found: Vec<_> = running
             .records
             .into_iter()
@@ -305,7 +305,7 @@ pub(crate) fn reload(
             let call = async {
                 let channel = perago_core::socket::connect(&socket)
                     .await
-                    .map_err(|e| format!("{e}"))?;
+                    .map_err(|e| perago_core::errors::chain(&e))?;
                 SupervisorClient::new(channel)
                     .reload(ReloadRequest { tasks })
                     .await

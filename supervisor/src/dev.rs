@@ -32,16 +32,16 @@ use std::{collections::BTreeMap, time::Duration};
 #[derive(Debug, thiserror::Error)]
 pub enum DevError {
     /// devstack's Conductor cannot start.
-    #[error("cannot start devstack: {0}")]
+    #[error("cannot start devstack")]
     Conductor(#[source] perago_devstack::DevstackError),
     /// devstack's Conductor URL makes no client.
     #[error(transparent)]
     ConductorUrl(#[from] perago_core::conductor::BaseUrlError),
     /// The TaskDef, the workflow or a workflow run cannot be created.
-    #[error("cannot set up devstack: {0}")]
+    #[error("cannot set up devstack")]
     Setup(#[source] perago_core::conductor::ConductorError),
     /// This program's path (to run it in a role) is unknown.
-    #[error("cannot find this program to run the {role} role: {source}")]
+    #[error("cannot find this program to run the {role} role")]
     ThisProgram {
         /// The role argument.
         role: &'static str,
@@ -56,16 +56,16 @@ pub enum DevError {
         count: usize,
     },
     /// devstack's lakeFS cannot start.
-    #[error("cannot start devstack lakeFS: {0}")]
+    #[error("cannot start devstack lakeFS")]
     LakefsStart(#[source] perago_devstack::DevstackError),
     /// devstack's lakeFS endpoint makes no client.
-    #[error("cannot reach devstack lakeFS: {0}")]
+    #[error("cannot reach devstack lakeFS")]
     LakefsClient(#[source] LakefsConfigError),
     /// The dev repository cannot be created.
-    #[error("cannot create the dev repository: {0}")]
+    #[error("cannot create the dev repository")]
     Repository(#[source] LakefsError),
     /// A folder of the seed cannot be listed.
-    #[error("cannot read the seed folder {}: {source}", dir.display())]
+    #[error("cannot read the seed folder {}", dir.display())]
     SeedFolder {
         /// The folder.
         dir: std::path::PathBuf,
@@ -74,7 +74,7 @@ pub enum DevError {
         source: std::io::Error,
     },
     /// A file of the seed cannot be read.
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}", path.display())]
     SeedFile {
         /// The file.
         path: std::path::PathBuf,
@@ -83,10 +83,10 @@ pub enum DevError {
         source: std::io::Error,
     },
     /// A seed file cannot be uploaded.
-    #[error("cannot seed the dev repository: {0}")]
+    #[error("cannot seed the dev repository")]
     Seed(#[source] LakefsError),
     /// The seed cannot be committed.
-    #[error("cannot commit the seed: {0}")]
+    #[error("cannot commit the seed")]
     CommitSeed(#[source] LakefsError),
 }
 
@@ -122,7 +122,11 @@ fn parse_inputs(inputs: &[String], names: &[String]) -> Result<Vec<Vec<Value>>, 
                 }
             }
             Ok(_) => problems.push(format!("--input {}: expected a JSON object", n + 1)),
-            Err(e) => problems.push(format!("--input {}: not valid JSON: {e}", n + 1)),
+            Err(e) => problems.push(format!(
+                "--input {}: not valid JSON: {}",
+                n + 1,
+                perago_core::errors::DisplayChain(&e)
+            )),
         }
     }
     if problems.is_empty() {
@@ -155,7 +159,7 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
         vars.get(perago_core::liveness::PERAGO_STALL_TIMEOUT)
             .map(String::as_str),
     )
-    .map_err(|e| ExpectedError::Config(vec![e.to_string()]))?;
+    .map_err(|e| ExpectedError::Config(vec![perago_core::errors::chain(&e)]))?;
     let mode: ExecutionMode = args
         .execution_mode
         .map_or(ExecutionMode::Process, Into::into);
@@ -286,7 +290,7 @@ pub(crate) fn dev(args: &DevArgs, vars: &BTreeMap<String, String>) -> Result<(),
             };
             let locked = crate::runtime::root::lock(&root, vars, Duration::ZERO).await?;
             let prefix = WorkerPrefix::derive(&name)
-                .map_err(|e| ExpectedError::Config(vec![e.to_string()]))?;
+                .map_err(|e| ExpectedError::Config(vec![perago_core::errors::chain(&e)]))?;
             let task = TaskPlan::new(
                 manifest.clone(),
                 task.manifest_path.clone(),
@@ -519,7 +523,7 @@ mod tests {
             }),
         ];
         assert_eq!(
-            errors.each_ref().map(ToString::to_string),
+            errors.each_ref().map(perago_core::errors::chain),
             [
                 "cannot find this program to run the __perago-broker role: denied",
                 "1 workflow(s) did not complete",

@@ -32,7 +32,7 @@ pub enum RuntimeError {
         cause: String,
     },
     /// A child process or thread cannot be started.
-    #[error("cannot start {what}: {source}")]
+    #[error("cannot start {what}")]
     Spawn {
         /// What was being started.
         what: String,
@@ -64,7 +64,7 @@ pub enum RuntimeError {
         who: String,
     },
     /// The broker's control service failed.
-    #[error("cannot reach the broker's control service: {0}")]
+    #[error("cannot reach the broker's control service")]
     Control(#[from] tonic::Status),
     /// The broker exited while the runtime ran.
     #[error("the broker exited ({status}) while the runtime was running")]
@@ -133,7 +133,7 @@ pub enum ExpectedError {
     #[error("{}", .0.join("\n"))]
     Config(Vec<String>),
     /// The TaskDef file could not be written.
-    #[error("cannot write {}: {source}", path.display())]
+    #[error("cannot write {}", path.display())]
     Write {
         /// The output path.
         path: PathBuf,
@@ -160,7 +160,7 @@ pub enum ExpectedError {
     #[error(transparent)]
     Root(#[from] RootError),
     /// The async runtime cannot start.
-    #[error("cannot start the async runtime: {0}")]
+    #[error("cannot start the async runtime")]
     AsyncRuntime(#[source] io::Error),
     /// Thread mode cannot run this manifest.
     #[error(transparent)]
@@ -178,11 +178,11 @@ pub enum ExpectedError {
     #[error(transparent)]
     Probe(#[from] ProbeError),
     /// Several problems at once (several manifests, several TaskDefs), one per line.
-    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    #[error("{}", .0.iter().map(perago_core::errors::chain).collect::<Vec<_>>().join("\n"))]
     Each(Vec<ExpectedError>),
     /// The runtimes of several task types, of which these failed: one line each, named by
     /// task.
-    #[error("{}", .0.iter().map(|(task, e)| format!("task {task}: {e}")).collect::<Vec<_>>().join("\n"))]
+    #[error("{}", .0.iter().map(|(task, e)| format!("task {task}: {}", perago_core::errors::DisplayChain(e))).collect::<Vec<_>>().join("\n"))]
     Runtimes(Vec<(String, RuntimeError)>),
 }
 
@@ -254,7 +254,7 @@ mod tests {
             );
         }
         assert_eq!(
-            failures.map(|f| f.to_string()),
+            failures.map(|f| perago_core::errors::chain(&f)),
             [
                 "workspace root /r is locked by perago supervisor pid 7 on h",
                 "cannot start the async runtime: no threads",

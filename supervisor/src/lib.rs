@@ -11,6 +11,8 @@ pub mod cli;
 mod control;
 #[cfg(feature = "dev")]
 mod dev;
+#[cfg(test)]
+mod error_texts;
 pub mod errors;
 mod extract;
 mod out;
@@ -49,14 +51,17 @@ pub fn run(bin_name: &'static str) -> i32 {
     // Its environment may hold Conductor and lakeFS secrets, and it keeps the control and
     // slot tokens: no other process of this user (a body) may read them from /proc.
     if let Err(e) = perago_sys::memory::set_non_dumpable() {
-        eprintln!("warning: cannot make the supervisor non-dumpable: {e}");
+        eprintln!(
+            "warning: cannot make the supervisor non-dumpable: {}",
+            perago_core::errors::DisplayChain(&e)
+        );
     }
     // A setting that is not UTF-8 is an error naming it, never a silent default.
     let vars = match perago_core::env::utf8_environment(std::env::vars_os()) {
         Ok(vars) => vars,
         Err(errors) => {
             for e in errors {
-                eprintln!("error: {e}");
+                eprintln!("error: {}", perago_core::errors::DisplayChain(&e));
             }
             return exit_codes::FAILURE;
         }
@@ -104,7 +109,7 @@ where
         Ok(()) => exit_codes::OK,
         Err(e) => {
             // A message may carry what a server answered: it must not drive the terminal.
-            for line in e.to_string().lines() {
+            for line in perago_core::errors::DisplayChain(&e).to_string().lines() {
                 eprintln!("error: {}", perago_core::result::escape_controls(line));
             }
             e.process_exit_code()

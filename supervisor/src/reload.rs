@@ -431,7 +431,7 @@ impl Reloader {
             let manifest = match Manifest::load(&running.path) {
                 Ok(m) => m,
                 Err(e) => {
-                    problems.extend(e.to_string().lines().map(str::to_owned));
+                    problems.extend(perago_core::errors::chain(&e).lines().map(str::to_owned));
                     continue;
                 }
             };
@@ -441,7 +441,7 @@ impl Reloader {
             }) {
                 Ok(_) => {}
                 Err(ExpectedError::CheckFailed(found)) => problems.extend(found),
-                Err(e) => problems.push(e.to_string()),
+                Err(e) => problems.push(perago_core::errors::chain(&e)),
             }
             let changes = diff(&running.manifest, &manifest);
             problems.extend(changes.refusals());
@@ -482,9 +482,9 @@ impl Reloader {
             }
             if changes.of(Class::Live).next().is_some() {
                 let request = reconfigure_request(&manifest);
-                if let Err(e) = reconfigure(&running.socket, request).await {
+                if let Err(why) = reconfigure(&running.socket, request).await {
                     failed.push(format!(
-                        "{}: the broker at {} did not take the change: {e}",
+                        "{}: the broker at {} did not take the change: {why}",
                         changes.task,
                         running.socket.display()
                     ));
@@ -578,7 +578,7 @@ async fn reconfigure(socket: &std::path::Path, request: ReconfigureRequest) -> R
     let call = async {
         let channel = perago_core::socket::connect(socket)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| perago_core::errors::chain(&e))?;
         AdminClient::new(channel)
             .reconfigure(request)
             .await

@@ -20,12 +20,12 @@ pub(crate) fn scale(
     vars: &BTreeMap<String, String>,
 ) -> Result<(), ExpectedError> {
     let (min, max) = perago_core::capacity::parse_jobs(&args.jobs).map_err(|e| {
-        let e = e.to_string();
+        let text = perago_core::errors::chain(&e);
         // Every message names the setting.
-        ExpectedError::Usage(if e.starts_with("-j") {
-            e
+        ExpectedError::Usage(if text.starts_with("-j") {
+            text
         } else {
-            format!("-j {:?}: {e}", args.jobs)
+            format!("-j {:?}: {text}", args.jobs)
         })
     })?;
     // Every runtime is tried, each failure reported after the others were scaled.

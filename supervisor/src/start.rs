@@ -33,8 +33,14 @@ fn sdk_domain_and_paused(sdk: &SdkSettings) -> Result<(Option<Domain>, Option<bo
     let domain = sdk
         .domain_for()
         .map(|domain| {
-            Domain::parse(&domain.value)
-                .map_err(|e| format!("{} {:?}: {e}", domain.variable, domain.value))
+            Domain::parse(&domain.value).map_err(|e| {
+                format!(
+                    "{} {:?}: {}",
+                    domain.variable,
+                    domain.value,
+                    perago_core::errors::DisplayChain(&e)
+                )
+            })
         })
         .transpose()?;
     Ok((domain, sdk.paused_for().map(|paused| paused.value)))
@@ -85,7 +91,13 @@ impl StartPlan {
             Some(count) => Capacity::resolve(&args.capacity_flags(&count.value.to_string()), |n| {
                 vars.get(n).cloned()
             })
-            .map_err(|e| format!("{}: {e}", count.variable)),
+            .map_err(|e| {
+                format!(
+                    "{}: {}",
+                    count.variable,
+                    perago_core::errors::DisplayChain(&e)
+                )
+            }),
         }
     }
 
@@ -158,7 +170,12 @@ fn split_domains(
     values: &[String],
 ) -> Result<(Option<Domain>, BTreeMap<String, Domain>), ExpectedError> {
     let parse = |flag: &str, value: &str| {
-        Domain::parse(value).map_err(|e| ExpectedError::Usage(format!("--domain {flag}: {e}")))
+        Domain::parse(value).map_err(|e| {
+            ExpectedError::Usage(format!(
+                "--domain {flag}: {}",
+                perago_core::errors::DisplayChain(&e)
+            ))
+        })
     };
     let mut every: Option<Domain> = None;
     let mut named = BTreeMap::new();
@@ -192,7 +209,7 @@ fn split_domains(
 }
 
 fn capacity_problems(e: perago_core::capacity::CapacityError) -> ExpectedError {
-    ExpectedError::Config(e.problems.iter().map(ToString::to_string).collect())
+    ExpectedError::Config(e.problems.iter().map(perago_core::errors::chain).collect())
 }
 
 /// `-j`, the capacity settings and the execution mode, before anything touches the manifest.
@@ -206,14 +223,17 @@ pub(crate) fn resolve_args(
     if domain.is_none()
         && let Some(value) = vars.get(env::PERAGO_DOMAIN).filter(|v| !v.is_empty())
     {
-        domain =
-            Some(Domain::parse(value).map_err(|e| {
-                ExpectedError::Config(vec![format!("{}: {e}", env::PERAGO_DOMAIN)])
-            })?);
+        domain = Some(Domain::parse(value).map_err(|e| {
+            ExpectedError::Config(vec![format!(
+                "{}: {}",
+                env::PERAGO_DOMAIN,
+                perago_core::errors::DisplayChain(&e)
+            )])
+        })?);
     }
-    parse_jobs(&every).map_err(|e| ExpectedError::Usage(e.to_string()))?;
+    parse_jobs(&every).map_err(|e| ExpectedError::Usage(perago_core::errors::chain(&e)))?;
     for (_, jobs) in &named {
-        parse_jobs(jobs).map_err(|e| ExpectedError::Usage(e.to_string()))?;
+        parse_jobs(jobs).map_err(|e| ExpectedError::Usage(perago_core::errors::chain(&e)))?;
     }
     let lookup = |name: &str| vars.get(name).cloned();
     let capacity =
@@ -398,8 +418,9 @@ pub(crate) fn folder_setting_problem(name: &str, value: &str) -> Option<String> 
             existing.display()
         )),
         Err(e) => Some(format!(
-            "{name} {value:?}: cannot use {}: {e}",
-            existing.display()
+            "{name} {value:?}: cannot use {}: {}",
+            existing.display(),
+            perago_core::errors::DisplayChain(&e)
         )),
     }
 }
@@ -410,7 +431,10 @@ pub(crate) fn program_setting_problem(name: &str, value: &str) -> Option<String>
     match std::fs::metadata(value) {
         Ok(meta) if meta.is_file() && meta.permissions().mode() & 0o111 != 0 => None,
         Ok(_) => Some(format!("{name} {value:?}: not an executable file")),
-        Err(e) => Some(format!("{name} {value:?}: {e}")),
+        Err(e) => Some(format!(
+            "{name} {value:?}: {}",
+            perago_core::errors::DisplayChain(&e)
+        )),
     }
 }
 
@@ -482,7 +506,11 @@ pub(crate) fn start(
         .find(|(_, m)| m.body.memory_limit.is_some())
         && let Err(e) = perago_sys::cgroup::prepare()
     {
-        add(format!("manifest {}: body.{e}", path.display()));
+        add(format!(
+            "manifest {}: body.{}",
+            path.display(),
+            perago_core::errors::DisplayChain(&e)
+        ));
     }
     if !problems.borrow().is_empty() {
         return Err(ExpectedError::Config(problems.into_inner()));
@@ -507,10 +535,13 @@ pub(crate) fn start(
         }
         let prefix = prefix_of(&name, &prefix_vars, several)
             .map_err(|e| match sdk.as_ref().and_then(|s| s.worker_id.as_ref()) {
-                Some(w) if !vars.contains_key(env::PERAGO_WORKER_ID_PREFIX) => {
-                    add(format!("{} {:?}: {e}", w.variable, w.value))
-                }
-                _ => add(e.to_string()),
+                Some(w) if !vars.contains_key(env::PERAGO_WORKER_ID_PREFIX) => add(format!(
+                    "{} {:?}: {}",
+                    w.variable,
+                    w.value,
+                    perago_core::errors::DisplayChain(&e)
+                )),
+                _ => add(perago_core::errors::chain(&e)),
             })
             .ok();
         let capacity = plan
@@ -580,7 +611,7 @@ pub(crate) fn start(
                         add(format!("manifest {}: {problem}", path.display()));
                     }
                 }
-                Err(e) => add(e.to_string()),
+                Err(e) => add(perago_core::errors::chain(&e)),
             }
         }
         if let (Some(prefix), Some(capacity)) = (prefix, capacity) {
@@ -601,7 +632,7 @@ pub(crate) fn start(
         vars.get(env::PERAGO_SHUTDOWN_FORCE_KILL_AFTER)
             .map(String::as_str),
     )
-    .map_err(|e| add(e.to_string()))
+    .map_err(|e| add(perago_core::errors::chain(&e)))
     .ok()
     .flatten();
     let mut durations = [
@@ -625,25 +656,25 @@ pub(crate) fn start(
     // What the broker and executors read is checked here too, so a bad value stops `start`
     // before anything starts instead of killing the first child.
     if let Err(e) = env::poll_wait(vars.get(env::PERAGO_POLL_WAIT_MS).map(String::as_str)) {
-        add(e.to_string());
+        add(perago_core::errors::chain(&e));
     }
     if let Err(e) = env::poll_interval(vars.get(env::PERAGO_POLL_INTERVAL_MS).map(String::as_str)) {
-        add(e.to_string());
+        add(perago_core::errors::chain(&e));
     }
     if let Err(e) = perago_core::logging::JsonlConfig::from_lookup(PathBuf::new(), "", "", |n| {
         vars.get(n).cloned()
     }) {
-        add(e.to_string());
+        add(perago_core::errors::chain(&e));
     }
     let [(_, gc_interval), (_, gc_ttl), (_, lock_wait)] = durations;
     let stall_timeout = perago_core::liveness::stall_timeout(
         vars.get(perago_core::liveness::PERAGO_STALL_TIMEOUT)
             .map(String::as_str),
     )
-    .map_err(|e| add(e.to_string()))
+    .map_err(|e| add(perago_core::errors::chain(&e)))
     .unwrap_or_default();
     let conductor = ConductorClient::from_lookup(|name| vars.get(name).cloned())
-        .map_err(|e| add(e.to_string()))
+        .map_err(|e| add(perago_core::errors::chain(&e)))
         .ok();
     // Several task types, several brokers, one address: the supervisor serves their merged
     // metrics itself (one broker serves its own).
@@ -684,7 +715,7 @@ pub(crate) fn start(
                 Err(e) => missing.push(ExpectedError::TaskDefCheck {
                     name: name.clone(),
                     url: conductor.base_url().to_owned(),
-                    cause: e.to_string(),
+                    cause: perago_core::errors::chain(&e),
                 }),
             }
         }
@@ -721,7 +752,7 @@ pub(crate) fn start(
             None => None,
             Some(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-                    ExpectedError::Config(vec![format!("cannot serve metrics on {addr}: {e}")])
+                    ExpectedError::Config(vec![format!("cannot serve metrics on {addr}: {}", perago_core::errors::DisplayChain(&e))])
                 })?;
                 let bound = listener.local_addr().unwrap_or(addr);
                 tracing::info!(addr = %bound, "metrics of every task type served at http://{bound}/metrics");
@@ -803,7 +834,7 @@ pub(crate) fn start(
             .collect();
         let registration = registry::register(&registry_dir, entries)
             .map_err(|e| {
-                tracing::warn!(dir = %registry_dir.display(), error = %e, "cannot record this supervisor for `perago-supervisor status`; give it the manifest or --socket");
+                tracing::warn!(dir = %registry_dir.display(), error = %perago_core::errors::DisplayChain(&e), "cannot record this supervisor for `perago-supervisor status`; give it the manifest or --socket");
             })
             .ok();
         let control = crate::control::serve(

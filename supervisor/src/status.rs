@@ -23,7 +23,7 @@ use std::{
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
     /// Nothing answers on the socket.
-    #[error("no perago runtime answers at {}: {cause}", socket.display())]
+    #[error("no perago runtime answers at {}", socket.display())]
     NoAnswer {
         /// The runtime's socket.
         socket: PathBuf,
@@ -52,18 +52,20 @@ pub enum ProbeError {
     },
 }
 
-/// Why a runtime's socket gave no answer.
+/// Why a runtime's socket gave no answer. Its text is the whole of the why (tonic's wrappers
+/// say nothing an operator can use), so it is the end of the chain: no variant has a source.
 #[derive(Debug, thiserror::Error)]
 pub enum NoAnswer {
     /// Connecting or calling took longer than 5 s.
     #[error("no answer within 5 s")]
     Timeout,
-    /// The connection failed; the text is its cause's (`Connection refused …`).
-    #[error("{}", std::error::Error::source(.0).map_or_else(|| .0.to_string(), ToString::to_string))]
-    Connect(#[source] tonic::transport::Error),
+    /// The connection failed; the text is its causes' (`Connection refused …`), without
+    /// tonic's `transport error`.
+    #[error("{}", perago_core::errors::causes(.0).unwrap_or_else(|| .0.to_string()))]
+    Connect(tonic::transport::Error),
     /// The call failed; the text is the status's message.
     #[error("{}", cell(.0.message(), 500))]
-    Call(#[source] Box<tonic::Status>),
+    Call(Box<tonic::Status>),
 }
 
 /// The broker sockets to ask: `--socket`; each manifest's runtime (through its workspace
@@ -91,7 +93,8 @@ pub(crate) fn sockets_of(
         Err(e) => Err(e),
     };
     if manifests.is_empty() {
-        let running = running.map_err(|e| ExpectedError::Config(vec![e.to_string()]))?;
+        let running =
+            running.map_err(|e| ExpectedError::Config(vec![perago_core::errors::chain(&e)]))?;
         let sockets: Vec<PathBuf> = running
             .into_iter()
             .flat_map(|r| r.runtimes.into_iter().map(|e| e.socket))
@@ -107,7 +110,7 @@ pub(crate) fn sockets_of(
     // With manifests the records only help find a supervisor of several task types: a folder
     // that cannot be trusted is said, and the sockets are found through the roots alone.
     let running = running.unwrap_or_else(|e| {
-        eprintln!("warning: {e}");
+        eprintln!("warning: {}", perago_core::errors::DisplayChain(&e));
         Vec::new()
     });
     let several = manifests.len() > 1;
@@ -535,12 +538,19 @@ pub(crate) fn staging_left(socket: &std::path::Path) -> Result<Vec<Value>, Strin
     let text = match perago_core::files::read_regular_nofollow(&path, MAX_LEFTOVERS_BYTES) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        Err(e) => {
+            return Err(format!(
+                "cannot read {}: {}",
+                path.display(),
+                perago_core::errors::DisplayChain(&e)
+            ));
+        }
     };
     serde_json::from_str::<Vec<Value>>(&text).map_err(|e| {
         format!(
-            "cannot read {}: not a list of branches: {e}",
-            path.display()
+            "cannot read {}: not a list of branches: {}",
+            path.display(),
+            perago_core::errors::DisplayChain(&e)
         )
     })
 }
@@ -856,7 +866,7 @@ mod tests {
             }
         ));
         assert_eq!(
-            error.to_string(),
+            perago_core::errors::chain(&error),
             "no perago runtime answers at /run/broker.sock: no answer within 5 s"
         );
         let call = NoAnswer::Call(Box::new(tonic::Status::unavailable("gone away")));

@@ -55,20 +55,19 @@ pub enum CgroupError {
     NoController(String),
     /// The cgroup is there but not writable (not root, not delegated).
     #[error(
-        "memory_limit needs a writable memory cgroup, and {} is not writable ({source}): {HOW_TO_FIX}",
+        "memory_limit needs a writable memory cgroup, and {} is not writable ({cause}): {HOW_TO_FIX}",
         path.display()
     )]
     NotWritable {
         /// The file or folder.
         path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: io::Error,
+        /// The I/O error (mid-sentence: in the message, not a source).
+        cause: io::Error,
     },
     /// v2: the cgroup holds processes other than the runtime's, so it cannot give the memory
     /// controller to children.
     #[error(
-        "memory_limit needs a writable memory cgroup, and {} cannot enable the memory controller for its children ({source}): it still holds processes other than this runtime's ({others}); run perago as the only process of its cgroup (systemd: a service of its own with Delegate=yes)",
+        "memory_limit needs a writable memory cgroup, and {} cannot enable the memory controller for its children ({cause}): it still holds processes other than this runtime's ({others}); run perago as the only process of its cgroup (systemd: a service of its own with Delegate=yes)",
         path.display()
     )]
     Busy {
@@ -76,12 +75,11 @@ pub enum CgroupError {
         path: PathBuf,
         /// The other pids.
         others: String,
-        /// The I/O error.
-        #[source]
-        source: io::Error,
+        /// The I/O error (mid-sentence: in the message, not a source).
+        cause: io::Error,
     },
     /// Any other file operation.
-    #[error("memory cgroup {}: {source}", path.display())]
+    #[error("memory cgroup {}", path.display())]
     Io {
         /// The file or folder.
         path: PathBuf,
@@ -96,7 +94,7 @@ fn io_error(path: &Path) -> impl FnOnce(io::Error) -> CgroupError + '_ {
         io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem => {
             CgroupError::NotWritable {
                 path: path.to_owned(),
-                source,
+                cause: source,
             }
         }
         _ => CgroupError::Io {
@@ -393,7 +391,7 @@ pub fn move_into_leaf(dir: &Path, pid: u32) -> Result<(), CgroupError> {
             CgroupError::Busy {
                 path: dir.to_owned(),
                 others,
-                source,
+                cause: source,
             }
         } else {
             io_error(&control)(source)

@@ -14,7 +14,7 @@ pub enum UserError {
         name: String,
     },
     /// The user database could not be read.
-    #[error("cannot look up user {name:?}: {source}")]
+    #[error("cannot look up user {name:?}")]
     Lookup {
         /// The name as given.
         name: String,
@@ -102,6 +102,19 @@ pub fn body_user(name: &str) -> Result<(u32, u32), UserError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The message says what failed; the cause is only `source()` (perago_core's renderer
+    /// prints `cannot look up user "body": denied`; executor's error_texts pins that).
+    #[test]
+    fn a_failed_lookup_leaves_its_cause_to_source() {
+        let error = UserError::Lookup {
+            name: "body".to_owned(),
+            source: io::Error::other("denied"),
+        };
+        assert_eq!(error.to_string(), "cannot look up user \"body\"");
+        let cause = std::error::Error::source(&error).map(ToString::to_string);
+        assert_eq!(cause.as_deref(), Some("denied"));
+    }
 
     #[test]
     fn users_are_looked_up_by_name() {

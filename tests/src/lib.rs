@@ -47,9 +47,12 @@ impl Run {
             status,
             stdout,
             stderr,
-        } = cmd
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {command}: {e}"));
+        } = cmd.output().unwrap_or_else(|e| {
+            panic!(
+                "cannot run {command}: {}",
+                perago_core::errors::DisplayChain(&e)
+            )
+        });
         Self {
             command,
             code: status.code(),

@@ -119,7 +119,9 @@ impl Machine {
                     result.worker_id()
                 )),
             ),
-            Some(Err(e)) => RuntimeResult::failed(worker_id, Reason::new(e.to_string())),
+            Some(Err(e)) => {
+                RuntimeResult::failed(worker_id, Reason::new(perago_core::errors::chain(&e)))
+            }
             None => {
                 RuntimeResult::failed(worker_id, Reason::new("malformed completion: no result"))
             }
@@ -266,7 +268,10 @@ impl Machine {
             Polled::Task(task) => match task.task_ref() {
                 Ok(ids) => (ids, TaskTypes::of(&task.fields)),
                 Err(e) => {
-                    tracing::error!("dropped a polled task that cannot be identified: {e}");
+                    tracing::error!(
+                        "dropped a polled task that cannot be identified: {}",
+                        perago_core::errors::DisplayChain(&e)
+                    );
                     return;
                 }
             },
@@ -314,7 +319,7 @@ impl Machine {
                 return;
             }
             Err(e) => {
-                self.fail_unmappable(ids, &e.to_string());
+                self.fail_unmappable(ids, &perago_core::errors::chain(&e));
                 return;
             }
         };

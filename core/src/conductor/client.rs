@@ -516,7 +516,7 @@ impl ConductorClient {
                     .unwrap_or_else(std::sync::PoisonError::into_inner) = http;
             }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot build a new HTTP client; keeping the old one")
+                tracing::warn!(error = %crate::errors::DisplayChain(&e), "cannot build a new HTTP client; keeping the old one")
             }
         }
     }
@@ -530,7 +530,7 @@ impl ConductorClient {
         crate::json::from_str(text).map_err(|e| ConductorError::Decode {
             method,
             url: format!("{base}{path}"),
-            message: format!("invalid JSON: {e}"),
+            message: format!("invalid JSON: {}", crate::errors::DisplayChain(&e)),
         })
     }
 }

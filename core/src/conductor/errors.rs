@@ -4,7 +4,7 @@
 #[derive(Debug, thiserror::Error)]
 pub enum ConductorError {
     /// The request never got an answer (connect, timeout, reset).
-    #[error("{method} {url}: {}", chain(source))]
+    #[error("{method} {url}")]
     Transport {
         /// HTTP method.
         method: &'static str,
@@ -80,21 +80,6 @@ pub enum ConductorError {
         /// What was wrong.
         message: String,
     },
-}
-
-/// An error and its causes, `outer: inner: root`, skipping repeats (reqwest's top-level message
-/// alone, "error sending request", hides the useful "Connection refused").
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut parts: Vec<String> = vec![error.to_string()];
-    let mut source = error.source();
-    while let Some(e) = source {
-        let text = e.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        source = e.source();
-    }
-    parts.join(": ")
 }
 
 fn body_suffix(body: &str) -> String {

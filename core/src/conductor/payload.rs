@@ -25,7 +25,7 @@ use crate::json::{Kind, RawJson};
 #[derive(Debug, thiserror::Error)]
 pub enum PayloadError {
     /// Conductor did not say where the input is.
-    #[error("cannot ask Conductor where the task input {path:?} is stored: {source}")]
+    #[error("cannot ask Conductor where the task input {path:?} is stored")]
     Location {
         /// `externalInputPayloadStoragePath`.
         path: String,
@@ -50,7 +50,7 @@ pub enum PayloadError {
         problem: String,
     },
     /// The storage did not answer.
-    #[error("GET {uri} (the task input in external storage): {source}")]
+    #[error("GET {uri} (the task input in external storage)")]
     Transport {
         /// The URL without its query.
         uri: String,
@@ -171,7 +171,12 @@ pub async fn fetch_task_input(
             path: path.to_owned(),
         });
     };
-    let url = reqwest::Url::parse(uri).map_err(|e| bad(&format!("uri does not parse: {e}")))?;
+    let url = reqwest::Url::parse(uri).map_err(|e| {
+        bad(&format!(
+            "uri does not parse: {}",
+            crate::errors::DisplayChain(&e)
+        ))
+    })?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(bad(&format!(
             "uri has scheme {:?}, not http or https",
@@ -207,7 +212,7 @@ pub async fn fetch_task_input(
         problem,
     };
     let text = String::from_utf8(bytes).map_err(|_| not_object("it is not UTF-8".to_owned()))?;
-    let input = RawJson::parse(text).map_err(|e| not_object(e.to_string()))?;
+    let input = RawJson::parse(text).map_err(|e| not_object(crate::errors::chain(&e)))?;
     match crate::json::kind(input.as_str()) {
         Kind::Object => Ok(input),
         _ => Err(not_object("it is another JSON value".to_owned())),

@@ -150,7 +150,7 @@ impl Polled {
                 workflow_instance_id: ids.workflow_instance_id,
             }),
             types,
-            problem: e.to_string(),
+            problem: crate::errors::chain(&e),
         }
     }
 }

@@ -62,7 +62,10 @@ impl ConductorClient {
             serde_json::from_str(&text).map_err(|e| ConductorError::Decode {
                 method: "GET",
                 url: format!("{}{path}", self.base),
-                message: format!("expected a JSON array of tasks: {e}"),
+                message: format!(
+                    "expected a JSON array of tasks: {}",
+                    crate::errors::DisplayChain(&e)
+                ),
             })?;
         if let [task] = tasks[..] {
             // One task: it takes the answer's buffer over.
@@ -184,7 +187,7 @@ impl ConductorClient {
         {
             Ok(_) => Ok(()),
             Err(e @ ConductorError::TooLarge { .. }) if e.status().is_some_and(|s| s < 300) => {
-                tracing::warn!(error = %e, "the update was applied; its answer is not read");
+                tracing::warn!(error = %crate::errors::DisplayChain(&e), "the update was applied; its answer is not read");
                 Ok(())
             }
             Err(e) => Err(e),
@@ -218,7 +221,7 @@ impl ConductorClient {
                 return Ok(Some(Polled::Undecodable {
                     ids: None,
                     types: TaskTypes::default(),
-                    problem: e.to_string(),
+                    problem: crate::errors::chain(&e),
                 }));
             }
             Err(e) => return Err(e),

@@ -211,7 +211,7 @@ impl LakefsClient {
             {
                 Ok((_, bytes)) => return Ok(bytes),
                 Err(e) if e.is_retryable() && attempt + 1 < READ_ATTEMPTS => {
-                    tracing::debug!(error = %e, attempt, "retrying a lakeFS read");
+                    tracing::debug!(error = %crate::errors::DisplayChain(&e), attempt, "retrying a lakeFS read");
                     tokio::time::sleep(self.backoff.delay(attempt)).await;
                     attempt += 1;
                 }
@@ -226,7 +226,7 @@ impl LakefsClient {
     ) -> Result<T, LakefsError> {
         serde_json::from_slice(bytes).map_err(|e| LakefsError::Decode {
             op: op.to_owned(),
-            message: e.to_string(),
+            message: crate::errors::chain(&e),
         })
     }
 }

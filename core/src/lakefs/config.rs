@@ -42,7 +42,7 @@ pub enum LakefsConfigError {
         endpoint: String,
     },
     /// The HTTP client cannot be built (TLS roots, …).
-    #[error("cannot build an HTTP client: {0}")]
+    #[error("cannot build an HTTP client")]
     Client(#[source] std::sync::Arc<reqwest::Error>),
 }
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum LakefsError {
     /// No answer (connect, timeout, reset).
-    #[error("lakeFS {op}: {source}")]
+    #[error("lakeFS {op}")]
     Transport {
         /// What was being done.
         op: String,
@@ -90,7 +90,7 @@ pub enum LakefsError {
         op: String,
     },
     /// A local file could not be read or written.
-    #[error("lakeFS {op}: {}: {source}", file.display())]
+    #[error("lakeFS {op}: {}", file.display())]
     Local {
         /// What was being done.
         op: String,

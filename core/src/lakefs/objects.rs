@@ -110,7 +110,7 @@ impl LakefsClient {
             match self.stream_to_file(&op, &path, key, file, size).await {
                 Ok(md5) => return Ok(md5),
                 Err(e) if e.is_retryable() && attempt + 1 < READ_ATTEMPTS => {
-                    tracing::debug!(error = %e, attempt, "retrying a lakeFS download");
+                    tracing::debug!(error = %crate::errors::DisplayChain(&e), attempt, "retrying a lakeFS download");
                     tokio::time::sleep(self.backoff.delay(attempt)).await;
                     attempt += 1;
                 }
@@ -243,7 +243,8 @@ impl LakefsClient {
             });
             if let Err(e) = &read {
                 // The request fails instead of ending: the object is not stored.
-                let _ = pieces.blocking_send(Err(std::io::Error::new(e.kind(), e.to_string())));
+                let _ = pieces
+                    .blocking_send(Err(std::io::Error::new(e.kind(), crate::errors::chain(&e))));
             }
             read
         });

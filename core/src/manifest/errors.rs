@@ -22,7 +22,7 @@ impl fmt::Display for Problem {
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
     /// The file could not be read.
-    #[error("cannot read manifest {}: {source}", path.display())]
+    #[error("cannot read manifest {}", path.display())]
     Read {
         /// The manifest path as given.
         path: PathBuf,

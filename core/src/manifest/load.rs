@@ -449,7 +449,10 @@ fn read_body(p: &mut Problems, dir: &Path, mut s: Section<'_>) -> Option<BodySpe
             .map_err(|e| {
                 p.add(
                     "body.soft_time_limit",
-                    format!("{e} (a duration such as \"45s\", \"500ms\" or \"5m\")"),
+                    format!(
+                        "{} (a duration such as \"45s\", \"500ms\" or \"5m\")",
+                        crate::errors::DisplayChain(&e)
+                    ),
                 );
             })
             .ok()
@@ -531,7 +534,13 @@ fn memory_limit(p: &mut Problems, s: &mut Section<'_>) -> Option<u64> {
         Some(Value::String(text)) => match parse_byte_size(text) {
             Ok(n) => Some(n),
             Err(e) => {
-                p.add(KEY, format!("{e} (a size such as \"512MiB\" or \"2GiB\")"));
+                p.add(
+                    KEY,
+                    format!(
+                        "{} (a size such as \"512MiB\" or \"2GiB\")",
+                        crate::errors::DisplayChain(&e)
+                    ),
+                );
                 return None;
             }
         },
@@ -594,7 +603,7 @@ fn read_workspace(p: &mut Problems, mut s: Section<'_>) -> Option<WorkspaceSpec>
     let prefix = match super::super::shape::normalize_prefix(&prefix) {
         Ok(prefix) => prefix,
         Err(problem) => {
-            p.add("workspace.prefix", problem.to_string());
+            p.add("workspace.prefix", crate::errors::chain(&problem));
             String::new()
         }
     };
@@ -653,7 +662,7 @@ fn byte_size(p: &mut Problems, b: &mut Section<'_>, key: &str) -> Option<u64> {
             }
             Ok(n) => Some(n),
             Err(e) => {
-                p.add(key, e.to_string());
+                p.add(key, crate::errors::chain(&e));
                 None
             }
         },

@@ -15,7 +15,7 @@ const MAX_LISTED_VIOLATIONS: usize = 3;
 #[derive(Debug, thiserror::Error)]
 pub enum SchemaError {
     /// The file could not be read.
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}", path.display())]
     Read {
         /// The schema file.
         path: PathBuf,
@@ -24,7 +24,7 @@ pub enum SchemaError {
         source: io::Error,
     },
     /// The file is not JSON.
-    #[error("{} is not valid JSON: {source}", path.display())]
+    #[error("{} is not valid JSON", path.display())]
     Json {
         /// The schema file.
         path: PathBuf,
@@ -111,7 +111,7 @@ impl Schema {
         let validator =
             jsonschema::validator_for(&document).map_err(|e| SchemaError::NotASchema {
                 path: path.to_owned(),
-                message: e.to_string(),
+                message: crate::errors::chain(&e),
             })?;
         Ok(Self {
             path: path.to_owned(),
@@ -141,7 +141,7 @@ impl Schema {
                 listed.push(Violation {
                     label: label.to_owned(),
                     pointer: error.instance_path().to_string(),
-                    message: error.to_string(),
+                    message: crate::errors::chain(&error),
                 });
             } else {
                 more += 1;
@@ -170,7 +170,7 @@ impl Schemas {
                 .and_then(|path| match Schema::read_with(path, read) {
                     Ok(schema) => Some(schema),
                     Err(problem) => {
-                        p.add(key, problem.to_string());
+                        p.add(key, crate::errors::chain(&problem));
                         None
                     }
                 })

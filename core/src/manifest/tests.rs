@@ -738,7 +738,7 @@ mod files {
     fn unreadable_manifest() {
         let err = Manifest::load(Path::new("/nonexistent/task.toml")).unwrap_err();
         assert_eq!(
-            err.to_string(),
+            crate::errors::chain(&err),
             "cannot read manifest /nonexistent/task.toml: No such file or directory (os error 2)"
         );
     }

@@ -140,7 +140,7 @@ fn nesting_depth(body: &[u8], limit: usize) -> usize {
 /// ignored; nesting up to 1,000 levels is accepted (serde_json alone stops at 128); malformed
 /// JSON, deeper nesting and unknown enum values are a 500 (not in the exception map).
 pub(crate) fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    let parse_error = |e: String| ApiError::Internal(format!("JSON parse error: {e}"));
+    let parse_error = |problem: String| ApiError::Internal(format!("JSON parse error: {problem}"));
     let depth = nesting_depth(body, MAX_NESTING_DEPTH);
     if depth > MAX_NESTING_DEPTH {
         return Err(parse_error(format!(
@@ -151,7 +151,8 @@ pub(crate) fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError
     de.disable_recursion_limit();
     // Within the depth checked above, on a stack that grows as needed.
     let value = T::deserialize(serde_stacker::Deserializer::new(&mut de))
-        .map_err(|e| parse_error(e.to_string()))?;
-    de.end().map_err(|e| parse_error(e.to_string()))?;
+        .map_err(|e| parse_error(crate::errors::chain(&e)))?;
+    de.end()
+        .map_err(|e| parse_error(crate::errors::chain(&e)))?;
     Ok(value)
 }

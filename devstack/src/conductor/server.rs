@@ -313,7 +313,7 @@ impl ConductorHandle {
         let _ = self.shutdown.send(true);
         for task in std::mem::take(&mut self.tasks) {
             if let Err(error) = task.await {
-                tracing::warn!(%error, "conductor task ended abnormally");
+                tracing::warn!(error = %crate::errors::DisplayChain(&error), "conductor task ended abnormally");
             }
         }
     }

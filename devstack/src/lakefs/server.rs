@@ -168,7 +168,7 @@ impl LakefsHandle {
         if let Some(server) = self.server.take()
             && let Err(error) = server.await
         {
-            tracing::warn!(%error, "lakefs server task ended abnormally");
+            tracing::warn!(error = %crate::errors::DisplayChain(&error), "lakefs server task ended abnormally");
         }
     }
 }

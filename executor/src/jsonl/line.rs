@@ -50,20 +50,19 @@ impl Request<'_> {
 #[derive(Debug, thiserror::Error)]
 pub(super) enum ProtocolError {
     /// The request line cannot be written.
-    #[error("cannot write to the body process: {0}")]
+    #[error("cannot write to the body process")]
     Write(#[source] std::io::Error),
     /// The body closed its stdout (it is exiting, as a rule).
     #[error("{STDOUT_CLOSED}")]
     StdoutClosed,
     /// The answer line cannot be read.
-    #[error("cannot read from the body process: {0}")]
+    #[error("cannot read from the body process")]
     Read(#[source] std::io::Error),
     /// The line is not JSON (or too deep, or a number out of range).
-    #[error("the body process wrote a line that is not JSON ({source}): {start}")]
+    #[error("the body process wrote a line that is not JSON ({cause}): {start}")]
     NotJson {
-        /// The parser's error.
-        #[source]
-        source: perago_core::json::JsonError,
+        /// The parser's error (mid-sentence: in the message, not a source; it has none).
+        cause: perago_core::json::JsonError,
         /// The line's first 120 characters.
         start: String,
     },
@@ -136,7 +135,7 @@ pub(super) enum Answer {
 /// the text it is.
 pub(super) fn answer(answer: &str, execution_id: &str) -> Result<Answer, ProtocolError> {
     let not_json = |source: perago_core::json::JsonError| ProtocolError::NotJson {
-        source,
+        cause: source,
         start: answer.chars().take(120).collect(),
     };
     perago_core::json::check(answer).map_err(not_json)?;
@@ -189,6 +188,33 @@ pub(super) fn answer(answer: &str, execution_id: &str) -> Result<Answer, Protoco
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The body protocol's errors with a cause render as before (see `perago_core::errors`).
+    #[test]
+    fn errors_render_as_before() {
+        use perago_core::errors::{chain, repeated_cause};
+        let cases = [
+            (
+                ProtocolError::Write(std::io::Error::from(std::io::ErrorKind::BrokenPipe)),
+                "cannot write to the body process: broken pipe",
+            ),
+            (
+                ProtocolError::Read(std::io::Error::other("reset")),
+                "cannot read from the body process: reset",
+            ),
+            (
+                ProtocolError::NotJson {
+                    cause: perago_core::json::JsonError::Syntax("expected value".to_owned()),
+                    start: "oops".to_owned(),
+                },
+                "the body process wrote a line that is not JSON (expected value): oops",
+            ),
+        ];
+        for (error, text) in cases {
+            assert_eq!(chain(&error), text);
+            assert_eq!(repeated_cause(&error), None, "{text}");
+        }
+    }
 
     fn request_line(
         execution_id: &str,

@@ -136,7 +136,9 @@ pub fn explain(
                     _ => format!("the branch protection rules {}", matching.join(", ")),
                 }
             }
-            Some(Err(e)) => format!("a branch protection rule (the rules could not be read: {e})"),
+            Some(Err(problem)) => {
+                format!("a branch protection rule (the rules could not be read: {problem})")
+            }
             None => "a branch protection rule".to_owned(),
         };
         (

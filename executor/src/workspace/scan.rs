@@ -179,7 +179,7 @@ pub enum ScanError {
     #[error(transparent)]
     Path(#[from] PathError),
     /// A file system error.
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}", path.display())]
     Io {
         /// The path.
         path: PathBuf,
@@ -188,13 +188,12 @@ pub enum ScanError {
         source: io::Error,
     },
     /// A folder cannot be taken back from the body's user.
-    #[error("cannot take {} back from the body's user: {source}; nothing was published", path.display())]
+    #[error("cannot take {} back from the body's user: {}; nothing was published", path.display(), perago_core::errors::DisplayChain(cause))]
     TakeBack {
         /// The folder.
         path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
+        /// The cause (mid-sentence: in the message, not a source).
+        cause: io::Error,
     },
     /// Something that is neither a file nor a folder.
     #[error("{0} is not a regular file; only files are published")]
@@ -293,7 +292,7 @@ impl Snapshot {
                 .and_then(|()| dir.chmod(0o700))
                 .map_err(|source| ScanError::TakeBack {
                     path: path_of(relative),
-                    source,
+                    cause: source,
                 })
         };
         let work = Arc::new(Dir::from_fd(work.as_fd()).map_err(|source| ScanError::Io {

@@ -232,7 +232,7 @@ where
         let last = match read().await {
             Ok(Some(commit)) => return Settled::Merged(commit),
             Ok(None) => "the branch does not show it".to_owned(),
-            Err(e) => e.to_string(),
+            Err(e) => perago_core::errors::chain(&e),
         };
         let now = Instant::now();
         if now >= deadline {

@@ -156,7 +156,7 @@ fn watch_status(
                                 return;
                             }
                             Err(e) => {
-                                tracing::debug!(error = %e, "the broker's state stream broke; following it again");
+                                tracing::debug!(error = %perago_core::errors::DisplayChain(&e), "the broker's state stream broke; following it again");
                                 break;
                             }
                         }
@@ -237,9 +237,11 @@ async fn handle_exit(root: &CleanupRoot, exit: ExitCleanup) -> Input {
         match bounded(control.slot_exited(report)).await {
             Ok(ack) => seen = Some(machine::SlotView::from(ack.into_inner())),
             // A broker that finished its drain has closed its socket.
-            Err(e) if draining => tracing::debug!(error = %e, "broker gone"),
+            Err(e) if draining => {
+                tracing::debug!(error = %perago_core::errors::DisplayChain(&e), "broker gone")
+            }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot tell the broker about an executor exit");
+                tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot tell the broker about an executor exit");
             }
         }
     }
@@ -437,10 +439,12 @@ impl Actor {
                 crate::errors::ThreadModeError::ExecutorBinary { path: path.clone() }.to_string(),
             ]);
         }
-        let version = self
-            .bodies
-            .add(next.manifest)
-            .map_err(|e| vec![format!("cannot store the new body version: {e}")])?;
+        let version = self.bodies.add(next.manifest).map_err(|e| {
+            vec![format!(
+                "cannot store the new body version: {}",
+                perago_core::errors::DisplayChain(&e)
+            )]
+        })?;
         tracing::info!(body_version = version, changed = %fields.join(", "), "a new body version");
         self.feed(Input::Roll {
             body_version: version,
@@ -521,7 +525,7 @@ impl Actor {
                         async move {
                             let call = control.roll_body(proto::RollBody { body_version });
                             if let Err(e) = bounded(call).await {
-                                tracing::warn!(error = %e, body_version, "cannot tell the broker of the new body version; asking again at its next state");
+                                tracing::warn!(error = %perago_core::errors::DisplayChain(&e), body_version, "cannot tell the broker of the new body version; asking again at its next state");
                             }
                         }
                         .in_current_span(),
@@ -603,7 +607,7 @@ pub(crate) async fn supervise(
     // What bodies start and leave behind is re-parented here when their executor dies (or, in
     // thread mode, when the body exits), so it can be killed.
     if let Err(e) = reaper::become_subreaper() {
-        tracing::warn!(error = %e, "cannot become a child subreaper: processes a body detaches may outlive it");
+        tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot become a child subreaper: processes a body detaches may outlive it");
     }
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");

@@ -90,9 +90,11 @@ impl Ended {
                 (None, Some(sig)) => format!("signal {sig} ({})", signal::signal_name(sig)),
                 (None, None) => "unknown status".to_owned(),
             },
-            Self::Process(Err(e)) => format!("wait failed: {e}"),
+            Self::Process(Err(e)) => {
+                format!("wait failed: {}", perago_core::errors::DisplayChain(&e))
+            }
             Self::Task(Ok(())) => "finished".to_owned(),
-            Self::Task(Err(e)) => format!("failed: {e}"),
+            Self::Task(Err(why)) => format!("failed: {why}"),
             Self::Recycled(why) => format!("recycled: {why}"),
         }
     }
@@ -201,7 +203,7 @@ impl Launcher {
         match std::env::current_exe() {
             Ok(exe) => guard::set_body_guard(exe),
             Err(e) => {
-                tracing::warn!(error = %e, "cannot find this program to guard thread-mode bodies: processes a body starts may outlive a SIGKILLed supervisor")
+                tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot find this program to guard thread-mode bodies: processes a body starts may outlive a SIGKILLed supervisor")
             }
         }
         Ok(Self::Thread { tasks: Vec::new() })
@@ -289,7 +291,7 @@ impl Launcher {
                 handed = hand_over => match handed {
                     Ok(()) => None,
                     Err(e) => {
-                        tracing::warn!(error = %e, "the child got no secrets; it is stopped");
+                        tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "the child got no secrets; it is stopped");
                         let _ = signal::signal_group(pid, signal::SIGKILL);
                         None
                     }
@@ -396,7 +398,7 @@ impl Launcher {
                     Ended::Task(
                         perago_broker::run(config, std::future::pending())
                             .await
-                            .map_err(|e| e.to_string()),
+                            .map_err(|e| perago_core::errors::chain(&e)),
                     )
                 };
                 self.spawn_thread(
@@ -471,7 +473,7 @@ impl Launcher {
                     identity.worker_id.clone(),
                     path.as_deref(),
                 )
-                .map_err(|e| std::io::Error::other(e.to_string()))?
+                .map_err(|e| std::io::Error::other(perago_core::errors::chain(&e)))?
                 .with_workspace(workspace);
                 let log = worker_log(env, &manifest.task.name, &identity.worker_id)?;
                 let work = move || async move {
@@ -484,7 +486,7 @@ impl Launcher {
                     match result {
                         Ok(perago_executor::slot::Served::Recycled(why)) => Ended::Recycled(why),
                         Ok(perago_executor::slot::Served::Stopped) => Ended::Task(Ok(())),
-                        Err(e) => Ended::Task(Err(e.to_string())),
+                        Err(e) => Ended::Task(Err(perago_core::errors::chain(&e))),
                     }
                 };
                 // `executor-0001`: a thread's name holds 15 bytes.
@@ -541,7 +543,12 @@ where
     }
     let runtime = match builder.build() {
         Ok(rt) => rt,
-        Err(e) => return Ended::Task(Err(format!("cannot start its async runtime: {e}"))),
+        Err(e) => {
+            return Ended::Task(Err(format!(
+                "cannot start its async runtime: {}",
+                perago_core::errors::DisplayChain(&e)
+            )));
+        }
     };
     let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         runtime.block_on(async {
@@ -588,8 +595,9 @@ fn worker_log(
         .map(Some)
         .map_err(|e| {
             std::io::Error::other(format!(
-                "cannot open the log folder {}: {e}",
-                config.dir().display()
+                "cannot open the log folder {}: {}",
+                config.dir().display(),
+                perago_core::errors::DisplayChain(&e)
             ))
         })
 }

@@ -109,7 +109,7 @@ async fn delete_staging(dir: &AttemptDir, lakefs: Option<&LakefsClient>) -> bool
             true
         }
         Ok(Err(e)) => {
-            tracing::warn!(repository = %repository, branch = %branch, error = %e, "cannot delete a staging branch; the attempt directory is kept for the next sweep");
+            tracing::warn!(repository = %repository, branch = %branch, error = %perago_core::errors::DisplayChain(&e), "cannot delete a staging branch; the attempt directory is kept for the next sweep");
             false
         }
         Err(_) => {
@@ -135,7 +135,7 @@ async fn remove(
                 tracing::info!(dir = %dir.path.display(), slot = ?dir.slot, generation = ?dir.generation, "removed an attempt directory ({why})");
             }
             Err(e) => {
-                tracing::warn!(dir = %dir.path.display(), error = %e, "cannot remove an attempt directory")
+                tracing::warn!(dir = %dir.path.display(), error = %perago_core::errors::DisplayChain(&e), "cannot remove an attempt directory")
             }
         }
     }
@@ -168,7 +168,7 @@ pub(crate) fn report_leftovers(root: &Path, socket: &Path) {
             .and_then(|()| fs::rename(&temporary, &file))
     };
     if let Err(e) = result {
-        tracing::warn!(file = %file.display(), error = %e, "cannot write the list of staging branches left");
+        tracing::warn!(file = %file.display(), error = %perago_core::errors::DisplayChain(&e), "cannot write the list of staging branches left");
     }
 }
 

@@ -229,7 +229,7 @@ impl Machine {
             } => self.on_exit_handled(slot, generation, seen, now),
             Input::GcDone => self.gc_running = false,
             Input::DrainFailed(e) => {
-                tracing::warn!(error = %e, "cannot ask the broker to drain; stopping it with SIGTERM");
+                tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot ask the broker to drain; stopping it with SIGTERM");
                 if let Some(broker) = self.broker {
                     out.push(Effect::Signal {
                         child: broker,
@@ -539,24 +539,25 @@ impl Machine {
         let refused = matches!(error, RuntimeError::GenerationRefused { .. });
         match why {
             Start::Startup => {
-                tracing::error!(error = %error, "cannot start an executor; stopping");
+                tracing::error!(error = %perago_core::errors::DisplayChain(&error), "cannot start an executor; stopping");
                 self.start_drain("start-up failure", now, out);
                 if refused {
                     self.refused.get_or_insert(error);
                 } else {
-                    self.broker_failed.get_or_insert_with(|| error.to_string());
+                    self.broker_failed
+                        .get_or_insert_with(|| perago_core::errors::chain(&error));
                 }
             }
             _ if refused => {
-                tracing::error!(error = %error, "the broker refused an executor generation; stopping the runtime");
+                tracing::error!(error = %perago_core::errors::DisplayChain(&error), "the broker refused an executor generation; stopping the runtime");
                 self.start_drain("a refused generation", now, out);
                 self.refused.get_or_insert(error);
             }
             Start::Restart | Start::ScaleUp => {
                 if why == Start::Restart {
-                    tracing::error!(error = %error, "cannot restart an executor; retrying with backoff");
+                    tracing::error!(error = %perago_core::errors::DisplayChain(&error), "cannot restart an executor; retrying with backoff");
                 } else {
-                    tracing::error!(error = %error, "cannot start an executor; retrying with backoff");
+                    tracing::error!(error = %perago_core::errors::DisplayChain(&error), "cannot start an executor; retrying with backoff");
                 }
                 // A drain started while the start was under way: no restart any more.
                 if !self.draining {

@@ -82,8 +82,8 @@ impl Broker {
                 None => perago_core::socket::connect(&self.socket)
                     .await
                     .map_err(|e| {
-                        std::error::Error::source(&e)
-                            .map_or_else(|| e.to_string(), |s| s.to_string())
+                        perago_core::errors::causes(&e)
+                            .unwrap_or_else(|| perago_core::errors::chain(&e))
                     })?,
             };
             let answer = AdminClient::new(channel.clone())

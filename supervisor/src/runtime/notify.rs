@@ -109,7 +109,7 @@ impl Notifier {
                 last_status: String::new(),
             }),
             Err(e) => {
-                tracing::warn!(notify_socket = %path, error = %e, "cannot use NOTIFY_SOCKET; systemd will not hear of readiness");
+                tracing::warn!(notify_socket = %path, error = %perago_core::errors::DisplayChain(&e), "cannot use NOTIFY_SOCKET; systemd will not hear of readiness");
                 None
             }
         }
@@ -127,7 +127,7 @@ impl Notifier {
 
     fn send(&self, message: &str) {
         if let Err(e) = self.socket.send_to_addr(message.as_bytes(), &self.addr) {
-            tracing::debug!(error = %e, "cannot notify systemd");
+            tracing::debug!(error = %perago_core::errors::DisplayChain(&e), "cannot notify systemd");
         }
     }
 

@@ -101,7 +101,7 @@ impl RecordsDir {
                         "it is a symlink, not a real directory".to_owned()
                     }
                     Ok(meta) if !meta.is_dir() => "it is not a directory".to_owned(),
-                    _ => e.to_string(),
+                    _ => perago_core::errors::chain(&e),
                 };
                 return Err(FolderError::Open {
                     dir: path.to_owned(),
@@ -111,7 +111,7 @@ impl RecordsDir {
         };
         let meta = dir.stat().map_err(|e| FolderError::Open {
             dir: path.to_owned(),
-            cause: e.to_string(),
+            cause: perago_core::errors::chain(&e),
         })?;
         let me = euid();
         if meta.uid != me {
@@ -141,7 +141,7 @@ impl RecordsDir {
             .create(path)
             .map_err(|e| FolderError::Open {
                 dir: path.to_owned(),
-                cause: e.to_string(),
+                cause: perago_core::errors::chain(&e),
             })?;
         Self::open(path)?.ok_or_else(|| FolderError::Open {
             dir: path.to_owned(),
@@ -173,7 +173,7 @@ impl Drop for Registration {
 pub(crate) enum RegisterError {
     #[error(transparent)]
     Folder(#[from] FolderError),
-    #[error("cannot write a record in {}: {source}", dir.display())]
+    #[error("cannot write a record in {}", dir.display())]
     Write {
         dir: PathBuf,
         #[source]
@@ -219,8 +219,12 @@ pub(crate) struct Found {
 
 /// Reads one record of `dir`: a regular file of this user within [`MAX_RECORD_BYTES`].
 fn read_record(dir: &Dir, name: &OsStr) -> Result<Record, String> {
-    let file = dir.open_file(name).map_err(|e| e.to_string())?;
-    let meta = file.metadata().map_err(|e| e.to_string())?;
+    let file = dir
+        .open_file(name)
+        .map_err(|e| perago_core::errors::chain(&e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| perago_core::errors::chain(&e))?;
     if meta.is_file() && meta.uid() != euid() {
         return Err(format!(
             "owned by uid {}, not this user (uid {})",
@@ -228,9 +232,10 @@ fn read_record(dir: &Dir, name: &OsStr) -> Result<Record, String> {
             euid()
         ));
     }
-    let text =
-        perago_core::files::read_open_regular(file, MAX_RECORD_BYTES).map_err(|e| e.to_string())?;
-    serde_json::from_str(&text).map_err(|e| format!("not a record: {e}"))
+    let text = perago_core::files::read_open_regular(file, MAX_RECORD_BYTES)
+        .map_err(|e| perago_core::errors::chain(&e))?;
+    serde_json::from_str(&text)
+        .map_err(|e| format!("not a record: {}", perago_core::errors::DisplayChain(&e)))
 }
 
 /// The records of the supervisors still running in the checked folder at `path` (none when

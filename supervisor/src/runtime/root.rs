@@ -94,7 +94,7 @@ pub enum RootError {
         waited: Duration,
     },
     /// A folder or file of the root cannot be prepared.
-    #[error("cannot prepare {}: {source}", path.display())]
+    #[error("cannot prepare {}", path.display())]
     Io {
         /// The folder or file.
         path: PathBuf,

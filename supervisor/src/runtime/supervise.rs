@@ -141,13 +141,13 @@ where
                 let (id, result) = match joined {
                     None => break,
                     Some(Ok((id, result))) => (id, result),
-                    Some(Err(e)) => (e.id(), Err(RuntimeError::Panicked { cause: e.to_string() })),
+                    Some(Err(e)) => (e.id(), Err(RuntimeError::Panicked { cause: perago_core::errors::chain(&e) })),
                 };
                 let index = index_of[&id];
                 if let Err(e) = &result
                     && !matches!(e, RuntimeError::ForceKilled { .. })
                 {
-                    stop_all(format!("the runtime of task {} stopped ({e})", names[index]));
+                    stop_all(format!("the runtime of task {} stopped ({})", names[index], perago_core::errors::DisplayChain(&e)));
                 }
                 results[index] = Some(result);
             }

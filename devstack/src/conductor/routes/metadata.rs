@@ -85,7 +85,7 @@ async fn upsert_workflow_defs(State(c): State<Shared>, body: Bytes) -> Result<Re
             match s.register_workflow_def(def, true, now_ms()) {
                 Ok(()) => ok.push(name),
                 Err(e) => {
-                    failed.insert(name, json!(e.to_string()));
+                    failed.insert(name, json!(crate::errors::chain(&e)));
                 }
             }
         }

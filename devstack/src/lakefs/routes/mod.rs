@@ -125,7 +125,12 @@ impl<S: Send + Sync> FromRequestParts<S> for Params {
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         let Query(map) = Query::<HashMap<String, String>>::from_request_parts(parts, state)
             .await
-            .map_err(|e| LakefsError::BadRequest(format!("invalid query: {e}")))?;
+            .map_err(|e| {
+                LakefsError::BadRequest(format!(
+                    "invalid query: {}",
+                    crate::errors::DisplayChain(&e)
+                ))
+            })?;
         Ok(Self(map))
     }
 }
@@ -167,6 +172,10 @@ impl Params {
 
 /// Parses a JSON request body, answering 400 as the real server's request validator does.
 pub(crate) fn json_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, LakefsError> {
-    serde_json::from_slice(body)
-        .map_err(|e| LakefsError::BadRequest(format!("request body has an error: {e}")))
+    serde_json::from_slice(body).map_err(|e| {
+        LakefsError::BadRequest(format!(
+            "request body has an error: {}",
+            crate::errors::DisplayChain(&e)
+        ))
+    })
 }

@@ -148,20 +148,20 @@ impl Attempt {
                 .delete_branch(&self.input.repository, staging)
                 .await
         {
-            tracing::warn!(error = %e, branch = %staging, "cannot delete the staging branch; left for the supervisor's GC");
+            tracing::warn!(error = %perago_core::errors::DisplayChain(&e), branch = %staging, "cannot delete the staging branch; left for the supervisor's GC");
             let kept = self
                 .dir
                 .verify()
                 .and_then(|()| self.dir.record(|owner| owner.done = true));
             if kept.is_ok() {
                 if let Err(e) = fs::remove_dir_all(&self.work) {
-                    tracing::warn!(error = %e, dir = %self.work.display(), "cannot remove the attempt's files");
+                    tracing::warn!(error = %perago_core::errors::DisplayChain(&e), dir = %self.work.display(), "cannot remove the attempt's files");
                 }
                 return;
             }
         }
         if let Err(e) = fs::remove_dir_all(&self.dir.path) {
-            tracing::warn!(error = %e, dir = %self.dir.path.display(), "cannot remove the attempt directory");
+            tracing::warn!(error = %perago_core::errors::DisplayChain(&e), dir = %self.dir.path.display(), "cannot remove the attempt directory");
         }
     }
 }

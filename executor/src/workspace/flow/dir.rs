@@ -131,7 +131,7 @@ impl AttemptDir {
             .and_then(|()| fs::rename(&temporary, self.path.join(OWNER_FILE)))
             .map_err(|source| WorkspaceFailure::OwnerFile {
                 file: self.path.join(OWNER_FILE),
-                source,
+                cause: source,
             })?;
         self.owner = owner;
         self.owner_text = text;
@@ -157,7 +157,7 @@ impl AttemptDir {
                 Err(source) => {
                     return Err(gone(DirChange::Removed {
                         path: path.clone(),
-                        source,
+                        cause: source,
                     }));
                 }
             }
@@ -165,7 +165,7 @@ impl AttemptDir {
         match fs::read_to_string(self.path.join(OWNER_FILE)) {
             Ok(text) if text == self.owner_text => Ok(()),
             Ok(_) => Err(gone(DirChange::OwnerRewritten)),
-            Err(source) => Err(gone(DirChange::OwnerGone { source })),
+            Err(cause) => Err(gone(DirChange::OwnerGone { cause })),
         }
     }
 }

@@ -2,14 +2,14 @@
 
 use super::*;
 use crate::workspace::{paths::PathError, scan::ScanError};
-use perago_core::{attempt::FenceError, lakefs::LakefsError};
+use perago_core::{attempt::FenceError, errors::DisplayChain, lakefs::LakefsError};
 use std::{path::PathBuf, time::Duration};
 
 /// A workspace step that failed; the assignment is FAILED with its text as the reason.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkspaceFailure {
     /// The attempt directory cannot be created, written or opened.
-    #[error("cannot {action} the attempt directory {}: {source}", path.display())]
+    #[error("cannot {action} the attempt directory {}", path.display())]
     AttemptDir {
         /// `create`, `write the owner file in`, `open`.
         action: &'static str,
@@ -20,16 +20,17 @@ pub enum WorkspaceFailure {
         source: std::io::Error,
     },
     /// The owner file cannot be rewritten with the staging branch.
-    #[error("cannot record the staging branch in {}: {source}; nothing was published", file.display())]
+    // The cause sits mid-sentence, so it is in the message, with its own causes, and not a
+    // source (see docs/errors.md).
+    #[error("cannot record the staging branch in {}: {}; nothing was published", file.display(), DisplayChain(cause))]
     OwnerFile {
         /// The owner file.
         file: PathBuf,
         /// The I/O error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The attempt directory is not the one this executor created and filled any more.
-    #[error("the attempt directory {} is no longer the one this executor created and filled: {change}; its input snapshot is lost, so the change cannot be known; nothing was published", path.display())]
+    #[error("the attempt directory {} is no longer the one this executor created and filled: {}; its input snapshot is lost, so the change cannot be known; nothing was published", path.display(), DisplayChain(change))]
     AttemptDirReplaced {
         /// The attempt directory.
         path: PathBuf,
@@ -37,7 +38,7 @@ pub enum WorkspaceFailure {
         change: DirChange,
     },
     /// A lakeFS call of the download failed.
-    #[error("workspace download failed: {0}")]
+    #[error("workspace download failed")]
     Download(#[source] LakefsError),
     /// The listing and the transfers took longer than the task had left.
     #[error(
@@ -85,7 +86,7 @@ pub enum WorkspaceFailure {
         folder: String,
     },
     /// A local folder for a download cannot be created.
-    #[error("cannot create {}: {source}", path.display())]
+    #[error("cannot create {}", path.display())]
     CreateFolder {
         /// The folder.
         path: PathBuf,
@@ -94,7 +95,7 @@ pub enum WorkspaceFailure {
         source: std::io::Error,
     },
     /// A transfer task panicked or was cancelled.
-    #[error("{} task failed: {source}", transfer.article_name())]
+    #[error("{} task failed", transfer.article_name())]
     TransferTask {
         /// Which kind of transfer.
         transfer: Transfer,
@@ -126,10 +127,10 @@ pub enum WorkspaceFailure {
         max: u64,
     },
     /// Cutting, uploading to or deleting on the staging branch failed.
-    #[error("staging failed: {0}")]
+    #[error("staging failed")]
     Staging(#[source] LakefsError),
     /// Committing on the staging branch failed.
-    #[error("staging commit failed: {0}")]
+    #[error("staging commit failed")]
     StagingCommit(#[source] LakefsError),
     /// The merge conflicts with a change made to the branch since the attempt read it.
     #[error(
@@ -142,7 +143,7 @@ pub enum WorkspaceFailure {
         source_commit: String,
     },
     /// The merge failed otherwise (and was not applied).
-    #[error("publish failed: {0}")]
+    #[error("publish failed")]
     Publish(#[source] LakefsError),
     /// The merge answered success, but the branch does not show that commit merging the
     /// staging commit.
@@ -158,11 +159,11 @@ pub enum WorkspaceFailure {
         staged: String,
     },
     /// The fence read the attempt and it is no longer this one, running.
-    #[error("{source} ({when}); nothing was published")]
+    // The message starts with the cause: it is in the message and not a source.
+    #[error("{} ({when}); nothing was published", DisplayChain(cause))]
     Fence {
         /// What the fresh read shows.
-        #[source]
-        source: FenceError,
+        cause: FenceError,
         /// `before staging`, `before publishing`.
         when: &'static str,
     },
@@ -201,21 +202,22 @@ pub enum WorkspaceFailure {
     },
     /// A retry cannot read the branch to learn whether an earlier attempt already published.
     #[error(
-        "publication unknown: cannot read {branch} to learn whether an earlier attempt of this workflow task published ({when}): {source}; nothing was published"
+        "publication unknown: cannot read {branch} to learn whether an earlier attempt of this workflow task published ({when}): {}; nothing was published",
+        DisplayChain(cause)
     )]
     EarlierUnknown {
         /// The target branch.
         branch: String,
         /// `before staging`, `before publishing`.
         when: &'static str,
-        /// Why the branch cannot be read.
-        #[source]
-        source: LakefsError,
+        /// Why the branch cannot be read (mid-sentence: in the message, not a source).
+        cause: LakefsError,
     },
     /// Every merge try within the budget was refused 429: lakeFS gave up against a branch that
     /// other writers kept moving.
     #[error(
-        "publish failed: lakeFS refused all {tries} merges of staging commit {staged} into {branch} within merge_timeout_seconds ({budget_seconds} s) because other writers kept moving {branch} ({last}); nothing was published"
+        "publish failed: lakeFS refused all {tries} merges of staging commit {staged} into {branch} within merge_timeout_seconds ({budget_seconds} s) because other writers kept moving {branch} ({}); nothing was published",
+        DisplayChain(last)
     )]
     MergeContended {
         /// The target branch.
@@ -226,8 +228,7 @@ pub enum WorkspaceFailure {
         tries: u32,
         /// `merge_timeout_seconds`.
         budget_seconds: u64,
-        /// The last refusal.
-        #[source]
+        /// The last refusal (mid-sentence: in the message, not a source).
         last: LakefsError,
     },
     /// lakeFS refused a write for its configuration (403): a branch protection rule covering
@@ -281,7 +282,7 @@ impl Transfer {
 #[derive(Debug, thiserror::Error)]
 pub enum DirChange {
     /// The held handle's metadata cannot be read.
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}", path.display())]
     Unreadable {
         /// The directory.
         path: PathBuf,
@@ -296,22 +297,20 @@ pub enum DirChange {
         path: PathBuf,
     },
     /// The path is gone.
-    #[error("{} was removed ({source})", path.display())]
+    #[error("{} was removed ({})", path.display(), DisplayChain(cause))]
     Removed {
         /// The directory.
         path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
+        /// The I/O error (mid-sentence: in the message, not a source).
+        cause: std::io::Error,
     },
     /// The owner file has other content.
     #[error("its {OWNER_FILE} file was rewritten")]
     OwnerRewritten,
     /// The owner file cannot be read.
-    #[error("its {OWNER_FILE} file is gone ({source})")]
+    #[error("its {OWNER_FILE} file is gone ({})", DisplayChain(cause))]
     OwnerGone {
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
+        /// The I/O error (mid-sentence: in the message, not a source).
+        cause: std::io::Error,
     },
 }

@@ -38,7 +38,7 @@ pub async fn check_fence(
             FenceRead::Fresh(fresh) => {
                 return polled
                     .fence(&fresh)
-                    .map_err(|source| WorkspaceFailure::Fence { source, when });
+                    .map_err(|cause| WorkspaceFailure::Fence { cause, when });
             }
             FenceRead::Gone => {
                 return Err(WorkspaceFailure::TaskGone {

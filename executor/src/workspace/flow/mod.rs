@@ -10,6 +10,8 @@
 mod attempt;
 mod dir;
 mod download;
+#[cfg(test)]
+mod error_texts;
 mod errors;
 mod fence;
 mod publish;

@@ -72,7 +72,7 @@ impl Attempt {
                 self.client
                     .branch_protection_rules(repo)
                     .await
-                    .map_err(|e| e.to_string()),
+                    .map_err(|e| perago_core::errors::chain(&e)),
             )
         } else {
             None
@@ -211,7 +211,7 @@ impl Attempt {
                     last: refused,
                 });
             };
-            tracing::warn!(error = %refused, tries = tries.refused(), wait = ?wait, "the merge was refused under contention; merging again");
+            tracing::warn!(error = %perago_core::errors::DisplayChain(&refused), tries = tries.refused(), wait = ?wait, "the merge was refused under contention; merging again");
             tokio::time::sleep(wait).await;
             check_fence(fence, polled, "before merging again").await?;
             if let Some(earlier) = self
@@ -259,7 +259,7 @@ impl Attempt {
                     Ok(shown) => shown,
                     // The branch cannot be read: read it again until it can.
                     Err(e) => {
-                        tracing::warn!(error = %e, "cannot read the branch to confirm the merge; retrying");
+                        tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot read the branch to confirm the merge; retrying");
                         match settle(tokio::time::Instant::now() + window, || async {
                             // Readable now: what it shows is the answer, shown or not.
                             self.merged(staged)
@@ -296,22 +296,24 @@ impl Attempt {
             MergeAnswer::Refused(e) | MergeAnswer::Busy(e) => {
                 match self.merged(staged).await.ok().flatten() {
                     Some(commit) => {
-                        tracing::warn!(error = %e, commit = %commit, "the merge answered with an error but was applied");
+                        tracing::warn!(error = %perago_core::errors::DisplayChain(&e), commit = %commit, "the merge answered with an error but was applied");
                         Ok(commit)
                     }
                     None => Err(WorkspaceFailure::Publish(e)),
                 }
             }
             MergeAnswer::MayLand(e) => {
-                tracing::warn!(error = %e, window = ?window, "the merge did not answer; reading the branch until it shows whether it landed");
+                tracing::warn!(error = %perago_core::errors::DisplayChain(&e), window = ?window, "the merge did not answer; reading the branch until it shows whether it landed");
                 match settle(tokio::time::Instant::now() + window, || self.merged(staged)).await {
                     Settled::Merged(commit) => {
-                        tracing::warn!(error = %e, commit = %commit, "the merge did not answer but landed");
+                        tracing::warn!(error = %perago_core::errors::DisplayChain(&e), commit = %commit, "the merge did not answer but landed");
                         Ok(commit)
                     }
-                    Settled::Unknown { waited, last } => {
-                        Err(unknown(format!("did not answer ({e})"), waited, last))
-                    }
+                    Settled::Unknown { waited, last } => Err(unknown(
+                        format!("did not answer ({})", perago_core::errors::DisplayChain(&e)),
+                        waited,
+                        last,
+                    )),
                 }
             }
         }
@@ -338,7 +340,7 @@ impl Attempt {
         .map_err(|source| WorkspaceFailure::EarlierUnknown {
             branch: self.input.branch.clone(),
             when,
-            source,
+            cause: source,
         })
     }
 

@@ -80,7 +80,7 @@ async fn the_fence_passes_only_a_fresh_in_progress_read() {
     assert!(matches!(
         check_fence(&fence, &polled, "before publishing").await,
         Err(WorkspaceFailure::Fence {
-            source: FenceError::NotInProgress { .. },
+            cause: FenceError::NotInProgress { .. },
             when: "before publishing"
         })
     ));
