@@ -589,7 +589,7 @@ pub(crate) fn children_of(parent: u32) -> Vec<Proc> {
         if ppid != parent || state == "Z" {
             continue;
         }
-        let argv = fs::read(format!("/proc/{pid}/cmdline"))
+        let argv: Vec<String> = fs::read(format!("/proc/{pid}/cmdline"))
             .map(|raw| {
                 raw.split(|b| *b == 0)
                     .filter(|a| !a.is_empty())
@@ -597,6 +597,10 @@ pub(crate) fn children_of(parent: u32) -> Vec<Proc> {
                     .collect()
             })
             .unwrap_or_default();
+        if argv.is_empty() {
+            // It exited between the two reads (a zombie's cmdline is empty).
+            continue;
+        }
         out.push(Proc { pid, argv });
     }
     out.sort_by(|a, b| a.argv.first().cmp(&b.argv.first()));
