@@ -108,7 +108,8 @@ pub fn manifest_from(
         return Manifest::load(manifest_path).map_err(|e| perago_core::errors::chain(&e));
     };
     let file = PathBuf::from(file);
-    let text = perago_core::files::read_regular(&file, MAX_BODY_BYTES).map_err(|e| {
+    // The supervisor wrote it, in its private folder: a symlink there is never what it wrote.
+    let text = perago_core::files::read_regular_nofollow(&file, MAX_BODY_BYTES).map_err(|e| {
         format!(
             "cannot read the body version {} ({}): {}",
             file.display(),

@@ -199,6 +199,12 @@ impl Bodies {
             let json = serde_json::to_vec(&*manifest.source).map_err(io::Error::other)?;
             let file = Self::file_in(dir, version);
             let temporary = file.with_extension("json.new");
+            // What a write that failed half-way (a full disk) left: the next try takes the
+            // same version number.
+            match std::fs::remove_file(&temporary) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
             use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
             let mut out = std::fs::OpenOptions::new()
                 .write(true)
@@ -293,5 +299,29 @@ mod tests {
             |name: &str| (name == perago_core::env::PERAGO_BODY).then(|| f1.display().to_string());
         let read = perago_executor::cli::manifest_from(lookup, Path::new("/nonexistent")).unwrap();
         assert_eq!(read.body, m1.body);
+    }
+
+    /// A write that failed half-way leaves `N.json.new`: the next try of that version
+    /// replaces it. An executor refuses a version file that is a symlink (the supervisor never
+    /// writes one).
+    #[test]
+    fn a_half_written_version_is_written_again_and_a_symlink_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join(BODY_DIR);
+        let v1 = Arc::new(manifest(tmp.path(), "", "command = [\"./a.sh\"]"));
+        let mut bodies = Bodies::new(v1, Some(dir.clone())).unwrap();
+        std::fs::write(dir.join("2.json.new"), "{\"half").unwrap();
+        let v2 = Arc::new(manifest(tmp.path(), "", "command = [\"./b.sh\"]"));
+        assert_eq!(bodies.add(v2).unwrap(), 2);
+        assert!(!dir.join("2.json.new").exists());
+        let (_, f2) = bodies.get(2).unwrap();
+        let link = dir.join("link.json");
+        std::os::unix::fs::symlink(f2.unwrap(), &link).unwrap();
+        let lookup = |name: &str| {
+            (name == perago_core::env::PERAGO_BODY).then(|| link.display().to_string())
+        };
+        let err =
+            perago_executor::cli::manifest_from(lookup, Path::new("/nonexistent")).unwrap_err();
+        assert!(err.starts_with("cannot read the body version"), "{err}");
     }
 }
