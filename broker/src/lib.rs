@@ -26,7 +26,6 @@ mod poller;
 mod recent;
 mod report;
 mod service;
-mod socket;
 mod state;
 pub mod wire;
 
@@ -119,7 +118,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     let nofile = perago_sys::rlimit::raise_nofile_limit();
     let limits = incoming::Limits::for_descriptors(nofile, config.capacity.max_executors);
     let (listener, _socket_guard) =
-        socket::bind(&config.socket)
+        perago_core::socket::bind(&config.socket)
             .await
             .map_err(|source| BrokerError::Socket {
                 path: config.socket.clone(),

@@ -1,9 +1,62 @@
-//! The client side of a broker's Unix socket: one gRPC channel over it, for the executors'
-//! slots and for the supervisor's control, status and metrics calls.
+//! perago's Unix sockets: the server side ([`bind`]: the broker's socket and the supervisor's
+//! control socket, by the same rules) and the client side of a broker's socket ([`connect`]:
+//! one gRPC channel, for the executors' slots and the supervisor's control, status and
+//! metrics calls).
 
 use hyper_util::rt::TokioIo;
-use std::path::Path;
+use std::{
+    fs, io,
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+};
+use tokio::net::UnixListener;
 use tonic::transport::{Channel, Endpoint, Uri};
+
+/// A bound socket; removes its file when dropped.
+#[derive(Debug)]
+pub struct BoundSocket {
+    path: PathBuf,
+}
+
+impl Drop for BoundSocket {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// Binds `path`: refuses if a live server answers there or if its directory is open to anyone
+/// but its owner (the directory is 0700, so only the owner can reach the socket even in the
+/// instant before its own mode is set), removes a stale file (a dangling symlink too), binds
+/// and sets mode 0600.
+pub async fn bind(path: &Path) -> io::Result<(UnixListener, BoundSocket)> {
+    if fs::symlink_metadata(path).is_ok() {
+        if tokio::net::UnixStream::connect(path).await.is_ok() {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("another process is serving on {}", path.display()),
+            ));
+        }
+        fs::remove_file(path)?;
+    }
+    if let Some(dir) = path.parent() {
+        let mode = fs::metadata(dir)?.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "the socket directory {} has mode {mode:o}; it must be accessible to its owner only (0700)",
+                    dir.display()
+                ),
+            ));
+        }
+    }
+    let listener = UnixListener::bind(path)?;
+    let guard = BoundSocket {
+        path: path.to_owned(),
+    };
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
+    Ok((listener, guard))
+}
 
 /// A channel to the broker over its Unix socket.
 pub async fn connect(socket: &Path) -> Result<Channel, tonic::transport::Error> {
@@ -23,4 +76,46 @@ pub async fn connect(socket: &Path) -> Result<Channel, tonic::transport::Error> 
             }
         }))
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileTypeExt as _;
+
+    /// The rules of both servers' sockets: a folder open to others is refused; a stale file
+    /// (or a dangling symlink) is replaced; the socket is 0600; a live server there is
+    /// refused; the file goes with the guard.
+    #[tokio::test]
+    async fn the_socket_is_0600_in_an_owner_only_folder_and_refuses_a_live_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let open = tmp.path().join("open");
+        fs::create_dir(&open).unwrap();
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o755)).unwrap();
+        let err = bind(&open.join("x.sock")).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "{err}");
+        let dir = tmp.path().join("run");
+        fs::create_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        let path = dir.join("x.sock");
+        // A stale file is replaced.
+        fs::write(&path, "").unwrap();
+        let (listener, guard) = bind(&path).await.unwrap();
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let err = bind(&path).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse, "{err}");
+        drop(listener);
+        drop(guard);
+        assert!(
+            fs::symlink_metadata(&path).is_err(),
+            "removed with its guard"
+        );
+        // A dangling symlink where the socket goes is stale too.
+        std::os::unix::fs::symlink(tmp.path().join("gone"), &path).unwrap();
+        let (_listener, _guard) = bind(&path).await.unwrap();
+        assert!(fs::symlink_metadata(&path).unwrap().file_type().is_socket());
+    }
 }

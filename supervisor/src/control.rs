@@ -22,7 +22,7 @@ use perago_proto::supervisor::v1::{
 use std::{
     collections::BTreeMap,
     fs, io,
-    os::unix::fs::{MetadataExt as _, PermissionsExt as _},
+    os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -45,7 +45,8 @@ type Ask = (Vec<String>, oneshot::Sender<ReloadReport>);
 #[derive(Debug)]
 pub(crate) struct Control {
     tasks: Vec<tokio::task::JoinHandle<()>>,
-    sockets: Vec<PathBuf>,
+    /// Each socket's file, removed when dropped (after the servers are stopped).
+    sockets: Vec<perago_core::socket::BoundSocket>,
 }
 
 impl Drop for Control {
@@ -53,39 +54,8 @@ impl Drop for Control {
         for task in &self.tasks {
             task.abort();
         }
-        for socket in &self.sockets {
-            let _ = fs::remove_file(socket);
-        }
+        self.sockets.clear();
     }
-}
-
-/// Binds `path` as the broker binds its socket: refuses a live server there or a directory
-/// open to others, removes a stale file, sets 0600.
-async fn bind(path: &Path) -> io::Result<tokio::net::UnixListener> {
-    if fs::symlink_metadata(path).is_ok() {
-        if tokio::net::UnixStream::connect(path).await.is_ok() {
-            return Err(io::Error::new(
-                io::ErrorKind::AddrInUse,
-                format!("another process is serving on {}", path.display()),
-            ));
-        }
-        fs::remove_file(path)?;
-    }
-    if let Some(dir) = path.parent() {
-        let mode = fs::metadata(dir)?.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!(
-                    "the socket directory {} has mode {mode:o}; it must be accessible to its owner only (0700)",
-                    dir.display()
-                ),
-            ));
-        }
-    }
-    let listener = tokio::net::UnixListener::bind(path)?;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
 }
 
 /// Serves the control socket beside each of `broker_sockets` and takes SIGHUP, both reloading
@@ -132,15 +102,15 @@ pub(crate) async fn serve(reloader: Reloader, broker_sockets: &[PathBuf]) -> Con
     let mut sockets = Vec::new();
     for broker_socket in broker_sockets {
         let path = socket_beside(broker_socket);
-        let listener = match bind(&path).await {
-            Ok(listener) => listener,
+        let (listener, bound) = match perago_core::socket::bind(&path).await {
+            Ok(bound) => bound,
             Err(e) => {
                 tracing::warn!(socket = %path.display(), error = %perago_core::errors::DisplayChain(&e), "cannot serve the control socket; `perago-supervisor reload` cannot reach this runtime (SIGHUP still reloads)");
                 continue;
             }
         };
         let owner = fs::metadata(&path).map(|m| m.uid()).ok();
-        sockets.push(path.clone());
+        sockets.push(bound);
         let incoming = tokio_stream::StreamExt::filter_map(
             tokio_stream::wrappers::UnixListenerStream::new(listener),
             move |accepted| match accepted {
@@ -357,28 +327,10 @@ pub(crate) fn reload(
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn the_socket_is_0600_in_an_owner_only_folder_and_refuses_a_live_one() {
-        let tmp = tempfile::tempdir().unwrap();
-        let open = tmp.path().join("open");
-        fs::create_dir(&open).unwrap();
-        fs::set_permissions(&open, fs::Permissions::from_mode(0o755)).unwrap();
-        let err = bind(&open.join(SOCKET_NAME)).await.unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "{err}");
-        let dir = tmp.path().join("run");
-        fs::create_dir(&dir).unwrap();
-        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
-        let path = dir.join(SOCKET_NAME);
-        // A stale file is replaced.
-        fs::write(&path, "").unwrap();
-        let listener = bind(&path).await.unwrap();
-        assert_eq!(
-            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
-            0o600
-        );
-        let err = bind(&path).await.unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::AddrInUse, "{err}");
-        drop(listener);
+    /// The control socket sits beside the broker's, in the same 0700 folder (bound by
+    /// `perago_core::socket::bind`, tested there).
+    #[test]
+    fn the_control_socket_is_beside_the_brokers() {
         assert_eq!(
             socket_beside(Path::new("/r/run/broker.sock")),
             Path::new("/r/run/supervisor.sock")
