@@ -161,6 +161,10 @@ fn read_manifest(
         None => Guardrails::default(),
     };
     let workspace_section = top.table(p, "workspace");
+    let worker = top
+        .table(p, "worker")
+        .map(|w| read_worker(p, w))
+        .unwrap_or_default();
     let dev = top
         .table(p, "dev")
         .map(|d| read_dev(p, dir, d))
@@ -205,6 +209,7 @@ fn read_manifest(
         workspace,
         schemas,
         dev,
+        worker,
         // Filled in by `parse_with` once every problem is known.
         source: std::sync::Arc::default(),
     })
@@ -527,15 +532,33 @@ const MIN_MEMORY_LIMIT: u64 = 4 << 20;
 /// `body.memory_limit`: a size such as `"2GiB"` (or a byte count), at least
 /// [`MIN_MEMORY_LIMIT`].
 fn memory_limit(p: &mut Problems, s: &mut Section<'_>) -> Option<u64> {
-    const KEY: &str = "body.memory_limit";
-    let bytes = match s.get("memory_limit") {
+    size_at_least(
+        p,
+        s,
+        "memory_limit",
+        MIN_MEMORY_LIMIT,
+        "a body needs that much to start",
+    )
+}
+
+/// A size key of `s`: a string such as `"2GiB"` or a byte count, at least `least` (`why`
+/// says why, in the message).
+fn size_at_least(
+    p: &mut Problems,
+    s: &mut Section<'_>,
+    name: &'static str,
+    least: u64,
+    why: &str,
+) -> Option<u64> {
+    let key = s.key(name);
+    let bytes = match s.get(name) {
         None => return None,
         Some(Value::Integer(n)) => u64::try_from(*n).ok(),
         Some(Value::String(text)) => match parse_byte_size(text) {
             Ok(n) => Some(n),
             Err(e) => {
                 p.add(
-                    KEY,
+                    key,
                     format!(
                         "{} (a size such as \"512MiB\" or \"2GiB\")",
                         crate::errors::DisplayChain(&e)
@@ -546,7 +569,7 @@ fn memory_limit(p: &mut Problems, s: &mut Section<'_>) -> Option<u64> {
         },
         Some(other) => {
             p.add(
-                KEY,
+                key,
                 format!(
                     "expected a size such as \"2GiB\", found {}",
                     type_name(other)
@@ -556,17 +579,129 @@ fn memory_limit(p: &mut Problems, s: &mut Section<'_>) -> Option<u64> {
         }
     };
     match bytes {
-        Some(n) if n >= MIN_MEMORY_LIMIT => Some(n),
+        Some(n) if n >= least => Some(n),
         _ => {
             p.add(
-                KEY,
+                key,
                 format!(
-                    "must be at least {} (a body needs that much to start)",
-                    crate::memory::format_bytes(MIN_MEMORY_LIMIT)
+                    "must be at least {} ({why})",
+                    crate::memory::format_bytes(least)
                 ),
             );
             None
         }
+    }
+}
+
+/// A duration key of `s` (`"45s"`, `"500ms"`) within `least..=most`.
+fn duration(
+    p: &mut Problems,
+    s: &mut Section<'_>,
+    name: &'static str,
+    least: std::time::Duration,
+    most: std::time::Duration,
+) -> Option<std::time::Duration> {
+    let key = s.key(name);
+    let text = s.string(p, name)?;
+    // A zero (`"0s"`, `"0ms"`) where zero is allowed: the duration parser takes none.
+    let digits = text.trim().trim_end_matches(char::is_alphabetic).trim_end();
+    let unit = &text.trim()[digits.len()..];
+    if least.is_zero()
+        && !digits.is_empty()
+        && digits.chars().all(|c| c == '0')
+        && matches!(unit, "" | "ms" | "s" | "m" | "h")
+    {
+        return Some(std::time::Duration::ZERO);
+    }
+    match crate::units::parse_duration(&text) {
+        Ok(d) if d < least => {
+            p.add(
+                key,
+                format!("must be at least {}ms, found {text:?}", least.as_millis()),
+            );
+            None
+        }
+        Ok(d) if d > most => {
+            p.add(
+                key,
+                format!("must be at most {}s, found {text:?}", most.as_secs()),
+            );
+            None
+        }
+        Ok(d) => Some(d),
+        Err(e) => {
+            p.add(
+                key,
+                format!(
+                    "{} (a duration such as \"45s\", \"500ms\" or \"5m\")",
+                    crate::errors::DisplayChain(&e)
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// `[worker]`: the runtime settings `reload` re-reads (see [`WorkerSpec`]), each checked as its
+/// flag or variable is.
+fn read_worker(p: &mut Problems, mut s: Section<'_>) -> WorkerSpec {
+    use std::time::Duration;
+    let domain = s.string(p, "domain").and_then(|text| {
+        crate::conductor::Domain::parse(&text)
+            .map_err(|e| p.add("worker.domain", crate::errors::chain(&e)))
+            .ok()
+    });
+    let paused = match s.get("paused") {
+        None => None,
+        Some(Value::Boolean(b)) => Some(*b),
+        Some(other) => {
+            p.add(
+                "worker.paused",
+                format!("expected true or false, found {}", type_name(other)),
+            );
+            None
+        }
+    };
+    let poll_interval = duration(
+        p,
+        &mut s,
+        "poll_interval",
+        Duration::ZERO,
+        Duration::from_millis(crate::env::MAX_POLL_INTERVAL_MS),
+    );
+    let poll_timeout = duration(
+        p,
+        &mut s,
+        "poll_timeout",
+        Duration::from_millis(crate::env::MIN_POLL_WAIT_MS),
+        Duration::from_secs(3600),
+    );
+    let max_tasks_per_executor = s
+        .integer(p, "max_tasks_per_executor", 1, i64::MAX)
+        .map(|n| n as u64);
+    let max_executor_memory = size_at_least(
+        p,
+        &mut s,
+        "max_executor_memory",
+        1 << 20,
+        "an executor alone needs more",
+    );
+    let min_free_memory = size_at_least(
+        p,
+        &mut s,
+        "min_free_memory",
+        1,
+        "0 would mean no floor: leave it unset",
+    );
+    s.finish(p);
+    WorkerSpec {
+        domain,
+        paused,
+        poll_interval,
+        poll_timeout,
+        max_tasks_per_executor,
+        max_executor_memory,
+        min_free_memory,
     }
 }
 

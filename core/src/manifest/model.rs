@@ -24,9 +24,33 @@ pub struct Manifest {
     pub schemas: Schemas,
     /// The `[dev]` table.
     pub dev: DevSpec,
+    /// The `[worker]` table: runtime settings `reload` re-reads and applies live.
+    pub worker: WorkerSpec,
     /// What it was made from: its text and the files it names, as read when it was checked
     /// (the supervisor hands executors this, not the file on disk).
     pub source: std::sync::Arc<super::source::ManifestSource>,
+}
+
+/// The `[worker]` table: how the runtime of this task type polls, recycles and admits, as a
+/// file that `reload` (and SIGHUP) re-reads, so each applies live. Each is the lowest layer of
+/// its setting: a `start` flag, a `PERAGO_*` variable or the Conductor SDK's variable for it
+/// wins. Unset: the runtime's default.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct WorkerSpec {
+    /// `worker.domain`: the task domain polled in (as `--domain`).
+    pub domain: Option<crate::conductor::Domain>,
+    /// `worker.paused`: polling paused (as `--paused`; `resume` resumes it).
+    pub paused: Option<bool>,
+    /// `worker.poll_interval`: the wait after an empty poll (as `PERAGO_POLL_INTERVAL_MS`).
+    pub poll_interval: Option<std::time::Duration>,
+    /// `worker.poll_timeout`: the long poll's wait (as `PERAGO_POLL_WAIT_MS`).
+    pub poll_timeout: Option<std::time::Duration>,
+    /// `worker.max_tasks_per_executor` (as `--max-tasks-per-executor`).
+    pub max_tasks_per_executor: Option<u64>,
+    /// `worker.max_executor_memory`, in bytes (as `--max-executor-memory`).
+    pub max_executor_memory: Option<u64>,
+    /// `worker.min_free_memory`, in bytes (as `PERAGO_MIN_FREE_MEMORY`).
+    pub min_free_memory: Option<u64>,
 }
 
 /// The `[dev]` table: what `perago-supervisor dev` seeds its embedded servers with.

@@ -822,3 +822,65 @@ fn a_concurrency_group_is_read_and_checked() {
         assert!(err.contains(key) && err.contains(problem), "{line}: {err}");
     }
 }
+
+/// Issue #26 item 4: `[worker]` holds the runtime settings `reload` re-reads, each checked as
+/// its flag or variable is.
+#[test]
+fn the_worker_table_holds_the_live_settings() {
+    use std::time::Duration;
+    assert_eq!(parse(MINIMAL).unwrap().worker, WorkerSpec::default());
+    let m = parse(&format!(
+        "{MINIMAL}\n[worker]\ndomain = \"blue\"\npaused = true\npoll_interval = \"250ms\"\npoll_timeout = \"2s\"\nmax_tasks_per_executor = 50\nmax_executor_memory = \"512MiB\"\nmin_free_memory = \"1GiB\"\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        m.worker,
+        WorkerSpec {
+            domain: Some(crate::conductor::Domain::parse("blue").unwrap()),
+            paused: Some(true),
+            poll_interval: Some(Duration::from_millis(250)),
+            poll_timeout: Some(Duration::from_secs(2)),
+            max_tasks_per_executor: Some(50),
+            max_executor_memory: Some(512 << 20),
+            min_free_memory: Some(1 << 30),
+        }
+    );
+    let zero = parse(&format!("{MINIMAL}\n[worker]\npoll_interval = \"0s\"\n")).unwrap();
+    assert_eq!(zero.worker.poll_interval, Some(Duration::ZERO));
+    let cases = [
+        (
+            "domain = \"a:b\"",
+            "worker.domain: domain \"a:b\": only ASCII",
+        ),
+        ("paused = \"yes\"", "worker.paused: expected true or false, found a string"),
+        (
+            "poll_interval = \"2h\"",
+            "worker.poll_interval: must be at most 3600s, found \"2h\"",
+        ),
+        (
+            "poll_timeout = \"10ms\"",
+            "worker.poll_timeout: must be at least 100ms, found \"10ms\"",
+        ),
+        (
+            "poll_timeout = \"soon\"",
+            "worker.poll_timeout: invalid duration",
+        ),
+        (
+            "max_tasks_per_executor = 0",
+            "worker.max_tasks_per_executor: must be at least 1, found 0",
+        ),
+        (
+            "max_executor_memory = \"10KiB\"",
+            "worker.max_executor_memory: must be at least 1MiB",
+        ),
+        (
+            "min_free_memory = 0",
+            "worker.min_free_memory: must be at least 1B",
+        ),
+        ("thread_count = 4", "worker.thread_count: unknown key"),
+    ];
+    for (line, expected) in cases {
+        let got = one_problem(&format!("{MINIMAL}\n[worker]\n{line}\n"));
+        assert!(got.starts_with(expected), "{line}: {got}");
+    }
+}
