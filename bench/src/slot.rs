@@ -28,6 +28,8 @@ fn assignment(n: u64) -> proto::BrokerMessage {
     proto::BrokerMessage {
         message: Some(FromBroker::Assignment(proto::Assignment {
             soft_time_limit_ms: None,
+            max_tasks_per_executor: None,
+            max_executor_memory_bytes: None,
             execution_id: format!("00000000-0000-0000-0000-{n:012}"),
             attempt: Some(proto::AttemptSnapshot {
                 workflow_instance_id: "0b8c4f5e-9d2a-4a57-8f0e-6f1c2d3e4a5b".into(),

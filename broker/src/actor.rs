@@ -80,8 +80,8 @@ pub(crate) enum Event {
     },
     /// `Admin.Reconfigure`: the live settings set change.
     Reconfigure {
-        soft_time_limit_ms: Option<u64>,
-        reply: oneshot::Sender<Result<(bool, Option<u64>), Status>>,
+        settings: crate::state::Reconfig,
+        reply: oneshot::Sender<Result<crate::state::Reconfigured, Status>>,
     },
     /// `Admin.ShareGrant`: the permits this sharing broker may hold.
     ShareGrant {
@@ -122,11 +122,11 @@ pub(crate) struct Actor {
     drained: Option<oneshot::Sender<()>>,
     /// Where queue depths are read (run once, adaptive executor count): the client and the
     /// task type.
-    queue: Option<(
-        ConductorClient,
-        String,
-        Option<perago_core::conductor::Domain>,
-    )>,
+    queue: Option<(ConductorClient, String)>,
+    /// The poll settings the poll loop follows (see [`Actor::poll_settings`]).
+    poll: Option<tokio::sync::watch::Sender<crate::state::PollSettings>>,
+    /// Available memory is being measured every second (see `admission`).
+    measuring_memory: bool,
     /// What the gRPC health service says (`None` when not served): SERVING while the broker
     /// takes work, NOT_SERVING while paused and from the start of a drain. A task follows it
     /// (see [`Actor::with_health`]).
@@ -185,6 +185,8 @@ impl Actor {
             events,
             drained: Some(drained),
             queue: None,
+            poll: None,
+            measuring_memory: false,
             serving: None,
             processes: HashMap::new(),
             ping_every: None,
@@ -248,14 +250,24 @@ impl Actor {
         !self.machine.draining() && !self.machine.paused()
     }
 
-    /// Reads queue depths of `task_type` through `client` when the machine asks.
-    pub(crate) fn with_queue_depth(
-        mut self,
-        client: ConductorClient,
-        task_type: String,
-        domain: Option<perago_core::conductor::Domain>,
-    ) -> Self {
-        self.queue = Some((client, task_type, domain));
+    /// Reads queue depths of `task_type` through `client` when the machine asks (in the
+    /// domain polled in at the time).
+    pub(crate) fn with_queue_depth(mut self, client: ConductorClient, task_type: String) -> Self {
+        self.queue = Some((client, task_type));
+        self
+    }
+
+    /// The poll settings in force, followed by the poll loop: a reconfigure that changes
+    /// them sends the new ones.
+    pub(crate) fn poll_settings(&mut self) -> tokio::sync::watch::Receiver<crate::state::PollSettings> {
+        let (tx, rx) = tokio::sync::watch::channel(self.machine.poll_settings());
+        self.poll = Some(tx);
+        rx
+    }
+
+    /// Available memory is measured already (the broker started with a memory floor).
+    pub(crate) fn measuring_memory(mut self) -> Self {
+        self.measuring_memory = true;
         self
     }
 
@@ -407,13 +419,8 @@ impl Actor {
                 }
                 self.perform(out.effects);
             }
-            Event::Reconfigure {
-                soft_time_limit_ms,
-                reply,
-            } => {
-                let out = self
-                    .machine
-                    .handle(Input::Reconfigure { soft_time_limit_ms }, now());
+            Event::Reconfigure { settings, reply } => {
+                let out = self.machine.handle(Input::Reconfigure(settings), now());
                 if let Reply::Reconfigure(answer) = out.reply {
                     let _ = reply.send(answer);
                 }
@@ -435,7 +442,10 @@ impl Actor {
             Event::Status { reply } => {
                 let out = self.machine.handle(Input::Status, now());
                 if let Reply::Status(mut status) = out.reply {
-                    status.settings.clone_from(&self.settings);
+                    let settings = status
+                        .settings
+                        .insert(self.settings.clone().unwrap_or_default());
+                    (settings.poll_timeout_ms, settings.poll_interval_ms) = self.machine.poll_ms();
                     let _ = reply.send(*status);
                 }
                 self.perform(out.effects);
@@ -698,8 +708,20 @@ impl Actor {
                     );
                 }
             },
+            Effect::PollSettings(settings) => {
+                self.machine.gauges().set_runtime_info(settings.domain.as_ref());
+                if let Some(poll) = &self.poll {
+                    poll.send_replace(*settings);
+                }
+            }
+            Effect::WatchMemory => {
+                if !std::mem::replace(&mut self.measuring_memory, true) {
+                    tokio::spawn(crate::admission::watch(self.events.clone(), false));
+                }
+            }
             Effect::ReadQueueDepth { after } => {
-                if let Some((client, task_type, domain)) = self.queue.clone() {
+                let domain = self.machine.poll_settings().domain;
+                if let Some((client, task_type)) = self.queue.clone() {
                     let events = self.events.clone();
                     let failing = std::sync::Arc::clone(&self.depth_failing);
                     tokio::spawn(async move {

@@ -275,6 +275,8 @@ fn runtime_settings(
     Ok(RuntimeSettings {
         execution_mode,
         sdk_settings,
+        // The ones in force, filled in by the actor at each status.
+        ..RuntimeSettings::default()
     })
 }
 

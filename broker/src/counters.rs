@@ -146,6 +146,29 @@ pub(crate) struct Gauges {
     pub(crate) body_oom_kills: PromCounter,
     /// What only the Conductor SDKs' metric surface has.
     pub(crate) sdk: SdkMetrics,
+    /// `perago_runtime_info`: one label set, relabelled when a reconfigure changes the domain.
+    pub(crate) runtime_info: Family<Vec<(String, String)>, Gauge>,
+    /// The execution mode label of `perago_runtime_info` (set once, by [`registry`]).
+    pub(crate) execution_mode: std::sync::OnceLock<String>,
+}
+
+impl Gauges {
+    /// `perago_runtime_info`'s one label set, for `domain` (empty: none).
+    pub(crate) fn set_runtime_info(&self, domain: Option<&perago_core::conductor::Domain>) {
+        self.runtime_info.clear();
+        self.runtime_info
+            .get_or_create(&vec![
+                (
+                    "domain".to_owned(),
+                    domain.map_or_else(String::new, ToString::to_string),
+                ),
+                (
+                    "execution_mode".to_owned(),
+                    self.execution_mode.get().cloned().unwrap_or_default(),
+                ),
+            ])
+            .set(1);
+    }
 }
 
 impl Default for Gauges {
@@ -166,6 +189,8 @@ impl Default for Gauges {
             body_peak_memory: Histogram::new(MEMORY_BUCKETS),
             body_oom_kills: PromCounter::default(),
             sdk: SdkMetrics::default(),
+            runtime_info: Family::default(),
+            execution_mode: std::sync::OnceLock::new(),
         }
     }
 }
@@ -395,19 +420,12 @@ pub(crate) fn registry(
 ) -> Registry {
     let mut root = Registry::default();
     let perago = root.sub_registry_with_label(("task".into(), task.to_owned().into()));
-    let info = Family::<Vec<(String, String)>, Gauge>::default();
-    info.get_or_create(&vec![
-        (
-            "domain".to_owned(),
-            domain.map_or_else(String::new, ToString::to_string),
-        ),
-        ("execution_mode".to_owned(), settings.execution_mode.clone()),
-    ])
-    .set(1);
+    let _ = gauges.execution_mode.set(settings.execution_mode.clone());
+    gauges.set_runtime_info(domain);
     perago.register(
         "perago_runtime_info",
         "The runtime's settings, as labels (domain: the task domain polled in, empty for none; execution_mode: process or thread); always 1",
-        info,
+        gauges.runtime_info.clone(),
     );
     let sdk_settings = Family::<Vec<(String, String)>, Gauge>::default();
     for setting in &settings.sdk_settings {
@@ -515,6 +533,7 @@ mod tests {
                 value: "3".to_owned(),
                 variable: "CONDUCTOR_WORKER_ALL_THREAD_COUNT".to_owned(),
             }],
+            ..Default::default()
         };
         let text = prometheus(&registry(
             "t",
@@ -555,6 +574,33 @@ mod tests {
         assert!(scrape(Counters::default(), Gauges::default()).contains(
             "perago_runtime_info{task=\"features.build\",domain=\"\",execution_mode=\"\"} 1"
         ));
+    }
+
+    /// Issue #26, item 4: a reconfigured domain relabels `perago_runtime_info` (one series,
+    /// the new domain, the execution mode kept).
+    #[test]
+    fn a_reconfigured_domain_relabels_the_runtime_info() {
+        let gauges = Arc::new(Gauges::default());
+        let registry = registry(
+            "features.build",
+            Some(&perago_core::conductor::Domain::parse("blue").unwrap()),
+            &perago_proto::admin::v1::RuntimeSettings {
+                execution_mode: "process".to_owned(),
+                ..Default::default()
+            },
+            &Arc::default(),
+            &gauges,
+        );
+        gauges.set_runtime_info(Some(&perago_core::conductor::Domain::parse("green").unwrap()));
+        let text = prometheus(&registry);
+        let info: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("perago_runtime_info{"))
+            .collect();
+        assert_eq!(
+            info,
+            ["perago_runtime_info{task=\"features.build\",domain=\"green\",execution_mode=\"process\"} 1"]
+        );
     }
 
     #[test]

@@ -199,18 +199,7 @@ mod tests {
     #[tokio::test]
     async fn the_poll_loop_polls_in_its_domain() {
         let (client, lines) = server(|_| ("200 OK", "[]".to_owned())).await;
-        let poller = crate::poller::Poller {
-            client,
-            task_name: "t".to_owned(),
-            domain: Some(Domain::parse("blue").unwrap()),
-            broker_id: "tBroker".to_owned(),
-            wait: std::time::Duration::from_millis(100),
-            idle_wait: std::time::Duration::ZERO,
-            backoff: perago_core::backoff::Backoff::default_remote(),
-            counters: Arc::default(),
-            gauges: Arc::default(),
-            health: crate::health::Health::new("polls"),
-        };
+        let (_settings, poller) = poller(client, Some("blue"), 100, 0);
         let (events, mut rx) = tokio::sync::mpsc::channel(8);
         let run = tokio::spawn(poller.run(events));
         let mut grants = 0;
@@ -227,6 +216,73 @@ mod tests {
             lines,
             [
                 "GET /api/tasks/poll/batch/t?workerid=tBroker&domain=blue&count=1&timeout=100 HTTP/1.1"
+            ]
+        );
+    }
+
+    fn poller(
+        client: ConductorClient,
+        domain: Option<&str>,
+        wait_ms: u64,
+        idle_ms: u64,
+    ) -> (
+        tokio::sync::watch::Sender<crate::state::PollSettings>,
+        crate::poller::Poller,
+    ) {
+        let (tx, settings) = tokio::sync::watch::channel(crate::state::PollSettings {
+            domain: domain.map(|d| Domain::parse(d).unwrap()),
+            wait: std::time::Duration::from_millis(wait_ms),
+            idle_wait: std::time::Duration::from_millis(idle_ms),
+        });
+        let poller = crate::poller::Poller {
+            client,
+            task_name: "t".to_owned(),
+            settings,
+            broker_id: "tBroker".to_owned(),
+            backoff: perago_core::backoff::Backoff::default_remote(),
+            counters: Arc::default(),
+            gauges: Arc::default(),
+            health: crate::health::Health::new("polls"),
+        };
+        (tx, poller)
+    }
+
+    /// Issue #26, item 4: the poll loop takes new settings (a reconfigure) from its next poll
+    /// on, and a new setting ends the wait after an empty poll at once (an hour here).
+    #[tokio::test]
+    async fn the_poll_loop_follows_a_reconfigure_from_its_next_poll() {
+        let (client, lines) = server(|_| ("200 OK", "[]".to_owned())).await;
+        let (settings, poller) = poller(client, Some("blue"), 100, 3_600_000);
+        let (events, mut rx) = tokio::sync::mpsc::channel(8);
+        let run = tokio::spawn(poller.run(events));
+        let mut grants = 0;
+        while let Some(event) = rx.recv().await {
+            match event {
+                crate::actor::Event::PollRequest { reply } => {
+                    let _ = reply.send(if grants < 2 { 1 } else { 0 });
+                    grants += 1;
+                }
+                // The first poll came back empty: the loop now waits an hour, unless told.
+                crate::actor::Event::Slot(crate::state::Input::Polled { .. }) if grants == 1 => {
+                    settings.send_replace(crate::state::PollSettings {
+                        domain: None,
+                        wait: std::time::Duration::from_millis(200),
+                        idle_wait: std::time::Duration::ZERO,
+                    });
+                }
+                _ => {}
+            }
+        }
+        tokio::time::timeout(std::time::Duration::from_secs(10), run)
+            .await
+            .expect("the new settings ended the hour's wait")
+            .unwrap();
+        let lines = lines.lock().unwrap().clone();
+        assert_eq!(
+            lines,
+            [
+                "GET /api/tasks/poll/batch/t?workerid=tBroker&domain=blue&count=1&timeout=100 HTTP/1.1",
+                "GET /api/tasks/poll/batch/t?workerid=tBroker&count=1&timeout=200 HTTP/1.1",
             ]
         );
     }

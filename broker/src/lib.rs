@@ -172,6 +172,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         state::ExecutionIds::new(|| uuid::Uuid::new_v4().to_string()),
     )
     .with_domain(config.domain.clone())
+    .with_poll(config.poll_wait, config.poll_interval)
     .with_soft_time_limit(config.soft_time_limit_ms)
     .with_share(config.share);
     // The gRPC health service: SERVING while the broker takes work, NOT_SERVING while paused
@@ -188,17 +189,20 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         events.clone(),
         drained_tx,
     )
-    .with_queue_depth(
-        config.conductor.clone(),
-        config.task_name.clone(),
-        config.domain.clone(),
-    )
+    .with_queue_depth(config.conductor.clone(), config.task_name.clone())
     .with_health(health_reporter.clone())
     .with_stall_timeout(config.stall_timeout)
     .with_settings(config.settings.clone());
     let watchers = actor.watchers();
+    let poll_settings = actor.poll_settings();
+    let measure_memory = config.capacity.min_free_memory.is_some();
+    let actor = if measure_memory {
+        actor.measuring_memory()
+    } else {
+        actor
+    };
     let actor = tokio::spawn(actor.run(rx));
-    if config.capacity.min_free_memory.is_some() {
+    if measure_memory {
         // Measured once before the poller asks for its first grant, so a runtime started
         // short of memory polls nothing.
         let mut failing = false;
@@ -208,10 +212,8 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     let poller = poller::Poller {
         client: config.conductor.clone(),
         task_name: config.task_name.clone(),
-        domain: config.domain.clone(),
+        settings: poll_settings,
         broker_id: config.prefix.broker_id(),
-        wait: config.poll_wait,
-        idle_wait: config.poll_interval,
         backoff,
         counters: Arc::clone(&counters),
         gauges: Arc::clone(&gauges),

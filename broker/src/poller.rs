@@ -8,26 +8,22 @@ use crate::{
     actor::Event,
     counters::{Counters, Gauges, exception, outcome},
     health::{Health, Waker},
-    state::{Input, poll_wait},
+    state::{Input, PollSettings, poll_wait},
 };
-use perago_core::{
-    backoff::Backoff,
-    conductor::{ConductorClient, Domain},
-};
-use std::{sync::Arc, time::Duration};
-use tokio::sync::{mpsc, oneshot};
+use perago_core::{backoff::Backoff, conductor::ConductorClient};
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot, watch};
 
 #[derive(Debug)]
 pub(crate) struct Poller {
     pub(crate) client: ConductorClient,
     pub(crate) task_name: String,
-    /// Polled in this domain only (its queue `domain:type`); `None`: the default queue.
-    pub(crate) domain: Option<Domain>,
+    /// How to poll, as the machine says (a reconfigure changes it, from the next poll on): the
+    /// domain polled in (its queue `domain:type`; `None`: the default queue), the long poll's
+    /// wait, and the wait after a poll that brought no task (`PERAGO_POLL_INTERVAL_MS`, the
+    /// SDK's `poll_interval`; zero: the long poll alone paces the loop).
+    pub(crate) settings: watch::Receiver<PollSettings>,
     pub(crate) broker_id: String,
-    pub(crate) wait: Duration,
-    /// The wait after a poll that brought no task, before the next (`PERAGO_POLL_INTERVAL_MS`,
-    /// the SDK's `poll_interval`; zero: the long poll alone paces the loop).
-    pub(crate) idle_wait: Duration,
     pub(crate) backoff: Backoff,
     pub(crate) counters: Arc<Counters>,
     pub(crate) gauges: Arc<Gauges>,
@@ -36,7 +32,7 @@ pub(crate) struct Poller {
 
 impl Poller {
     /// Runs until the actor answers a poll request with 0 (drain) or goes away.
-    pub(crate) async fn run(self, events: mpsc::Sender<Event>) {
+    pub(crate) async fn run(mut self, events: mpsc::Sender<Event>) {
         let mut failures = 0u32;
         let mut waker = Waker::default();
         loop {
@@ -51,16 +47,17 @@ impl Poller {
                 }
                 Ok(n) => n,
             };
+            let settings = self.settings.borrow_and_update().clone();
             self.counters.polls.inc();
             let started = std::time::Instant::now();
             let polled = self.health.observe(
                 self.client
                     .batch_poll_in(
                         &self.task_name,
-                        self.domain.as_ref(),
+                        settings.domain.as_ref(),
                         &self.broker_id,
                         count,
-                        poll_wait(count, self.wait),
+                        poll_wait(count, settings.wait),
                     )
                     .await,
             );
@@ -84,8 +81,12 @@ impl Poller {
                     if events.send(Event::polled(tasks, count)).await.is_err() {
                         return;
                     }
-                    if empty && !self.idle_wait.is_zero() {
-                        tokio::time::sleep(self.idle_wait).await;
+                    if empty && !settings.idle_wait.is_zero() {
+                        // A reconfigure cuts the wait short: the new settings apply at once.
+                        tokio::select! {
+                            () = tokio::time::sleep(settings.idle_wait) => {}
+                            _ = self.settings.changed() => {}
+                        }
                     }
                 }
                 Err(e) => {

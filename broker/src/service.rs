@@ -419,16 +419,29 @@ impl Admin for AdminService {
         &self,
         request: Request<admin::ReconfigureRequest>,
     ) -> Result<Response<admin::ReconfigureResponse>, Status> {
-        let admin::ReconfigureRequest { soft_time_limit_ms } = request.into_inner();
-        let (unchanged, previous_soft_time_limit_ms) =
-            ask(&self.events, |reply| Event::Reconfigure {
-                soft_time_limit_ms,
-                reply,
-            })
-            .await??;
+        let admin::ReconfigureRequest {
+            soft_time_limit_ms,
+            poll_interval_ms,
+            poll_timeout_ms,
+            domain,
+            max_tasks_per_executor,
+            max_executor_memory_bytes,
+            min_free_memory_bytes,
+        } = request.into_inner();
+        let settings = crate::state::Reconfig {
+            soft_time_limit_ms,
+            poll_interval_ms,
+            poll_timeout_ms,
+            domain,
+            max_tasks_per_executor,
+            max_executor_memory_bytes,
+            min_free_memory_bytes,
+        };
+        let done = ask(&self.events, |reply| Event::Reconfigure { settings, reply }).await??;
         Ok(Response::new(admin::ReconfigureResponse {
-            unchanged,
-            previous_soft_time_limit_ms,
+            unchanged: done.unchanged,
+            previous_soft_time_limit_ms: done.previous_soft_time_limit_ms,
+            changed: done.changed,
         }))
     }
 

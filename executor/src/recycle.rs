@@ -54,6 +54,17 @@ impl RecycleLimits {
         })
     }
 
+    /// The limits an assignment carries (the broker's, which a reload may have changed), in
+    /// place of these: each `Some(0)` turns its limit off, `None` keeps it.
+    pub fn with_broker(self, max_tasks: Option<u64>, max_memory: Option<u64>) -> Self {
+        let limit = |given: Option<u64>, own: Option<u64>| given.map_or(own, |n| (n > 0).then_some(n));
+        Self {
+            max_tasks: limit(max_tasks, self.max_tasks),
+            max_memory: limit(max_memory, self.max_memory),
+            scope: self.scope,
+        }
+    }
+
     /// Whether any limit is set.
     pub fn any(&self) -> bool {
         self.max_tasks.is_some() || self.max_memory.is_some()
@@ -125,6 +136,32 @@ mod tests {
             Some("3 assignments reached --max-tasks-per-executor 3")
         );
         assert_eq!(RecycleLimits::default().check(1000, None), None);
+    }
+
+    /// Issue #26 item 4: the limits an assignment carries (a reload changed them) replace
+    /// the executor's own from that assignment's check on; unset keeps the executor's.
+    #[test]
+    fn the_broker_limits_of_an_assignment_win() {
+        let own = RecycleLimits {
+            max_tasks: Some(100),
+            max_memory: Some(512 * MIB),
+            scope: MemoryScope::Bodies,
+        };
+        assert_eq!(own.with_broker(None, None), own);
+        let lowered = own.with_broker(Some(3), Some(0));
+        assert_eq!(
+            lowered,
+            RecycleLimits {
+                max_tasks: Some(3),
+                max_memory: None,
+                scope: MemoryScope::Bodies,
+            }
+        );
+        assert_eq!(
+            lowered.check(3, None).as_deref(),
+            Some("3 assignments reached --max-tasks-per-executor 3")
+        );
+        assert_eq!(RecycleLimits::default().with_broker(Some(0), None).max_tasks, None);
     }
 
     #[test]

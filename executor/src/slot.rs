@@ -327,6 +327,8 @@ pub async fn serve(
     // completion; the broker answers with a Stop).
     let mut done: u64 = 0;
     let mut recycling: Option<String> = None;
+    // The broker's recycling limits, once an assignment carried them (a reload changes them).
+    let mut recycle = identity.recycle;
     let served = |recycling: &Option<String>| match recycling {
         Some(why) => Served::Recycled(why.clone()),
         None => Served::Stopped,
@@ -372,6 +374,10 @@ pub async fn serve(
             FromBroker::Welcome(_) | FromBroker::Ping(_) => {}
             FromBroker::Assignment(assignment) => {
                 let execution_id = assignment.execution_id.clone();
+                recycle = recycle.with_broker(
+                    assignment.max_tasks_per_executor,
+                    assignment.max_executor_memory_bytes,
+                );
                 // The broker's soft time limit (a reload changed it) wins over the manifest's.
                 let soft_time_limit = assignment
                     .soft_time_limit_ms
@@ -463,7 +469,7 @@ pub async fn serve(
                 }
                 done += 1;
                 if recycling.is_none()
-                    && let Some(why) = identity.recycle.check(done, runner.body_pid())
+                    && let Some(why) = recycle.check(done, runner.body_pid())
                 {
                     span.in_scope(|| {
                         tracing::info!("recycling this executor after this assignment: {why}");

@@ -71,6 +71,9 @@ pub(crate) struct TaskPlan {
     pub(crate) env: Vec<(String, String)>,
     /// The Conductor SDK's settings that apply, as `(property, value, variable)`.
     pub(crate) sdk_settings: Vec<(crate::sdk_settings::Property, String, String)>,
+    /// The `[worker]` settings a flag or variable set instead of the manifest, by manifest
+    /// key (see `reload::Running::overrides`).
+    pub(crate) overrides: BTreeMap<&'static str, String>,
 }
 
 impl TaskPlan {
@@ -92,6 +95,7 @@ impl TaskPlan {
             env: Vec::new(),
             sdk_settings: Vec::new(),
             domain: None,
+            overrides: BTreeMap::new(),
         }
     }
 }

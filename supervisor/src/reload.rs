@@ -31,6 +31,9 @@ pub(crate) enum Class {
     Body,
     /// Part of the TaskDef Conductor holds: needs a new TaskDef and a restart.
     TaskDef,
+    /// Read by the supervisor once, at start (the capacity shared across types): needs a
+    /// restart of the supervisor.
+    Restart,
 }
 
 /// One changed field.
@@ -75,6 +78,10 @@ impl Changes {
                 Class::Live => None,
                 Class::TaskDef => Some(format!(
                     "{task}: {} changed ({} → {}) — needs a new TaskDef; register it (`perago-supervisor extract`) and restart the supervisor",
+                    c.field, c.old, c.new
+                )),
+                Class::Restart => Some(format!(
+                    "{task}: {} changed ({} → {}) — the supervisor shares capacity by the concurrency groups it started with; restart the supervisor to change them",
                     c.field, c.old, c.new
                 )),
                 // Rolls executor by executor (what cannot roll, the runtime refuses: see
@@ -137,9 +144,42 @@ fn taskdef_field(key: &str) -> &'static str {
 ///   guardrails, the params and result schemas (their content: Conductor keeps a copy in the
 ///   TaskDef with `enforceSchema: false`, perago validates in the executor), and the
 ///   `[workspace]` settings the executor reads (prefix, merge timeout, budgets).
-/// - Live: `body.soft_time_limit`.
+/// - Live: `body.soft_time_limit` and every `[worker]` setting (a flag or variable that set
+///   it at start wins, and a change to it is then refused: see [`Reloader::apply`]).
+/// - Restart: the concurrency group, its limit and cost (the supervisor's capacity sharing is
+///   planned once, at start).
 /// - `[dev]` is read by `dev` only and never matters here.
 pub(crate) fn diff(old: &Manifest, new: &Manifest) -> Changes {
+    // Every field is named: one added to the manifest does not compile until it is
+    // classified here.
+    let Manifest {
+        path: _,
+        dir: _,
+        task: _,
+        body: _,
+        guardrails: _,
+        workspace: _,
+        schemas: _,
+        dev: _,
+        worker: _,
+        source: _,
+    } = new;
+    let perago_core::manifest::BodySpec {
+        kind: _,
+        env: _,
+        user: _,
+        soft_time_limit: _,
+        memory_limit: _,
+    } = &new.body;
+    let perago_core::manifest::WorkerSpec {
+        domain: _,
+        paused: _,
+        poll_interval: _,
+        poll_timeout: _,
+        max_tasks_per_executor: _,
+        max_executor_memory: _,
+        min_free_memory: _,
+    } = &new.worker;
     let mut changes = Vec::new();
     let mut push = |field, old: &Value, new: &Value, class| {
         if old != new {
@@ -205,6 +245,76 @@ pub(crate) fn diff(old: &Manifest, new: &Manifest) -> Changes {
         Class::Body,
     );
     push("body.user", &json(&ob.user), &json(&nb.user), Class::Body);
+    push(
+        "body.memory_limit",
+        &json(&ob.memory_limit.map(perago_core::memory::format_bytes)),
+        &json(&nb.memory_limit.map(perago_core::memory::format_bytes)),
+        Class::Body,
+    );
+    let group = |m: &Manifest| {
+        m.task
+            .concurrency
+            .as_ref()
+            .map(|g| (g.name.clone(), g.limit, g.cost_units))
+    };
+    push(
+        "task.concurrency_group",
+        &json(&group(old).map(|g| g.0)),
+        &json(&group(new).map(|g| g.0)),
+        Class::Restart,
+    );
+    push(
+        "task.concurrency_limit",
+        &json(&group(old).and_then(|g| g.1)),
+        &json(&group(new).and_then(|g| g.1)),
+        Class::Restart,
+    );
+    push(
+        "task.cost_units",
+        &json(&group(old).map(|g| g.2)),
+        &json(&group(new).map(|g| g.2)),
+        Class::Restart,
+    );
+    let (ow, nw) = (&old.worker, &new.worker);
+    let ms = |d: Option<Duration>| d.map(humantime_ms);
+    let size = |b: Option<u64>| b.map(perago_core::memory::format_bytes);
+    push(
+        "worker.domain",
+        &json(&ow.domain.as_ref().map(ToString::to_string)),
+        &json(&nw.domain.as_ref().map(ToString::to_string)),
+        Class::Live,
+    );
+    push("worker.paused", &json(&ow.paused), &json(&nw.paused), Class::Live);
+    push(
+        "worker.poll_interval",
+        &json(&ms(ow.poll_interval)),
+        &json(&ms(nw.poll_interval)),
+        Class::Live,
+    );
+    push(
+        "worker.poll_timeout",
+        &json(&ms(ow.poll_timeout)),
+        &json(&ms(nw.poll_timeout)),
+        Class::Live,
+    );
+    push(
+        "worker.max_tasks_per_executor",
+        &json(&ow.max_tasks_per_executor),
+        &json(&nw.max_tasks_per_executor),
+        Class::Live,
+    );
+    push(
+        "worker.max_executor_memory",
+        &json(&size(ow.max_executor_memory)),
+        &json(&size(nw.max_executor_memory)),
+        Class::Live,
+    );
+    push(
+        "worker.min_free_memory",
+        &json(&size(ow.min_free_memory)),
+        &json(&size(nw.min_free_memory)),
+        Class::Live,
+    );
     push(
         "body.soft_time_limit",
         &Value::from(ob.soft_time_limit.map(humantime_ms)),
@@ -326,6 +436,10 @@ pub(crate) struct Running {
     pub(crate) socket: PathBuf,
     /// Where a changed body goes to roll in (the runtime's actor); `None`: it cannot.
     pub(crate) rolls: Option<mpsc::UnboundedSender<RollRequest>>,
+    /// The `[worker]` settings a flag or variable set at start, by manifest key
+    /// (`worker.domain` → `--domain blue`): they win over the manifest, so a reload that
+    /// changes one is refused naming what set it.
+    pub(crate) overrides: BTreeMap<&'static str, String>,
 }
 
 /// What a reload did, for the `reload` command's output or the log.
@@ -445,6 +559,14 @@ impl Reloader {
             }
             let changes = diff(&running.manifest, &manifest);
             problems.extend(changes.refusals());
+            for c in changes.of(Class::Live) {
+                if let Some(winner) = running.overrides.get(c.field) {
+                    problems.push(format!(
+                        "{name}: {} changed ({} → {}), but {winner} set it at start and wins over the manifest; restart without it to let the manifest decide",
+                        c.field, c.old, c.new
+                    ));
+                }
+            }
             // A body change rolls, if the runtime can take it and nothing it changes beside
             // the body stops it (the workspace settings do not roll).
             if changes.of(Class::Body).next().is_some() {
@@ -481,8 +603,18 @@ impl Reloader {
                 continue;
             }
             if changes.of(Class::Live).next().is_some() {
-                let request = reconfigure_request(&manifest);
-                if let Err(why) = reconfigure(&running.socket, request).await {
+                let mut request = reconfigure_request(&manifest);
+                worker_request(&running.manifest.worker, &manifest.worker, &mut request);
+                let paused = (running.manifest.worker.paused != manifest.worker.paused)
+                    .then_some(manifest.worker.paused.unwrap_or(false));
+                let told = match reconfigure(&running.socket, request).await {
+                    Ok(()) => match paused {
+                        Some(paused) => pause(&running.socket, paused).await,
+                        None => Ok(()),
+                    },
+                    Err(why) => Err(why),
+                };
+                if let Err(why) = told {
                     failed.push(format!(
                         "{}: the broker at {} did not take the change: {why}",
                         changes.task,
@@ -542,6 +674,65 @@ pub(crate) fn reconfigure_request(manifest: &Manifest) -> ReconfigureRequest {
                 .soft_time_limit
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         ),
+        ..ReconfigureRequest::default()
+    }
+}
+
+/// The `[worker]` settings `new` changes against `old`, into `request` (each one unchanged is
+/// left unset, so a flag that set it at start keeps it); one removed goes back to the
+/// runtime's default.
+pub(crate) fn worker_request(
+    old: &perago_core::manifest::WorkerSpec,
+    new: &perago_core::manifest::WorkerSpec,
+    request: &mut ReconfigureRequest,
+) {
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    fn changed<T: PartialEq>(old: T, new: T) -> Option<T> {
+        (old != new).then_some(new)
+    }
+    if let Some(domain) = changed(&old.domain, &new.domain) {
+        request.domain = Some(domain.as_ref().map_or_else(String::new, ToString::to_string));
+    }
+    if let Some(interval) = changed(old.poll_interval, new.poll_interval) {
+        request.poll_interval_ms = Some(interval.map_or(0, ms));
+    }
+    if let Some(timeout) = changed(old.poll_timeout, new.poll_timeout) {
+        request.poll_timeout_ms = Some(ms(timeout.unwrap_or(perago_core::env::DEFAULT_POLL_WAIT)));
+    }
+    if let Some(max) = changed(old.max_tasks_per_executor, new.max_tasks_per_executor) {
+        request.max_tasks_per_executor = Some(max.unwrap_or(0));
+    }
+    if let Some(max) = changed(old.max_executor_memory, new.max_executor_memory) {
+        request.max_executor_memory_bytes = Some(max.unwrap_or(0));
+    }
+    if let Some(min) = changed(old.min_free_memory, new.min_free_memory) {
+        request.min_free_memory_bytes = Some(min.unwrap_or(0));
+    }
+}
+
+/// `Admin.Pause` (`paused`) or `Admin.Resume` on the broker at `socket`, bounded to 5 s.
+async fn pause(socket: &std::path::Path, paused: bool) -> Result<(), String> {
+    let call = async {
+        let channel = perago_core::socket::connect(socket)
+            .await
+            .map_err(|e| perago_core::errors::chain(&e))?;
+        let mut client = AdminClient::new(channel);
+        let answer = if paused {
+            client
+                .pause(perago_proto::admin::v1::PauseRequest {})
+                .await
+                .map(|_| ())
+        } else {
+            client
+                .resume(perago_proto::admin::v1::ResumeRequest {})
+                .await
+                .map(|_| ())
+        };
+        answer.map_err(|s| s.message().to_owned())
+    };
+    match tokio::time::timeout(Duration::from_secs(5), call).await {
+        Ok(result) => result,
+        Err(_) => Err("no answer within 5 s".to_owned()),
     }
 }
 

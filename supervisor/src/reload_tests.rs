@@ -313,6 +313,7 @@ async fn apply_refuses_as_a_whole_and_is_idempotent() {
         manifest: Manifest::load(path).unwrap(),
         socket: tmp.path().join("none.sock"),
         rolls: None,
+        overrides: BTreeMap::new(),
     };
     let vars: BTreeMap<String, String> = [("PATH".to_owned(), "/usr/bin:/bin".to_owned())].into();
     let mut reloader = Reloader::new(vec![running(&a), running(&b)], vars);
@@ -390,6 +391,7 @@ async fn a_body_change_is_sent_to_its_runtime_to_roll() {
         manifest: Manifest::load(&path).unwrap(),
         socket: tmp.path().join("none.sock"),
         rolls: Some(rolls),
+        overrides: BTreeMap::new(),
     };
     let mut reloader = Reloader::new(vec![running], vars.clone());
     std::fs::write(&path, BASE.replace("body.sh", "body2.sh")).unwrap();
@@ -420,6 +422,7 @@ async fn a_body_change_is_sent_to_its_runtime_to_roll() {
         manifest: Manifest::load(&path).unwrap(),
         socket: tmp.path().join("none.sock"),
         rolls: None,
+        overrides: BTreeMap::new(),
     };
     let mut reloader = Reloader::new(vec![running], vars);
     std::fs::write(&path, BASE.replace("body.sh", "body2.sh")).unwrap();
@@ -431,4 +434,128 @@ async fn a_body_change_is_sent_to_its_runtime_to_roll() {
             .starts_with("orders.ship: the body changed, and this runtime takes no body change"),
         "{problems:?}"
     );
+}
+
+/// Issue #26 item 4: every `[worker]` setting applies live; `body.memory_limit` rolls with
+/// the body (it was missed: a reload said "unchanged"); the concurrency group needs a
+/// restart of the supervisor, said so.
+#[test]
+fn worker_settings_apply_live_and_nothing_changes_silently() {
+    let worker = format!(
+        "{BASE}\n[worker]\ndomain = \"blue\"\npaused = true\npoll_interval = \"250ms\"\npoll_timeout = \"2s\"\nmax_tasks_per_executor = 50\nmax_executor_memory = \"512MiB\"\nmin_free_memory = \"1GiB\"\n"
+    );
+    let changes = diff(&manifest(BASE), &manifest(&worker));
+    assert_eq!(
+        fields(&changes),
+        [
+            ("worker.domain", Class::Live),
+            ("worker.paused", Class::Live),
+            ("worker.poll_interval", Class::Live),
+            ("worker.poll_timeout", Class::Live),
+            ("worker.max_tasks_per_executor", Class::Live),
+            ("worker.max_executor_memory", Class::Live),
+            ("worker.min_free_memory", Class::Live),
+        ]
+    );
+    assert!(changes.refusals().is_empty());
+    let memory = edited("soft_time_limit = \"50m\"", "soft_time_limit = \"50m\"\nmemory_limit = \"64MiB\"");
+    assert_eq!(
+        fields(&diff(&manifest(BASE), &memory)),
+        [("body.memory_limit", Class::Body)]
+    );
+    assert_eq!(
+        body::compare(&manifest(BASE), &memory).unwrap(),
+        body::Change::Body(vec!["body.memory_limit"])
+    );
+    let grouped = edited(
+        "retry_count = 2",
+        "retry_count = 2\nconcurrency_group = \"providers\"\nconcurrency_limit = 2",
+    );
+    let changes = diff(&manifest(BASE), &grouped);
+    assert_eq!(
+        fields(&changes),
+        [
+            ("task.concurrency_group", Class::Restart),
+            ("task.concurrency_limit", Class::Restart),
+            ("task.cost_units", Class::Restart),
+        ]
+    );
+    assert!(
+        changes.refusals()[0].starts_with(
+            "orders.ship: task.concurrency_group changed (none → \"providers\") — the supervisor shares capacity by the concurrency groups it started with; restart the supervisor"
+        ),
+        "{:?}",
+        changes.refusals()
+    );
+}
+
+/// Only the `[worker]` settings that changed are sent (one a flag set is never overwritten
+/// by the manifest's absence of it); one removed goes back to the runtime's default.
+#[test]
+fn the_request_carries_only_the_worker_settings_that_changed() {
+    let with = |lines: &str| manifest(&format!("{BASE}\n[worker]\n{lines}\n")).worker;
+    let mut request = ReconfigureRequest::default();
+    worker_request(
+        &with("poll_interval = \"250ms\"\nmax_tasks_per_executor = 5"),
+        &with("poll_interval = \"250ms\"\nmax_tasks_per_executor = 7\ndomain = \"blue\""),
+        &mut request,
+    );
+    assert_eq!(
+        request,
+        ReconfigureRequest {
+            domain: Some("blue".to_owned()),
+            max_tasks_per_executor: Some(7),
+            ..ReconfigureRequest::default()
+        }
+    );
+    let mut request = ReconfigureRequest::default();
+    worker_request(
+        &with("domain = \"blue\"\npoll_timeout = \"1s\"\nmin_free_memory = \"1GiB\"\npoll_interval = \"1s\""),
+        &with(""),
+        &mut request,
+    );
+    assert_eq!(
+        request,
+        ReconfigureRequest {
+            domain: Some(String::new()),
+            poll_timeout_ms: Some(5000),
+            poll_interval_ms: Some(0),
+            min_free_memory_bytes: Some(0),
+            ..ReconfigureRequest::default()
+        }
+    );
+}
+
+/// A `[worker]` change that a start flag or variable hides is refused, naming what set it;
+/// nothing else of the reload applies.
+#[tokio::test]
+async fn a_worker_setting_a_flag_set_is_refused_naming_the_flag() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("body.sh"), "cat\n").unwrap();
+    let path = tmp.path().join("task.toml");
+    std::fs::write(&path, BASE).unwrap();
+    let running = Running {
+        path: path.clone(),
+        manifest: Manifest::load(&path).unwrap(),
+        socket: tmp.path().join("none.sock"),
+        rolls: None,
+        overrides: [("worker.domain", "--domain green".to_owned())].into(),
+    };
+    let vars: BTreeMap<String, String> = [("PATH".to_owned(), "/usr/bin:/bin".to_owned())].into();
+    let mut reloader = Reloader::new(vec![running], vars);
+    std::fs::write(
+        &path,
+        format!("{BASE}\n[worker]\ndomain = \"blue\"\nmax_tasks_per_executor = 3\n"),
+    )
+    .unwrap();
+    let ReloadReport::Refused { problems } = reloader.apply(&[]).await else {
+        panic!("refused");
+    };
+    assert_eq!(
+        problems,
+        [
+            "orders.ship: worker.domain changed (none → \"blue\"), but --domain green set it at start and wins over the manifest; restart without it to let the manifest decide"
+        ]
+    );
+    assert_eq!(reloader.runtimes[0].manifest.worker.max_tasks_per_executor, None);
 }

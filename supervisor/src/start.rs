@@ -46,6 +46,131 @@ fn sdk_domain_and_paused(sdk: &SdkSettings) -> Result<(Option<Domain>, Option<bo
     Ok((domain, sdk.paused_for().map(|paused| paused.value)))
 }
 
+/// What sets each `[worker]` setting of the task type `name` at start instead of the
+/// manifest, by manifest key (`worker.domain` → `--domain blue`): perago's flags, its
+/// variables, then the Conductor SDK's names. `reload` refuses a manifest change such a
+/// setting would hide.
+fn worker_overrides(
+    name: &str,
+    plan: &StartPlan,
+    args: &StartArgs,
+    vars: &BTreeMap<String, String>,
+    sdk: Option<&SdkSettings>,
+    sdk_domain: bool,
+) -> BTreeMap<&'static str, String> {
+    let variable = |name: &str| {
+        vars.get(name)
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| format!("{name}={v:?}"))
+    };
+    let sdk_variable = |found: Option<&str>| found.map(str::to_owned);
+    let mut out = BTreeMap::new();
+    let mut set = |key: &'static str, winner: Option<String>| {
+        if let Some(winner) = winner {
+            out.insert(key, winner);
+        }
+    };
+    let domain = match (plan.named_domains.get(name), &plan.domain) {
+        (Some(d), _) => Some(format!("--domain {name}={d}")),
+        (None, Some(d)) => Some(format!("--domain {d}")),
+        (None, None) if sdk_domain => {
+            sdk_variable(sdk.and_then(|s| s.domain.as_ref()).map(|s| s.variable.as_str()))
+        }
+        (None, None) => None,
+    };
+    set("worker.domain", domain);
+    set(
+        "worker.paused",
+        args.paused
+            .then(|| "--paused".to_owned())
+            .or_else(|| variable(perago_core::capacity::PERAGO_PAUSED))
+            .or_else(|| {
+                sdk_variable(sdk.and_then(|s| s.paused.as_ref()).map(|s| s.variable.as_str()))
+            }),
+    );
+    set(
+        "worker.poll_interval",
+        variable(env::PERAGO_POLL_INTERVAL_MS).or_else(|| {
+            sdk_variable(
+                sdk.and_then(|s| s.poll_interval.as_ref())
+                    .map(|s| s.variable.as_str()),
+            )
+        }),
+    );
+    set(
+        "worker.poll_timeout",
+        variable(env::PERAGO_POLL_WAIT_MS).or_else(|| {
+            sdk_variable(
+                sdk.and_then(|s| s.poll_timeout.as_ref())
+                    .map(|s| s.variable.as_str()),
+            )
+        }),
+    );
+    set(
+        "worker.max_tasks_per_executor",
+        args.max_tasks_per_executor
+            .as_ref()
+            .map(|n| format!("--max-tasks-per-executor {n}"))
+            .or_else(|| variable(perago_core::capacity::PERAGO_EXECUTOR_MAX_TASKS)),
+    );
+    set(
+        "worker.max_executor_memory",
+        args.max_executor_memory
+            .as_ref()
+            .map(|n| format!("--max-executor-memory {n}"))
+            .or_else(|| variable(perago_core::capacity::PERAGO_EXECUTOR_MAX_MEMORY)),
+    );
+    set(
+        "worker.min_free_memory",
+        variable(perago_core::capacity::PERAGO_MIN_FREE_MEMORY),
+    );
+    out
+}
+
+/// The manifest's `[worker]` settings that nothing in `overrides` set, into the task type's
+/// capacity and its children's environment (the poll settings go to the broker as
+/// PERAGO_POLL_INTERVAL_MS / PERAGO_POLL_WAIT_MS). The domain is taken where the plan is made.
+fn apply_worker(
+    worker: &perago_core::manifest::WorkerSpec,
+    overrides: &BTreeMap<&'static str, String>,
+    capacity: &mut Capacity,
+    task_env: &mut Vec<(String, String)>,
+) {
+    let free = |key: &str| !overrides.contains_key(key);
+    if let Some(paused) = worker.paused
+        && free("worker.paused")
+    {
+        capacity.paused = paused;
+    }
+    let mut set_env = |key: &str, variable: &str, value: Option<Duration>| {
+        if let Some(d) = value
+            && free(key)
+        {
+            task_env.retain(|(name, _)| name != variable);
+            task_env.push((variable.to_owned(), d.as_millis().to_string()));
+        }
+    };
+    set_env(
+        "worker.poll_interval",
+        env::PERAGO_POLL_INTERVAL_MS,
+        worker.poll_interval,
+    );
+    set_env(
+        "worker.poll_timeout",
+        env::PERAGO_POLL_WAIT_MS,
+        worker.poll_timeout,
+    );
+    if free("worker.max_tasks_per_executor") && worker.max_tasks_per_executor.is_some() {
+        capacity.max_tasks_per_executor = worker.max_tasks_per_executor;
+    }
+    if free("worker.max_executor_memory") && worker.max_executor_memory.is_some() {
+        capacity.max_executor_memory = worker.max_executor_memory;
+    }
+    if free("worker.min_free_memory") && worker.min_free_memory.is_some() {
+        capacity.min_free_memory = worker.min_free_memory;
+    }
+}
+
 /// How long `start` waits, by default, for an earlier runtime under the same root to drain.
 const DEFAULT_ROOT_LOCK_WAIT: Duration = Duration::from_secs(30);
 
@@ -600,6 +725,18 @@ pub(crate) fn start(
                 Err(problem) => add(problem),
             }
         }
+        // The manifest's `[worker]` table: the lowest layer of each setting.
+        let overrides = worker_overrides(
+            &name,
+            &plan,
+            args,
+            vars,
+            sdk.as_ref(),
+            sdk_domain.is_some(),
+        );
+        if let Some(capacity) = capacity.as_mut() {
+            apply_worker(&manifest.worker, &overrides, capacity, &mut task_env);
+        }
         if let Some(user) = &manifest.body.user {
             // The same checks as `check`: the user must be able to run what it is given.
             match perago_sys::user::body_user(user) {
@@ -618,12 +755,17 @@ pub(crate) fn start(
             tasks.push(TaskPlan {
                 capacity,
                 manifest_path: std::fs::canonicalize(&path).unwrap_or(path),
-                domain: plan.domain_of(&name).cloned().or(sdk_domain),
+                domain: plan
+                    .domain_of(&name)
+                    .cloned()
+                    .or(sdk_domain)
+                    .or_else(|| manifest.worker.domain.clone()),
                 mode: plan.mode_of(&name),
                 manifest,
                 prefix,
                 env: task_env,
                 sdk_settings,
+                overrides,
             });
         }
     }
@@ -801,6 +943,7 @@ pub(crate) fn start(
                 manifest: task.manifest.clone(),
                 socket: locked.socket.clone(),
                 rolls: Some(rolls_tx),
+                overrides: task.overrides.clone(),
             });
             for (property, value, variable) in &task.sdk_settings {
                 tracing::info!(task = %task.manifest.task.name, %property, %value, %variable, "Conductor SDK setting applied");
@@ -948,6 +1091,70 @@ mod tests {
         assert!(text.contains("--max-tasks-per-executor \"none\""), "{text}");
         assert!(text.contains("PERAGO_MIN_FREE_MEMORY"), "{text}");
         assert_eq!(err.process_exit_code(), 1);
+    }
+
+    /// Issue #26 item 4: the manifest's `[worker]` table is the lowest layer: it applies where
+    /// no flag, `PERAGO_*` variable or SDK variable set the setting, and what did set one is
+    /// recorded for `reload`.
+    #[test]
+    fn the_worker_table_applies_under_every_flag_and_variable() {
+        let worker = perago_core::manifest::Manifest::parse(
+            Path::new("task.toml"),
+            Path::new("/srv"),
+            "[task]\nname = \"a\"\nkind = \"workspace-free\"\ntimeout_seconds = 60\n[body]\ncommand = [\"cat\"]\n[worker]\npaused = true\npoll_interval = \"250ms\"\npoll_timeout = \"2s\"\nmax_tasks_per_executor = 5\nmax_executor_memory = \"512MiB\"\nmin_free_memory = \"1GiB\"\n",
+        )
+        .unwrap()
+        .worker;
+        // Nothing else set: the manifest's values.
+        let plan = resolve_args(&args(1, None), &vars(&[])).unwrap();
+        let none = worker_overrides("a", &plan, &args(1, None), &vars(&[]), None, false);
+        assert!(none.is_empty(), "{none:?}");
+        let mut capacity = Capacity::fixed(1);
+        let mut env = Vec::new();
+        apply_worker(&worker, &none, &mut capacity, &mut env);
+        assert!(capacity.paused);
+        assert_eq!(capacity.max_tasks_per_executor, Some(5));
+        assert_eq!(capacity.max_executor_memory, Some(512 << 20));
+        assert_eq!(capacity.min_free_memory, Some(1 << 30));
+        assert_eq!(
+            env,
+            [
+                ("PERAGO_POLL_INTERVAL_MS".to_owned(), "250".to_owned()),
+                ("PERAGO_POLL_WAIT_MS".to_owned(), "2000".to_owned()),
+            ]
+        );
+        // Flags and variables win, and are named.
+        let mut flagged = args(1, None);
+        flagged.max_tasks_per_executor = Some("9".to_owned());
+        flagged.domain = vec!["green".to_owned()];
+        let env_vars = vars(&[
+            ("PERAGO_POLL_WAIT_MS", "700"),
+            ("PERAGO_MIN_FREE_MEMORY", "2GiB"),
+            ("CONDUCTOR_WORKER_ALL_PAUSED", "false"),
+            ("CONDUCTOR_WORKER_A_POLL_INTERVAL", "75"),
+        ]);
+        let plan = resolve_args(&flagged, &env_vars).unwrap();
+        let sdk = SdkSettings::resolve(&env_vars, "a").unwrap();
+        let overrides = worker_overrides("a", &plan, &flagged, &env_vars, Some(&sdk), false);
+        assert_eq!(
+            overrides,
+            BTreeMap::from([
+                ("worker.domain", "--domain green".to_owned()),
+                ("worker.max_tasks_per_executor", "--max-tasks-per-executor 9".to_owned()),
+                ("worker.min_free_memory", "PERAGO_MIN_FREE_MEMORY=\"2GiB\"".to_owned()),
+                ("worker.paused", "CONDUCTOR_WORKER_ALL_PAUSED".to_owned()),
+                ("worker.poll_interval", "CONDUCTOR_WORKER_A_POLL_INTERVAL".to_owned()),
+                ("worker.poll_timeout", "PERAGO_POLL_WAIT_MS=\"700\"".to_owned()),
+            ])
+        );
+        let mut capacity = plan.capacity.clone();
+        let mut env = Vec::new();
+        apply_worker(&worker, &overrides, &mut capacity, &mut env);
+        assert!(!capacity.paused);
+        assert_eq!(capacity.max_tasks_per_executor, Some(9));
+        assert_eq!(capacity.max_executor_memory, Some(512 << 20));
+        assert_eq!(capacity.min_free_memory, Some(2 << 30));
+        assert!(env.is_empty(), "{env:?}");
     }
 
     /// `--paused` and `PERAGO_PAUSED` start every task type paused, a `-j NAME=…` one too; a

@@ -391,6 +391,7 @@ impl Machine {
         execution_id: String,
         mut attempt: AttemptSnapshot,
     ) {
+        let (max_tasks, max_memory) = self.recycle_limits();
         let slot = &mut self.slots[index];
         let message = proto::BrokerMessage {
             message: Some(proto::broker_message::Message::Assignment(
@@ -398,6 +399,8 @@ impl Machine {
                     execution_id: execution_id.clone(),
                     attempt: Some(wire::attempt_into_wire(&mut attempt)),
                     soft_time_limit_ms: self.soft_time_limit_ms,
+                    max_tasks_per_executor: Some(max_tasks),
+                    max_executor_memory_bytes: Some(max_memory),
                 },
             )),
         };

@@ -76,7 +76,7 @@ pub(crate) enum Input {
     Scale { min: u32, max: u32 },
     /// `Admin.Reconfigure`: the live settings set (`None`: unchanged) apply to every
     /// assignment dispatched from now on. Answer: [`Reply::Reconfigure`].
-    Reconfigure { soft_time_limit_ms: Option<u64> },
+    Reconfigure(super::reconfigure::Reconfig),
     /// `Admin.ShareGrant`: the permits this sharing broker may hold from now on (ignored when
     /// `epoch` is older than the grant in force). Answer: [`Reply::ShareGrant`].
     ShareGrant { limit: u32, epoch: u64 },
@@ -138,7 +138,7 @@ pub(crate) enum Reply {
     /// The range before the scale, or why it was refused.
     Scale(Result<(u32, u32), Status>),
     /// Whether nothing changed and the soft time limit before, or why it was refused.
-    Reconfigure(Result<(bool, Option<u64>), Status>),
+    Reconfigure(Result<super::reconfigure::Reconfigured, Status>),
     /// The permits in force after a grant, or why it was refused (not sharing).
     ShareGrant(Result<admin::ShareStatus, Status>),
 }
@@ -208,6 +208,12 @@ pub(crate) enum Effect {
         generation: u64,
         why: String,
     },
+    /// The poll settings changed (a reconfigure): the poll loop and the queue-depth reads
+    /// use these from their next request on.
+    PollSettings(Box<super::reconfigure::PollSettings>),
+    /// Start measuring available memory (a reconfigure set a memory floor; no-op when the
+    /// measurements run already).
+    WatchMemory,
     /// Fetch a held task's input from Conductor's external payload storage (`path` is its
     /// `externalInputPayloadStoragePath`) and feed back [`Input::PayloadFetched`].
     FetchInput {

@@ -200,6 +200,10 @@ pub(crate) struct Machine {
     /// the supervisor told it at start), in milliseconds, 0 for none; `None`: not told, the
     /// executors use their manifest's.
     pub(super) soft_time_limit_ms: Option<u64>,
+    /// The long poll's wait (`PERAGO_POLL_WAIT_MS`, or a reconfigure's).
+    pub(super) poll_wait: Duration,
+    /// The wait after an empty poll (`PERAGO_POLL_INTERVAL_MS`, or a reconfigure's).
+    pub(super) poll_interval: Duration,
     /// When the last `Admin.Reconfigure` that changed something came.
     pub(super) reconfigured_at: Option<SystemTime>,
     /// Capacity shared across task types (`PERAGO_SHARE`): the permits granted (`None`: not
@@ -298,6 +302,8 @@ impl Machine {
             once_empty_polls: 0,
             poll_sparse: false,
             soft_time_limit_ms: None,
+            poll_wait: perago_core::env::DEFAULT_POLL_WAIT,
+            poll_interval: Duration::ZERO,
             reconfigured_at: None,
             share: None,
             body_version: 1,
@@ -466,8 +472,8 @@ impl Machine {
             Input::Resume => return Reply::Resume(self.resume()),
             Input::Status => return Reply::Status(Box::new(self.status())),
             Input::Scale { min, max } => return Reply::Scale(self.scale(min, max)),
-            Input::Reconfigure { soft_time_limit_ms } => {
-                return Reply::Reconfigure(self.reconfigure(soft_time_limit_ms));
+            Input::Reconfigure(settings) => {
+                return Reply::Reconfigure(self.reconfigure(settings));
             }
             Input::ShareGrant { limit, epoch } => {
                 return Reply::ShareGrant(self.share_grant(limit, epoch));

@@ -56,6 +56,7 @@ pub(crate) use interface::{
 };
 pub(crate) use machine::Machine;
 pub(crate) use once::ONCE_EMPTY_POLLS;
+pub(crate) use reconfigure::{PollSettings, Reconfig, Reconfigured};
 pub(crate) use status::WatchView;
 
 #[cfg(test)]

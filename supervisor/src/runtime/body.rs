@@ -122,6 +122,9 @@ pub(crate) fn compare(current: &Manifest, next: &Manifest) -> Result<Change, Vec
     if x.soft_time_limit != y.soft_time_limit {
         changed.push("body.soft_time_limit");
     }
+    if x.memory_limit != y.memory_limit {
+        changed.push("body.memory_limit");
+    }
     // A deploy that switches a symlinked folder (`current -> releases/7`): the bodies of the
     // new version run from the folder it resolves to now.
     if current.dir != next.dir {

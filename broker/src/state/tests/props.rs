@@ -275,6 +275,8 @@ impl World {
             Effect::Assigned(_)
             | Effect::StopLease { .. }
             | Effect::DisableV2
+            | Effect::PollSettings(_)
+            | Effect::WatchMemory
             | Effect::KillExecutor { .. } => {}
         }
         None
