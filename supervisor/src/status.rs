@@ -316,6 +316,8 @@ pub(crate) fn to_json(status: &StatusResponse) -> Value {
         "sdk_settings": status.settings.as_ref().map(|s| s.sdk_settings.iter().map(|x| json!({
             "property": x.property, "value": x.value, "variable": x.variable,
         })).collect::<Vec<_>>()).unwrap_or_default(),
+        "poll_timeout_ms": status.settings.as_ref().map(|s| s.poll_timeout_ms).filter(|ms| *ms > 0),
+        "poll_interval_ms": status.settings.as_ref().filter(|s| s.poll_timeout_ms > 0).map(|s| s.poll_interval_ms),
         "soft_time_limit_ms": status.soft_time_limit_ms,
         "reconfigured_at_unix_ms": status.reconfigured_at_unix_ms,
         "share": status.share.as_ref().map(|s| json!({
@@ -418,6 +420,17 @@ pub(crate) fn to_table(status: &StatusResponse) -> String {
                 })
                 .collect();
             let _ = write!(line, "  SDK settings: {}", sdk.join(", "));
+        }
+        // 0: a broker of before the poll settings were reported.
+        if settings.poll_timeout_ms > 0 {
+            let _ = write!(line, "  long poll {}ms", settings.poll_timeout_ms);
+            if settings.poll_interval_ms > 0 {
+                let _ = write!(
+                    line,
+                    ", {}ms after an empty poll",
+                    settings.poll_interval_ms
+                );
+            }
         }
         let _ = writeln!(out, "{line}");
     }
@@ -1179,7 +1192,20 @@ mod tests {
             table.contains("soft time limit 1m30s (changed by a reload 5."),
             "{table}"
         );
+        status.settings = Some(perago_proto::admin::v1::RuntimeSettings {
+            execution_mode: "process".into(),
+            poll_timeout_ms: 2000,
+            poll_interval_ms: 250,
+            ..Default::default()
+        });
+        let table = to_table(&status);
+        assert!(
+            table.contains("execution mode process  long poll 2000ms, 250ms after an empty poll\n"),
+            "{table}"
+        );
         let json = to_json(&status);
+        assert_eq!(json["poll_timeout_ms"], 2000);
+        assert_eq!(json["poll_interval_ms"], 250);
         assert_eq!(json["soft_time_limit_ms"], 90_000);
         assert_eq!(
             json["reconfigured_at_unix_ms"],
