@@ -259,7 +259,9 @@ impl Actor {
 
     /// The poll settings in force, followed by the poll loop: a reconfigure that changes
     /// them sends the new ones.
-    pub(crate) fn poll_settings(&mut self) -> tokio::sync::watch::Receiver<crate::state::PollSettings> {
+    pub(crate) fn poll_settings(
+        &mut self,
+    ) -> tokio::sync::watch::Receiver<crate::state::PollSettings> {
         let (tx, rx) = tokio::sync::watch::channel(self.machine.poll_settings());
         self.poll = Some(tx);
         rx
@@ -709,7 +711,9 @@ impl Actor {
                 }
             },
             Effect::PollSettings(settings) => {
-                self.machine.gauges().set_runtime_info(settings.domain.as_ref());
+                self.machine
+                    .gauges()
+                    .set_runtime_info(settings.domain.as_ref());
                 if let Some(poll) = &self.poll {
                     poll.send_replace(*settings);
                 }

@@ -591,7 +591,9 @@ mod tests {
             &Arc::default(),
             &gauges,
         );
-        gauges.set_runtime_info(Some(&perago_core::conductor::Domain::parse("green").unwrap()));
+        gauges.set_runtime_info(Some(
+            &perago_core::conductor::Domain::parse("green").unwrap(),
+        ));
         let text = prometheus(&registry);
         let info: Vec<&str> = text
             .lines()
@@ -599,7 +601,9 @@ mod tests {
             .collect();
         assert_eq!(
             info,
-            ["perago_runtime_info{task=\"features.build\",domain=\"green\",execution_mode=\"process\"} 1"]
+            [
+                "perago_runtime_info{task=\"features.build\",domain=\"green\",execution_mode=\"process\"} 1"
+            ]
         );
     }
 

@@ -57,7 +57,8 @@ impl RecycleLimits {
     /// The limits an assignment carries (the broker's, which a reload may have changed), in
     /// place of these: each `Some(0)` turns its limit off, `None` keeps it.
     pub fn with_broker(self, max_tasks: Option<u64>, max_memory: Option<u64>) -> Self {
-        let limit = |given: Option<u64>, own: Option<u64>| given.map_or(own, |n| (n > 0).then_some(n));
+        let limit =
+            |given: Option<u64>, own: Option<u64>| given.map_or(own, |n| (n > 0).then_some(n));
         Self {
             max_tasks: limit(max_tasks, self.max_tasks),
             max_memory: limit(max_memory, self.max_memory),
@@ -161,7 +162,12 @@ mod tests {
             lowered.check(3, None).as_deref(),
             Some("3 assignments reached --max-tasks-per-executor 3")
         );
-        assert_eq!(RecycleLimits::default().with_broker(Some(0), None).max_tasks, None);
+        assert_eq!(
+            RecycleLimits::default()
+                .with_broker(Some(0), None)
+                .max_tasks,
+            None
+        );
     }
 
     #[test]

@@ -284,7 +284,12 @@ pub(crate) fn diff(old: &Manifest, new: &Manifest) -> Changes {
         &json(&nw.domain.as_ref().map(ToString::to_string)),
         Class::Live,
     );
-    push("worker.paused", &json(&ow.paused), &json(&nw.paused), Class::Live);
+    push(
+        "worker.paused",
+        &json(&ow.paused),
+        &json(&nw.paused),
+        Class::Live,
+    );
     push(
         "worker.poll_interval",
         &json(&ms(ow.poll_interval)),
@@ -412,6 +417,7 @@ pub(crate) fn diff(old: &Manifest, new: &Manifest) -> Changes {
 fn humantime_ms(d: Duration) -> String {
     let ms = d.as_millis();
     match ms {
+        0 => "0s".to_owned(),
         ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
         ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
         ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
@@ -691,7 +697,11 @@ pub(crate) fn worker_request(
         (old != new).then_some(new)
     }
     if let Some(domain) = changed(&old.domain, &new.domain) {
-        request.domain = Some(domain.as_ref().map_or_else(String::new, ToString::to_string));
+        request.domain = Some(
+            domain
+                .as_ref()
+                .map_or_else(String::new, ToString::to_string),
+        );
     }
     if let Some(interval) = changed(old.poll_interval, new.poll_interval) {
         request.poll_interval_ms = Some(interval.map_or(0, ms));

@@ -458,7 +458,10 @@ fn worker_settings_apply_live_and_nothing_changes_silently() {
         ]
     );
     assert!(changes.refusals().is_empty());
-    let memory = edited("soft_time_limit = \"50m\"", "soft_time_limit = \"50m\"\nmemory_limit = \"64MiB\"");
+    let memory = edited(
+        "soft_time_limit = \"50m\"",
+        "soft_time_limit = \"50m\"\nmemory_limit = \"64MiB\"",
+    );
     assert_eq!(
         fields(&diff(&manifest(BASE), &memory)),
         [("body.memory_limit", Class::Body)]
@@ -510,7 +513,9 @@ fn the_request_carries_only_the_worker_settings_that_changed() {
     );
     let mut request = ReconfigureRequest::default();
     worker_request(
-        &with("domain = \"blue\"\npoll_timeout = \"1s\"\nmin_free_memory = \"1GiB\"\npoll_interval = \"1s\""),
+        &with(
+            "domain = \"blue\"\npoll_timeout = \"1s\"\nmin_free_memory = \"1GiB\"\npoll_interval = \"1s\"",
+        ),
         &with(""),
         &mut request,
     );
@@ -557,5 +562,8 @@ async fn a_worker_setting_a_flag_set_is_refused_naming_the_flag() {
             "orders.ship: worker.domain changed (none → \"blue\"), but --domain green set it at start and wins over the manifest; restart without it to let the manifest decide"
         ]
     );
-    assert_eq!(reloader.runtimes[0].manifest.worker.max_tasks_per_executor, None);
+    assert_eq!(
+        reloader.runtimes[0].manifest.worker.max_tasks_per_executor,
+        None
+    );
 }

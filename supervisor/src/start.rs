@@ -73,9 +73,10 @@ fn worker_overrides(
     let domain = match (plan.named_domains.get(name), &plan.domain) {
         (Some(d), _) => Some(format!("--domain {name}={d}")),
         (None, Some(d)) => Some(format!("--domain {d}")),
-        (None, None) if sdk_domain => {
-            sdk_variable(sdk.and_then(|s| s.domain.as_ref()).map(|s| s.variable.as_str()))
-        }
+        (None, None) if sdk_domain => sdk_variable(
+            sdk.and_then(|s| s.domain.as_ref())
+                .map(|s| s.variable.as_str()),
+        ),
         (None, None) => None,
     };
     set("worker.domain", domain);
@@ -85,7 +86,10 @@ fn worker_overrides(
             .then(|| "--paused".to_owned())
             .or_else(|| variable(perago_core::capacity::PERAGO_PAUSED))
             .or_else(|| {
-                sdk_variable(sdk.and_then(|s| s.paused.as_ref()).map(|s| s.variable.as_str()))
+                sdk_variable(
+                    sdk.and_then(|s| s.paused.as_ref())
+                        .map(|s| s.variable.as_str()),
+                )
             }),
     );
     set(
@@ -726,14 +730,8 @@ pub(crate) fn start(
             }
         }
         // The manifest's `[worker]` table: the lowest layer of each setting.
-        let overrides = worker_overrides(
-            &name,
-            &plan,
-            args,
-            vars,
-            sdk.as_ref(),
-            sdk_domain.is_some(),
-        );
+        let overrides =
+            worker_overrides(&name, &plan, args, vars, sdk.as_ref(), sdk_domain.is_some());
         if let Some(capacity) = capacity.as_mut() {
             apply_worker(&manifest.worker, &overrides, capacity, &mut task_env);
         }
@@ -1140,11 +1138,23 @@ mod tests {
             overrides,
             BTreeMap::from([
                 ("worker.domain", "--domain green".to_owned()),
-                ("worker.max_tasks_per_executor", "--max-tasks-per-executor 9".to_owned()),
-                ("worker.min_free_memory", "PERAGO_MIN_FREE_MEMORY=\"2GiB\"".to_owned()),
+                (
+                    "worker.max_tasks_per_executor",
+                    "--max-tasks-per-executor 9".to_owned()
+                ),
+                (
+                    "worker.min_free_memory",
+                    "PERAGO_MIN_FREE_MEMORY=\"2GiB\"".to_owned()
+                ),
                 ("worker.paused", "CONDUCTOR_WORKER_ALL_PAUSED".to_owned()),
-                ("worker.poll_interval", "CONDUCTOR_WORKER_A_POLL_INTERVAL".to_owned()),
-                ("worker.poll_timeout", "PERAGO_POLL_WAIT_MS=\"700\"".to_owned()),
+                (
+                    "worker.poll_interval",
+                    "CONDUCTOR_WORKER_A_POLL_INTERVAL".to_owned()
+                ),
+                (
+                    "worker.poll_timeout",
+                    "PERAGO_POLL_WAIT_MS=\"700\"".to_owned()
+                ),
             ])
         );
         let mut capacity = plan.capacity.clone();

@@ -150,7 +150,8 @@ impl Machine {
         if let Some(domain) = domain
             && domain != self.domain
         {
-            let shown = |d: &Option<Domain>| d.as_ref().map_or("none".to_owned(), |d| d.to_string());
+            let shown =
+                |d: &Option<Domain>| d.as_ref().map_or("none".to_owned(), |d| d.to_string());
             changed.push(format!(
                 "domain: {} -> {}",
                 shown(&self.domain),

@@ -852,7 +852,10 @@ fn the_worker_table_holds_the_live_settings() {
             "domain = \"a:b\"",
             "worker.domain: domain \"a:b\": only ASCII",
         ),
-        ("paused = \"yes\"", "worker.paused: expected true or false, found a string"),
+        (
+            "paused = \"yes\"",
+            "worker.paused: expected true or false, found a string",
+        ),
         (
             "poll_interval = \"2h\"",
             "worker.poll_interval: must be at most 3600s, found \"2h\"",

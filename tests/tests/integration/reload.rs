@@ -385,3 +385,167 @@ async fn a_manifest_selects_the_runtime_to_reload() {
     sup.signal("TERM");
     assert_eq!(sup.wait_exit(Duration::from_secs(20)).await.code(), Some(0));
 }
+
+/// Issue #26 item 4: every `[worker]` setting a reload changes applies at once, with the
+/// real binaries. Moved into the domain `blue` with a recycle after each task and a poll
+/// interval: a workflow routed to `blue` is taken, one for the default queue waits; the
+/// executor is replaced after its task; status shows all of it. `paused = true` pauses
+/// (readiness with it), and taking the domain out and the pause off lets the waiting
+/// workflow complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_settings_change_live_and_apply_at_once() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("reload.worker", "read p\necho '{\"ok\": 1}'\n", "")
+        .with_manifest_tail("\n[worker]\nmax_tasks_per_executor = 100\n");
+    conductor.register(&task).await;
+    let mut sup = SupervisorProc::start(&task, &conductor, 1, &[]);
+    let root = sup.workspace_root();
+    attached(&root).await;
+    let before = status(&root).await.unwrap();
+    assert_eq!(
+        before.capacity.as_ref().unwrap().max_tasks_per_executor,
+        100
+    );
+    assert_eq!(before.domain, "");
+    let generation = before.slots[0].generation;
+
+    edit(
+        &task,
+        "max_tasks_per_executor = 100",
+        "max_tasks_per_executor = 1\ndomain = \"blue\"\npoll_interval = \"100ms\"",
+    );
+    let run = reload(&[task.manifest().to_str().unwrap()], &root);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    for line in [
+        "reload.worker: worker.domain none → \"blue\" (applied)",
+        "reload.worker: worker.poll_interval none → \"100ms\" (applied)",
+        "reload.worker: worker.max_tasks_per_executor 100 → 1 (applied)",
+    ] {
+        assert!(run.stdout.contains(line), "{line}: {run:?}");
+    }
+    let s = status(&root).await.unwrap();
+    assert_eq!(s.domain, "blue");
+    assert_eq!(s.capacity.as_ref().unwrap().max_tasks_per_executor, 1);
+    let settings = s.settings.as_ref().unwrap();
+    // The harness's PERAGO_POLL_WAIT_MS, and the manifest's new interval.
+    assert_eq!(
+        (settings.poll_timeout_ms, settings.poll_interval_ms),
+        (200, 100)
+    );
+
+    // A poll already waiting when the reload came finishes in the queue it was sent to (it
+    // cannot be called back without losing what it took): two polls later, every poll is
+    // in blue. Then the default queue's workflow first, then blue's: only blue's is taken.
+    let polls = s.counters.as_ref().unwrap().polls;
+    eventually(
+        "two polls after the reload",
+        Duration::from_secs(10),
+        || async { (status(&root).await?.counters?.polls >= polls + 2).then_some(()) },
+    )
+    .await;
+    let plain = conductor.start_workflow(&task, json!({})).await;
+    let blue =
+        crate::domains::start_in_domain(&conductor, &task, &json!({"reload.worker": "blue"}), 1);
+    let (domain, _) = crate::domains::taken_by(&conductor, &blue[0]).await;
+    assert_eq!(domain, "blue");
+    // Recycled after its one task: a new generation in the slot.
+    eventually("the executor recycled", Duration::from_secs(20), || async {
+        let s = status(&root).await?;
+        (s.slots[0].generation > generation && s.slots[0].state() == SlotState::Idle).then_some(())
+    })
+    .await;
+    let wf = conductor.workflow(&plain).await;
+    assert_eq!(wf["tasks"][0]["status"], "SCHEDULED", "{wf:#}");
+
+    // Paused from the manifest: status and readiness say so.
+    edit(&task, "domain = \"blue\"", "paused = true");
+    let run = reload(&[task.manifest().to_str().unwrap()], &root);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(
+        run.stdout
+            .contains("reload.worker: worker.paused none → true (applied)"),
+        "{run:?}"
+    );
+    let s = status(&root).await.unwrap();
+    assert!(s.paused);
+    assert_eq!(
+        s.domain, "",
+        "the domain left the manifest: the default queue"
+    );
+    let wf = conductor.workflow(&plain).await;
+    assert_eq!(wf["tasks"][0]["status"], "SCHEDULED", "paused: {wf:#}");
+    // A memory floor set live, in a runtime started without one: measured and judged at
+    // once (admission closes), and it holds the polls back once resumed.
+    edit(
+        &task,
+        "paused = true",
+        "paused = true\nmin_free_memory = \"1000TiB\"",
+    );
+    let run = reload(&[task.manifest().to_str().unwrap()], &root);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let closed = eventually("admission closed", Duration::from_secs(10), || async {
+        let capacity = status(&root).await?.capacity?;
+        (!capacity.admission_open).then_some(capacity)
+    })
+    .await;
+    assert!(
+        closed
+            .admission_reason
+            .contains("below PERAGO_MIN_FREE_MEMORY 1000TiB"),
+        "{closed:?}"
+    );
+    edit(&task, "paused = true", "paused = false");
+    let run = reload(&[task.manifest().to_str().unwrap()], &root);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(!status(&root).await.unwrap().paused);
+    edit(&task, "min_free_memory = \"1000TiB\"\n", "");
+    let run = reload(&[task.manifest().to_str().unwrap()], &root);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let wf = conductor
+        .wait_terminal(&plain, Duration::from_secs(30))
+        .await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}");
+    sup.signal("TERM");
+    assert_eq!(sup.wait_exit(Duration::from_secs(20)).await.code(), Some(0));
+}
+
+/// A `[worker]` change that a start flag hides is refused naming the flag, with the rest of
+/// the reload: nothing applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_change_a_flag_hides_is_refused_naming_it() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("reload.flagged", "read p\necho '{}'\n", "");
+    conductor.register(&task).await;
+    let mut sup = SupervisorProc::start_args(
+        &task,
+        &conductor,
+        "1",
+        &["--domain", "green", "--max-tasks-per-executor", "50"],
+        &[],
+        None,
+        None,
+    );
+    let root = sup.workspace_root();
+    attached(&root).await;
+    std::fs::write(
+        task.manifest(),
+        format!(
+            "{}\n[worker]\ndomain = \"blue\"\npoll_interval = \"100ms\"\n",
+            std::fs::read_to_string(task.manifest()).unwrap()
+        ),
+    )
+    .unwrap();
+    let run = reload(&[task.manifest().to_str().unwrap()], &root);
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert!(
+        run.stderr.contains(
+            "reload.flagged: worker.domain changed (none → \"blue\"), but --domain green set it at start and wins over the manifest"
+        ),
+        "{run:?}"
+    );
+    let s = status(&root).await.unwrap();
+    assert_eq!(s.domain, "green");
+    assert_eq!(s.settings.unwrap().poll_interval_ms, 0, "nothing applied");
+    sup.signal("TERM");
+    assert_eq!(sup.wait_exit(Duration::from_secs(20)).await.code(), Some(0));
+}

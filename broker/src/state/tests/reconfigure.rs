@@ -136,11 +136,17 @@ fn recycling_limits_go_with_the_assignments_dispatched_after_a_reconfigure() {
     assert!(effects.is_empty(), "{effects:?}");
     let capacity = h.status().capacity.unwrap();
     assert_eq!(
-        (capacity.max_tasks_per_executor, capacity.max_executor_memory_bytes),
+        (
+            capacity.max_tasks_per_executor,
+            capacity.max_executor_memory_bytes
+        ),
         (3, 512 << 20)
     );
     h.complete(1, 1, "a", &execution);
-    assert_eq!(recycle_limits(&h.deliver(&["b"])), [(Some(3), Some(512 << 20))]);
+    assert_eq!(
+        recycle_limits(&h.deliver(&["b"])),
+        [(Some(3), Some(512 << 20))]
+    );
     // 0 turns a limit off.
     let (done, _) = h.reconfigure_with(Reconfig {
         max_tasks_per_executor: Some(0),
@@ -232,7 +238,11 @@ fn a_bad_field_refuses_the_whole_reconfigure() {
         let (done, effects) = h.reconfigure_with(bad);
         let refused = done.unwrap_err();
         assert_eq!(refused.code(), tonic::Code::InvalidArgument);
-        assert!(refused.message().starts_with(field), "{}", refused.message());
+        assert!(
+            refused.message().starts_with(field),
+            "{}",
+            refused.message()
+        );
         assert!(effects.is_empty());
         assert_eq!(h.status().capacity.unwrap().max_tasks_per_executor, 0);
     }
