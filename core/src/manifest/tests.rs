@@ -613,7 +613,7 @@ fn workspace_rules() {
 fn unknown_top_level_tables_are_rejected() {
     assert_eq!(
         one_problem(&format!("{MINIMAL}[tasks]\nname = \"x\"\n")),
-        "tasks: unknown key (keys of the manifest: body, dev, guardrails, task, workspace)"
+        "tasks: unknown key (keys of the manifest: body, dev, guardrails, task, worker, workspace)"
     );
 }
 
