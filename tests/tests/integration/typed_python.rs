@@ -129,6 +129,22 @@ async fn a_typed_body_completes_fails_terminally_and_is_retried_as_its_errors_sa
     assert_eq!(printed["task_id"], task_id.as_str(), "{printed}");
     assert_eq!(printed["worker_id"], worker.as_str(), "{printed}");
 
+    // Megabytes of unicode in the params line and in the answer.
+    let long: String = "ü€𝄞".repeat(300_000);
+    let id = conductor.start_workflow(&task, json!({"name": long})).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(
+        wf["status"],
+        "COMPLETED",
+        "{}",
+        last_task(&wf)["reasonForIncompletion"]
+    );
+    assert_eq!(
+        wf["output"]["result"]["greeting"],
+        format!("hello, {long}!")
+    );
+    assert_eq!(wf["output"]["result"]["length"], 900_000);
+
     // TerminalError: FAILED_WITH_TERMINAL_ERROR with its message, not retried.
     let id = conductor
         .start_workflow(&task, json!({"name": "Bo", "mode": "terminal"}))
