@@ -156,3 +156,18 @@ def test_the_context_reads_the_request():
     assert (c.execution_id, c.task_id, c.workflow_id, c.worker_id, str(c.workspace_dir)) == ("e", "t", "w", "x", "/ws/a")
     assert not c.cancelled.is_set()
     assert ctx().workspace_dir is None
+
+
+def test_a_validator_that_raises_something_else_fails_the_task_only():
+    from pydantic import field_validator
+
+    class Picky(BaseModel):
+        name: str
+
+        @field_validator("name")
+        @classmethod
+        def no_type_errors(cls, value):
+            raise TypeError("a validator bug")
+
+    t = task(params=Picky, result=Result)(lambda p, c: None)
+    assert call(t, {"name": "a"}) == Failed("validating the params as Picky: TypeError: a validator bug", False)

@@ -24,7 +24,7 @@ import sys
 import threading
 from typing import Any, BinaryIO, Dict, Optional
 
-from ._task import Completed, Context, Failed, Outcome, Task
+from ._task import Completed, Context, Failed, Outcome, Task, describe
 
 
 def run(task: Task) -> None:
@@ -83,7 +83,10 @@ def serve(task: Task, requests: BinaryIO, answers: BinaryIO) -> None:
             if item is None:
                 return
             ctx, params = item
-            outcome = task.call(params, ctx, run_coroutine)
+            try:
+                outcome = task.call(params, ctx, run_coroutine)
+            except Exception as error:  # noqa: BLE001 - the loop outlives any one request
+                outcome = Failed(f"perago_body: {describe(error)}", False)
             # What the function wrote to stderr belongs to this assignment: it goes first.
             _flush(sys.stderr)
             try:

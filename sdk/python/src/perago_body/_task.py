@@ -139,6 +139,9 @@ class Task:
         except pydantic.ValidationError as error:
             name = self.params_model.__name__
             return Failed(f"bad input: params do not match {name}: {violations('params', error)}", True)
+        except Exception as error:  # noqa: BLE001 - a validator that raised something else
+            traceback.print_exc(file=sys.stderr)
+            return Failed(f"validating the params as {self.params_model.__name__}: {describe(error)}", False)
         args = (model, ctx) if self._takes_ctx else (model,)
         try:
             value = self.fn(*args)
