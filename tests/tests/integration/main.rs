@@ -44,6 +44,7 @@ mod soft_limit;
 mod stall;
 mod status_inputs;
 mod systemd;
+mod typed_python;
 mod wire;
 mod workspace;
 mod workspace_checksums;
