@@ -15,6 +15,7 @@
 
 use crate::errors::ExpectedError;
 use crate::runtime::body::{self, RollRequest, Snapshot};
+use crate::share::SharePlan;
 use perago_core::{manifest::Manifest, taskdef};
 use perago_proto::admin::v1::{ReconfigureRequest, admin_client::AdminClient};
 use serde_json::Value;
@@ -31,9 +32,10 @@ pub(crate) enum Class {
     Body,
     /// Part of the TaskDef Conductor holds: needs a new TaskDef and a restart.
     TaskDef,
-    /// Read by the supervisor once, at start (the capacity shared across types): needs a
-    /// restart of the supervisor.
-    Restart,
+    /// The capacity shared across types (the concurrency group, its limit, a cost): the
+    /// supervisor's share plan is made again and replaces the caps live, if the same types
+    /// still share; else it needs a restart (see [`Reloader::apply`]).
+    Share,
 }
 
 /// One changed field.
@@ -80,10 +82,8 @@ impl Changes {
                     "{task}: {} changed ({} → {}) — needs a new TaskDef; register it (`perago-supervisor extract`) and restart the supervisor",
                     c.field, c.old, c.new
                 )),
-                Class::Restart => Some(format!(
-                    "{task}: {} changed ({} → {}) — the supervisor shares capacity by the concurrency groups it started with; restart the supervisor to change them",
-                    c.field, c.old, c.new
-                )),
+                // Replanned live, or refused by the reload (it knows the plan).
+                Class::Share => None,
                 // Rolls executor by executor (what cannot roll, the runtime refuses: see
                 // `body::compare`).
                 Class::Body => None,
@@ -146,8 +146,8 @@ fn taskdef_field(key: &str) -> &'static str {
 ///   `[workspace]` settings the executor reads (prefix, merge timeout, budgets).
 /// - Live: `body.soft_time_limit` and every `[worker]` setting (a flag or variable that set
 ///   it at start wins, and a change to it is then refused: see [`Reloader::apply`]).
-/// - Restart: the concurrency group, its limit and cost (the supervisor's capacity sharing is
-///   planned once, at start).
+/// - Share: the concurrency group, its limit and cost: the supervisor's share plan is made
+///   again and its caps replaced live, if the same types still share.
 /// - `[dev]` is read by `dev` only and never matters here.
 pub(crate) fn diff(old: &Manifest, new: &Manifest) -> Changes {
     // Every field is named: one added to the manifest does not compile until it is
@@ -261,19 +261,19 @@ pub(crate) fn diff(old: &Manifest, new: &Manifest) -> Changes {
         "task.concurrency_group",
         &json(&group(old).map(|g| g.0)),
         &json(&group(new).map(|g| g.0)),
-        Class::Restart,
+        Class::Share,
     );
     push(
         "task.concurrency_limit",
         &json(&group(old).and_then(|g| g.1)),
         &json(&group(new).and_then(|g| g.1)),
-        Class::Restart,
+        Class::Share,
     );
     push(
         "task.cost_units",
         &json(&group(old).map(|g| g.2)),
         &json(&group(new).map(|g| g.2)),
-        Class::Restart,
+        Class::Share,
     );
     let (ow, nw) = (&old.worker, &new.worker);
     let ms = |d: Option<Duration>| d.map(humantime_ms);
@@ -507,18 +507,121 @@ impl ReloadReport {
     }
 }
 
+/// The capacity shared across the supervisor's types as `start` planned it, and what making
+/// the plan again needs.
+#[derive(Debug)]
+pub(crate) struct Sharing {
+    /// `--pool`.
+    pub(crate) pool: Option<u32>,
+    /// `--priority`.
+    pub(crate) priority: Option<String>,
+    /// `--group-budget`.
+    pub(crate) budget_flags: Vec<String>,
+    /// `PERAGO_GROUP_BUDGETS` at start.
+    pub(crate) budget_var: Option<String>,
+    /// The plan in force.
+    pub(crate) plan: SharePlan,
+    /// The coordinator, which takes a new plan's caps.
+    pub(crate) replans: mpsc::UnboundedSender<SharePlan>,
+}
+
 /// The supervisor's reload: the versions running, and what checking a manifest needs.
 #[derive(Debug)]
 pub(crate) struct Reloader {
     runtimes: Vec<Running>,
     /// The supervisor's environment as at start (PATH for the commands, the worker id prefix).
     vars: BTreeMap<String, String>,
+    /// The capacity shared across types (`None`: nothing shared).
+    sharing: Option<Sharing>,
 }
 
 impl Reloader {
     /// The reload of `runtimes`, checked against `vars` (the environment `start` had).
     pub(crate) fn new(runtimes: Vec<Running>, vars: BTreeMap<String, String>) -> Self {
-        Self { runtimes, vars }
+        Self {
+            runtimes,
+            vars,
+            sharing: None,
+        }
+    }
+
+    /// The reload of a supervisor that shares capacity as `sharing` says.
+    pub(crate) fn with_sharing(mut self, sharing: Option<Sharing>) -> Self {
+        self.sharing = sharing;
+        self
+    }
+
+    /// The share plan the re-read manifests make (`planned`: index and new manifest), when a
+    /// concurrency setting changed: `Ok(None)` when nothing of it changed, else the new plan
+    /// or why it cannot apply live.
+    fn replan(
+        &self,
+        planned: &[(usize, Manifest, Changes)],
+    ) -> Result<Option<SharePlan>, Vec<String>> {
+        let changed: Vec<(&String, &Change)> = planned
+            .iter()
+            .flat_map(|(_, _, c)| c.of(Class::Share).map(move |x| (&c.task, x)))
+            .collect();
+        if changed.is_empty() {
+            return Ok(None);
+        }
+        let restart = |why: &str| {
+            changed
+                .iter()
+                .map(|(task, c)| {
+                    format!(
+                        "{task}: {} changed ({} → {}) — {why}; restart the supervisor to change it",
+                        c.field, c.old, c.new
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let Some(sharing) = &self.sharing else {
+            return Err(restart(
+                "this supervisor started sharing no capacity (no concurrency group or --pool), so its brokers take no permits",
+            ));
+        };
+        let manifests: Vec<&Manifest> = (0..self.runtimes.len())
+            .map(|i| {
+                planned
+                    .iter()
+                    .find(|(index, _, _)| *index == i)
+                    .map_or(&self.runtimes[i].manifest, |(_, m, _)| m)
+            })
+            .collect();
+        let members: Vec<crate::share::Member<'_>> = manifests
+            .iter()
+            .zip(&self.runtimes)
+            .map(|(m, r)| crate::share::Member {
+                name: m.task.name.as_str(),
+                manifest: r.path.as_path(),
+                group: m.task.concurrency.as_ref(),
+            })
+            .collect();
+        let plan = crate::share::resolve(
+            sharing.pool,
+            sharing.priority.as_deref(),
+            &sharing.budget_flags,
+            sharing.budget_var.as_deref(),
+            &members,
+        )
+        .map_err(|e| {
+            vec![match e {
+                crate::share::ShareError::Usage(m)
+                | crate::share::ShareError::Config(m)
+                | crate::share::ShareError::UnknownGroup { message: m, .. } => m,
+            }]
+        })?;
+        let same_members = plan.as_ref().is_some_and(|plan| {
+            plan.types == sharing.plan.types
+                && (0..plan.types.len()).all(|i| plan.shares(i) == sharing.plan.shares(i))
+        });
+        match plan {
+            Some(plan) if same_members => Ok(Some(plan)),
+            _ => Err(restart(
+                "a task type would join or leave the capacity sharing, whose brokers are set up at start",
+            )),
+        }
     }
 
     /// The task names it runs.
@@ -588,6 +691,13 @@ impl Reloader {
             }
             planned.push((index, manifest, changes));
         }
+        let replan = match self.replan(&planned) {
+            Ok(plan) => plan,
+            Err(found) => {
+                problems.extend(found);
+                None
+            }
+        };
         if !problems.is_empty() {
             return ReloadReport::Refused { problems };
         }
@@ -602,6 +712,24 @@ impl Reloader {
         let mut lines = Vec::new();
         let mut unchanged = Vec::new();
         let mut failed = Vec::new();
+        if let (Some(plan), Some(sharing)) = (replan, self.sharing.as_mut()) {
+            if sharing.replans.send(plan.clone()).is_ok() {
+                sharing.plan = plan;
+                for (_, _, changes) in &planned {
+                    for c in changes.of(Class::Share) {
+                        lines.push(format!(
+                            "{}: {} {} → {} (applied)",
+                            changes.task, c.field, c.old, c.new
+                        ));
+                    }
+                }
+            } else {
+                failed.push(
+                    "the capacity sharing has stopped; the concurrency change does not apply"
+                        .to_owned(),
+                );
+            }
+        }
         for (index, manifest, changes) in planned {
             let running = &mut self.runtimes[index];
             if changes.is_empty() {

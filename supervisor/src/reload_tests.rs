@@ -478,17 +478,115 @@ fn worker_settings_apply_live_and_nothing_changes_silently() {
     assert_eq!(
         fields(&changes),
         [
-            ("task.concurrency_group", Class::Restart),
-            ("task.concurrency_limit", Class::Restart),
-            ("task.cost_units", Class::Restart),
+            ("task.concurrency_group", Class::Share),
+            ("task.concurrency_limit", Class::Share),
+            ("task.cost_units", Class::Share),
         ]
     );
+    // Judged by the reload, which knows the share plan (below).
+    assert!(changes.refusals().is_empty());
+}
+
+/// A changed concurrency limit replans the capacity sharing live (the coordinator gets the
+/// new caps); a supervisor that shares nothing, or a type that would join or leave the
+/// sharing, refuses it naming the field.
+#[tokio::test]
+async fn a_concurrency_change_replans_the_sharing_or_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let write = |dir: &str, text: &str| {
+        let dir = tmp.path().join(dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("body.sh"), "cat\n").unwrap();
+        let path = dir.join("task.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let in_group = |name: &str, limit: u32| {
+        BASE.replace("orders.ship", name).replace(
+            "retry_count = 2",
+            &format!(
+                "retry_count = 2\nconcurrency_group = \"providers\"\nconcurrency_limit = {limit}"
+            ),
+        )
+    };
+    let a = write("a", &in_group("orders.ship", 2));
+    let b = write("b", &in_group("orders.pack", 2));
+    let running = |path: &PathBuf| Running {
+        path: path.clone(),
+        manifest: Manifest::load(path).unwrap(),
+        socket: tmp.path().join("none.sock"),
+        rolls: None,
+        overrides: BTreeMap::new(),
+    };
+    let members = |paths: &[&PathBuf]| {
+        paths
+            .iter()
+            .map(|p| Manifest::load(p).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let loaded = members(&[&a, &b]);
+    let plan = crate::share::resolve(
+        None,
+        None,
+        &[],
+        None,
+        &loaded
+            .iter()
+            .zip([&a, &b])
+            .map(|(m, p)| crate::share::Member {
+                name: m.task.name.as_str(),
+                manifest: p.as_path(),
+                group: m.task.concurrency.as_ref(),
+            })
+            .collect::<Vec<_>>(),
+    )
+    .unwrap()
+    .unwrap();
+    let vars: BTreeMap<String, String> = [("PATH".to_owned(), "/usr/bin:/bin".to_owned())].into();
+    let (replans, mut replanned) = mpsc::unbounded_channel();
+    let mut reloader =
+        Reloader::new(vec![running(&a), running(&b)], vars.clone()).with_sharing(Some(Sharing {
+            pool: None,
+            priority: None,
+            budget_flags: Vec::new(),
+            budget_var: None,
+            plan,
+            replans,
+        }));
+    // Both members agree on 3: replanned live.
+    write("a", &in_group("orders.ship", 3));
+    write("b", &in_group("orders.pack", 3));
+    let report = reloader.apply(&[]).await;
+    assert!(report.ok(), "{report:?}");
     assert!(
-        changes.refusals()[0].starts_with(
-            "orders.ship: task.concurrency_group changed (none → \"providers\") — the supervisor shares capacity by the concurrency groups it started with; restart the supervisor"
-        ),
-        "{:?}",
-        changes.refusals()
+        report
+            .lines()
+            .contains(&"orders.ship: task.concurrency_limit 2 → 3 (applied)".to_owned()),
+        "{report:?}"
+    );
+    let sent = replanned.try_recv().unwrap();
+    assert_eq!(sent.constraints[0].cap, 3);
+    // One leaves the group: the other's broker would keep taking permits nobody grants.
+    write("b", &BASE.replace("orders.ship", "orders.pack"));
+    let ReloadReport::Refused { problems } = reloader.apply(&[]).await else {
+        panic!("refused");
+    };
+    assert!(
+        problems[0].starts_with("orders.pack: task.concurrency_group changed (\"providers\" → none) — a task type would join or leave the capacity sharing"),
+        "{problems:?}"
+    );
+    assert!(replanned.try_recv().is_err(), "nothing sent");
+
+    // A supervisor that started sharing nothing.
+    let c = write("c", BASE);
+    let mut plain = Reloader::new(vec![running(&c)], vars);
+    write("c", &in_group("orders.ship", 2));
+    let ReloadReport::Refused { problems } = plain.apply(&[]).await else {
+        panic!("refused");
+    };
+    assert!(
+        problems[0].contains("this supervisor started sharing no capacity"),
+        "{problems:?}"
     );
 }
 

@@ -343,6 +343,17 @@ impl Ledger {
         self.seen[index].bound
     }
 
+    /// A reload changed the caps (a concurrency limit, a cost): the same types share, under
+    /// `plan`'s caps from now on. A lower cap is met as the brokers shed at their next
+    /// completions (their bounds count until they answer), a higher one is granted within
+    /// what the bounds leave, as always. The caller checks that the types and which of them
+    /// share are unchanged.
+    pub(crate) fn replan(&mut self, plan: SharePlan) -> Vec<Grant> {
+        debug_assert_eq!(plan.types, self.plan.types);
+        self.plan = plan;
+        self.allocate()
+    }
+
     /// One step: the grants to send now, in order.
     pub(crate) fn handle(&mut self, input: Input) -> Vec<Grant> {
         match input {

@@ -407,3 +407,47 @@ fn members_that_disagree_on_a_limit_and_budgets_that_fit_no_task_are_errors() {
         )
     );
 }
+
+/// Issue #26 item 4: a reload replaces the caps. A lowered cap lowers the grants at once, and
+/// nothing more is granted until the holdings come down under it; a raised one grants the
+/// room it leaves.
+#[test]
+fn a_replanned_cap_lowers_at_once_and_raises_within_the_bounds() {
+    let mut l = pool(4, 1, Priority::Strict);
+    assert_eq!(
+        report(&mut l, 0, share(0, 0, 0, 4, false), 0),
+        [grant(0, 4, 1)]
+    );
+    // It runs 4 at once; the cap goes down to 2.
+    l.handle(Input::Answered {
+        index: 0,
+        share: share(4, 1, 4, 0, false),
+    });
+    let lowered = SharePlan {
+        constraints: vec![Constraint {
+            what: "group g limit".into(),
+            cap: 2,
+            costs: vec![1],
+        }],
+        ..l.plan().clone()
+    };
+    assert_eq!(l.replan(lowered), [grant(0, 2, 2)]);
+    assert_eq!(l.bound(0), 4, "what it still holds counts until it sheds");
+    // Shed to 2, wanting more: nothing above the new cap.
+    let grants = l.handle(Input::Answered {
+        index: 0,
+        share: share(2, 2, 2, 3, false),
+    });
+    assert!(grants.is_empty(), "{grants:?}");
+    assert_eq!(l.bound(0), 2);
+    // Raised to 5: granted up to its want (2 held + 3 fillable).
+    let raised = SharePlan {
+        constraints: vec![Constraint {
+            what: "group g limit".into(),
+            cap: 5,
+            costs: vec![1],
+        }],
+        ..l.plan().clone()
+    };
+    assert_eq!(l.replan(raised), [grant(0, 5, 3)]);
+}

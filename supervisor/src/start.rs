@@ -978,15 +978,32 @@ pub(crate) fn start(
                 tracing::warn!(dir = %registry_dir.display(), error = %perago_core::errors::DisplayChain(&e), "cannot record this supervisor for `perago-supervisor status`; give it the manifest or --socket");
             })
             .ok();
+        // Capacity shared across types: the coordinator, and what a reload needs to plan it
+        // again (a changed concurrency limit or cost).
+        let (share_reload, sharing) = match share_plan {
+            None => (None, None),
+            Some(plan) => {
+                let (replans, replanned) = tokio::sync::mpsc::unbounded_channel();
+                let sockets = locks.iter().map(|l| l.socket.clone()).collect();
+                let reload = crate::reload::Sharing {
+                    pool: args.pool,
+                    priority: args.priority.clone(),
+                    budget_flags: args.group_budget.clone(),
+                    budget_var: vars.get(crate::share::PERAGO_GROUP_BUDGETS).cloned(),
+                    plan: plan.clone(),
+                    replans,
+                };
+                let task = tokio::spawn(crate::runtime::share_task::coordinate(
+                    plan, sockets, replanned,
+                ));
+                (Some(reload), Some(task))
+            }
+        };
         let control = crate::control::serve(
-            crate::reload::Reloader::new(reloadable, vars.clone()),
+            crate::reload::Reloader::new(reloadable, vars.clone()).with_sharing(share_reload),
             &locks.iter().map(|l| l.socket.clone()).collect::<Vec<_>>(),
         )
         .await;
-        let sharing = share_plan.map(|plan| {
-            let sockets = locks.iter().map(|l| l.socket.clone()).collect();
-            tokio::spawn(crate::runtime::share_task::coordinate(plan, sockets))
-        });
         let results = supervise::supervise_all(runs, std::future::pending()).await;
         if let Some(sharing) = sharing {
             sharing.abort();

@@ -22,8 +22,13 @@ enum Msg {
     Answered(usize, Duration, admin::ShareStatus),
 }
 
-/// Runs the ledger over the brokers at `sockets` (one per type, in the plan's order).
-pub(crate) async fn coordinate(plan: SharePlan, sockets: Vec<PathBuf>) {
+/// Runs the ledger over the brokers at `sockets` (one per type, in the plan's order); a plan
+/// on `replans` (a reload changed a concurrency limit or cost) replaces its caps.
+pub(crate) async fn coordinate(
+    plan: SharePlan,
+    sockets: Vec<PathBuf>,
+    mut replans: mpsc::UnboundedReceiver<SharePlan>,
+) {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut followers = tokio::task::JoinSet::new();
     for (index, socket) in sockets.into_iter().enumerate() {
@@ -34,7 +39,17 @@ pub(crate) async fn coordinate(plan: SharePlan, sockets: Vec<PathBuf>) {
     tracing::info!(types = ?plan.types, priority = ?plan.priority, caps = ?plan.constraints.iter().map(|c| (c.what.as_str(), c.cap)).collect::<Vec<_>>(), "capacity shared across task types");
     let mut ledger = Ledger::new(plan);
     let mut channels: Vec<Option<Channel>> = vec![None; ledger.plan().types.len()];
-    while let Some(msg) = rx.recv().await {
+    loop {
+        let msg = tokio::select! {
+            msg = rx.recv() => msg,
+            Some(plan) = replans.recv() => {
+                tracing::info!(caps = ?plan.constraints.iter().map(|c| (c.what.as_str(), c.cap)).collect::<Vec<_>>(), "capacity sharing replanned by a reload");
+                let grants = ledger.replan(plan);
+                send_all(&ledger, grants, &channels, &tx);
+                continue;
+            }
+        };
+        let Some(msg) = msg else { break };
         let input = match msg {
             Msg::Channel(index, channel) => {
                 channels[index] = Some(channel);
@@ -46,17 +61,28 @@ pub(crate) async fn coordinate(plan: SharePlan, sockets: Vec<PathBuf>) {
             }
             Msg::Ledger(input) => input,
         };
-        for grant in ledger.handle(input) {
-            let Some(channel) = channels[grant.index].clone() else {
-                let _ = tx.send(Msg::Ledger(Input::Failed {
-                    index: grant.index,
-                    epoch: grant.epoch,
-                }));
-                continue;
-            };
-            tracing::debug!(task = %ledger.plan().types[grant.index], limit = grant.limit, epoch = grant.epoch, "share grant");
-            tokio::spawn(send_grant(channel, grant, tx.clone()));
-        }
+        let grants = ledger.handle(input);
+        send_all(&ledger, grants, &channels, &tx);
+    }
+}
+
+/// Sends each grant to its broker (one not connected yet counts as failed: sent again).
+fn send_all(
+    ledger: &Ledger,
+    grants: Vec<Grant>,
+    channels: &[Option<Channel>],
+    tx: &mpsc::UnboundedSender<Msg>,
+) {
+    for grant in grants {
+        let Some(channel) = channels[grant.index].clone() else {
+            let _ = tx.send(Msg::Ledger(Input::Failed {
+                index: grant.index,
+                epoch: grant.epoch,
+            }));
+            continue;
+        };
+        tracing::debug!(task = %ledger.plan().types[grant.index], limit = grant.limit, epoch = grant.epoch, "share grant");
+        tokio::spawn(send_grant(channel, grant, tx.clone()));
     }
 }
 
