@@ -241,6 +241,9 @@ fn targets(
         .unwrap_or_default();
     let several = args.manifests.len() > 1;
     let mut found: Vec<(PathBuf, Vec<String>)> = Vec::new();
+    // Manifests of one supervisor go in one request: a change that spans its task types (a
+    // concurrency group's limit, which every member states) is checked and applied at once.
+    let mut supervisor_of: Vec<Option<usize>> = Vec::new();
     for manifest in &args.manifests {
         // The manifest on disk may be the broken one being reloaded: its task name is enough
         // to find the runtime, whose supervisor then checks it and lists every problem.
@@ -249,7 +252,19 @@ fn targets(
             Err(e) => task_name_of(manifest).ok_or(e)?,
         };
         let broker = crate::status::socket_of_task(&name, vars, several, &running);
-        found.push((socket_beside(&broker), vec![name]));
+        let supervisor = running
+            .iter()
+            .position(|r| r.runtimes.iter().any(|e| e.socket == broker));
+        match supervisor_of
+            .iter()
+            .position(|s| s.is_some() && *s == supervisor)
+        {
+            Some(at) => found[at].1.push(name),
+            None => {
+                supervisor_of.push(supervisor);
+                found.push((socket_beside(&broker), vec![name]));
+            }
+        }
     }
     Ok(found)
 }

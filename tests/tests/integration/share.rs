@@ -416,3 +416,96 @@ async fn an_executor_killed_while_holding_a_permit_releases_it() {
     let exit = sup.wait_exit(Duration::from_secs(30)).await;
     assert_eq!(exit.code(), Some(0), "{}", sup.log_text());
 }
+
+/// Issue #26 item 4: a reload that raises a concurrency group's limit replans the sharing
+/// live. Two types in a group of limit 1 at `-j 2` each run one body at a time; once the
+/// limit is 3 (both manifests, one reload) more run at once, never above 3; every task
+/// COMPLETED, none handed back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reloaded_group_limit_replans_the_sharing_live() {
+    let conductor = Conductor::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    let group = "concurrency_group = \"providers\"\nconcurrency_limit = 1";
+    let a = TaskFixture::new("share.live.a", &ledger_body(&ledger, "a", "0.4"), group);
+    let b = TaskFixture::new("share.live.b", &ledger_body(&ledger, "b", "0.4"), group);
+    conductor.register(&a).await;
+    conductor.register(&b).await;
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        ids.push(conductor.start_workflow(&a, json!({"n": i})).await);
+        ids.push(conductor.start_workflow(&b, json!({"n": i})).await);
+    }
+    let mut sup = SupervisorProc::start_tasks(&[&a, &b], &conductor, &["2"], &[], &[], None, None);
+    let ws = sup.workspace_root();
+    crate::harness::eventually("two bodies done", Duration::from_secs(30), || async {
+        (read_ledger(&ledger).iter().filter(|r| !r.2).count() >= 2).then_some(())
+    })
+    .await;
+    for task in [&a, &b] {
+        let path = task.manifest();
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(
+            &path,
+            text.replace("concurrency_limit = 1", "concurrency_limit = 3"),
+        )
+        .unwrap();
+    }
+    let now_ns = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    };
+    let asked = now_ns();
+    let run = crate::reload::reload(
+        &[
+            a.manifest().to_str().unwrap(),
+            b.manifest().to_str().unwrap(),
+        ],
+        &ws,
+    );
+    let applied = now_ns();
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(
+        run.stdout
+            .contains("share.live.a: task.concurrency_limit 1 → 3 (applied)"),
+        "{run:?}"
+    );
+    for id in &ids {
+        let wf = conductor.wait_terminal(id, Duration::from_secs(120)).await;
+        assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    }
+    let log = sup.log_text();
+    assert!(!log.contains("handing a task back"), "no hand-back\n{log}");
+    assert!(
+        log.contains("capacity sharing replanned by a reload"),
+        "{log}"
+    );
+    sup.signal("TERM");
+    assert_eq!(sup.wait_exit(Duration::from_secs(30)).await.code(), Some(0));
+    let rows = read_ledger(&ledger);
+    assert_eq!(rows.len(), 32, "{rows:?}");
+    let before: Vec<_> = rows.iter().filter(|r| r.0 < asked).cloned().collect();
+    assert_eq!(peak(&before), 1, "one at a time before: {rows:?}");
+    // Concurrency over the whole run after the reload: the bodies running when it applied
+    // count in, then each start and end.
+    let mut running = peak_at(&rows, applied);
+    let mut most = running;
+    for (_, _, start) in rows.iter().filter(|r| r.0 >= applied) {
+        running += if *start { 1 } else { -1 };
+        most = most.max(running);
+    }
+    assert!(
+        (2..=3).contains(&most),
+        "more at once, never above 3: {most} in {rows:?}"
+    );
+}
+
+/// How many bodies run at `at`.
+fn peak_at(rows: &[(u128, String, bool)], at: u128) -> i32 {
+    rows.iter()
+        .filter(|r| r.0 < at)
+        .map(|r| if r.2 { 1 } else { -1 })
+        .sum()
+}
