@@ -58,10 +58,14 @@ impl Drop for Control {
     }
 }
 
-/// Serves the control socket beside each of `broker_sockets` and takes SIGHUP, both reloading
-/// through `reloader`. A socket that cannot be bound is logged, and the others (and SIGHUP)
-/// still serve.
-pub(crate) async fn serve(reloader: Reloader, broker_sockets: &[PathBuf]) -> Control {
+/// Serves the control socket beside each of `broker_sockets` and takes SIGHUP (`hangups`,
+/// registered by the caller as early as it can), both reloading through `reloader`. A socket
+/// that cannot be bound is logged, and the others (and SIGHUP) still serve.
+pub(crate) async fn serve(
+    reloader: Reloader,
+    broker_sockets: &[PathBuf],
+    hangups: std::io::Result<tokio::signal::unix::Signal>,
+) -> Control {
     let (asks, mut asked) = mpsc::channel::<Ask>(8);
     let mut tasks = Vec::new();
     // The one owner of the reloader: reloads run one at a time, in the order asked.
@@ -73,7 +77,7 @@ pub(crate) async fn serve(reloader: Reloader, broker_sockets: &[PathBuf]) -> Con
             let _ = reply.send(report);
         }
     }));
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+    match hangups {
         Ok(mut hangups) => {
             let asks = asks.clone();
             tasks.push(tokio::spawn(async move {

@@ -845,6 +845,11 @@ pub(crate) fn start(
         .build()
         .map_err(ExpectedError::AsyncRuntime)?;
     runtime.block_on(async {
+        // SIGHUP is taken from here on: its default action would kill a supervisor still
+        // checking TaskDefs or waiting for a root (a `systemctl reload` right after start).
+        // One that comes before the control socket serves is kept, and reloads then.
+        let hangups =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
         // Every TaskDef is checked before anything starts, every problem reported at once.
         let mut missing = Vec::new();
         for task in &tasks {
@@ -1002,6 +1007,7 @@ pub(crate) fn start(
         let control = crate::control::serve(
             crate::reload::Reloader::new(reloadable, vars.clone()).with_sharing(share_reload),
             &locks.iter().map(|l| l.socket.clone()).collect::<Vec<_>>(),
+            hangups,
         )
         .await;
         let results = supervise::supervise_all(runs, std::future::pending()).await;

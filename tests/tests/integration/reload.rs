@@ -549,3 +549,46 @@ async fn a_worker_change_a_flag_hides_is_refused_naming_it() {
     sup.signal("TERM");
     assert_eq!(sup.wait_exit(Duration::from_secs(20)).await.code(), Some(0));
 }
+
+/// A SIGHUP while the supervisor is still starting (here: waiting on a slow TaskDef check)
+/// does not kill it, as SIGHUP's default action would: it is taken from the start, and the
+/// reload it asks for runs once the supervisor serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sighup_while_starting_does_not_kill_the_supervisor() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("reload.early", "read p\necho '{}'\n", "");
+    conductor.register(&task).await;
+    let slow = conductor
+        .server
+        .faults()
+        .add(perago_devstack::faults::FaultSpec {
+            method: Some("GET".into()),
+            path: format!("/api/metadata/taskdefs/{}", task.name),
+            latency_ms: Some(2000),
+            count: Some(1),
+            ..perago_devstack::faults::FaultSpec::default()
+        })
+        .unwrap();
+    let mut sup = SupervisorProc::start(&task, &conductor, 1, &[]);
+    eventually(
+        "the TaskDef check under way",
+        Duration::from_secs(10),
+        || async { (conductor.server.faults().hits(slow)? >= 1).then_some(()) },
+    )
+    .await;
+    sup.signal("HUP");
+    let root = sup.workspace_root();
+    attached(&root).await;
+    eventually(
+        "the early SIGHUP's reload",
+        Duration::from_secs(10),
+        || async {
+            sup.log_text()
+                .contains("SIGHUP: reloading every manifest")
+                .then_some(())
+        },
+    )
+    .await;
+    sup.signal("TERM");
+    assert_eq!(sup.wait_exit(Duration::from_secs(20)).await.code(), Some(0));
+}
