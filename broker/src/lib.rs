@@ -198,7 +198,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     .with_settings(config.settings.clone());
     let watchers = actor.watchers();
     let actor = tokio::spawn(actor.run(rx));
-    if config.capacity.min_free_memory.is_some() {
+    if config.capacity.min_free_memory.is_some() || config.capacity.memory_headroom.is_some() {
         // Measured once before the poller asks for its first grant, so a runtime started
         // short of memory polls nothing.
         let mut failing = false;
