@@ -201,9 +201,7 @@ impl Machine {
             profile_peak_memory_bytes: self.profile.peak().unwrap_or(0),
             memory_headroom_bytes: c.memory_headroom.unwrap_or(0),
             max_runtime_ms: ms(c.max_runtime),
-            time_left_ms: self
-                .time_left()
-                .map_or(-1, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+            time_left_ms: ms(self.time_left()),
         }
     }
 
