@@ -598,6 +598,13 @@ impl Machine {
             if !self.poll_withheld {
                 self.poll_withheld = true;
                 self.counters.polls_withheld.inc();
+                if room == 0 {
+                    tracing::info!(
+                        in_flight = self.in_flight(),
+                        "poll withheld: {}",
+                        self.memory_room_reason()
+                    );
+                }
             }
             return;
         }
