@@ -512,6 +512,7 @@ mod tests {
             paused: false,
             max_tasks_per_executor: Some("5".to_owned()),
             max_executor_memory: Some("512MiB".to_owned()),
+            max_runtime: None,
         };
         let env = vars(&[
             (PERAGO_EXECUTOR_MAX_TASKS, "9"),
