@@ -340,3 +340,52 @@ fn max_runtime_without_once_is_refused_naming_both() {
         "{out}"
     );
 }
+
+/// Without `[body] memory_limit` the executor samples the body tree's resident memory while
+/// `PERAGO_MEMORY_HEADROOM` is set, and the profile admits by that peak.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_memory_limit_the_peak_is_the_sampled_rss_of_the_body_tree() {
+    let conductor = Conductor::start().await;
+    let py = "import sys, time\n\
+              sys.stdin.read()\n\
+              buf = bytearray(b'x') * (64 << 20)\n\
+              time.sleep(0.6)\n\
+              print('{\"held\": %d}' % len(buf))\n";
+    let task =
+        TaskFixture::new("profile.sampled", "exec python3 body.py\n", "").with_file("body.py", py);
+    conductor.register(&task).await;
+    let mut ids = Vec::new();
+    for n in 0..2 {
+        ids.push(conductor.start_workflow(&task, json!({"n": n})).await);
+    }
+    let sup = SupervisorProc::start(
+        &task,
+        &conductor,
+        2,
+        &[
+            ("PERAGO_MEMORY_HEADROOM", "1MiB"),
+            ("PERAGO_METRICS_ADDR", "127.0.0.1:0"),
+        ],
+    );
+    for id in &ids {
+        let wf = conductor.wait_terminal(id, Duration::from_secs(30)).await;
+        assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    }
+    let log = sup.log_text();
+    let url = log
+        .split("metrics served at ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no metrics address in the log\n{log}"));
+    let out = std::process::Command::new("curl")
+        .args(["-sf", url])
+        .output()
+        .unwrap();
+    let metrics = String::from_utf8_lossy(&out.stdout);
+    let peak: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("perago_profile_peak_memory_bytes{task=\"profile.sampled\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no sampled peak\n{metrics}"));
+    assert!((64 * MIB..256 * MIB).contains(&peak), "sampled peak {peak}");
+}
