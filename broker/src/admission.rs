@@ -1,6 +1,7 @@
-//! Memory-headroom admission's measurements (`PERAGO_MIN_FREE_MEMORY`): available memory
-//! (cgroup v2 aware, see [`perago_core::memory`]) read every second and fed to the machine,
-//! which opens or closes admission.
+//! Memory admission's measurements (`PERAGO_MIN_FREE_MEMORY`, `PERAGO_MEMORY_HEADROOM`):
+//! available memory (cgroup v1 and v2 aware, see [`perago_core::memory`]) read every second
+//! and fed to the machine, which opens or closes admission (the headroom's decisions: see
+//! `state::profile`).
 
 use crate::{actor::Event, state::Input};
 use std::time::Duration;

@@ -130,6 +130,16 @@ pub(crate) struct Gauges {
     pub(crate) admission_open: AtomicU64,
     /// 1 while polling is paused (`Admin.Pause`), else 0.
     pub(crate) paused: AtomicU64,
+    /// The type's profile: executions in the window, their mean and p95 duration (ms), the
+    /// highest body peak (bytes; 0 = none observed).
+    pub(crate) profile_executions: AtomicU64,
+    pub(crate) profile_duration_mean_ms: AtomicU64,
+    pub(crate) profile_duration_p95_ms: AtomicU64,
+    pub(crate) profile_peak_memory: AtomicU64,
+    /// `PERAGO_MEMORY_HEADROOM`: tasks admitted beyond those in flight; `u64::MAX` = no headroom.
+    pub(crate) memory_room: AtomicU64,
+    /// `--max-runtime`: milliseconds left; `u64::MAX` = no deadline.
+    pub(crate) time_left_ms: AtomicU64,
     /// Sharing capacity (`PERAGO_SHARE`): the permits granted; `u64::MAX` = not sharing.
     pub(crate) share_limit: AtomicU64,
     /// Sharing capacity: the tasks held against the permits.
@@ -181,6 +191,12 @@ impl Default for Gauges {
             available_memory: AtomicU64::default(),
             admission_open: AtomicU64::default(),
             paused: AtomicU64::default(),
+            profile_executions: AtomicU64::default(),
+            profile_duration_mean_ms: AtomicU64::default(),
+            profile_duration_p95_ms: AtomicU64::default(),
+            profile_peak_memory: AtomicU64::default(),
+            memory_room: AtomicU64::new(u64::MAX),
+            time_left_ms: AtomicU64::new(u64::MAX),
             share_limit: AtomicU64::new(u64::MAX),
             share_held: AtomicU64::default(),
             body_version: AtomicU64::new(1),
@@ -324,15 +340,57 @@ impl Collector for PeragoCollector {
         if available > 0 {
             gauge(
                 "perago_available_memory_bytes",
-                "Available memory when last measured (cgroup v2 aware)",
+                "Available memory when last measured (cgroup v1 and v2 aware)",
                 available,
             )?;
         }
         gauge(
             "perago_admission_open",
-            "1 while the broker may poll for new tasks, 0 while memory admission is closed",
+            "1 while the broker may poll for new tasks, 0 while memory admission (PERAGO_MIN_FREE_MEMORY, PERAGO_MEMORY_HEADROOM) or --max-runtime holds them back",
             g.admission_open.load(Ordering::Relaxed),
         )?;
+        gauge(
+            "perago_profile_executions",
+            "Executions in the type's rolling profile (the last 100)",
+            g.profile_executions.load(Ordering::Relaxed),
+        )?;
+        let executions = g.profile_executions.load(Ordering::Relaxed);
+        if executions > 0 {
+            gauge(
+                "perago_profile_duration_mean_milliseconds",
+                "The mean dispatch-to-completion duration over the type's profile",
+                g.profile_duration_mean_ms.load(Ordering::Relaxed),
+            )?;
+            gauge(
+                "perago_profile_duration_p95_milliseconds",
+                "The 95th percentile dispatch-to-completion duration over the type's profile (--max-runtime compares it with the time left)",
+                g.profile_duration_p95_ms.load(Ordering::Relaxed),
+            )?;
+        }
+        let peak = g.profile_peak_memory.load(Ordering::Relaxed);
+        if peak > 0 {
+            gauge(
+                "perago_profile_peak_memory_bytes",
+                "The highest body peak memory over the type's profile (PERAGO_MEMORY_HEADROOM admits by it)",
+                peak,
+            )?;
+        }
+        let room = g.memory_room.load(Ordering::Relaxed);
+        if room != u64::MAX {
+            gauge(
+                "perago_memory_room_tasks",
+                "PERAGO_MEMORY_HEADROOM: how many more tasks of the type available memory admits beside those in flight",
+                room,
+            )?;
+        }
+        let left = g.time_left_ms.load(Ordering::Relaxed);
+        if left != u64::MAX {
+            gauge(
+                "perago_time_left_milliseconds",
+                "--once --max-runtime: the time left before the run's deadline",
+                left,
+            )?;
+        }
         let share_limit = g.share_limit.load(Ordering::Relaxed);
         if share_limit != u64::MAX {
             gauge(

@@ -195,7 +195,8 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     .with_settings(config.settings.clone());
     let watchers = actor.watchers();
     let poll_settings = actor.poll_settings();
-    let measure_memory = config.capacity.min_free_memory.is_some();
+    let measure_memory =
+        config.capacity.min_free_memory.is_some() || config.capacity.memory_headroom.is_some();
     let actor = if measure_memory {
         actor.measuring_memory()
     } else {

@@ -24,6 +24,12 @@ pub const PERAGO_EXECUTOR_MAX_MEMORY: &str = "PERAGO_EXECUTOR_MAX_MEMORY";
 pub const PERAGO_SCALE_DOWN_AFTER: &str = "PERAGO_SCALE_DOWN_AFTER";
 /// Available memory below which the broker stops polling (and scaling up).
 pub const PERAGO_MIN_FREE_MEMORY: &str = "PERAGO_MIN_FREE_MEMORY";
+/// Memory kept free beyond each task type's observed peak: a type is polled (and scaled up)
+/// only while available memory minus this covers its peak (see `docs/broker.md`).
+pub const PERAGO_MEMORY_HEADROOM: &str = "PERAGO_MEMORY_HEADROOM";
+/// `--max-runtime`: how long a run once (`--once`) may take; a type whose observed p95
+/// duration exceeds the time left is not polled any more.
+pub const PERAGO_MAX_RUNTIME: &str = "PERAGO_MAX_RUNTIME";
 /// Executor crashes of one workflow task after which it fails for good (default 3; 0 = off).
 pub const PERAGO_POISON_AFTER: &str = "PERAGO_POISON_AFTER";
 /// The number of slots (the executor range's maximum), set by the supervisor for the broker.
@@ -60,6 +66,12 @@ pub struct Capacity {
     pub scale_down_after: Duration,
     /// Poll (and scale up) only while at least this many bytes are available.
     pub min_free_memory: Option<u64>,
+    /// Poll (and scale up) only while available memory minus this covers the type's observed
+    /// peak for every task in flight and the next one (`PERAGO_MEMORY_HEADROOM`).
+    pub memory_headroom: Option<u64>,
+    /// Run once within this time (`--max-runtime`, only with `--once`): a type whose observed
+    /// p95 duration exceeds the time left is not polled any more.
+    pub max_runtime: Option<Duration>,
     /// Executor crashes of one workflow task (workflow id + reference name) after which it is
     /// failed with FAILED_WITH_TERMINAL_ERROR; 0 turns poison detection off.
     pub poison_after: u32,
@@ -84,6 +96,8 @@ pub struct CapacityFlags {
     pub max_tasks_per_executor: Option<String>,
     /// `--max-executor-memory SIZE`.
     pub max_executor_memory: Option<String>,
+    /// `--max-runtime DURATION` (only with `--once`).
+    pub max_runtime: Option<String>,
 }
 
 /// A `-j` value that is not a worker count or range.
@@ -194,6 +208,12 @@ pub enum CapacityProblem {
         #[source]
         source: crate::units::ByteSizeError,
     },
+    /// `--max-runtime` without `--once`.
+    #[error("{label} needs --once (or {PERAGO_ONCE}=1): only a run once has a time left to count")]
+    MaxRuntimeWithoutOnce {
+        /// The setting and its value.
+        label: String,
+    },
     /// Not a duration.
     #[error("{label}")]
     Duration {
@@ -254,6 +274,8 @@ impl Capacity {
             max_executors: n,
             scale_down_after: DEFAULT_SCALE_DOWN_AFTER,
             min_free_memory: None,
+            memory_headroom: None,
+            max_runtime: None,
             poison_after: DEFAULT_POISON_AFTER,
         }
     }
@@ -315,6 +337,21 @@ impl Capacity {
             &lookup,
         ));
         capacity.min_free_memory = size(given(None, PERAGO_MIN_FREE_MEMORY, &lookup));
+        capacity.memory_headroom = size(given(None, PERAGO_MEMORY_HEADROOM, &lookup));
+        if let Some((value, label)) = given(
+            flag("--max-runtime", &flags.max_runtime),
+            PERAGO_MAX_RUNTIME,
+            &lookup,
+        ) {
+            match parse_duration(&value) {
+                Ok(d) if d.is_zero() => problems.push(CapacityProblem::Zero { label }),
+                Ok(_) if !capacity.once => {
+                    problems.push(CapacityProblem::MaxRuntimeWithoutOnce { label });
+                }
+                Ok(d) => capacity.max_runtime = Some(d),
+                Err(source) => problems.push(CapacityProblem::Duration { label, source }),
+            }
+        }
         if let Some((value, label)) = given(None, PERAGO_SCALE_DOWN_AFTER, &lookup) {
             match parse_duration(&value) {
                 Ok(d) if d >= MIN_SCALE_DOWN_AFTER => capacity.scale_down_after = d,
@@ -371,6 +408,15 @@ impl Capacity {
         }
         if let Some(n) = self.min_free_memory {
             env.push((PERAGO_MIN_FREE_MEMORY.to_owned(), n.to_string()));
+        }
+        if let Some(n) = self.memory_headroom {
+            env.push((PERAGO_MEMORY_HEADROOM.to_owned(), n.to_string()));
+        }
+        if let Some(d) = self.max_runtime {
+            env.push((
+                PERAGO_MAX_RUNTIME.to_owned(),
+                format!("{}ms", d.as_millis()),
+            ));
         }
         env
     }
@@ -466,6 +512,7 @@ mod tests {
             paused: false,
             max_tasks_per_executor: Some("5".to_owned()),
             max_executor_memory: Some("512MiB".to_owned()),
+            max_runtime: None,
         };
         let env = vars(&[
             (PERAGO_EXECUTOR_MAX_TASKS, "9"),
@@ -502,6 +549,7 @@ mod tests {
             paused: false,
             max_tasks_per_executor: Some("0".to_owned()),
             max_executor_memory: Some("lots".to_owned()),
+            max_runtime: None,
         };
         let env = vars(&[
             (PERAGO_ONCE, "maybe"),
@@ -551,9 +599,11 @@ mod tests {
             paused: false,
             max_tasks_per_executor: Some("7".to_owned()),
             max_executor_memory: Some("64MiB".to_owned()),
+            max_runtime: Some("10s".to_owned()),
         };
         let env = vars(&[
             (PERAGO_MIN_FREE_MEMORY, "1GiB"),
+            (PERAGO_MEMORY_HEADROOM, "256MiB"),
             (PERAGO_SCALE_DOWN_AFTER, "1500ms"),
             (PERAGO_POISON_AFTER, "0"),
         ]);
@@ -587,6 +637,55 @@ mod tests {
         assert_eq!(
             error.to_string(),
             r#"PERAGO_PAUSED="later": expected 1 or 0 (true or false)"#
+        );
+    }
+
+    /// `PERAGO_MEMORY_HEADROOM` is a size; `--max-runtime` a duration that needs `--once`,
+    /// and the message names both (issue #27 item 3).
+    #[test]
+    fn headroom_and_max_runtime() {
+        let c = Capacity::resolve(&jobs("2"), vars(&[(PERAGO_MEMORY_HEADROOM, "256MiB")])).unwrap();
+        assert_eq!(c.memory_headroom, Some(256 << 20));
+        assert_eq!(c.max_runtime, None);
+        let error =
+            Capacity::resolve(&jobs("2"), vars(&[(PERAGO_MEMORY_HEADROOM, "lots")])).unwrap_err();
+        assert!(
+            error.to_string().contains("PERAGO_MEMORY_HEADROOM"),
+            "{error}"
+        );
+        let flags = CapacityFlags {
+            max_runtime: Some("10s".to_owned()),
+            ..jobs("1")
+        };
+        let error = Capacity::resolve(&flags, vars(&[])).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            r#"--max-runtime "10s" needs --once (or PERAGO_ONCE=1): only a run once has a time left to count"#
+        );
+        let once = CapacityFlags {
+            once: true,
+            ..flags.clone()
+        };
+        let c = Capacity::resolve(&once, vars(&[])).unwrap();
+        assert_eq!(c.max_runtime, Some(Duration::from_secs(10)));
+        let zero = CapacityFlags {
+            max_runtime: Some("0s".to_owned()),
+            ..once.clone()
+        };
+        let error = Capacity::resolve(&zero, vars(&[])).unwrap_err();
+        assert_eq!(error.problems.len(), 1, "{error}");
+        assert!(
+            error.to_string().starts_with(r#"--max-runtime "0s""#),
+            "{error}"
+        );
+        let bad = CapacityFlags {
+            max_runtime: Some("a while".to_owned()),
+            ..once
+        };
+        let error = Capacity::resolve(&bad, vars(&[])).unwrap_err();
+        assert!(
+            error.to_string().starts_with(r#"--max-runtime "a while""#),
+            "{error}"
         );
     }
 }

@@ -1,11 +1,19 @@
-//! Available memory, as memory-headroom admission (`PERAGO_MIN_FREE_MEMORY`) measures it.
+//! Available memory, as memory admission (`PERAGO_MIN_FREE_MEMORY`, `PERAGO_MEMORY_HEADROOM`)
+//! measures it.
 //!
-//! Inside a cgroup v2 (`/proc/self/cgroup` has a `0::/path` line and the cgroup's directory
-//! has `memory.max`), every limit of the cgroup and its ancestors binds: the headroom under a
-//! limit is `memory.max − (memory.current − inactive_file)` (page cache the kernel can drop
-//! first does not count as used, as kubelet and `docker stats` count it), and the smallest
-//! headroom wins. Available memory is that headroom or the host's `MemAvailable`
-//! (`/proc/meminfo`), whichever is smaller; outside a limited cgroup v2 it is `MemAvailable`.
+//! Every limit of the runtime's memory cgroup and its ancestors binds, on either hierarchy:
+//!
+//! - cgroup v2 (`/proc/self/cgroup` has a `0::/path` line and the cgroup's directory has
+//!   `memory.max`): the headroom under a limit is `memory.max − (memory.current −
+//!   inactive_file)`;
+//! - cgroup v1 (a `N:memory:/path` line, the hierarchy mounted at `/sys/fs/cgroup/memory`):
+//!   `memory.limit_in_bytes − (memory.usage_in_bytes − total_inactive_file)` (`memory.stat`'s
+//!   hierarchical count; an unlimited v1 cgroup shows a limit near 2^63, which never binds).
+//!
+//! Page cache the kernel can drop first does not count as used (as kubelet and `docker stats`
+//! count it), and the smallest headroom wins. Available memory is that headroom or the host's
+//! `MemAvailable` (`/proc/meminfo`), whichever is smaller; outside a limited cgroup it is
+//! `MemAvailable`.
 //!
 //! The parsers take text, so they are tested with fixtures; [`available_memory`] only reads.
 
@@ -34,8 +42,11 @@ pub enum MemoryError {
     },
 }
 
-/// Where cgroup v2 is mounted.
+/// Where cgroup v2 is mounted (and, below it, `memory/`, the cgroup v1 memory hierarchy).
 pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// Where the cgroup v1 memory hierarchy is mounted, under [`CGROUP_ROOT`].
+pub const CGROUP_V1_MEMORY: &str = "memory";
 
 /// `MemAvailable` of `/proc/meminfo`, in bytes.
 pub fn parse_meminfo_available(meminfo: &str) -> Option<u64> {
@@ -60,6 +71,16 @@ pub fn parse_cgroup_v2_path(cgroup: &str) -> Option<&str> {
         .filter(|p| p.starts_with('/'))
 }
 
+/// The cgroup v1 memory path of `/proc/self/cgroup` (the `N:…memory…:/path` line), if any.
+pub fn parse_cgroup_v1_memory_path(cgroup: &str) -> Option<&str> {
+    cgroup.lines().find_map(|l| {
+        let mut fields = l.splitn(3, ':');
+        let (_id, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+        let path = path.trim();
+        (controllers.split(',').any(|c| c == "memory") && path.starts_with('/')).then_some(path)
+    })
+}
+
 /// A `memory.max`: `Some(bytes)`, or `None` for `max` (no limit) and anything unreadable.
 pub fn parse_memory_max(text: &str) -> Option<u64> {
     match text.trim() {
@@ -70,8 +91,18 @@ pub fn parse_memory_max(text: &str) -> Option<u64> {
 
 /// `inactive_file` of a `memory.stat`, in bytes (0 when absent).
 pub fn parse_inactive_file(stat: &str) -> u64 {
+    stat_field(stat, "inactive_file")
+}
+
+/// `total_inactive_file` of a cgroup v1 `memory.stat` (the cgroup and its descendants), in
+/// bytes (0 when absent).
+pub fn parse_total_inactive_file(stat: &str) -> u64 {
+    stat_field(stat, "total_inactive_file")
+}
+
+fn stat_field(stat: &str, name: &str) -> u64 {
     stat.lines()
-        .find_map(|l| l.strip_prefix("inactive_file "))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0)
 }
@@ -116,6 +147,26 @@ pub fn cgroup_dirs(root: &Path, cgroup_path: &str) -> Vec<std::path::PathBuf> {
         .collect()
 }
 
+/// Reads the cgroup v1 memory cgroups of `cgroup_path` (under `root`, the v1 memory
+/// hierarchy's mount), the cgroup first.
+fn read_cgroups_v1(root: &Path, cgroup_path: &str) -> Vec<CgroupUsage> {
+    let read = |dir: &Path, file: &str| std::fs::read_to_string(dir.join(file)).ok();
+    cgroup_dirs(root, cgroup_path)
+        .iter()
+        .filter_map(|dir| {
+            let max = read(dir, "memory.limit_in_bytes")?.trim().parse().ok()?;
+            let current = read(dir, "memory.usage_in_bytes")?.trim().parse().ok()?;
+            let inactive_file =
+                read(dir, "memory.stat").map_or(0, |s| parse_total_inactive_file(&s));
+            Some(CgroupUsage {
+                max,
+                current,
+                inactive_file,
+            })
+        })
+        .collect()
+}
+
 /// Reads the limited cgroups of `cgroup_path` (under `root`), the cgroup first.
 fn read_cgroups(root: &Path, cgroup_path: &str) -> Vec<CgroupUsage> {
     let read = |dir: &Path, file: &str| std::fs::read_to_string(dir.join(file)).ok();
@@ -134,8 +185,8 @@ fn read_cgroups(root: &Path, cgroup_path: &str) -> Vec<CgroupUsage> {
         .collect()
 }
 
-/// Available memory now (cgroup v2 aware), in bytes; `proc` is `/proc`, `cgroup_root` where
-/// cgroup v2 is mounted.
+/// Available memory now (cgroup v1 and v2 aware), in bytes; `proc` is `/proc`, `cgroup_root`
+/// where cgroup v2 is mounted (the v1 memory hierarchy at its `memory/`).
 pub fn available_memory_at(proc: &Path, cgroup_root: &Path) -> Result<u64, MemoryError> {
     let meminfo_path = proc.join("meminfo");
     let meminfo = match std::fs::read_to_string(&meminfo_path) {
@@ -150,14 +201,16 @@ pub fn available_memory_at(proc: &Path, cgroup_root: &Path) -> Result<u64, Memor
     let Some(mem_available) = parse_meminfo_available(&meminfo) else {
         return Err(MemoryError::NoMemAvailable { path: meminfo_path });
     };
-    let cgroups = std::fs::read_to_string(proc.join("self/cgroup"))
-        .ok()
-        .and_then(|text| parse_cgroup_v2_path(&text).map(|p| read_cgroups(cgroup_root, p)))
-        .unwrap_or_default();
+    let text = std::fs::read_to_string(proc.join("self/cgroup")).unwrap_or_default();
+    let mut cgroups =
+        parse_cgroup_v2_path(&text).map_or_else(Vec::new, |p| read_cgroups(cgroup_root, p));
+    if let Some(p) = parse_cgroup_v1_memory_path(&text) {
+        cgroups.extend(read_cgroups_v1(&cgroup_root.join(CGROUP_V1_MEMORY), p));
+    }
     Ok(available(mem_available, &cgroups))
 }
 
-/// Available memory now (cgroup v2 aware), in bytes.
+/// Available memory now (cgroup v1 and v2 aware), in bytes.
 pub fn available_memory() -> Result<u64, MemoryError> {
     available_memory_at(Path::new("/proc"), Path::new(CGROUP_ROOT))
 }
@@ -293,6 +346,79 @@ mod tests {
                 "{} has no MemAvailable line",
                 proc.join("meminfo").display()
             )
+        );
+    }
+
+    #[test]
+    fn the_cgroup_v1_memory_line_is_found() {
+        let v1 = "9:name=systemd:/\n4:memory:/process_api/abc\n1:cpu:/\n0::/\n";
+        assert_eq!(parse_cgroup_v1_memory_path(v1), Some("/process_api/abc"));
+        // Controllers mounted together.
+        assert_eq!(
+            parse_cgroup_v1_memory_path("3:cpu,memory:/kubepods/pod1\n"),
+            Some("/kubepods/pod1")
+        );
+        assert_eq!(parse_cgroup_v1_memory_path("0::/x\n4:memsw:/y\n"), None);
+        assert_eq!(
+            parse_total_inactive_file("inactive_file 5\ntotal_inactive_file 4096\n"),
+            4096
+        );
+        assert_eq!(parse_inactive_file("total_inactive_file 4096\n"), 0);
+    }
+
+    #[test]
+    fn reads_a_limited_cgroup_v1_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc = dir.path().join("proc");
+        let root = dir.path().join("cgroup");
+        let v1 = root.join("memory");
+        std::fs::create_dir_all(proc.join("self")).unwrap();
+        std::fs::create_dir_all(v1.join("outer/inner")).unwrap();
+        std::fs::write(proc.join("meminfo"), MEMINFO).unwrap();
+        std::fs::write(
+            proc.join("self/cgroup"),
+            "9:name=systemd:/\n4:memory:/outer/inner\n0::/\n",
+        )
+        .unwrap();
+        // The root and the inner cgroup are unlimited (v1 shows a limit near 2^63).
+        for d in [v1.clone(), v1.join("outer/inner")] {
+            std::fs::write(d.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+            std::fs::write(d.join("memory.usage_in_bytes"), "5000000\n").unwrap();
+        }
+        // The outer one binds: 600 MiB, 500 MiB used of which 50 MiB droppable page cache.
+        let mib = 1u64 << 20;
+        let outer = v1.join("outer");
+        std::fs::write(
+            outer.join("memory.limit_in_bytes"),
+            format!("{}\n", 600 * mib),
+        )
+        .unwrap();
+        std::fs::write(
+            outer.join("memory.usage_in_bytes"),
+            format!("{}\n", 500 * mib),
+        )
+        .unwrap();
+        std::fs::write(
+            outer.join("memory.stat"),
+            format!(
+                "cache 1\ninactive_file 7\ntotal_inactive_file {}\n",
+                50 * mib
+            ),
+        )
+        .unwrap();
+        assert_eq!(available_memory_at(&proc, &root).unwrap(), 150 * mib);
+        // Over its limit: nothing.
+        std::fs::write(
+            outer.join("memory.usage_in_bytes"),
+            format!("{}\n", 700 * mib),
+        )
+        .unwrap();
+        assert_eq!(available_memory_at(&proc, &root).unwrap(), 0);
+        // MemAvailable caps an unlimited tree.
+        std::fs::remove_file(outer.join("memory.limit_in_bytes")).unwrap();
+        assert_eq!(
+            available_memory_at(&proc, &root).unwrap(),
+            23_920_220 * 1024
         );
     }
 

@@ -533,7 +533,8 @@ impl AssignmentRunner {
                             perago_core::errors::DisplayChain(&e)
                         )))
                     })?;
-                if let Some(peak) = run.memory.and_then(|m| m.peak) {
+                // The cgroup's count, else (PERAGO_MEMORY_HEADROOM) the sampled RSS.
+                if let Some(peak) = run.memory.and_then(|m| m.peak).or(run.sampled_peak_rss) {
                     self.body_peak
                         .store(peak, std::sync::atomic::Ordering::Relaxed);
                 }

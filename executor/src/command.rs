@@ -144,6 +144,31 @@ pub struct Finished {
     pub stdout_len: u64,
     /// What the run's memory cgroup saw (`spec.memory_limit` set).
     pub memory: Option<MemoryOutcome>,
+    /// Without a memory cgroup, while `PERAGO_MEMORY_HEADROOM` admits by the observed peak:
+    /// the highest resident memory of the body's process tree, sampled every
+    /// [`RSS_SAMPLE_EVERY`] (`None`: not sampled, or the body ended before the first sample).
+    pub sampled_peak_rss: Option<u64>,
+}
+
+/// How often the resident memory of a body without a memory cgroup is sampled (only with
+/// `PERAGO_MEMORY_HEADROOM`, which admits by the observed peak).
+pub const RSS_SAMPLE_EVERY: Duration = Duration::from_millis(100);
+
+/// Samples the resident memory of `pid`'s tree into `peak` every [`RSS_SAMPLE_EVERY`], until
+/// aborted or the process is gone.
+fn sample_rss(pid: u32, peak: Arc<std::sync::atomic::AtomicU64>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(RSS_SAMPLE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let read = tokio::task::spawn_blocking(move || perago_core::rss::tree_rss(pid)).await;
+            let Ok(Ok(rss)) = read else {
+                return;
+            };
+            peak.fetch_max(rss, std::sync::atomic::Ordering::Relaxed);
+        }
+    })
 }
 
 pub use perago_sys::cgroup::MemoryOutcome;
@@ -300,6 +325,10 @@ pub async fn run_with_soft_limit(
     let cgroup = spec.memory_limit.map(body_cgroup).transpose()?;
     let (mut child, managed) = spawn_body(spec, &[], cgroup.as_ref())?;
     let pgid = managed.pid();
+    let sampled = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sampler = (cgroup.is_none()
+        && std::env::var_os(perago_core::capacity::PERAGO_MEMORY_HEADROOM).is_some())
+    .then(|| sample_rss(pgid, Arc::clone(&sampled)));
     let start = tokio::time::Instant::now();
     let kept = Arc::new(Mutex::new(Kept::new(limits.max_stdout)));
     let mut stderr_log = Some(TailLog::new(limits.stderr_tail, spec.label.clone()));
@@ -325,6 +354,11 @@ pub async fn run_with_soft_limit(
         wait_within_limits(&mut child, pgid, start, &limits, soft).await
     }
     .await;
+    if let Some(sampler) = sampler {
+        sampler.abort();
+    }
+    let sampled_peak_rss =
+        Some(sampled.load(std::sync::atomic::Ordering::Relaxed)).filter(|&n| n > 0);
     let (stdout_pipe, stderr_pipe) = (child.stdout.take(), child.stderr.take());
     // Not waited for only after an error above: then it is killed here.
     drop(child);
@@ -410,6 +444,7 @@ pub async fn run_with_soft_limit(
         elapsed: started.elapsed(),
         stdout_len,
         memory,
+        sampled_peak_rss,
     })
 }
 

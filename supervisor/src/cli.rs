@@ -7,7 +7,11 @@ use std::path::PathBuf;
 /// Settings of `start` that only the environment gives (the README lists every variable).
 const START_ENVIRONMENT: &str = "Environment (no flag):
   PERAGO_MIN_FREE_MEMORY=SIZE  poll for new tasks only while at least SIZE (e.g. 1GiB) of memory
-                               is available (cgroup v2 limits when inside one, else MemAvailable)
+                               is available (cgroup v1 or v2 limits when inside one, capped by
+                               MemAvailable)
+  PERAGO_MEMORY_HEADROOM=SIZE  poll a task type (and scale it up) only while available memory
+                               minus SIZE covers its observed peak for each task in flight and
+                               the next one (one task at a time until a peak is observed)
   PERAGO_POISON_AFTER=K        fail a workflow task with FAILED_WITH_TERMINAL_ERROR once its
                                attempts have killed their executor K times (default 3; 0 = off)
   PERAGO_STALL_TIMEOUT=DUR     kill an executor (its task FAILED, retried) or the broker (exit 1)
@@ -151,6 +155,11 @@ pub struct StartArgs {
     /// Also PERAGO_PAUSED=1.
     #[arg(long)]
     pub paused: bool,
+    /// With --once: finish within DURATION (e.g. 10m). A task type whose observed p95 task
+    /// duration exceeds the time left is not polled any more; running tasks finish and are
+    /// reported, then the run exits 0. Also PERAGO_MAX_RUNTIME.
+    #[arg(long, value_name = "DURATION")]
+    pub max_runtime: Option<String>,
     /// Replace an executor by a fresh process after N assignments (it finishes and reports
     /// the last one first). Also PERAGO_EXECUTOR_MAX_TASKS.
     #[arg(long, value_name = "N")]
@@ -194,6 +203,7 @@ impl StartArgs {
             paused: self.paused,
             max_tasks_per_executor: self.max_tasks_per_executor.clone(),
             max_executor_memory: self.max_executor_memory.clone(),
+            max_runtime: self.max_runtime.clone(),
         }
     }
 }

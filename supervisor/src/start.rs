@@ -1071,6 +1071,7 @@ mod tests {
             jobs_given: true,
             once: false,
             paused: false,
+            max_runtime: None,
             max_tasks_per_executor: None,
             max_executor_memory: None,
             domain: Vec::new(),

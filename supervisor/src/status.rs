@@ -229,6 +229,15 @@ fn capacity_json(c: &Capacity) -> Value {
         "available_memory_bytes": off_if_zero(c.available_memory_bytes),
         "admission_open": c.admission_open,
         "admission_reason": c.admission_reason,
+        "memory_headroom_bytes": off_if_zero(c.memory_headroom_bytes),
+        "max_runtime_ms": off_if_zero(c.max_runtime_ms),
+        "time_left_ms": (c.max_runtime_ms > 0).then_some(c.time_left_ms),
+        "profile": {
+            "executions": c.profile_executions,
+            "duration_mean_ms": (c.profile_executions > 0).then_some(c.profile_duration_mean_ms),
+            "duration_p95_ms": (c.profile_executions > 0).then_some(c.profile_duration_p95_ms),
+            "peak_memory_bytes": off_if_zero(c.profile_peak_memory_bytes),
+        },
     })
 }
 
@@ -262,6 +271,18 @@ fn capacity_table(c: &Capacity) -> String {
             format_bytes(c.min_free_memory_bytes)
         ));
     }
+    if c.memory_headroom_bytes > 0 {
+        parts.push(format!(
+            "memory headroom {}",
+            format_bytes(c.memory_headroom_bytes)
+        ));
+    }
+    if c.max_runtime_ms > 0 {
+        parts.push(format!(
+            "max runtime {}",
+            human(Duration::from_millis(c.max_runtime_ms))
+        ));
+    }
     parts.push(if c.poison_after > 0 {
         format!("poison after {} crashes", c.poison_after)
     } else {
@@ -276,6 +297,28 @@ fn capacity_table(c: &Capacity) -> String {
         live.push(format!(
             "available memory {}",
             format_bytes(c.available_memory_bytes)
+        ));
+    }
+    if c.profile_executions > 0 {
+        let mut profile = format!(
+            "profile of {} executions: mean {}, p95 {}",
+            c.profile_executions,
+            human(Duration::from_millis(c.profile_duration_mean_ms)),
+            human(Duration::from_millis(c.profile_duration_p95_ms))
+        );
+        if c.profile_peak_memory_bytes > 0 {
+            let _ = write!(
+                profile,
+                ", peak {}",
+                format_bytes(c.profile_peak_memory_bytes)
+            );
+        }
+        live.push(profile);
+    }
+    if c.max_runtime_ms > 0 {
+        live.push(format!(
+            "{} left",
+            human(Duration::from_millis(c.time_left_ms))
         ));
     }
     live.push(if c.admission_open {
@@ -928,6 +971,49 @@ mod tests {
             ..StatusResponse::default()
         });
         assert!(!unmeasured.contains("body memory peaks"), "{unmeasured}");
+    }
+
+    /// The profile, the headroom and --max-runtime in the table and the JSON (issue #27
+    /// item 3).
+    #[test]
+    fn capacity_shows_the_profile_the_headroom_and_the_time_left() {
+        let c = Capacity {
+            min_executors: 2,
+            max_executors: 2,
+            poison_after: 3,
+            queue_depth: -1,
+            once: true,
+            memory_headroom_bytes: 64 << 20,
+            max_runtime_ms: 10_000,
+            time_left_ms: 1_000,
+            profile_executions: 3,
+            profile_duration_mean_ms: 3_000,
+            profile_duration_p95_ms: 3_000,
+            profile_peak_memory_bytes: 400 << 20,
+            admission_open: false,
+            admission_reason: "--max-runtime 10s: the observed p95 duration 3s exceeds the 1s left"
+                .to_owned(),
+            ..Capacity::default()
+        };
+        let table = capacity_table(&c);
+        assert!(
+            table.contains("run once, memory headroom 64MiB, max runtime 10.0s, poison after 3"),
+            "{table}"
+        );
+        assert!(
+            table.contains(
+                "now: profile of 3 executions: mean 3.0s, p95 3.0s, peak 400MiB, 1.0s left, admission CLOSED: --max-runtime 10s"
+            ),
+            "{table}"
+        );
+        let json = capacity_json(&c);
+        assert_eq!(json["memory_headroom_bytes"], 64 << 20);
+        assert_eq!(json["time_left_ms"], 1000);
+        assert_eq!(json["profile"]["duration_p95_ms"], 3000);
+        assert_eq!(json["profile"]["peak_memory_bytes"], 400u64 << 20);
+        let off = capacity_json(&Capacity::default());
+        assert_eq!(off["time_left_ms"], Value::Null);
+        assert_eq!(off["profile"]["duration_mean_ms"], Value::Null);
     }
 
     #[test]

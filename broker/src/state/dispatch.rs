@@ -76,7 +76,17 @@ impl Machine {
         // An OOM-killed body is judged as a crash (poison detection), reported through v1.
         let oom = completion.body_oom_killed;
         let peak = completion.body_peak_memory_bytes;
-        let v2 = !self.draining
+        // The profile learns of the execution first: the next task's admission (update-v2's
+        // below included) goes by it.
+        let profiled = self.profile_completion(number, generation, &completion);
+        // The slot's next task through update-v2 only where admission would poll one: the
+        // headroom covers it beside the others in flight, and it fits in the time left.
+        let admits_next = !profiled
+            || (self.memory_room_beside(self.in_flight().saturating_sub(1)) > 0
+                && self.out_of_time().is_none()
+                && self.admission_open);
+        let v2 = admits_next
+            && !self.draining
             && self.paused_since.is_none()
             && recycle.is_empty()
             && !oom
@@ -165,6 +175,29 @@ impl Machine {
         if !recycle.is_empty() {
             self.recycle(number, &recycle);
         }
+    }
+
+    /// Records a completion of the slot's current assignment in the profile (duration and
+    /// the body's peak); false for a completion that is not it.
+    fn profile_completion(
+        &mut self,
+        number: u32,
+        generation: u64,
+        completion: &proto::Completion,
+    ) -> bool {
+        let now = self.now.wall;
+        let Some(slot) = self.slot_mut(number) else {
+            return false;
+        };
+        let Work::Busy(run) = &slot.work else {
+            return false;
+        };
+        if slot.generation != generation || run.execution_id != completion.execution_id {
+            return false;
+        }
+        let took = now.duration_since(run.dispatched_at).ok();
+        self.profile.record(took, completion.body_peak_memory_bytes);
+        true
     }
 
     pub(super) fn report(
@@ -561,14 +594,24 @@ impl Machine {
             .saturating_sub(self.reserved)
             .saturating_sub(held)
             .min(self.share_room());
-        if available > 0 && !self.admission_open {
+        // The profile's headroom: never more tasks than the type's observed peak fits.
+        let room = self.memory_room();
+        if available > 0 && (!self.admission_open || room == 0) {
             // Counted once per poll request that memory alone keeps waiting.
             if !self.poll_withheld {
                 self.poll_withheld = true;
                 self.counters.polls_withheld.inc();
+                if room == 0 {
+                    tracing::info!(
+                        in_flight = self.in_flight(),
+                        "poll withheld: {}",
+                        self.memory_room_reason()
+                    );
+                }
             }
             return;
         }
+        let available = available.min(room);
         if available > 0 {
             // A sparse queue: one task per poll, so none waits for a batch to fill.
             let count = if self.poll_sparse { 1 } else { available };

@@ -82,8 +82,8 @@ pub(crate) enum Input {
     ShareGrant { limit: u32, epoch: u64 },
     /// `Control.RollBody`: every generation should run `body_version` (or newer) from now on.
     Roll { body_version: u32 },
-    /// Available memory was measured (only with `PERAGO_MIN_FREE_MEMORY`): admission opens
-    /// or closes.
+    /// Available memory was measured (only with `PERAGO_MIN_FREE_MEMORY` or
+    /// `PERAGO_MEMORY_HEADROOM`): admission opens or closes.
     Memory { available: u64 },
     /// The crashes counted against a parked crash's workflow task before its attempt, as
     /// Conductor's record of the earlier attempts says (`None`: it could not be read); answers

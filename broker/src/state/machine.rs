@@ -214,6 +214,11 @@ pub(crate) struct Machine {
     pub(super) body_version: u32,
     /// A roll started and its end is not logged yet.
     pub(super) roll_open: bool,
+    /// The type's recent executions: admission from them (`PERAGO_MEMORY_HEADROOM`,
+    /// `--max-runtime`).
+    pub(super) profile: super::profile::Profile,
+    /// `--max-runtime`: when the run once must be over (counted from the machine's start).
+    pub(super) deadline: Option<Instant>,
 }
 
 /// Compares secrets without an early exit on the first differing byte.
@@ -251,6 +256,7 @@ impl Machine {
     ) -> Self {
         let slots = capacity.max_executors;
         let capacity_paused = capacity.paused;
+        let capacity_max_runtime = capacity.max_runtime;
         let relaxed = std::sync::atomic::Ordering::Relaxed;
         gauges.slots.store(u64::from(slots), relaxed);
         gauges
@@ -308,6 +314,8 @@ impl Machine {
             share: None,
             body_version: 1,
             roll_open: false,
+            profile: super::profile::Profile::default(),
+            deadline: Self::deadline_from(started.instant, capacity_max_runtime),
         }
     }
 
@@ -372,6 +380,7 @@ impl Machine {
         self.now = now;
         self.note_heard(&input);
         let reply = self.step(input);
+        self.check_time_left();
         self.stop_unwanted();
         // Before anything is dispatched: an executor of an old body version takes no task.
         self.roll_idle();
@@ -414,6 +423,7 @@ impl Machine {
         self.gauges
             .oldest_body_version
             .store(u64::from(oldest), relaxed);
+        self.publish_profile();
         Output {
             reply,
             effects: std::mem::take(&mut self.effects),

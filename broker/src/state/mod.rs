@@ -31,7 +31,7 @@
 //! time and ids it is given), `machine` (its state and `handle`), `slots` (attach, generations,
 //! exits, the fence), `dispatch` (polls, tasks received, held, assigned, completed,
 //! reported), `crash` (poison detection), `liveness` (pings, stalls), `drain`, `pause` (pause
-//! and resume polling), `reconfigure` (the live settings of `Admin.Reconfigure`), `share` (permits for capacity shared across task types), `once` (run once), `scaling` (queue depths, the adaptive executor count, memory admission) and
+//! and resume polling), `reconfigure` (the live settings of `Admin.Reconfigure`), `share` (permits for capacity shared across task types), `once` (run once), `profile` (the type's observed profile and the admission made from it: `PERAGO_MEMORY_HEADROOM`, `--max-runtime`), `scaling` (queue depths, the adaptive executor count, memory admission) and
 //! `status` (`Admin.Status`).
 
 mod clock;
@@ -43,6 +43,7 @@ mod liveness;
 mod machine;
 mod once;
 mod pause;
+mod profile;
 mod reconfigure;
 mod scaling;
 mod share;

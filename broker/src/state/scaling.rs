@@ -84,6 +84,8 @@ impl Machine {
             .count() as u64;
         let wanted = self.slots.iter().filter(|s| s.wanted).count() as u64;
         let room = u64::from(self.capacity.max_executors).saturating_sub(wanted);
+        // The profile's headroom: no more slots than the type's observed peak fits.
+        let room = room.min(u64::from(self.memory_room()));
         let mut add = backlog.saturating_sub(ready).min(room);
         if add == 0 {
             return;

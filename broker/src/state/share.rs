@@ -74,7 +74,9 @@ impl Machine {
             .filter(|s| s.free() || (s.wanted && !s.attached && !s.exited))
             .count() as u32;
         let held = u32::try_from(self.held.len()).unwrap_or(u32::MAX);
-        free.saturating_sub(self.reserved).saturating_sub(held)
+        free.saturating_sub(self.reserved)
+            .saturating_sub(held)
+            .min(self.memory_room())
     }
 
     /// A poll returned `got` tasks: none means nothing to give; any means work.

@@ -193,12 +193,20 @@ impl Machine {
                 .queue_depth
                 .map_or(-1, |d| i64::try_from(d).unwrap_or(i64::MAX)),
             available_memory_bytes: self.gauges.available_memory.load(relaxed),
-            admission_open: self.admission_open,
+            admission_open: self.admits_new_tasks(),
             admission_reason: self.admission_reason(),
+            profile_executions: u32::try_from(self.profile.executions()).unwrap_or(u32::MAX),
+            profile_duration_mean_ms: ms(self.profile.mean()),
+            profile_duration_p95_ms: ms(self.profile.p95()),
+            profile_peak_memory_bytes: self.profile.peak().unwrap_or(0),
+            memory_headroom_bytes: c.memory_headroom.unwrap_or(0),
+            max_runtime_ms: ms(c.max_runtime),
+            time_left_ms: ms(self.time_left()),
         }
     }
 
-    /// Why admission is closed, for Admin.Status (empty while open).
+    /// Why admission is closed, for Admin.Status (empty while open): the floor, the
+    /// headroom, the time left, whichever binds first.
     pub(super) fn admission_reason(&self) -> String {
         match (
             self.admission_open,
@@ -210,9 +218,16 @@ impl Machine {
                 format_bytes(available),
                 format_bytes(min)
             ),
-            _ => String::new(),
+            _ => self
+                .out_of_time()
+                .unwrap_or_else(|| self.memory_room_reason()),
         }
     }
+}
+
+/// Milliseconds of a duration, 0 for none.
+fn ms(d: Option<std::time::Duration>) -> u64 {
+    d.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 pub(super) fn unix_ms(t: SystemTime) -> i64 {

@@ -377,17 +377,42 @@ impl SupervisorProc {
         uid: Option<u32>,
         nofile: Option<u64>,
     ) -> Self {
+        let setup = nofile.map(|n| format!("ulimit -n {n}"));
+        Self::start_set_up(tasks, conductor, jobs, args, env, uid, setup.as_deref())
+    }
+
+    /// [`start_tasks`](Self::start_tasks) with the supervisor started inside the memory
+    /// cgroup whose `cgroup.procs` is `procs` (a shell moves itself there, then `exec`s), so
+    /// its broker, executors and bodies are in it too.
+    pub(crate) fn start_in_cgroup(
+        tasks: &[&TaskFixture],
+        conductor: &Conductor,
+        jobs: &[&str],
+        args: &[&str],
+        env: &[(&str, &str)],
+        procs: &std::path::Path,
+    ) -> Self {
+        let setup = format!("echo $$ > '{}'", procs.display());
+        Self::start_set_up(tasks, conductor, jobs, args, env, None, Some(&setup))
+    }
+
+    /// The supervisor, started by a shell that runs `setup` first when given.
+    fn start_set_up(
+        tasks: &[&TaskFixture],
+        conductor: &Conductor,
+        jobs: &[&str],
+        args: &[&str],
+        env: &[(&str, &str)],
+        uid: Option<u32>,
+        setup: Option<&str>,
+    ) -> Self {
         let root = tempfile::tempdir().unwrap();
         let log = root.path().join("supervisor.log");
-        let mut cmd = match nofile {
+        let mut cmd = match setup {
             None => perago_tests::command(SUPERVISOR),
-            Some(n) => {
+            Some(setup) => {
                 let mut cmd = perago_tests::command("sh");
-                cmd.args([
-                    "-c",
-                    &format!("ulimit -n {n} && exec \"$0\" \"$@\""),
-                    SUPERVISOR,
-                ]);
+                cmd.args(["-c", &format!("{setup} && exec \"$0\" \"$@\""), SUPERVISOR]);
                 cmd
             }
         };

@@ -31,6 +31,7 @@ mod ops;
 mod pause;
 mod poison;
 mod polls;
+mod profile;
 mod publish_once;
 mod ready;
 mod recycle;

@@ -532,6 +532,7 @@ mod liveness;
 mod once;
 mod pause;
 mod poison;
+mod profile;
 mod props;
 mod reconfigure;
 mod roll;
