@@ -457,8 +457,10 @@ impl Machine {
                     .unwrap_or_default();
                 proc.generation = generation;
                 proc.body_version = body_version;
-                if self.broker.is_none() {
-                    // Taken, but nothing is left to attach to.
+                if self.broker.is_none() || self.draining {
+                    // Taken, but nothing is left to attach to, or a drain started meanwhile:
+                    // a draining broker gives a new executor no work, and once its drain ends
+                    // the executor would only wait out its connect patience.
                     proc.starting = None;
                     return;
                 }
@@ -509,6 +511,16 @@ impl Machine {
                 proc.child = Some(child);
                 proc.started_at = now;
                 tracing::info!(worker_id = %proc.worker_id, slot, generation, pid = child.pid(), body_version = proc.body_version, "executor started");
+                if self.draining {
+                    // Its spawn was under way when the drain started: it would get no work.
+                    tracing::info!(worker_id = %proc.worker_id, slot, generation, "draining: the executor just started is stopped");
+                    proc.killed_by = proto::ExitCause::Supervisor;
+                    out.push(Effect::Signal {
+                        child,
+                        signal: signal::SIGTERM,
+                    });
+                    return;
+                }
                 if self.rolling && proc.body_version == self.body_version {
                     tracing::info!(worker_id = %proc.worker_id, slot, generation, body_version = proc.body_version, "slot rolled to the new body version");
                 }

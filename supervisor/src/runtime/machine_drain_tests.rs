@@ -417,3 +417,47 @@ fn the_exit_reports_answer_is_the_brokers_view() {
     assert_eq!(out, []);
     assert_eq!(rig.m.slot(1).2, None, "retired");
 }
+
+/// A drain that starts while a slot's next generation is being started (a recycle restarts it
+/// at once) starts nothing more: an announcement the broker takes after it spawns nothing, and
+/// an executor whose spawn was already under way is told to stop at once. Before, it was
+/// started, found the broker gone once the drain finished, and the runtime waited the
+/// executor's whole 10 s connect patience for it.
+#[test]
+fn a_drain_during_a_restart_starts_no_executor() {
+    let mut rig = Rig::running(config(1, 1));
+    rig.exit(1, 1, code(75));
+    let out = rig.handled(1, 1, Some(state(&[(1, Exited, 1, true)], false)));
+    assert_eq!(announced(&out), Some((1, 2)), "{out:?}");
+    assert_eq!(rig.go(Input::Signal("SIGTERM")), [Effect::Drain]);
+    let out = rig.go(Input::Announced {
+        slot: 1,
+        generation: 2,
+        result: Ok(()),
+    });
+    assert_eq!(out, [], "no spawn once draining");
+    assert_eq!(rig.broker_exit(code(0)), []);
+    assert!(rig.m.done(), "nothing left to wait for");
+    assert!(rig.m.outcome().is_ok());
+
+    // The spawn was under way when the drain started: the new executor is stopped at once.
+    let mut rig = Rig::running(config(1, 1));
+    rig.exit(1, 1, code(75));
+    rig.handled(1, 1, Some(state(&[(1, Exited, 1, true)], false)));
+    let out = rig.go(Input::Announced {
+        slot: 1,
+        generation: 2,
+        result: Ok(()),
+    });
+    assert!(matches!(out.as_slice(), [Effect::Spawn { .. }]), "{out:?}");
+    rig.go(Input::Signal("SIGTERM"));
+    let out = rig.go(Input::Spawned {
+        slot: 1,
+        generation: 2,
+        result: Ok(Child::Process(Rig::pid(1, 2))),
+    });
+    assert_eq!(signals(&out), [(Rig::pid(1, 2), signal::SIGTERM)]);
+    // Its exit is the supervisor's doing, never a crash against a task.
+    let report = rig.exit(1, 2, killed(signal::SIGTERM));
+    assert_eq!(report.cause, proto::ExitCause::Supervisor as i32);
+}
