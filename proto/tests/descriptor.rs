@@ -294,7 +294,10 @@ fn the_external_scaler_keeps_kedas_wire_contract() {
         named(&[("name", 1), ("namespace", 2), ("scalerMetadata", 3)])
     );
     assert_eq!(fields("IsActiveResponse"), named(&[("result", 1)]));
-    assert_eq!(fields("GetMetricSpecResponse"), named(&[("metricSpecs", 1)]));
+    assert_eq!(
+        fields("GetMetricSpecResponse"),
+        named(&[("metricSpecs", 1)])
+    );
     assert_eq!(
         fields("MetricSpec"),
         named(&[("metricName", 1), ("targetSize", 2), ("targetSizeFloat", 3)])
@@ -306,6 +309,10 @@ fn the_external_scaler_keeps_kedas_wire_contract() {
     assert_eq!(fields("GetMetricsResponse"), named(&[("metricValues", 1)]));
     assert_eq!(
         fields("MetricValue"),
-        named(&[("metricName", 1), ("metricValue", 2), ("metricValueFloat", 3)])
+        named(&[
+            ("metricName", 1),
+            ("metricValue", 2),
+            ("metricValueFloat", 3)
+        ])
     );
 }

@@ -330,7 +330,7 @@ pub(crate) async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, Ex
         )])
     })?;
     let bound = listener.local_addr().unwrap_or(addr);
-    tracing::info!(addr = %bound, "KEDA external scaler served");
+    tracing::info!(addr = %bound, "KEDA external scaler served at {bound}");
     Ok(listener)
 }
 

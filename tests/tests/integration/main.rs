@@ -37,6 +37,7 @@ mod recycle;
 mod reload;
 mod roll;
 mod runtime;
+mod scaler;
 mod sdk_settings;
 mod secrets_channel;
 mod share;
