@@ -833,12 +833,9 @@ pub(crate) fn start(
         };
     let merged_metrics = metrics_addr.filter(|_| several);
     // KEDA's external scaler beside the runtimes (see scaler.rs).
-    let scaler_addr = crate::scaler::addr(vars)
-        .map_err(|why| add(why))
-        .ok()
-        .flatten();
+    let scaler_addr = crate::scaler::addr(vars).map_err(&add).ok().flatten();
     let scaler_interval = crate::scaler::interval(vars)
-        .map_err(|why| add(why))
+        .map_err(&add)
         .unwrap_or(crate::scaler::DEFAULT_INTERVAL);
     if !problems.borrow().is_empty() {
         return Err(ExpectedError::Config(problems.into_inner()));
