@@ -59,6 +59,10 @@ async fn served_at(log: &Path) -> String {
 }
 
 async fn scaler(conductor_url: &str, args: &[&str]) -> ScalerProc {
+    scaler_with(conductor_url, args, &[]).await
+}
+
+async fn scaler_with(conductor_url: &str, args: &[&str], env: &[(&str, &str)]) -> ScalerProc {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("scaler.log");
     let child = perago_tests::command(SUPERVISOR)
@@ -67,6 +71,7 @@ async fn scaler(conductor_url: &str, args: &[&str]) -> ScalerProc {
         .env("CONDUCTOR_SERVER_URL", conductor_url)
         .env("PERAGO_SCALER_INTERVAL", "100ms")
         .env("RUST_LOG", "info")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(fs::File::create(&log).unwrap())
@@ -313,4 +318,42 @@ async fn start_serves_the_scaler_beside_its_runtimes() {
         conductor.wait_terminal(id, Duration::from_secs(30)).await;
     }
     assert!(!is_active(&addr, meta));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scaler_uses_conductors_auth_as_start_does() {
+    const KEY: &str = "scaler-key";
+    const SECRET: &str = "scaler-secret";
+    let server = perago_devstack::conductor::ConductorServer::builder()
+        .auth(KEY, SECRET)
+        .bind("127.0.0.1:0")
+        .await
+        .expect("devstack binds");
+    let client = perago_core::conductor::ConductorClient::with_auth(
+        &server.base_url(),
+        Some(perago_core::conductor::Credentials::new(KEY, SECRET)),
+    )
+    .unwrap();
+    let task = TaskFixture::new("scaler.auth", "read p\necho '{}'\n", "");
+    let conductor = Conductor { server, client };
+    conductor.register(&task).await;
+    conductor.start_workflow(&task, json!({})).await;
+    let meta = json!({"taskType": task.name});
+    let with = scaler_with(
+        &conductor.server.base_url(),
+        &[],
+        &[
+            ("CONDUCTOR_AUTH_KEY", KEY),
+            ("CONDUCTOR_AUTH_SECRET", SECRET),
+        ],
+    )
+    .await;
+    assert_eq!(metric(&with.addr, meta.clone()), 1.0);
+    assert!(
+        conductor.server.tokens_issued() >= 2,
+        "the scaler fetched its own token"
+    );
+    let without = scaler(&conductor.server.base_url(), &[]).await;
+    let run = call(&without.addr, "IsActive", &object(meta));
+    assert!(run.stderr.contains("Code: Unavailable"), "{run}");
 }
