@@ -271,6 +271,38 @@ async fn a_conductor_that_cannot_be_read_is_unavailable_naming_the_cause() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conductor_that_answers_garbage_is_unavailable_naming_the_answer() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    // An HTTP server whose every answer is a JSON string where a count belongs.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf).await;
+                let body = "\"lots\"";
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    let scaler = scaler(&format!("http://127.0.0.1:{port}/api"), &[]).await;
+    for method in ["IsActive", "StreamIsActive"] {
+        let run = call(&scaler.addr, method, &object(json!({"taskType": "t"})));
+        assert!(run.stderr.contains("Code: Unavailable"), "{method}: {run}");
+        assert!(
+            run.stderr
+                .contains("expected a count (a non-negative integer)"),
+            "{method}: {run}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_serves_the_scaler_beside_its_runtimes() {
     let conductor = Conductor::start().await;
     let task = TaskFixture::new(
