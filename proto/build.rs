@@ -13,8 +13,12 @@ const PROTOS: &[&str] = &[
     "perago/supervisor/v1/supervisor.proto",
 ];
 
+/// KEDA's external scaler protocol (its own package and descriptor set: the scaler reflects
+/// only it, the perago sockets only theirs).
+const EXTERNAL_SCALER: &str = "externalscaler/externalscaler.proto";
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    for proto in PROTOS {
+    for proto in PROTOS.iter().chain([&EXTERNAL_SCALER]) {
         println!("cargo:rerun-if-changed={proto}");
     }
     // Source info keeps the comments: they become rustdoc on the generated types, and
@@ -25,8 +29,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .open_files(PROTOS.iter().copied())?
         .file_descriptor_set();
 
+    let scaler_fds = protox::Compiler::new(["."])?
+        .include_source_info(true)
+        .include_imports(true)
+        .open_files([EXTERNAL_SCALER])?
+        .file_descriptor_set();
+
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     fs::write(out_dir.join("perago_descriptor.bin"), fds.encode_to_vec())?;
+    fs::write(
+        out_dir.join("externalscaler_descriptor.bin"),
+        scaler_fds.encode_to_vec(),
+    )?;
+    let mut all = fds;
+    all.file.extend(scaler_fds.file);
 
     tonic_prost_build::configure()
         // The counters are listed once, in the .proto: `status` prints them by serialising.
@@ -36,6 +52,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .build_client(true)
         .build_server(true)
-        .compile_fds(fds)?;
+        .compile_fds(all)?;
     Ok(())
 }

@@ -7,6 +7,8 @@
 //!   operators, `perago-supervisor status` and a multi-task supervisor's merged `/metrics`.
 //! - [`supervisor::v1`]: `Supervisor.Reload`, the supervisor's own control socket
 //!   (`perago-supervisor reload`).
+//! - [`externalscaler`]: KEDA's `externalscaler.ExternalScaler`, served by
+//!   `perago-supervisor scaler` ([`EXTERNALSCALER_DESCRIPTOR_SET`] for its reflection).
 //!
 //! [`FILE_DESCRIPTOR_SET`] is the encoded descriptor set of both files, for gRPC server
 //! reflection. Code generation runs in `build.rs` with protox; see `README.md`.
@@ -40,10 +42,23 @@ pub mod supervisor {
     }
 }
 
+/// KEDA's external scaler protocol (`externalscaler.ExternalScaler`), which
+/// `perago-supervisor scaler` serves: KEDA's wire contract, see
+/// `externalscaler/externalscaler.proto`.
+#[allow(missing_debug_implementations, unreachable_pub, clippy::all)]
+pub mod externalscaler {
+    tonic::include_proto!("externalscaler");
+}
+
 mod phase;
 
 /// The encoded `FileDescriptorSet` of every perago `.proto` file, for tonic-reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("perago_descriptor");
+
+/// The encoded `FileDescriptorSet` of KEDA's external scaler protocol, for the scaler's
+/// reflection.
+pub const EXTERNALSCALER_DESCRIPTOR_SET: &[u8] =
+    tonic::include_file_descriptor_set!("externalscaler_descriptor");
 
 /// The metadata key that carries the control token on `Control` calls.
 pub const CONTROL_TOKEN_METADATA: &str = "x-perago-control-token";

@@ -255,3 +255,64 @@ fn a_slot_status_phase_reads_back_as_the_enum() {
     assert_eq!(Phase::from_status_name(""), None);
     assert_eq!(Phase::from_status_name("BODY"), None);
 }
+
+#[test]
+fn the_external_scaler_keeps_kedas_wire_contract() {
+    let set = FileDescriptorSet::decode(perago_proto::EXTERNALSCALER_DESCRIPTOR_SET)
+        .expect("descriptor set decodes");
+    assert_eq!(set.file.len(), 1);
+    let file = &set.file[0];
+    assert_eq!(file.package(), "externalscaler");
+    let service = &file.service[0];
+    assert_eq!(service.name(), "ExternalScaler");
+    let methods: Vec<&str> = service.method.iter().map(|m| m.name()).collect();
+    assert_eq!(
+        methods,
+        [
+            "IsActive",
+            "StreamIsActive",
+            "GetMetricSpec",
+            "GetMetrics",
+            "StreamMetricSpec"
+        ]
+    );
+    let fields = |message: &str| -> Vec<(String, i32)> {
+        file.message_type
+            .iter()
+            .find(|m| m.name() == message)
+            .unwrap_or_else(|| panic!("{message} is missing"))
+            .field
+            .iter()
+            .map(|f| (f.name().to_owned(), f.number()))
+            .collect()
+    };
+    let named = |pairs: &[(&str, i32)]| -> Vec<(String, i32)> {
+        pairs.iter().map(|(n, i)| ((*n).to_owned(), *i)).collect()
+    };
+    assert_eq!(
+        fields("ScaledObjectRef"),
+        named(&[("name", 1), ("namespace", 2), ("scalerMetadata", 3)])
+    );
+    assert_eq!(fields("IsActiveResponse"), named(&[("result", 1)]));
+    assert_eq!(
+        fields("GetMetricSpecResponse"),
+        named(&[("metricSpecs", 1)])
+    );
+    assert_eq!(
+        fields("MetricSpec"),
+        named(&[("metricName", 1), ("targetSize", 2), ("targetSizeFloat", 3)])
+    );
+    assert_eq!(
+        fields("GetMetricsRequest"),
+        named(&[("scaledObjectRef", 1), ("metricName", 2)])
+    );
+    assert_eq!(fields("GetMetricsResponse"), named(&[("metricValues", 1)]));
+    assert_eq!(
+        fields("MetricValue"),
+        named(&[
+            ("metricName", 1),
+            ("metricValue", 2),
+            ("metricValueFloat", 3)
+        ])
+    );
+}

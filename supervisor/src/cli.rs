@@ -53,6 +53,10 @@ pub enum Command {
     /// manifest that fails `check` refuses the whole reload (every problem listed, exit 1,
     /// the running version keeps running). SIGHUP to the supervisor does the same.
     Reload(ReloadArgs),
+    /// Serve KEDA's external scaler over gRPC: Conductor's backlog of the task type (and
+    /// domain) a ScaledObject's scalerMetadata names, from the same Conductor settings as
+    /// `start`. It never polls a task.
+    Scaler(ScalerArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(CompletionsArgs),
     /// Try a task with nothing to install: an embedded development Conductor, one workflow per
@@ -77,6 +81,24 @@ pub struct ScaleArgs {
     /// The executor count from now on: N, or an adaptive range MIN..MAX (as `start -j`).
     #[arg(short = 'j', long = "jobs", value_name = "N|MIN..MAX", required = true)]
     pub jobs: String,
+}
+
+/// Settings of `scaler` that only the environment gives.
+const SCALER_ENVIRONMENT: &str = "Environment (no flag):
+  CONDUCTOR_SERVER_URL, CONDUCTOR_AUTH_KEY, CONDUCTOR_AUTH_SECRET  as for `start`
+  PERAGO_SCALER_INTERVAL=DUR   how often StreamIsActive reads the queue (default 1s)";
+
+/// `scaler`.
+#[derive(Debug, Args)]
+#[deny(missing_docs)]
+#[command(after_help = SCALER_ENVIRONMENT)]
+pub struct ScalerArgs {
+    /// The TCP address to serve on (`0.0.0.0:9466`; port 0 picks one, logged).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: std::net::SocketAddr,
+    /// The backlog one pod is meant to take when the scalerMetadata has no targetPerPod.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub target_per_pod: u64,
 }
 
 /// `reload`.

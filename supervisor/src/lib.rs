@@ -1,5 +1,5 @@
 //! The perago command line: `check`, `extract`, `start`, `dev` (the `dev` feature, on by
-//! default), `status`, `pause`, `resume`, `scale`, `reload`, `completions`. `start` and `dev` build their runtimes from one
+//! default), `status`, `pause`, `resume`, `scale`, `reload`, `scaler`, `completions`. `start` and `dev` build their runtimes from one
 //! [`plan`](crate::plan).
 //! `main` calls [`run`], which parses the arguments, runs the command and maps every expected error to its exit
 //! code (see [`errors::exit_codes`]).
@@ -21,6 +21,7 @@ mod plan;
 mod reload;
 mod runtime;
 mod scale;
+mod scaler;
 mod sdk_settings;
 mod share;
 mod start;
@@ -136,6 +137,7 @@ fn dispatch(cli: Cli, vars: &BTreeMap<String, String>) -> Result<(), ExpectedErr
         Command::Resume(args) => pause::resume(&args, vars)?,
         Command::Scale(args) => scale::scale(&args, vars)?,
         Command::Reload(args) => control::reload(&args, vars)?,
+        Command::Scaler(args) => scaler::scaler(&args, vars)?,
         Command::Completions(_) => unreachable!("handled before dispatch"),
     }
     Ok(())

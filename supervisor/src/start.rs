@@ -832,6 +832,11 @@ pub(crate) fn start(
                 .ok(),
         };
     let merged_metrics = metrics_addr.filter(|_| several);
+    // KEDA's external scaler beside the runtimes (see scaler.rs).
+    let scaler_addr = crate::scaler::addr(vars).map_err(&add).ok().flatten();
+    let scaler_interval = crate::scaler::interval(vars)
+        .map_err(&add)
+        .unwrap_or(crate::scaler::DEFAULT_INTERVAL);
     if !problems.borrow().is_empty() {
         return Err(ExpectedError::Config(problems.into_inner()));
     }
@@ -903,6 +908,22 @@ pub(crate) fn start(
                 tracing::info!(addr = %bound, "metrics of every task type served at http://{bound}/metrics");
                 let sockets = locks.iter().map(|l| l.socket.clone()).collect();
                 Some(tokio::spawn(metrics::serve_merged(listener, sockets)))
+            }
+        };
+        let scaler = match scaler_addr {
+            None => None,
+            Some(addr) => {
+                let listener = crate::scaler::bind(addr).await?;
+                // A type this supervisor runs: one pod takes its `-j` maximum.
+                let defaults = crate::scaler::Defaults {
+                    by_type: tasks
+                        .iter()
+                        .map(|t| (t.manifest.task.name.clone(), u64::from(t.capacity.max_executors)))
+                        .collect(),
+                    otherwise: 1,
+                };
+                let service = crate::scaler::Scaler::new(conductor.clone(), defaults, scaler_interval);
+                Some(tokio::spawn(crate::scaler::serve(listener, service)))
             }
         };
         let mut runtime_plan = Plan::new(Programs::Siblings, conductor.base_url().to_owned());
@@ -1018,6 +1039,9 @@ pub(crate) fn start(
         drop(registration);
         if let Some(metrics) = metrics {
             metrics.abort();
+        }
+        if let Some(scaler) = scaler {
+            scaler.abort();
         }
         for ((locked, lakefs), (_, result)) in locks.iter().zip(&lakefs_clients).zip(&results) {
             if !matches!(result, Err(RuntimeError::ForeignBroker { .. })) {

@@ -28,6 +28,7 @@ fn help_texts() {
         &["status", "--help"],
         &["scale", "--help"],
         &["reload", "--help"],
+        &["scaler", "--help"],
     ] {
         let out = run(args);
         out.expect_code(0);

@@ -121,3 +121,156 @@ fn shell_completions_generate() {
         Run::of(command(env!("CARGO_BIN_EXE_perago-supervisor-dup")).args(["completions", "tcsh"]));
     bad.expect_code(2);
 }
+
+/// The rest of the line after `key` (which may span lines, with their indentation).
+fn after<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    let rest = &text[text.find(key)? + key.len()..];
+    Some(rest.lines().next().unwrap_or_default().trim())
+}
+
+/// The documents of a YAML file (`---` between them), each checked for what a Kubernetes
+/// schema needs of these examples: an apiVersion and kind perago's examples use, a name, no
+/// tab, two-space indentation.
+fn documents(file: &str) -> Vec<String> {
+    let text = fs::read_to_string(workspace_root().join("deploy/kubernetes").join(file)).unwrap();
+    let docs: Vec<String> = text.split("\n---\n").map(str::to_owned).collect();
+    for doc in &docs {
+        assert!(!doc.contains('\t'), "{file}: a tab");
+        for line in doc.lines().filter(|l| !l.trim().is_empty()) {
+            let indent = line.len() - line.trim_start().len();
+            assert_eq!(indent % 2, 0, "{file}: {line:?}");
+        }
+        let kind = (top(doc, "apiVersion"), top(doc, "kind"));
+        assert!(
+            matches!(
+                kind,
+                (Some("apps/v1"), Some("Deployment"))
+                    | (Some("v1"), Some("Service"))
+                    | (Some("keda.sh/v1alpha1"), Some("ScaledObject" | "ScaledJob"))
+            ),
+            "{file}: {kind:?}"
+        );
+        assert!(doc.contains("\nmetadata:\n  name: "), "{file}: no name");
+    }
+    docs
+}
+
+/// A top-level key's value.
+fn top<'a>(doc: &'a str, key: &str) -> Option<&'a str> {
+    doc.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}: ")))
+        .map(str::trim)
+}
+
+fn name_of(doc: &str) -> &str {
+    after(doc, "\nmetadata:\n  name:").unwrap()
+}
+
+fn kind_of<'a>(docs: &'a [String], kind: &str) -> Vec<&'a String> {
+    docs.iter()
+        .filter(|d| top(d, "kind") == Some(kind))
+        .collect()
+}
+
+/// An external trigger's metadata: every value a string (KEDA's schema is a string map, so a
+/// bare `4` is refused), naming a scaler Service of `services` by name and port, a task type
+/// and a positive targetPerPod.
+fn check_external_trigger(file: &str, doc: &str, services: &[(String, String)]) {
+    assert!(
+        doc.contains("\n    - type: external\n"),
+        "{file}: no external trigger"
+    );
+    let metadata = &doc[doc.find("\n      metadata:\n").expect("trigger metadata")..];
+    let value = |key: &str| -> String {
+        let raw =
+            value_after(metadata, &format!("{key}:")).unwrap_or_else(|| panic!("{file}: no {key}"));
+        assert!(
+            raw.parse::<f64>().is_err(),
+            "{file}: {key}: {raw} must be a string (quote it)"
+        );
+        raw.trim_matches('"').to_owned()
+    };
+    let address = value("scalerAddress");
+    assert!(
+        services
+            .iter()
+            .any(|(name, port)| address == format!("{name}:{port}")),
+        "{file}: scalerAddress {address} is no scaler Service of {services:?}"
+    );
+    assert!(!value("taskType").is_empty());
+    let target: u64 = value("targetPerPod").parse().unwrap();
+    assert!(target > 0);
+}
+
+#[test]
+fn the_keda_examples_scale_the_sidecars_on_the_scaler() {
+    let docs = documents("keda-scaledobject.yaml");
+    // The scaler: `perago-supervisor scaler --listen` on the port its Service serves.
+    let deployments = kind_of(&docs, "Deployment");
+    let scaler = deployments
+        .iter()
+        .find(|d| d.contains("args: [\"scaler\""))
+        .expect("a scaler Deployment");
+    let args: Vec<String> = serde_json::from_str(value_after(scaler, "args:").unwrap()).unwrap();
+    let listen = &args[args.iter().position(|a| a == "--listen").unwrap() + 1];
+    let port = listen.rsplit(':').next().unwrap().to_owned();
+    let services: Vec<(String, String)> = kind_of(&docs, "Service")
+        .iter()
+        .map(|s| {
+            (
+                name_of(s).to_owned(),
+                value_after(s, "port:").unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert!(
+        services.iter().any(|(_, p)| *p == port),
+        "{services:?} vs {listen}"
+    );
+    let label = after(scaler, "labels:\n        app:").unwrap();
+    for service in kind_of(&docs, "Service") {
+        assert_eq!(after(service, "selector:\n    app:"), Some(label));
+    }
+    // The ScaledObject scales the Deployment of sidecars, which drains within its grace.
+    let [scaled] = kind_of(&docs, "ScaledObject")[..] else {
+        panic!("one ScaledObject")
+    };
+    let target = after(scaled, "scaleTargetRef:\n    name:").unwrap();
+    let sidecars = deployments
+        .iter()
+        .find(|d| name_of(d) == target)
+        .unwrap_or_else(|| panic!("no Deployment {target}"));
+    let args: Vec<String> = serde_json::from_str(value_after(sidecars, "args:").unwrap()).unwrap();
+    assert_eq!(args[0], "start");
+    let grace: u64 = value_after(sidecars, "terminationGracePeriodSeconds:")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let force = parse_duration(
+        after(
+            sidecars,
+            "- name: PERAGO_SHUTDOWN_FORCE_KILL_AFTER\n              value:",
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert!(Duration::from_secs(grace) > force + Duration::from_secs(2));
+    check_external_trigger("keda-scaledobject.yaml", scaled, &services);
+
+    // The ScaledJob: Jobs of `start --once`, asking the same scaler.
+    let docs = documents("keda-scaledjob.yaml");
+    let [job] = kind_of(&docs, "ScaledJob")[..] else {
+        panic!("one ScaledJob")
+    };
+    let args: Vec<String> = serde_json::from_str(value_after(job, "args:").unwrap()).unwrap();
+    assert_eq!(args[0], "start");
+    assert!(args.iter().any(|a| a == "--once"), "{args:?}");
+    assert!(
+        matches!(
+            value_after(job, "restartPolicy:"),
+            Some("Never" | "OnFailure")
+        ),
+        "a Job's pods restart Never or OnFailure"
+    );
+    check_external_trigger("keda-scaledjob.yaml", job, &services);
+}

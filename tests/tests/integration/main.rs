@@ -38,6 +38,7 @@ mod recycle;
 mod reload;
 mod roll;
 mod runtime;
+mod scaler;
 mod sdk_settings;
 mod secrets_channel;
 mod share;
