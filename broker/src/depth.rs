@@ -11,7 +11,7 @@
 //! A runtime with a domain (`--domain`) reads its domain's queue (`domain:type`) on both
 //! routes: that is the queue it polls, and the default one can be full of tasks it never gets.
 
-use perago_core::conductor::{ConductorClient, Domain};
+use perago_core::conductor::{ConductorClient, DepthRoutes, Domain};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// What the reads learned so far; shared by every read of one broker.
@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub(crate) struct Routes {
     /// The last read failed, so that each change is logged once.
     failing: AtomicBool,
-    /// `GET /tasks/queue/size` is missing on this server: it is not asked again.
-    size_missing: AtomicBool,
+    /// Which route this server has (`ConductorClient::queue_depth`).
+    routes: DepthRoutes,
 }
 
 /// Reads the depth of `task_type`; `None` when neither route answers with one.
@@ -30,38 +30,23 @@ pub(crate) async fn read(
     domain: Option<&Domain>,
     routes: &Routes,
 ) -> Option<u64> {
-    let first = if routes.size_missing.load(Ordering::Acquire) {
-        None
-    } else {
-        match client.queue_size_in(task_type, domain).await {
-            Ok(depth) => return Some(recovered(depth, routes)),
-            Err(e) => {
-                if matches!(e.status(), Some(404 | 405))
-                    && !routes.size_missing.swap(true, Ordering::AcqRel)
-                {
-                    tracing::info!(
-                        task = task_type,
-                        error = %perago_core::errors::DisplayChain(&e),
-                        "this Conductor has no GET /tasks/queue/size; the queue depth is read \
-                         from GET /tasks/queue/sizes from now on"
-                    );
-                }
-                Some(e)
+    match client.queue_depth(task_type, domain, &routes.routes).await {
+        Ok(depth) => {
+            if routes.failing.swap(false, Ordering::AcqRel) {
+                tracing::info!(depth, "the queue depth can be read again");
             }
+            Some(depth)
         }
-    };
-    match client.queue_sizes_in(task_type, domain).await {
-        Ok(depth) => Some(recovered(depth, routes)),
-        Err(second) => {
+        Err(e) => {
             if !routes.failing.swap(true, Ordering::AcqRel) {
-                let first = first.map_or_else(
+                let first = e.first.as_ref().map_or_else(
                     || "not asked (missing on this server)".to_owned(),
-                    |e| perago_core::errors::chain(&e),
+                    perago_core::errors::chain,
                 );
                 tracing::warn!(
                     task = task_type,
                     error = %first,
-                    fallback_error = %perago_core::errors::DisplayChain(&second),
+                    fallback_error = %perago_core::errors::DisplayChain(&e.second),
                     "cannot read the queue depth; run once ends after {} empty polls in a row \
                      instead, the adaptive executor count keeps the last depth read; polling \
                      goes on (logged again when a read works)",
@@ -71,13 +56,6 @@ pub(crate) async fn read(
             None
         }
     }
-}
-
-fn recovered(depth: u64, routes: &Routes) -> u64 {
-    if routes.failing.swap(false, Ordering::AcqRel) {
-        tracing::info!(depth, "the queue depth can be read again");
-    }
-    depth
 }
 
 #[cfg(test)]

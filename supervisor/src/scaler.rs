@@ -4,7 +4,7 @@
 //! only: it never polls, so it never holds a task. See docs/scaler.md.
 
 use crate::{cli::ScalerArgs, errors::ExpectedError};
-use perago_core::conductor::{ConductorClient, Domain, queue_name};
+use perago_core::conductor::{ConductorClient, DepthRoutes, Domain, queue_name};
 use perago_proto::externalscaler::{
     GetMetricSpecResponse, GetMetricsRequest, GetMetricsResponse, IsActiveResponse, MetricSpec,
     MetricValue, ScaledObjectRef,
@@ -155,6 +155,8 @@ pub(crate) fn metric_name(target: &Target) -> String {
 #[derive(Debug, Clone)]
 pub(crate) struct Scaler {
     conductor: ConductorClient,
+    /// Which queue-size route the server has, learned once for every read.
+    routes: Arc<DepthRoutes>,
     defaults: Arc<Defaults>,
     interval: Duration,
 }
@@ -164,6 +166,7 @@ impl Scaler {
     pub(crate) fn new(conductor: ConductorClient, defaults: Defaults, interval: Duration) -> Self {
         Self {
             conductor,
+            routes: Arc::default(),
             defaults: Arc::new(defaults),
             interval,
         }
@@ -177,13 +180,19 @@ impl Scaler {
 
     /// The queue's size, or UNAVAILABLE naming the queue and the cause.
     async fn backlog(&self, target: &Target) -> Result<u64, Status> {
-        backlog(&self.conductor, target).await
+        backlog(&self.conductor, &self.routes, target).await
     }
 }
 
-async fn backlog(conductor: &ConductorClient, target: &Target) -> Result<u64, Status> {
+/// The queue's size on whichever route the server has (the kept one, else the deprecated
+/// one: `ConductorClient::queue_depth`, as the broker reads it).
+async fn backlog(
+    conductor: &ConductorClient,
+    routes: &DepthRoutes,
+    target: &Target,
+) -> Result<u64, Status> {
     conductor
-        .queue_size_in(&target.task_type, target.domain.as_ref())
+        .queue_depth(&target.task_type, target.domain.as_ref(), routes)
         .await
         .map_err(|e| {
             let queue = queue_name(&target.task_type, target.domain.as_ref());
@@ -219,11 +228,12 @@ impl ExternalScaler for Scaler {
         let target = self.target(Some(request.get_ref()))?;
         let (tx, rx) = mpsc::channel(1);
         let conductor = self.conductor.clone();
+        let routes = Arc::clone(&self.routes);
         let interval = self.interval;
         tokio::spawn(async move {
             let mut last = None;
             loop {
-                let active = match backlog(&conductor, &target).await {
+                let active = match backlog(&conductor, &routes, &target).await {
                     Ok(n) => n > 0,
                     Err(status) => {
                         // KEDA opens the stream again; the error says why it ended.

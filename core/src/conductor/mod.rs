@@ -18,3 +18,4 @@ pub use domain::{Domain, DomainError, MAX_DOMAIN_LEN, queue_name};
 pub use errors::ConductorError;
 pub use payload::{PayloadError, fetch_task_input};
 pub use polled::{Polled, TaskTypes};
+pub use tasks::{DepthError, DepthRoutes};

@@ -257,3 +257,63 @@ impl ConductorClient {
         Self::decode("GET", &path, &self.base, &text)
     }
 }
+
+/// What a client learned of a server's queue-depth routes: the kept `GET /tasks/queue/size`,
+/// and, where that is missing (it answers 404 or 405: it never answers 404 for a task type, an
+/// unknown one counts 0), the deprecated `GET /tasks/queue/sizes`, asked from then on. One per
+/// reader of one server (a broker, the KEDA scaler), shared by its reads.
+#[derive(Debug, Default)]
+pub struct DepthRoutes {
+    size_missing: std::sync::atomic::AtomicBool,
+}
+
+/// Neither route gave a queue depth. Shows the kept route's failure (when it was asked) and
+/// then, as its cause, the deprecated route's.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", match first {
+    Some(first) => format!("{}; the deprecated route failed too", crate::errors::chain(first)),
+    None => "the deprecated queue-size route failed (this server has no GET /tasks/queue/size)".to_owned(),
+})]
+pub struct DepthError {
+    /// The kept route's failure (`None`: not asked, it is missing on this server).
+    pub first: Option<ConductorError>,
+    /// The deprecated route's failure.
+    #[source]
+    pub second: ConductorError,
+}
+
+impl ConductorClient {
+    /// The depth of `task_type`'s queue (`domain`'s, `domain:type`, with one) on whichever
+    /// route this server has (see [`DepthRoutes`]); both take the name whole, commas and all.
+    pub async fn queue_depth(
+        &self,
+        task_type: &str,
+        domain: Option<&Domain>,
+        routes: &DepthRoutes,
+    ) -> Result<u64, DepthError> {
+        use std::sync::atomic::Ordering;
+        let first = if routes.size_missing.load(Ordering::Acquire) {
+            None
+        } else {
+            match self.queue_size_in(task_type, domain).await {
+                Ok(depth) => return Ok(depth),
+                Err(e) => {
+                    if matches!(e.status(), Some(404 | 405))
+                        && !routes.size_missing.swap(true, Ordering::AcqRel)
+                    {
+                        tracing::info!(
+                            task = task_type,
+                            error = %crate::errors::DisplayChain(&e),
+                            "this Conductor has no GET /tasks/queue/size; the queue depth is read \
+                             from GET /tasks/queue/sizes from now on"
+                        );
+                    }
+                    Some(e)
+                }
+            }
+        };
+        self.queue_sizes_in(task_type, domain)
+            .await
+            .map_err(|second| DepthError { first, second })
+    }
+}

@@ -389,3 +389,52 @@ async fn the_scaler_uses_conductors_auth_as_start_does() {
     let run = call(&without.addr, "IsActive", &object(meta));
     assert!(run.stderr.contains("Code: Unavailable"), "{run}");
 }
+
+/// A Conductor without `GET /tasks/queue/size` (the route is newer than some servers users
+/// run): the scaler reads the deprecated `GET /tasks/queue/sizes`, as the broker does, and asks
+/// the missing route once only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conductor_without_the_size_route_is_read_on_the_deprecated_one() {
+    use std::sync::{Arc, Mutex};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = Arc::clone(&lines);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let seen = Arc::clone(&seen);
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let n = stream.read(&mut buf).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]);
+                let line = head.lines().next().unwrap_or_default().to_owned();
+                let (status, body) = if line.starts_with("GET /api/tasks/queue/sizes?") {
+                    ("200 OK", r#"{"t": 4}"#)
+                } else {
+                    (
+                        "404 Not Found",
+                        r#"{"status": 404, "message": "no such route"}"#,
+                    )
+                };
+                seen.lock().unwrap().push(line);
+                let answer = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    let scaler = scaler(&format!("http://127.0.0.1:{port}/api"), &[]).await;
+    for _ in 0..3 {
+        assert_eq!(metric(&scaler.addr, json!({"taskType": "t"})), 4.0);
+    }
+    assert!(is_active(&scaler.addr, json!({"taskType": "t"})));
+    let lines = lines.lock().unwrap().clone();
+    let kept = lines
+        .iter()
+        .filter(|l| l.starts_with("GET /api/tasks/queue/size?"))
+        .count();
+    assert_eq!(kept, 1, "the missing route is asked once: {lines:?}");
+}
