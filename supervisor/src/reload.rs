@@ -850,12 +850,8 @@ pub(crate) fn worker_request(
 
 /// `Admin.Pause` (`paused`) or `Admin.Resume` on the broker at `socket`, bounded to 5 s.
 async fn pause(socket: &std::path::Path, paused: bool) -> Result<(), String> {
-    let call = async {
-        let channel = perago_core::socket::connect(socket)
-            .await
-            .map_err(|e| perago_core::errors::chain(&e))?;
-        let mut client = AdminClient::new(channel);
-        let answer = if paused {
+    admin_call(socket, |mut client| async move {
+        if paused {
             client
                 .pause(perago_proto::admin::v1::PauseRequest {})
                 .await
@@ -865,10 +861,29 @@ async fn pause(socket: &std::path::Path, paused: bool) -> Result<(), String> {
                 .resume(perago_proto::admin::v1::ResumeRequest {})
                 .await
                 .map(|_| ())
-        };
-        answer.map_err(|s| s.message().to_owned())
+        }
+    })
+    .await
+}
+
+/// One Admin call on the broker at `socket` (connect included), bounded to 5 s; the error
+/// as a line for the reload's report.
+async fn admin_call<F>(
+    socket: &std::path::Path,
+    call: impl FnOnce(AdminClient<tonic::transport::Channel>) -> F,
+) -> Result<(), String>
+where
+    F: std::future::Future<Output = Result<(), tonic::Status>>,
+{
+    let asked = async {
+        let channel = perago_core::socket::connect(socket)
+            .await
+            .map_err(|e| perago_core::errors::chain(&e))?;
+        call(AdminClient::new(channel))
+            .await
+            .map_err(|s| s.message().to_owned())
     };
-    match tokio::time::timeout(Duration::from_secs(5), call).await {
+    match tokio::time::timeout(Duration::from_secs(5), asked).await {
         Ok(result) => result,
         Err(_) => Err("no answer within 5 s".to_owned()),
     }
@@ -904,20 +919,10 @@ async fn roll(
 
 /// `Admin.Reconfigure` on the broker at `socket`, bounded to 5 s.
 async fn reconfigure(socket: &std::path::Path, request: ReconfigureRequest) -> Result<(), String> {
-    let call = async {
-        let channel = perago_core::socket::connect(socket)
-            .await
-            .map_err(|e| perago_core::errors::chain(&e))?;
-        AdminClient::new(channel)
-            .reconfigure(request)
-            .await
-            .map(|_| ())
-            .map_err(|s| s.message().to_owned())
-    };
-    match tokio::time::timeout(Duration::from_secs(5), call).await {
-        Ok(result) => result,
-        Err(_) => Err("no answer within 5 s".to_owned()),
-    }
+    admin_call(socket, |mut client| async move {
+        client.reconfigure(request).await.map(|_| ())
+    })
+    .await
 }
 
 #[cfg(test)]
