@@ -17,10 +17,16 @@ const PROTOS: &[&str] = &[
 /// only it, the perago sockets only theirs).
 const EXTERNAL_SCALER: &str = "externalscaler/externalscaler.proto";
 
+/// OpenTelemetry's OTLP trace protocol, vendored from open-telemetry/opentelemetry-proto
+/// (`opentelemetry/`): what the broker exports traces with, and the test suite's receiver
+/// serves. Not reflected by any perago socket.
+const OTLP_TRACES: &str = "opentelemetry/proto/collector/trace/v1/trace_service.proto";
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     for proto in PROTOS.iter().chain([&EXTERNAL_SCALER]) {
         println!("cargo:rerun-if-changed={proto}");
     }
+    println!("cargo:rerun-if-changed=opentelemetry");
     // Source info keeps the comments: they become rustdoc on the generated types, and
     // `grpcurl describe` shows them through reflection.
     let fds = protox::Compiler::new(["."])?
@@ -35,6 +41,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .open_files([EXTERNAL_SCALER])?
         .file_descriptor_set();
 
+    let otlp_fds = protox::Compiler::new(["."])?
+        .include_imports(true)
+        .open_files([OTLP_TRACES])?
+        .file_descriptor_set();
+
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     fs::write(out_dir.join("perago_descriptor.bin"), fds.encode_to_vec())?;
     fs::write(
@@ -43,6 +54,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let mut all = fds;
     all.file.extend(scaler_fds.file);
+    all.file.extend(otlp_fds.file);
 
     tonic_prost_build::configure()
         // The counters are listed once, in the .proto: `status` prints them by serialising.

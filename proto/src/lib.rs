@@ -50,6 +50,45 @@ pub mod externalscaler {
     tonic::include_proto!("externalscaler");
 }
 
+/// OpenTelemetry's OTLP trace protocol (`opentelemetry.proto.*`, vendored from
+/// open-telemetry/opentelemetry-proto under `opentelemetry/`): the broker's trace exporter
+/// sends `collector::trace::v1::ExportTraceServiceRequest`s; the test suite serves
+/// `TraceService` to receive them.
+#[allow(missing_debug_implementations, unreachable_pub, clippy::all)]
+pub mod otlp {
+    /// `opentelemetry.proto.common.v1`: attribute values.
+    pub mod common {
+        /// Version 1.
+        pub mod v1 {
+            tonic::include_proto!("opentelemetry.proto.common.v1");
+        }
+    }
+    /// `opentelemetry.proto.resource.v1`: the exporting service.
+    pub mod resource {
+        /// Version 1.
+        pub mod v1 {
+            tonic::include_proto!("opentelemetry.proto.resource.v1");
+        }
+    }
+    /// `opentelemetry.proto.trace.v1`: spans.
+    pub mod trace {
+        /// Version 1.
+        pub mod v1 {
+            tonic::include_proto!("opentelemetry.proto.trace.v1");
+        }
+    }
+    /// `opentelemetry.proto.collector.trace.v1`: the `TraceService.Export` RPC.
+    pub mod collector {
+        /// The trace collector.
+        pub mod trace {
+            /// Version 1.
+            pub mod v1 {
+                tonic::include_proto!("opentelemetry.proto.collector.trace.v1");
+            }
+        }
+    }
+}
+
 mod phase;
 
 /// The encoded `FileDescriptorSet` of every perago `.proto` file, for tonic-reflection.
