@@ -41,5 +41,6 @@ pub mod secrets;
 pub mod shape;
 pub mod socket;
 pub mod taskdef;
+pub mod trace;
 pub mod units;
 pub mod url;
