@@ -62,6 +62,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "perago.admin.v1.BrokerCounters",
             "#[derive(serde::Serialize)]",
         )
+        // Boxed: most assignments carry no trace, and the broker's `Effect::Send` holds a whole
+        // message inline.
+        .boxed(".perago.slot.v1.Assignment.trace")
         .build_client(true)
         .build_server(true)
         .compile_fds(all)?;

@@ -30,6 +30,7 @@ fn assignment(n: u64) -> proto::BrokerMessage {
             soft_time_limit_ms: None,
             max_tasks_per_executor: None,
             max_executor_memory_bytes: None,
+            trace: None,
             execution_id: format!("00000000-0000-0000-0000-{n:012}"),
             attempt: Some(proto::AttemptSnapshot {
                 workflow_instance_id: "0b8c4f5e-9d2a-4a57-8f0e-6f1c2d3e4a5b".into(),
@@ -205,6 +206,7 @@ pub(crate) fn slot_round_trips(rounds: usize) -> Result<Vec<f64>, String> {
                         recycle: String::new(),
                         body_peak_memory_bytes: 0,
                         body_oom_killed: false,
+                        spans: Vec::new(),
                     })),
                 };
                 // One round trip: the completion goes out, the next assignment comes in.

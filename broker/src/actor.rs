@@ -40,6 +40,13 @@ pub(crate) enum Event {
     },
     /// A message of an attached executor, or the end of its stream.
     Slot(Input),
+    /// A poll returned (the machine's [`Input::Polled`]), with when it started: the poll
+    /// span of its tasks' traces.
+    Polled {
+        tasks: Vec<Polled>,
+        reserved: u32,
+        started: std::time::SystemTime,
+    },
     /// The supervisor reaped a slot's generation; answered with the broker's view of the slot
     /// once the report is taken.
     SlotExited {
@@ -99,9 +106,17 @@ pub(crate) enum Event {
 }
 
 impl Event {
-    /// A poll returned.
-    pub(crate) fn polled(tasks: Vec<Polled>, reserved: u32) -> Self {
-        Self::Slot(Input::Polled { tasks, reserved })
+    /// A poll that started at `started` returned.
+    pub(crate) fn polled(
+        tasks: Vec<Polled>,
+        reserved: u32,
+        started: std::time::SystemTime,
+    ) -> Self {
+        Self::Polled {
+            tasks,
+            reserved,
+            started,
+        }
     }
 }
 
@@ -114,6 +129,8 @@ pub(crate) struct Actor {
     /// Per execution held or running: its span (see [`assignment_span`]). The machine's lines
     /// about it are logged within it, and so are the reporter's, whose tasks carry it on.
     spans: HashMap<String, Span>,
+    /// Per execution held or running, while traces are exported: its trace.
+    traces: Option<crate::traces::Traces>,
     poll_reply: Option<oneshot::Sender<u32>>,
     /// How the supervisor set the runtime up, added to every status.
     settings: Option<perago_proto::admin::v1::RuntimeSettings>,
@@ -179,6 +196,7 @@ impl Actor {
             conns: (0..slots).map(|_| None).collect(),
             leases: HashMap::new(),
             spans: HashMap::new(),
+            traces: None,
             poll_reply: None,
             settings: None,
             reporter,
@@ -267,6 +285,16 @@ impl Actor {
         rx
     }
 
+    /// Exports a trace per attempt through `tracer` (see `traces`).
+    pub(crate) fn with_traces(
+        mut self,
+        tracer: perago_core::trace::Tracer,
+        task_type: String,
+    ) -> Self {
+        self.traces = Some(crate::traces::Traces::new(tracer, task_type));
+        self
+    }
+
     /// Available memory is measured already (the broker started with a memory floor).
     pub(crate) fn measuring_memory(mut self) -> Self {
         self.measuring_memory = true;
@@ -346,6 +374,20 @@ impl Actor {
             Event::Slot(input) => {
                 let out = self.handle_input(input);
                 self.perform(out.effects);
+            }
+            Event::Polled {
+                tasks,
+                reserved,
+                started,
+            } => {
+                if let Some(traces) = &mut self.traces {
+                    traces.polled(&tasks, started);
+                }
+                let out = self.handle_input(Input::Polled { tasks, reserved });
+                self.perform(out.effects);
+                if let Some(traces) = &mut self.traces {
+                    traces.poll_handled();
+                }
             }
             Event::SlotExited { exited, reply } => {
                 let (slot, generation) = (exited.slot, exited.generation);
@@ -462,7 +504,11 @@ impl Actor {
 
     /// Feeds `input` to the machine within the span of the execution it is about, if any: the
     /// machine's lines about an assignment carry its ids without the machine knowing of spans.
-    fn handle_input(&mut self, input: Input) -> Output {
+    fn handle_input(&mut self, mut input: Input) -> Output {
+        if let (Input::Completion { completion, .. }, Some(traces)) = (&mut input, &mut self.traces)
+        {
+            traces.completion(completion);
+        }
         let lease_lost = match &input {
             Input::LeaseLost { execution_id } => Some(execution_id.clone()),
             _ => None,
@@ -480,6 +526,9 @@ impl Actor {
                 self.lost_leases.insert(execution_id);
             } else {
                 self.spans.remove(&execution_id);
+                if let Some(traces) = &mut self.traces {
+                    traces.dropped(&execution_id, "Conductor no longer has the attempt in progress: its lease was lost while it was held");
+                }
             }
         }
         out
@@ -513,8 +562,15 @@ impl Actor {
             Effect::Send {
                 slot,
                 generation,
-                message,
+                mut message,
             } => {
+                if let (
+                    Some(traces),
+                    Some(proto::broker_message::Message::Assignment(assignment)),
+                ) = (&mut self.traces, &mut message.message)
+                {
+                    traces.sending(assignment);
+                }
                 let sent = self.conn_mut(slot).is_some_and(|conn| {
                     matches!(conn, Some((g, tx)) if *g == generation && tx.try_send(Ok(message)).is_ok())
                 });
@@ -528,6 +584,9 @@ impl Actor {
                 }
             }
             Effect::Assigned(assigned) => {
+                if let Some(traces) = &mut self.traces {
+                    traces.assigned(&assigned);
+                }
                 let Assigned {
                     slot,
                     worker_id,
@@ -547,6 +606,11 @@ impl Actor {
                 attempt,
             } => {
                 let span = self.span_of(&execution_id, &attempt.task_id);
+                if let Some(traces) = &mut self.traces {
+                    let domain = self.machine.poll_settings().domain;
+                    let domain = domain.as_ref().map_or("", |d| d.as_str());
+                    traces.begin(&execution_id, &attempt, domain);
+                }
                 if let Some(lease) =
                     self.reporter
                         .spawn_lease(&attempt, &execution_id, self.events.clone(), span)
@@ -557,6 +621,9 @@ impl Actor {
             Effect::StopLease { execution_id } => {
                 // The execution was dropped (handed back): it has no more lines of its own.
                 self.spans.remove(&execution_id);
+                if let Some(traces) = &mut self.traces {
+                    traces.dropped(&execution_id, "handed back to Conductor without a result");
+                }
                 self.lost_leases.remove(&execution_id);
                 self.doubted_leases.remove(&execution_id);
                 if let Some(lease) = self.leases.remove(&execution_id) {
@@ -573,6 +640,10 @@ impl Actor {
                 let lease = self.leases.remove(&report.execution_id);
                 let lease_lost = self.lost_leases.remove(&report.execution_id);
                 let lease_doubted = self.doubted_leases.remove(&report.execution_id);
+                let trace = self
+                    .traces
+                    .as_mut()
+                    .and_then(|traces| traces.take(&report.execution_id));
                 let update = Update {
                     workflow_instance_id: report.workflow_instance_id,
                     task_id: report.task_id,
@@ -584,6 +655,7 @@ impl Actor {
                     lease_lost,
                     lease_doubted,
                     retry_count: report.retry_count,
+                    trace,
                 };
                 self.reporter.spawn(update, self.events.clone(), span);
             }

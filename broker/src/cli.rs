@@ -81,6 +81,9 @@ pub enum ConfigError {
         value: String,
     },
     /// `PERAGO_SHARE` is neither 1 nor 0.
+    /// The OpenTelemetry environment cannot be used.
+    #[error("OpenTelemetry: {0}")]
+    Trace(#[from] perago_core::trace::ConfigError),
     #[error("{} {value:?}: expected 1 or 0", env::PERAGO_SHARE)]
     Share {
         /// The value as given.
@@ -168,7 +171,10 @@ pub fn config_from(lookup: impl Fn(&str) -> Option<String>) -> Result<BrokerConf
                 .map_err(|_| ConfigError::SoftTimeLimit { value: ms.clone() })?,
         ),
     };
+    // The standard OpenTelemetry environment: traces are exported while an endpoint is set.
+    let trace = perago_core::trace::Config::from_env(&lookup)?;
     Ok(BrokerConfig {
+        trace,
         soft_time_limit_ms,
         task_name,
         prefix,

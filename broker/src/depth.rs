@@ -241,7 +241,7 @@ mod tests {
                     grants += 1;
                 }
                 // The first poll came back empty: the loop now waits an hour, unless told.
-                crate::actor::Event::Slot(crate::state::Input::Polled { .. }) if grants == 1 => {
+                crate::actor::Event::Polled { .. } if grants == 1 => {
                     settings.send_replace(crate::state::PollSettings {
                         domain: None,
                         wait: std::time::Duration::from_millis(200),

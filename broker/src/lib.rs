@@ -27,6 +27,7 @@ mod recent;
 mod report;
 mod service;
 mod state;
+mod traces;
 pub mod wire;
 
 use perago_core::{backoff::Backoff, conductor::ConductorClient, identity::WorkerPrefix};
@@ -77,6 +78,9 @@ pub struct BrokerConfig {
     /// `PERAGO_SHARE=1`: polls only within the permits the supervisor grants
     /// (`Admin.ShareGrant`; docs/sharing.md).
     pub share: bool,
+    /// The OpenTelemetry exporter's settings (`OTEL_*`): a trace per attempt is exported;
+    /// `None`: off.
+    pub trace: Option<perago_core::trace::Config>,
 }
 
 /// Why the broker stopped.
@@ -100,6 +104,9 @@ pub enum BrokerError {
         #[source]
         source: std::io::Error,
     },
+    /// The trace exporter cannot start.
+    #[error("cannot export traces")]
+    Trace(#[from] perago_core::trace::ConfigError),
     /// The gRPC server failed.
     #[error("the slot server failed")]
     Serve(#[from] tonic::transport::Error),
@@ -182,7 +189,7 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     health_reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
-    let mut actor = actor::Actor::new(
+    let actor = actor::Actor::new(
         machine,
         config.capacity.max_executors,
         reporter,
@@ -193,6 +200,18 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
     .with_health(health_reporter.clone())
     .with_stall_timeout(config.stall_timeout)
     .with_settings(config.settings.clone());
+    let tracer = match config.trace.clone() {
+        Some(trace) => {
+            let tracer = perago_core::trace::Tracer::start(trace)?;
+            tracing::info!(endpoint = %tracer.config().endpoint, protocol = ?tracer.config().protocol, "exporting a trace per attempt over OTLP");
+            Some(tracer)
+        }
+        None => None,
+    };
+    let mut actor = match &tracer {
+        Some(tracer) => actor.with_traces(tracer.clone(), config.task_name.clone()),
+        None => actor,
+    };
     let watchers = actor.watchers();
     let poll_settings = actor.poll_settings();
     let measure_memory =
@@ -313,6 +332,17 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         )
         .await?;
     actor.abort();
+    if let Some(tracer) = tracer {
+        // Every attempt's trace ended with the drain: what is queued goes out now.
+        tracer.flush(TRACE_FLUSH_LIMIT).await;
+        let stats = tracer.stats();
+        tracing::info!(
+            exported = stats.exported,
+            dropped = stats.dropped,
+            failed = stats.failed,
+            "spans exported"
+        );
+    }
     tracing::info!("broker stopped");
     Ok(())
 }
@@ -363,6 +393,9 @@ fn announce(mut ready: std::fs::File) {
         tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot tell the supervisor the broker serves");
     }
 }
+
+/// How long a stopping broker waits for its last spans to be exported.
+const TRACE_FLUSH_LIMIT: Duration = Duration::from_secs(5);
 
 /// The HTTP/2 receive windows of the slot socket: a whole slot message.
 const SLOT_WINDOW: u32 = perago_proto::MAX_SLOT_MESSAGE_BYTES as u32;

@@ -50,6 +50,7 @@ impl Poller {
             let settings = self.settings.borrow_and_update().clone();
             self.counters.polls.inc();
             let started = std::time::Instant::now();
+            let started_at = std::time::SystemTime::now();
             let polled = self.health.observe(
                 self.client
                     .batch_poll_in(
@@ -78,7 +79,11 @@ impl Poller {
                     if empty {
                         self.counters.empty_polls.inc();
                     }
-                    if events.send(Event::polled(tasks, count)).await.is_err() {
+                    if events
+                        .send(Event::polled(tasks, count, started_at))
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                     if empty && !settings.idle_wait.is_zero() {

@@ -13,7 +13,7 @@ use perago_core::{
     attempt::{AttemptSnapshot, TaskStatus},
     backoff::Backoff,
     conductor::{ConductorClient, ConductorError, JsonBody, Polled},
-    result::{ResultStatus, RuntimeResult},
+    result::{Outcome, ResultStatus, RuntimeResult},
 };
 use serde_json::{Value, json};
 use std::{
@@ -49,6 +49,8 @@ pub(crate) struct Update {
     pub(crate) lease_doubted: bool,
     /// The attempt's retry count: a result with one is journaled until acknowledged.
     pub(crate) retry_count: Option<u32>,
+    /// The attempt's trace (traces exported), which ends once the update does.
+    pub(crate) trace: Option<crate::traces::AttemptTrace>,
 }
 
 /// An update Conductor acknowledged.
@@ -210,7 +212,16 @@ impl Reporter {
         );
     }
 
-    async fn deliver(&self, update: Update, events: &mpsc::Sender<Event>) -> Option<Polled> {
+    async fn deliver(&self, mut update: Update, events: &mpsc::Sender<Event>) -> Option<Polled> {
+        let trace = update.trace.take().map(|trace| {
+            let failure = match update.result.outcome() {
+                Outcome::Completed(_) => None,
+                Outcome::Failed(reason) | Outcome::FailedTerminal(reason) => {
+                    Some(reason.as_str().chars().take(512).collect::<String>())
+                }
+            };
+            (trace, failure, std::time::SystemTime::now())
+        });
         let status = update.result.status();
         let worker_id = update.result.worker_id().to_owned();
         let published = published_commit(&update.result);
@@ -230,6 +241,14 @@ impl Reporter {
             .await;
         if let Some(lease) = &update.lease {
             lease.abort();
+        }
+        if let Some((trace, failure, started)) = trace {
+            let delivered = match &outcome {
+                Ok(_) => Ok(()),
+                Err(GaveUp::Refused) => Err("Conductor refused it"),
+                Err(GaveUp::Unreachable) => Err("Conductor did not take it in time"),
+            };
+            trace.reported(status, failure.as_deref(), started, delivered);
         }
         if let (Some(entry), Some(journal)) = (entry, &self.journal) {
             if matches!(outcome, Err(GaveUp::Unreachable)) {

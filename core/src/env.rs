@@ -114,6 +114,12 @@ pub const PERAGO_EXECUTION_ID: &str = "PERAGO_EXECUTION_ID";
 pub const PERAGO_WORKFLOW_ID: &str = "PERAGO_WORKFLOW_ID";
 /// The attempt's working directory (workspace tasks).
 pub const PERAGO_WORKSPACE_DIR: &str = "PERAGO_WORKSPACE_DIR";
+/// While the runtime exports traces: the W3C `traceparent` of the attempt's `body` span, under
+/// the name OpenTelemetry's environment carrier reads. A body never inherits one of the
+/// executor's environment.
+pub const TRACEPARENT: &str = "TRACEPARENT";
+/// As [`TRACEPARENT`], the trace's W3C `tracestate` (when it has one).
+pub const TRACESTATE: &str = "TRACESTATE";
 
 /// The variables systemd sets for its notify protocol (`sd_notify(3)`). Only the supervisor
 /// speaks for the service: no broker, executor or body gets them.
@@ -121,14 +127,22 @@ pub const SYSTEMD_NOTIFY_VARS: [&str; 3] = ["NOTIFY_SOCKET", "WATCHDOG_USEC", "W
 
 /// The variables that are secrets: a runtime child gets the ones it needs over
 /// [`PERAGO_SECRETS_FD`], never in its environment, and bodies never get any.
-pub const SECRET_VARS: [&str; 6] = [
+pub const SECRET_VARS: [&str; 8] = [
     PERAGO_CONTROL_TOKEN,
     PERAGO_SLOT_TOKEN,
     "CONDUCTOR_AUTH_KEY",
     "CONDUCTOR_AUTH_SECRET",
     LAKEFS_ACCESS_KEY_ID,
     LAKEFS_SECRET_ACCESS_KEY,
+    OTEL_EXPORTER_OTLP_HEADERS,
+    OTEL_EXPORTER_OTLP_TRACES_HEADERS,
 ];
+
+/// The OTLP exporter's headers (an API key, often): secrets, the broker's only (it exports
+/// the traces).
+pub const OTEL_EXPORTER_OTLP_HEADERS: &str = "OTEL_EXPORTER_OTLP_HEADERS";
+/// As [`OTEL_EXPORTER_OTLP_HEADERS`], for traces alone.
+pub const OTEL_EXPORTER_OTLP_TRACES_HEADERS: &str = "OTEL_EXPORTER_OTLP_TRACES_HEADERS";
 
 /// The lookup a runtime child (broker, executor) reads its configuration with: the secrets the
 /// supervisor handed over on [`PERAGO_SECRETS_FD`] (read once, here), then the environment.

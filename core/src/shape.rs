@@ -57,6 +57,12 @@ fn json_type(value: &Value) -> &'static str {
     }
 }
 
+/// Top-level input keys allowed beside the shape's: the W3C trace context of the caller, which
+/// the broker makes the attempt's parent trace (docs/broker.md#traces). Any value passes (a
+/// workflow that passes `${workflow.input.traceparent}` without one gives `null`): a bad trace
+/// context starts a new trace and never fails the task.
+pub const TRACE_CONTEXT_KEYS: [&str; 2] = ["traceparent", "tracestate"];
+
 /// Checks `input` (a JSON object) against the shape of `kind`. `allowed_prefix` is the
 /// manifest's `[workspace] prefix`: a workspace input may only narrow within it. Only the top
 /// level and `workspace` are read; `params` stays text.
@@ -80,7 +86,7 @@ pub fn parse_input<'a>(
     let mut unexpected: Vec<&String> = members
         .iter()
         .map(|(k, _)| k)
-        .filter(|k| !expected.contains(&k.as_str()))
+        .filter(|k| !expected.contains(&k.as_str()) && !TRACE_CONTEXT_KEYS.contains(&k.as_str()))
         .collect();
     unexpected.sort();
     if let Some(key) = unexpected.first() {
@@ -349,6 +355,32 @@ mod tests {
         assert_eq!(
             free(json!({"params": null})).unwrap_err().to_string(),
             "bad input: params: must be a JSON object, found null"
+        );
+    }
+
+    /// A caller's trace context rides beside the shape's keys, whatever it holds (the broker
+    /// judges it, and a bad one only starts a new trace).
+    #[test]
+    fn a_trace_context_is_allowed_beside_the_shape() {
+        for context in [
+            json!({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "a=1"}),
+            json!({"traceparent": null, "tracestate": null}),
+            json!({"traceparent": 5}),
+        ] {
+            let mut input = json!({"params": {"n": 1}});
+            input
+                .as_object_mut()
+                .unwrap()
+                .extend(context.as_object().unwrap().clone());
+            assert_eq!(free(input.clone()).unwrap().params["n"], 1, "{input}");
+            input["workspace"] = json!({"repository": "r", "branch": "main", "prefix": "data/"});
+            assert!(ws(input.clone(), "data/").is_ok(), "{input}");
+        }
+        assert_eq!(
+            free(json!({"params": {}, "traceparent": "x", "traceid": "y"}))
+                .unwrap_err()
+                .to_string(),
+            "bad input: traceid: unexpected key; a workspace-free task takes exactly 'params'"
         );
     }
 

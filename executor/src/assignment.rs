@@ -5,8 +5,9 @@
 use crate::{
     command::{self, CommandSpec, Ended, Finished, RunLimits, SoftLimit},
     jsonl::{JsonlBody, JsonlFailure},
+    spans::{Open, SpanRecorder},
     task::{Task, TaskContext, TaskError},
-    workspace::flow::{Attempt, DownloadLimits, Fence, Owner},
+    workspace::flow::{Attempt, DownloadLimits, Fence, FenceRead, Owner},
 };
 use perago_core::{
     attempt::AttemptSnapshot,
@@ -16,6 +17,7 @@ use perago_core::{
     manifest::{BodyKind, BodyProtocol, Manifest, TaskKind, TimeoutPolicy},
     result::{Reason, RuntimeResult},
     shape::{parse_input, workspace_free_output, workspace_output},
+    trace::TraceContext,
 };
 use perago_proto::slot::v1::Phase;
 use perago_sys::fd::dir::{Dir, EntryKind, fstat};
@@ -130,12 +132,15 @@ pub struct AssignmentIo<'a> {
     /// `Admin.Reconfigure`), in place of the manifest's `body.soft_time_limit`; `Some(None)`:
     /// none. `None`: the manifest's.
     pub soft_time_limit: Option<Option<Duration>>,
+    /// The assignment's spans, when the broker exports traces (see [`crate::spans`]).
+    pub trace: Option<&'a SpanRecorder>,
 }
 
 impl std::fmt::Debug for AssignmentIo<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AssignmentIo")
             .field("fence", &self.fence.is_some())
+            .field("trace", &self.trace.is_some())
             .finish()
     }
 }
@@ -145,6 +150,55 @@ impl AssignmentIo<'_> {
         if let Some(progress) = self.progress {
             progress(phase);
         }
+    }
+
+    /// Runs `work` within a span named `name` (while traced), failed when `work` fails.
+    async fn traced<T>(
+        &self,
+        name: &'static str,
+        work: impl Future<Output = Result<T, Failure>>,
+    ) -> Result<T, Failure> {
+        let Some(trace) = self.trace else {
+            return work.await;
+        };
+        let open = trace.start(name);
+        let result = work.await;
+        trace.end(open, result.as_ref().err().map(Failure::reason));
+        result
+    }
+}
+
+/// A fence whose every read is a `workspace.fence` span.
+struct TracedFence<'a> {
+    fence: &'a dyn Fence,
+    trace: &'a SpanRecorder,
+}
+
+impl Fence for TracedFence<'_> {
+    fn reload(&self) -> std::pin::Pin<Box<dyn Future<Output = FenceRead> + Send + '_>> {
+        Box::pin(async move {
+            let open = self.trace.start("workspace.fence");
+            let read = self.fence.reload().await;
+            let error = match &read {
+                FenceRead::Fresh(_) => None,
+                FenceRead::Gone => Some("Conductor no longer knows the task"),
+                FenceRead::Unavailable(why) => Some(why.as_str()),
+            };
+            self.trace.end(open, error);
+            read
+        })
+    }
+}
+
+/// Ends the span in `slot`, if one is open there.
+fn end_open(
+    trace: Option<&SpanRecorder>,
+    slot: &std::sync::Mutex<Option<Open>>,
+    error: Option<&str>,
+) {
+    let open = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let (Some(trace), Some(open)) = (trace, open) {
+        trace.end(open, error);
     }
 }
 
@@ -413,16 +467,20 @@ impl AssignmentRunner {
                 .and_then(|w| w.download_budget),
             time_left: budget.left(),
         };
-        let mut ws = Attempt::prepare_within(
-            client,
-            &runtime.root,
-            execution_id,
-            runtime.owner,
-            workspace_input,
-            limits,
-        )
-        .await
-        .map_err(|e| failed(perago_core::errors::chain(&e)))?;
+        let mut ws = io
+            .traced("workspace.download", async {
+                Attempt::prepare_within(
+                    client,
+                    &runtime.root,
+                    execution_id,
+                    runtime.owner,
+                    workspace_input,
+                    limits,
+                )
+                .await
+                .map_err(|e| failed(perago_core::errors::chain(&e)))
+            })
+            .await?;
         if let Some((uid, gid)) = self.body_user {
             // The body runs as another user: the files it works on become its own, and the
             // folders above them must let it through.
@@ -438,11 +496,26 @@ impl AssignmentRunner {
                 .run_body(execution_id, attempt, &env, params, io, &budget)
                 .await?;
             io.phase(Phase::Staging);
+            // Staging lasts until the change is staged; the merge from there (`publishing`).
+            let stage = std::sync::Mutex::new(io.trace.map(|t| t.start("workspace.stage")));
+            let merge = std::sync::Mutex::new(None);
+            let traced_fence = io.trace.map(|trace| TracedFence { fence, trace });
+            let fence: &dyn Fence = match &traced_fence {
+                Some(traced) => traced,
+                None => fence,
+            };
             let spec = self.manifest.workspace.as_ref().expect("workspace task");
             // The body has ended: the tree is taken back from its user before it is read.
             let changes = ws
                 .changes(self.body_user.map(|(uid, _)| uid), spec.publish_budget)
-                .map_err(|e| failed(perago_core::errors::chain(&e)))?;
+                .map_err(|e| failed(perago_core::errors::chain(&e)));
+            let changes = match changes {
+                Ok(changes) => changes,
+                Err(failure) => {
+                    end_open(io.trace, &stage, Some(failure.reason()));
+                    return Err(failure);
+                }
+            };
             let metadata: Map<String, Value> = [
                 ("workflow_id", attempt.workflow_instance_id.clone()),
                 ("task_id", attempt.task_id.clone()),
@@ -474,6 +547,11 @@ impl AssignmentRunner {
                     metadata,
                     &|| {
                         io.phase(Phase::Publishing);
+                        if let Some(trace) = io.trace {
+                            end_open(io.trace, &stage, None);
+                            *merge.lock().unwrap_or_else(|e| e.into_inner()) =
+                                Some(trace.start("workspace.merge"));
+                        }
                     },
                 )
                 .await
@@ -483,7 +561,12 @@ impl AssignmentRunner {
                     } else {
                         failed(perago_core::errors::chain(&e))
                     }
-                })?;
+                });
+            // Whichever of the two was open when the publish ended ends with it.
+            let error = published.as_ref().err().map(Failure::reason);
+            end_open(io.trace, &stage, error);
+            end_open(io.trace, &merge, error);
+            let published = published?;
             Ok::<_, Failure>(workspace_output(&published, result))
         }
         .await;
@@ -501,6 +584,8 @@ impl AssignmentRunner {
     }
 
     /// The body, the result schema and the post guardrail.
+    /// While traced, all of it is the `body` span, and the body is handed that span's context
+    /// (`TRACEPARENT`, the `jsonl` request's fields, [`TaskContext::traceparent`]).
     async fn run_body(
         &self,
         execution_id: &str,
@@ -510,6 +595,43 @@ impl AssignmentRunner {
         io: &AssignmentIo<'_>,
         budget: &Budget,
     ) -> Result<RawJson, Failure> {
+        let Some(trace) = io.trace else {
+            return self
+                .run_body_within(execution_id, attempt, env, params, io, budget, None)
+                .await;
+        };
+        let mut open = trace.start("body");
+        let context = open.context(trace);
+        let result = self
+            .run_body_within(
+                execution_id,
+                attempt,
+                env,
+                params,
+                io,
+                budget,
+                Some((&context, &mut open)),
+            )
+            .await;
+        trace.end(open, result.as_ref().err().map(Failure::reason));
+        result
+    }
+
+    #[expect(clippy::too_many_arguments, reason = "run_body's, and the body span")]
+    async fn run_body_within(
+        &self,
+        execution_id: &str,
+        attempt: &AttemptSnapshot,
+        env: &[(String, String)],
+        params: &str,
+        io: &AssignmentIo<'_>,
+        budget: &Budget,
+        mut traced: Option<(&TraceContext, &mut Open)>,
+    ) -> Result<RawJson, Failure> {
+        let traceparent = traced.as_ref().map(|(context, _)| context.traceparent());
+        let tracestate = traced
+            .as_ref()
+            .and_then(|(context, _)| context.trace_state.clone());
         if !self.body_at_dispatch() {
             io.phase(Phase::Body);
         }
@@ -523,6 +645,8 @@ impl AssignmentRunner {
             Body::Command(program) => {
                 let mut spec = program.spec.clone();
                 spec.env.extend(env.iter().cloned());
+                spec.env
+                    .extend(trace_env(traceparent.as_deref(), tracestate.as_deref()));
                 let soft = soft_limit(budget, &attempt.task_id, execution_id, &self.worker_id);
                 let stdin = params.as_bytes().to_vec();
                 let run = command::run_with_soft_limit(&spec, stdin, limits, soft.as_ref())
@@ -542,6 +666,13 @@ impl AssignmentRunner {
                     command::oom_killed(&run),
                     std::sync::atomic::Ordering::Relaxed,
                 );
+                if let Some((_, span)) = &mut traced {
+                    match run.ended {
+                        Ended::Exited(code) => span.int("process.exit.code", code.into()),
+                        Ended::Signaled(signal) => span.int("perago.body.signal", signal.into()),
+                        Ended::TimedOut => span.string("perago.body.ended", "timed out"),
+                    }
+                }
                 body_result(&run, budget)?
             }
             Body::Jsonl(body) => {
@@ -556,6 +687,8 @@ impl AssignmentRunner {
                     worker_id: &self.worker_id,
                     params,
                     workspace_dir,
+                    traceparent: traceparent.as_deref(),
+                    tracestate: tracestate.as_deref(),
                 };
                 let process_env = self.jsonl_process_env();
                 let soft = soft_limit(budget, &attempt.task_id, execution_id, &self.worker_id);
@@ -609,6 +742,8 @@ impl AssignmentRunner {
                         .iter()
                         .find(|(name, _)| name == perago_core::env::PERAGO_WORKSPACE_DIR)
                         .map(|(_, dir)| dir.into()),
+                    traceparent: traceparent.clone(),
+                    tracestate: tracestate.clone(),
                 };
                 let Value::Object(params) = parsed_params(params)? else {
                     unreachable!("params were checked to be an object");
@@ -1022,6 +1157,27 @@ fn chown_tree(dir: &Dir, uid: u32, gid: u32) -> std::io::Result<()> {
 enum Failure {
     Retriable(Reason),
     Terminal(Reason),
+}
+
+impl Failure {
+    fn reason(&self) -> &str {
+        match self {
+            Self::Retriable(reason) | Self::Terminal(reason) => reason.as_str(),
+        }
+    }
+}
+
+/// A command body's trace variables: `TRACEPARENT`, and `TRACESTATE` when the trace has a
+/// state (the names OpenTelemetry SDKs read them under).
+fn trace_env(
+    traceparent: Option<&str>,
+    tracestate: Option<&str>,
+) -> impl Iterator<Item = (String, String)> {
+    let parent = traceparent.map(|v| (perago_core::env::TRACEPARENT.to_owned(), v.to_owned()));
+    let state = traceparent
+        .and(tracestate)
+        .map(|v| (perago_core::env::TRACESTATE.to_owned(), v.to_owned()));
+    parent.into_iter().chain(state)
 }
 
 /// The params (a JSON object's text, within the input) parsed, for a schema or a Rust body.

@@ -256,10 +256,12 @@ fn spaced(text: &str) -> String {
 /// Credentials of the runtime itself, removed from every body's environment: bodies talk to
 /// neither Conductor nor lakeFS through perago's identity (a body that needs lakeFS gets its own
 /// credentials through `body.env`).
-pub(crate) const RUNTIME_SECRETS: [&str; 3] = [
+pub(crate) const RUNTIME_SECRETS: [&str; 5] = [
     "CONDUCTOR_AUTH_KEY",
     "CONDUCTOR_AUTH_SECRET",
     "LAKEFS_SECRET_ACCESS_KEY",
+    perago_core::env::OTEL_EXPORTER_OTLP_HEADERS,
+    perago_core::env::OTEL_EXPORTER_OTLP_TRACES_HEADERS,
 ];
 
 /// The prefixes of the runtime's own variables. A body inherits none of them: not the slot
@@ -571,7 +573,8 @@ fn feed(pipe: OwnedFd, input: Vec<u8>) -> io::Result<Option<JoinHandle<()>>> {
 }
 
 /// What a body inherits of the executor's environment: all but the runtime's variables
-/// ([`RUNTIME_PREFIXES`], [`RUNTIME_SECRETS`], systemd's notification variables). Read once:
+/// ([`RUNTIME_PREFIXES`], [`RUNTIME_SECRETS`], systemd's notification variables, a trace
+/// context). Read once:
 /// the executor never changes its environment.
 fn inherited_environment() -> &'static perago_sys::Environment {
     static INHERITED: OnceLock<perago_sys::Environment> = OnceLock::new();
@@ -580,6 +583,9 @@ fn inherited_environment() -> &'static perago_sys::Environment {
             let text = name.to_string_lossy();
             !RUNTIME_SECRETS.contains(&&*text)
                 && !perago_core::env::SYSTEMD_NOTIFY_VARS.contains(&&*text)
+                // A trace context is the assignment's, never one the executor was started in.
+                && text != perago_core::env::TRACEPARENT
+                && text != perago_core::env::TRACESTATE
                 && !RUNTIME_PREFIXES.iter().any(|p| text.starts_with(p))
         }))
     })

@@ -18,6 +18,7 @@ mod error_texts;
 mod jsonl;
 pub mod recycle;
 pub mod slot;
+pub mod spans;
 pub mod task;
 pub mod wire;
 pub mod workspace;

@@ -374,6 +374,7 @@ pub async fn serve(
             FromBroker::Welcome(_) | FromBroker::Ping(_) => {}
             FromBroker::Assignment(assignment) => {
                 let execution_id = assignment.execution_id.clone();
+                let trace = crate::spans::SpanRecorder::from_wire(assignment.trace.as_deref());
                 recycle = recycle.with_broker(
                     assignment.max_tasks_per_executor,
                     assignment.max_executor_memory_bytes,
@@ -414,6 +415,7 @@ pub async fn serve(
                             fence: Some(&fence),
                             progress: Some(&progress),
                             soft_time_limit,
+                            trace: trace.as_ref(),
                         };
                         let work = runner.execute_with(&execution_id, &attempt, &io);
                         let result = run_watching_broker(
@@ -483,6 +485,7 @@ pub async fn serve(
                     recycle: recycling.clone().unwrap_or_default(),
                     body_peak_memory_bytes: runner.take_body_peak(),
                     body_oom_killed: runner.take_body_oom(),
+                    spans: trace.map(|t| t.take()).unwrap_or_default(),
                 };
                 tx.send(message(ToBroker::Completion(completion)))
                     .await

@@ -44,6 +44,12 @@ pub struct TaskContext {
     /// A workspace task's working directory (its files, as `PERAGO_WORKSPACE_DIR` tells a
     /// command body); `None` for a workspace-free task.
     pub workspace_dir: Option<std::path::PathBuf>,
+    /// While the runtime exports traces (`OTEL_EXPORTER_OTLP_ENDPOINT`): the W3C
+    /// `traceparent` of the attempt's `body` span, for the body's own spans to be children of
+    /// (an OpenTelemetry propagator takes it as the `traceparent` header). `None` otherwise.
+    pub traceparent: Option<String>,
+    /// The trace's W3C `tracestate`, when it has one.
+    pub tracestate: Option<String>,
 }
 
 /// A body failure.

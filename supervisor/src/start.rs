@@ -511,6 +511,13 @@ pub(crate) fn preflight_config(
             ));
         }
     }
+    // The brokers read the same variables; refused here, not by a broker restarted forever.
+    if let Err(e) = perago_core::trace::Config::from_env(|name| vars.get(name).cloned()) {
+        problems.push(format!(
+            "OpenTelemetry tracing is misconfigured: {}",
+            perago_core::errors::DisplayChain(&e)
+        ));
+    }
     if problems.is_empty() {
         Ok(())
     } else {

@@ -434,6 +434,8 @@ impl Machine {
                     soft_time_limit_ms: self.soft_time_limit_ms,
                     max_tasks_per_executor: Some(max_tasks),
                     max_executor_memory_bytes: Some(max_memory),
+                    // The actor sets it, when the attempt is traced.
+                    trace: None,
                 },
             )),
         };

@@ -17,6 +17,11 @@ pub(crate) struct Request<'a> {
     /// A JSON object's text, written in as it is.
     pub(crate) params: &'a str,
     pub(crate) workspace_dir: Option<&'a str>,
+    /// The body span's W3C context, while the broker exports traces: written as
+    /// `"traceparent"` (and `"tracestate"` when there is one) after `workspace_dir`; absent
+    /// otherwise.
+    pub(crate) traceparent: Option<&'a str>,
+    pub(crate) tracestate: Option<&'a str>,
 }
 
 impl Request<'_> {
@@ -40,6 +45,14 @@ impl Request<'_> {
         match self.workspace_dir {
             Some(dir) => push_string(line, dir),
             None => line.push_str("null"),
+        }
+        if let Some(traceparent) = self.traceparent {
+            line.push_str(",\"traceparent\":");
+            push_string(line, traceparent);
+            if let Some(tracestate) = self.tracestate {
+                line.push_str(",\"tracestate\":");
+                push_string(line, tracestate);
+            }
         }
         line.push_str("}\n");
     }
@@ -232,9 +245,41 @@ mod tests {
             worker_id,
             params,
             workspace_dir,
+            traceparent: None,
+            tracestate: None,
         }
         .write(&mut line);
         line
+    }
+
+    /// While traced, the request carries the body span's context after `workspace_dir`;
+    /// `tracestate` only with a `traceparent`.
+    #[test]
+    fn a_traced_request_carries_the_trace_context() {
+        let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut line = String::new();
+        let request = Request {
+            execution_id: "e",
+            task_id: "t",
+            workflow_id: "w",
+            worker_id: "k",
+            params: "{}",
+            workspace_dir: None,
+            traceparent: Some(traceparent),
+            tracestate: Some("a=1"),
+        };
+        request.write(&mut line);
+        let value: serde_json::Value = serde_json::from_str(&line).expect("a JSON line");
+        assert_eq!(value["traceparent"], traceparent);
+        assert_eq!(value["tracestate"], "a=1");
+        line.clear();
+        Request {
+            traceparent: None,
+            ..request
+        }
+        .write(&mut line);
+        let value: serde_json::Value = serde_json::from_str(&line).expect("a JSON line");
+        assert!(value.get("traceparent").is_none() && value.get("tracestate").is_none());
     }
 
     /// The request line is the object the `json!` builder made before, member for member,

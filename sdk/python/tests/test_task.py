@@ -171,3 +171,15 @@ def test_a_validator_that_raises_something_else_fails_the_task_only():
 
     t = task(params=Picky, result=Result)(lambda p, c: None)
     assert call(t, {"name": "a"}) == Failed("validating the params as Picky: TypeError: a validator bug", False)
+
+
+def test_the_context_carries_the_trace_context_when_traced():
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    c = Context.of_request(
+        {"execution_id": "e", "task_id": "t", "workflow_id": "w", "worker_id": "x", "workspace_dir": None,
+         "traceparent": parent, "tracestate": "a=1"}
+    )
+    assert (c.traceparent, c.tracestate) == (parent, "a=1")
+    assert c.trace_carrier() == {"traceparent": parent, "tracestate": "a=1"}
+    untraced = Context.of_request({"execution_id": "e", "traceparent": 7})
+    assert untraced.traceparent is None and untraced.trace_carrier() == {}

@@ -250,6 +250,8 @@ impl Launcher {
                 perago_core::env::PERAGO_CONTROL_TOKEN,
                 "CONDUCTOR_AUTH_KEY",
                 "CONDUCTOR_AUTH_SECRET",
+                perago_core::env::OTEL_EXPORTER_OTLP_HEADERS,
+                perago_core::env::OTEL_EXPORTER_OTLP_TRACES_HEADERS,
             ],
             ChildKind::Executor { .. } => &[
                 perago_core::env::PERAGO_SLOT_TOKEN,

@@ -296,6 +296,7 @@ async fn only_the_current_assignment_can_complete_or_read_its_attempt() {
             recycle: String::new(),
             body_peak_memory_bytes: 0,
             body_oom_killed: false,
+            spans: Vec::new(),
         })),
     };
     // Wrong execution id, then wrong task id: both refused. Then the real one.
@@ -410,6 +411,7 @@ async fn slot_started_out_of_order_is_refused_and_the_executor_keeps_its_slot() 
             recycle: String::new(),
             body_peak_memory_bytes: 0,
             body_oom_killed: false,
+            spans: Vec::new(),
         })),
     })
     .await
@@ -710,6 +712,7 @@ async fn admin_metrics_answers_what_the_metrics_endpoint_serves() {
             recycle: String::new(),
             body_peak_memory_bytes: 0,
             body_oom_killed: false,
+            spans: Vec::new(),
         })),
     })
     .await

@@ -246,6 +246,7 @@ async fn slot_exited_answers_the_brokers_view_of_the_slot_after_the_report() {
             recycle: "1 assignments reached --max-tasks-per-executor 1".into(),
             body_peak_memory_bytes: 0,
             body_oom_killed: false,
+            spans: Vec::new(),
         })),
     })
     .await
@@ -405,6 +406,7 @@ async fn a_later_watcher_hears_a_change_back_to_what_an_earlier_one_saw() {
             recycle: String::new(),
             body_peak_memory_bytes: 0,
             body_oom_killed: false,
+            spans: Vec::new(),
         })),
     })
     .await

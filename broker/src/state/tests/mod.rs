@@ -187,6 +187,7 @@ impl Harness {
                 recycle: recycle.into(),
                 body_peak_memory_bytes,
                 body_oom_killed: false,
+                spans: Vec::new(),
             },
         })
     }

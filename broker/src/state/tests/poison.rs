@@ -412,6 +412,7 @@ impl Harness {
                 recycle: String::new(),
                 body_peak_memory_bytes: 64 << 20,
                 body_oom_killed: oom,
+                spans: Vec::new(),
             },
         }));
         assert_eq!(done.len(), 1);

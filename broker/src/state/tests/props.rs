@@ -442,6 +442,7 @@ impl World {
                         },
                         body_peak_memory_bytes: 0,
                         body_oom_killed: false,
+                        spans: Vec::new(),
                     },
                 });
             }

@@ -36,6 +36,12 @@ class Context:
     worker_id: str
     #: The workspace directory of a workspace task; None for a workspace-free one.
     workspace_dir: Optional[Path]
+    #: While the runtime exports traces (OTEL_EXPORTER_OTLP_ENDPOINT): the W3C traceparent of
+    #: the attempt's `body` span, for the function's own spans to be its children (an
+    #: OpenTelemetry propagator extracts it from ``ctx.trace_carrier()``). None otherwise.
+    traceparent: Optional[str] = None
+    #: The trace's W3C tracestate, when it has one.
+    tracestate: Optional[str] = None
     #: Set when the soft time limit (`body.soft_time_limit`) is reached: check it
     #: (`ctx.cancelled.is_set()`, or `ctx.cancelled.wait(seconds)`) and return what you have.
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -50,7 +56,23 @@ class Context:
             workflow_id=str(request.get("workflow_id") or ""),
             worker_id=str(request.get("worker_id") or ""),
             workspace_dir=Path(workspace) if workspace else None,
+            traceparent=_text_or_none(request.get("traceparent")),
+            tracestate=_text_or_none(request.get("tracestate")),
         )
+
+    def trace_carrier(self) -> dict:
+        """The trace context as W3C headers (empty when not traced): what
+        ``opentelemetry.propagate.extract`` takes to continue the attempt's trace."""
+        carrier = {}
+        if self.traceparent:
+            carrier["traceparent"] = self.traceparent
+            if self.tracestate:
+                carrier["tracestate"] = self.tracestate
+        return carrier
+
+
+def _text_or_none(value) -> Optional[str]:
+    return value if isinstance(value, str) and value else None
 
 
 @dataclass(frozen=True)
