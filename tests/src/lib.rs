@@ -3,6 +3,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod otlp;
+
 use std::{
     ffi::OsStr,
     fmt,

@@ -482,6 +482,19 @@ impl SupervisorProc {
             .join(format!("worker_id={worker_id}"))
     }
 
+    /// Every JSONL log line of `worker_id` so far (all its files, in name order).
+    pub(crate) fn jsonl_text(&self, task: &TaskFixture, worker_id: &str) -> String {
+        let Ok(entries) = fs::read_dir(self.jsonl_dir(task, worker_id)) else {
+            return String::new();
+        };
+        let mut files: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+        files.sort();
+        files
+            .iter()
+            .map(|f| fs::read_to_string(f).unwrap_or_default())
+            .collect()
+    }
+
     /// Its pid.
     pub(crate) fn pid(&self) -> u32 {
         self.child.id()
@@ -548,6 +561,20 @@ impl Drop for SupervisorProc {
             }
         }
     }
+}
+
+/// The Python the tests run bodies and third-party clients with (`PERAGO_TEST_PYTHON`, else
+/// the workspace's `.venv`, which `scripts/test` makes).
+pub(crate) fn test_python() -> PathBuf {
+    let python = std::env::var_os("PERAGO_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| perago_tests::workspace_root().join(".venv/bin/python"));
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/test, which makes .venv from tests/python/requirements.txt",
+        python.display()
+    );
+    python
 }
 
 /// The execution mode the suite runs every runtime in, when not the default (`process`):

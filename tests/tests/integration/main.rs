@@ -46,6 +46,7 @@ mod soft_limit;
 mod stall;
 mod status_inputs;
 mod systemd;
+mod traces;
 mod typed_python;
 mod wire;
 mod workspace;
