@@ -10,6 +10,7 @@
 
 #![forbid(unsafe_code)]
 
+mod otlp_sink;
 mod perago;
 mod procs;
 mod python;
@@ -29,11 +30,12 @@ use std::{
 };
 use workload::{Conductor, ceiling, throughput};
 
-const SCENARIOS: [&str; 12] = [
+const SCENARIOS: [&str; 13] = [
     "throughput",
     "exec",
     "payload",
     "logging",
+    "tracing",
     "spawn",
     "latency",
     "slot",
@@ -485,6 +487,53 @@ impl Bench {
         Ok(())
     }
 
+    /// The cost of exporting traces (issue #29): the Rust and the `exec` body at j = 2 without
+    /// an endpoint and exporting every attempt's trace over OTLP/HTTP to a local collector that
+    /// answers at once ([`otlp_sink`]); the spans it received per task say the export happened.
+    async fn tracing(&mut self) -> Result<(), String> {
+        let tasks = self.o.tasks;
+        for body in [Body::Rust, Body::Exec] {
+            let who = format!("perago {} j=2", body.name());
+            for _ in 0..self.o.runs {
+                let off = self
+                    .perago_measured(body, 2, tasks, 0, &[], " traces off")
+                    .await?;
+                self.figure(&format!("{who} traces off"), "tasks/s")
+                    .runs
+                    .push(off);
+                let sink = otlp_sink::Sink::start().await?;
+                let env = [
+                    (
+                        "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
+                        sink.url().to_owned(),
+                    ),
+                    ("OTEL_SERVICE_NAME".to_owned(), "perago-bench".to_owned()),
+                ];
+                let on = self
+                    .perago_measured(body, 2, tasks, 0, &env, " traces on")
+                    .await?;
+                self.figure(&format!("{who} traces on"), "tasks/s")
+                    .runs
+                    .push(on);
+                // The runtime has stopped: what it flushed at the drain has arrived.
+                self.figure(&format!("spans exported per task, {who}"), "spans")
+                    .runs
+                    .push(sink.spans() as f64 / tasks as f64);
+            }
+            self.ratio(
+                &format!("ratio throughput traces on / off, {who}"),
+                &format!("{who} traces on"),
+                &format!("{who} traces off"),
+            );
+            self.ratio(
+                &format!("ratio cpu/task runtime traces on / off, {who}"),
+                &format!("cpu/task runtime (broker+executors+supervisor), {who} traces on"),
+                &format!("cpu/task runtime (broker+executors+supervisor), {who} traces off"),
+            );
+        }
+        Ok(())
+    }
+
     /// The floor for an `exec` body: a small Rust loop that spawns `cat`, writes a task's
     /// input to it and reads its output, with nothing else; its own CPU per spawn beside what
     /// the executors spend per task in the exec throughput runs.
@@ -868,6 +917,7 @@ pub async fn run(options: Options) -> Result<(), String> {
             "exec" => bench.exec().await?,
             "payload" => bench.payload().await?,
             "logging" => bench.logging().await?,
+            "tracing" => bench.tracing().await?,
             "spawn" => bench.spawn()?,
             "latency" => bench.latency().await?,
             "slot" => bench.slot()?,
