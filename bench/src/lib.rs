@@ -30,7 +30,7 @@ use std::{
 };
 use workload::{Conductor, ceiling, throughput};
 
-const SCENARIOS: [&str; 13] = [
+const SCENARIOS: [&str; 14] = [
     "throughput",
     "exec",
     "payload",
@@ -42,6 +42,7 @@ const SCENARIOS: [&str; 13] = [
     "memory",
     "startup",
     "scaling",
+    "io-scale",
     "workspace",
     "polls",
 ];
@@ -257,7 +258,7 @@ impl Bench {
     ) -> Result<f64, String> {
         let conductor = Conductor::start().await?;
         conductor.register(TASK).await?;
-        let (runtime, _) =
+        let (runtime, took) =
             Runtime::start(&self.o.binaries, &conductor.url(), TASK, body, jobs, env).await?;
         let (broker_idle, exec_idle) = runtime.rss();
         let cpu_before = runtime.cpu();
@@ -268,6 +269,11 @@ impl Bench {
         runtime.stop().await;
         conductor.server.shutdown().await;
         let who = format!("perago {} j={jobs}{tag}", body.name());
+        if body == Body::Sleep {
+            self.figure(&format!("start-up to all slots attached, {who}"), "ms")
+                .runs
+                .push(took.as_secs_f64() * 1000.0);
+        }
         let per_task = |seconds: f64| seconds * 1e6 / tasks as f64;
         for (role, seconds) in &spent.0 {
             self.figure(&format!("cpu/task {role}, {who}"), "µs")
@@ -822,6 +828,27 @@ impl Bench {
         Ok(())
     }
 
+    /// Many slots of I/O-bound tasks (issue #30, the common case): a body that sleeps 100 ms,
+    /// eight tasks per slot at j = 4, 16, 32, 64. The broker's CPU per task should stay flat as
+    /// j grows, and start-up at j = 64 under 150 ms.
+    async fn io_scale(&mut self) -> Result<(), String> {
+        let counts: &[u32] = if self.o.smoke { &[1, 2] } else { &[4, 16, 32, 64] };
+        for &jobs in counts {
+            let tasks = if self.o.smoke {
+                self.o.tasks.min(8)
+            } else {
+                8 * jobs as usize
+            };
+            for _ in 0..self.o.runs {
+                let t = self.perago_measured(Body::Sleep, jobs, tasks, 0, &[], "").await?;
+                self.figure(&format!("perago sleep 100ms body j={jobs}"), "tasks/s")
+                    .runs
+                    .push(t);
+            }
+        }
+        Ok(())
+    }
+
     async fn scaling(&mut self) -> Result<(), String> {
         let counts: &[u32] = if self.o.smoke {
             &[1, 2]
@@ -924,6 +951,7 @@ pub async fn run(options: Options) -> Result<(), String> {
             "memory" => bench.memory().await?,
             "startup" => bench.startup().await?,
             "scaling" => bench.scaling().await?,
+            "io-scale" => bench.io_scale().await?,
             "workspace" => bench.workspace().await?,
             "polls" => bench.polls().await?,
             _ => unreachable!("checked by parse_args"),
@@ -936,7 +964,12 @@ pub async fn run(options: Options) -> Result<(), String> {
         Ok(text) => match serde_json::from_str(&text) {
             Ok(previous) => {
                 println!("\nagainst {}:", bench.o.previous.display());
-                print!("{}", report::comparison(&bench.figures, &previous));
+                let compared = report::comparison(&bench.figures, &previous);
+                print!("{compared}");
+                // Loud on stderr too, where a CI log or a terminal shows it last.
+                if let Some(summary) = compared.lines().find(|l| l.starts_with(report::REGRESSED)) {
+                    eprintln!("{summary}");
+                }
             }
             Err(e) => eprintln!(
                 "cannot read {}: {}",

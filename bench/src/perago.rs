@@ -33,6 +33,8 @@ pub(crate) enum Body {
     Workspace,
     /// The stock executor with a persistent Python body (`jsonl` protocol).
     JsonlPython,
+    /// An I/O-bound task: the stock executor running a shell that sleeps 100 ms, then `cat`.
+    Sleep,
 }
 
 impl Body {
@@ -43,6 +45,7 @@ impl Body {
             Self::Exec => "exec body",
             Self::Workspace => "workspace body",
             Self::JsonlPython => "jsonl python body",
+            Self::Sleep => "sleep 100ms body",
         }
     }
 }
@@ -66,6 +69,7 @@ impl Runtime {
         let body_table = match body {
             Body::Rust => format!("executor = \"{}\"", bins.task.display()),
             Body::Exec => "command = [\"cat\"]".to_owned(),
+            Body::Sleep => "command = [\"sh\", \"-c\", \"sleep 0.1; exec cat\"]".to_owned(),
             Body::JsonlPython => {
                 std::fs::write(
                     dir.path().join("echo.py"),

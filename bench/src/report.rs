@@ -95,9 +95,27 @@ pub(crate) fn table(figures: &[Figure]) -> String {
     out
 }
 
+/// How far a figure may move the wrong way against the previous run before its line is marked.
+const REGRESSION_PERCENT: f64 = 10.0;
+
+/// The marker of a regressed figure's line (and of the summary), easy to grep in CI output.
+pub(crate) const REGRESSED: &str = "<< REGRESSED";
+
+/// Whether a larger value of a figure in `unit` is better (`Some(true)`), worse
+/// (`Some(false)`), or not judged (ratios, counts: what they compare says which way is good).
+fn larger_is_better(unit: &str) -> Option<bool> {
+    match unit {
+        "tasks/s" => Some(true),
+        "µs" | "ms" | "s" | "MiB" => Some(false),
+        _ => None,
+    }
+}
+
 /// Each figure beside its median in `previous` (a `results.json` of an earlier run, such as
 /// `docs/performance-previous.json`): previous, now, and the change in percent, so a
-/// regression shows up in the run that makes it. Figures the previous run lacks show `-`.
+/// regression shows up in the run that makes it. Figures the previous run lacks show `-`. A
+/// figure more than [`REGRESSION_PERCENT`] worse (slower, more CPU, more memory) ends its line
+/// with [`REGRESSED`], and a last line counts and names them.
 pub(crate) fn comparison(figures: &[Figure], previous: &Value) -> String {
     let before: std::collections::BTreeMap<&str, f64> = previous["figures"]
         .as_array()
@@ -117,23 +135,43 @@ pub(crate) fn comparison(figures: &[Figure], previous: &Value) -> String {
         "{:<width$}  {:>10}  {:>10}  {:>8}  unit\n",
         "figure", "previous", "now", "change"
     );
+    let mut regressed = Vec::new();
     for f in figures {
         let now = f.median();
+        let mut mark = "";
         let (was, change) = match before.get(f.name.as_str()) {
             Some(&was) if was != 0.0 && was.is_finite() && now.is_finite() => {
-                (fmt_num(was), format!("{:+.0} %", (now - was) / was * 100.0))
+                let percent = (now - was) / was * 100.0;
+                let worse = match larger_is_better(f.unit) {
+                    Some(true) => -percent,
+                    Some(false) => percent,
+                    None => 0.0,
+                };
+                if worse > REGRESSION_PERCENT {
+                    mark = REGRESSED;
+                    regressed.push(f.name.as_str());
+                }
+                (fmt_num(was), format!("{percent:+.0} %"))
             }
             Some(&was) => (fmt_num(was), "-".to_owned()),
             None => ("-".to_owned(), "-".to_owned()),
         };
-        let _ = writeln!(
-            out,
-            "{:<width$}  {:>10}  {:>10}  {:>8}  {}",
+        let line = format!(
+            "{:<width$}  {:>10}  {:>10}  {:>8}  {} {mark}",
             f.name,
             was,
             fmt_num(now),
             change,
             f.unit
+        );
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+    if !regressed.is_empty() {
+        let _ = writeln!(
+            out,
+            "{REGRESSED}: {} figure(s) more than {REGRESSION_PERCENT} % worse than the previous run: {}",
+            regressed.len(),
+            regressed.join("; ")
         );
     }
     out
@@ -234,6 +272,44 @@ mod tests {
             "{text}"
         );
         assert!(lines[2].contains("   -  "), "{text}");
+        // Twice the memory is a regression, marked on its line and summed up.
+        assert!(lines[1].ends_with(REGRESSED), "{text}");
+        assert!(!lines[2].contains(REGRESSED), "{text}");
+        assert!(
+            lines[3].starts_with(REGRESSED)
+                && lines[3].contains("1 figure(s)")
+                && lines[3].contains("broker RSS idle"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn only_a_move_the_wrong_way_beyond_ten_percent_is_a_regression() {
+        let figure = |name: &str, unit: &'static str, now: f64| Figure {
+            name: name.into(),
+            unit,
+            runs: vec![now],
+        };
+        let figures = vec![
+            figure("faster", "tasks/s", 120.0),
+            figure("slower", "tasks/s", 85.0),
+            figure("a bit slower", "tasks/s", 95.0),
+            figure("less cpu", "µs", 80.0),
+            figure("more cpu", "µs", 115.0),
+            figure("ratio", "x", 50.0),
+        ];
+        let previous = json!({"figures": [
+            {"name": "faster", "median": 100.0}, {"name": "slower", "median": 100.0},
+            {"name": "a bit slower", "median": 100.0}, {"name": "less cpu", "median": 100.0},
+            {"name": "more cpu", "median": 100.0}, {"name": "ratio", "median": 100.0},
+        ]});
+        let text = comparison(&figures, &previous);
+        let marked: Vec<&str> = text
+            .lines()
+            .filter(|l| l.ends_with(REGRESSED))
+            .map(|l| l.split("  ").next().unwrap_or_default())
+            .collect();
+        assert_eq!(marked, ["slower", "more cpu"], "{text}");
     }
 
     #[test]
