@@ -15,6 +15,7 @@
 //! - [`user`]: the uid and gid bodies run as.
 //! - [`guard`]: the thread-mode body guard program.
 //! - [`rlimit`]: the descriptor limit.
+//! - [`cpu`]: a process's CPU time, to the nanosecond (the benchmark's figures).
 //! - [`memory`]: malloc's tunables and whether the process is dumpable.
 //! - [`cgroup`]: the memory cgroups bodies run in (`body.memory_limit`), v1 and v2.
 //!
@@ -37,6 +38,7 @@
 //! [`spawn`]).
 
 pub mod cgroup;
+pub mod cpu;
 pub mod fd;
 pub mod guard;
 pub mod memory;
