@@ -268,15 +268,11 @@ impl AttemptTrace {
         status: Status,
         extra: Vec<(Cow<'static, str>, Value)>,
     ) -> Vec<SpanData> {
-        let parent_context = self.parent.map(|span_id| TraceContext {
-            trace_id: self.trace_id,
-            span_id,
-            sampled: true,
-            trace_state: None,
-        });
+        // Settled when the assignment went out (with the input's parent, if any); a trace that
+        // ends before that has no parent and asks the sampler as a root.
         let sampled = self
             .sampled
-            .unwrap_or_else(|| self.tracer.sampled(parent_context.as_ref(), self.trace_id));
+            .unwrap_or_else(|| self.tracer.sampled(None, self.trace_id));
         if !sampled {
             return Vec::new();
         }

@@ -10,9 +10,10 @@ use std::time::Duration;
 const PARENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT_SPAN: &str = "00f067aa0ba902b7";
 
-/// Answers with the trace context it was given.
+/// Answers with the trace context it was given, and whether it can see the exporter's
+/// credential (it must not).
 const ECHO_CONTEXT: &str = "cat > /dev/null\n\
-    printf '{\"traceparent\": \"%s\", \"tracestate\": \"%s\"}' \"${TRACEPARENT-unset}\" \"${TRACESTATE-unset}\"\n";
+    printf '{\"traceparent\": \"%s\", \"tracestate\": \"%s\", \"headers\": \"%s\"}' \"${TRACEPARENT-unset}\" \"${TRACESTATE-unset}\" \"${OTEL_EXPORTER_OTLP_HEADERS-unset}\"\n";
 
 /// Registers `task` with a workflow that passes `traceparent` and `tracestate` of the
 /// workflow input on to the task input, as a traced workflow does.
@@ -141,12 +142,12 @@ async fn an_attempt_is_one_trace_under_the_inputs_traceparent_and_the_body_conti
     // The body was handed its own span's context.
     assert_eq!(
         wf["output"]["result"],
-        json!({"traceparent": format!("00-{PARENT_TRACE}-{}-01", body.span_id), "tracestate": "vendor=1"})
+        json!({"traceparent": format!("00-{PARENT_TRACE}-{}-01", body.span_id), "tracestate": "vendor=1", "headers": "unset"})
     );
     // Nothing leaks the headers.
     let log = sup.log_text() + &sup.jsonl_text(&task, &format!("{}Broker", task.prefix()));
     assert!(
-        log.contains("OTLP") || log.contains("trace"),
+        log.contains("exporting a trace per attempt over OTLP"),
         "the broker says it exports: {log}"
     );
     assert!(!log.contains("sekrit"), "{log}");
@@ -205,7 +206,12 @@ async fn without_an_endpoint_nothing_is_traced_and_no_inherited_context_reaches_
         &task,
         &conductor,
         1,
-        &[("TRACEPARENT", inherited.as_str()), ("TRACESTATE", "a=b")],
+        &[
+            ("TRACEPARENT", inherited.as_str()),
+            ("TRACESTATE", "a=b"),
+            // A credential without an endpoint is still kept from bodies.
+            ("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=leak"),
+        ],
     );
     let id = conductor
         .start_with(&task, json!({"params": {}, "traceparent": inherited}))
@@ -214,7 +220,7 @@ async fn without_an_endpoint_nothing_is_traced_and_no_inherited_context_reaches_
     assert_eq!(wf["status"], "COMPLETED", "{wf}");
     assert_eq!(
         wf["output"]["result"],
-        json!({"traceparent": "unset", "tracestate": "unset"})
+        json!({"traceparent": "unset", "tracestate": "unset", "headers": "unset"})
     );
 }
 
