@@ -213,6 +213,9 @@ pub fn ensure_binaries(binaries: &Binaries) -> Result<(), String> {
     Ok(())
 }
 
+/// The ceiling client's own CPU per task.
+const CEILING_CPU: &str = "cpu/task Conductor client alone (ceiling client's thread)";
+
 struct Bench {
     o: Options,
     figures: Vec<Figure>,
@@ -355,6 +358,30 @@ impl Bench {
         }
     }
 
+    /// The runtime's CPU per task split in two: the Conductor client's share (the ceiling
+    /// client's own CPU per task: one update and 1/64 of a batch poll, the two round trips at
+    /// their cheapest) and the rest, which is perago's own (slot protocol, executors, logs,
+    /// timers). From the medians.
+    fn runtime_split(&mut self, jobs: u32) {
+        let Some(http) = self.median(CEILING_CPU) else {
+            return;
+        };
+        for body in [Body::Rust, Body::Exec, Body::JsonlPython] {
+            let who = format!("perago {} j={jobs}", body.name());
+            let Some(runtime) = self.median(&format!(
+                "cpu/task runtime (broker+executors+supervisor), {who}"
+            )) else {
+                continue;
+            };
+            self.figure(
+                &format!("cpu/task runtime less the Conductor client, {who}"),
+                "µs",
+            )
+            .runs
+            .push(runtime - http);
+        }
+    }
+
     async fn throughput(&mut self) -> Result<(), String> {
         let tasks = self.o.tasks;
         for _ in 0..self.o.runs {
@@ -363,7 +390,10 @@ impl Bench {
             conductor.server.shutdown().await;
             self.figure("ceiling: poll+update client", "tasks/s")
                 .runs
-                .push(c);
+                .push(c.tasks_per_second);
+            self.figure(CEILING_CPU, "µs")
+                .runs
+                .push(c.cpu_seconds * 1e6 / tasks as f64);
             for jobs in [2, 4] {
                 let rust = self.perago_run(Body::Rust, jobs, tasks).await?;
                 self.figure(&format!("perago rust body j={jobs}"), "tasks/s")
@@ -389,6 +419,7 @@ impl Bench {
             let exec = self.median(&format!("perago exec body j={jobs}"));
             let jsonl = self.median(&format!("perago jsonl python body j={jobs}"));
             let py = self.median(&format!("conductor-python j={jobs}"));
+            self.runtime_split(jobs);
             if let (Some(j), Some(p)) = (jsonl, py) {
                 self.figure(&format!("ratio perago jsonl python / python j={jobs}"), "x")
                     .runs

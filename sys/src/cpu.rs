@@ -21,6 +21,17 @@ pub fn process_cpu_time(pid: u32) -> io::Result<Duration> {
     if failed != 0 {
         return Err(io::Error::from_raw_os_error(failed));
     }
+    read_clock(clock)
+}
+
+/// The CPU time the calling thread has used so far (`CLOCK_THREAD_CPUTIME_ID`): what one
+/// client costs when it shares its process with others (the benchmark's ceiling client runs
+/// beside devstack).
+pub fn thread_cpu_time() -> io::Result<Duration> {
+    read_clock(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+fn read_clock(clock: libc::clockid_t) -> io::Result<Duration> {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -53,5 +64,24 @@ mod tests {
         let pid = child.id();
         child.wait().unwrap();
         assert!(process_cpu_time(pid).is_err());
+    }
+
+    #[test]
+    fn a_thread_is_charged_its_own_work_not_another_threads() {
+        let spin = |d: Duration| {
+            let started = std::time::Instant::now();
+            let mut x = 0u64;
+            while started.elapsed() < d {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        };
+        let before = thread_cpu_time().unwrap();
+        let other = std::thread::spawn(move || spin(Duration::from_millis(60)));
+        other.join().unwrap();
+        let idle = thread_cpu_time().unwrap() - before;
+        spin(Duration::from_millis(30));
+        let busy = thread_cpu_time().unwrap() - before;
+        assert!(idle < Duration::from_millis(20), "{idle:?}");
+        assert!(busy >= Duration::from_millis(20), "{busy:?}");
     }
 }
