@@ -27,13 +27,17 @@ use std::{
 /// How many recent executions the profile keeps.
 pub(crate) const PROFILE_WINDOW: usize = 100;
 
-/// The type's recent executions.
+/// The type's recent executions, and what is read from them, worked out when one is recorded:
+/// the machine publishes the figures after every input it handles, several per task.
 #[derive(Debug, Default)]
 pub(crate) struct Profile {
     /// Dispatch-to-completion durations, the newest last.
     durations: VecDeque<Duration>,
     /// Body peaks of the executions that measured one, the newest last.
     peaks: VecDeque<u64>,
+    mean: Option<Duration>,
+    p95: Option<Duration>,
+    peak: Option<u64>,
 }
 
 impl Profile {
@@ -45,12 +49,20 @@ impl Profile {
                 self.durations.pop_front();
             }
             self.durations.push_back(took);
+            let n = u32::try_from(self.durations.len()).unwrap_or(u32::MAX);
+            self.mean = Some(self.durations.iter().sum::<Duration>() / n);
+            // Nearest rank: with fewer than 20 executions, the longest.
+            let mut sorted: Vec<Duration> = self.durations.iter().copied().collect();
+            sorted.sort_unstable();
+            let rank = (sorted.len() * 95).div_ceil(100);
+            self.p95 = Some(sorted[rank.saturating_sub(1)]);
         }
         if peak > 0 {
             if self.peaks.len() == PROFILE_WINDOW {
                 self.peaks.pop_front();
             }
             self.peaks.push_back(peak);
+            self.peak = self.peaks.iter().copied().max();
         }
     }
 
@@ -61,27 +73,18 @@ impl Profile {
 
     /// The mean duration over the window.
     pub(crate) fn mean(&self) -> Option<Duration> {
-        let n = u32::try_from(self.durations.len())
-            .ok()
-            .filter(|&n| n > 0)?;
-        Some(self.durations.iter().sum::<Duration>() / n)
+        self.mean
     }
 
     /// The 95th percentile duration over the window (nearest rank: with fewer than 20
     /// executions, the longest).
     pub(crate) fn p95(&self) -> Option<Duration> {
-        if self.durations.is_empty() {
-            return None;
-        }
-        let mut sorted: Vec<Duration> = self.durations.iter().copied().collect();
-        sorted.sort_unstable();
-        let rank = (sorted.len() * 95).div_ceil(100);
-        Some(sorted[rank.saturating_sub(1)])
+        self.p95
     }
 
     /// The highest body peak over the window.
     pub(crate) fn peak(&self) -> Option<u64> {
-        self.peaks.iter().copied().max()
+        self.peak
     }
 }
 
@@ -266,6 +269,33 @@ mod tests {
         // An unmeasured peak leaves the peaks as they were.
         p.record(Some(Duration::from_millis(1)), 0);
         assert_eq!(p.peak(), Some(200 << 20));
+    }
+
+    /// The figures are worked out when an execution is recorded: an outlier that leaves the
+    /// window leaves them too.
+    #[test]
+    fn an_outlier_leaving_the_window_leaves_the_figures() {
+        let mut p = Profile::default();
+        p.record(Some(Duration::from_secs(100)), 500);
+        assert_eq!(
+            (p.mean(), p.p95(), p.peak()),
+            (
+                Some(Duration::from_secs(100)),
+                Some(Duration::from_secs(100)),
+                Some(500)
+            )
+        );
+        for _ in 0..PROFILE_WINDOW {
+            p.record(Some(Duration::from_secs(1)), 10);
+        }
+        assert_eq!(
+            (p.mean(), p.p95(), p.peak()),
+            (
+                Some(Duration::from_secs(1)),
+                Some(Duration::from_secs(1)),
+                Some(10)
+            )
+        );
     }
 
     #[test]
