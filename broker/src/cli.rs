@@ -228,7 +228,7 @@ fn start() -> Result<i32, Exit> {
         &config.prefix.broker_id(),
     )?;
     let runtime = bootstrap::runtime()?;
-    let result = runtime.block_on(async {
+    let result = perago_core::logging::block_on(&runtime, async {
         let stop = async {
             use tokio::signal::unix::{SignalKind, signal};
             let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");

@@ -80,10 +80,11 @@ pub fn init_logging(process: &str, task: &str, worker_id: &str) -> Result<(), Ex
 
 /// The one-thread async runtime a child runs on: its work per task is a few small messages
 /// and HTTP calls, and a second worker thread costs more in wake-ups and hand-offs (futex,
-/// park/unpark) than it saves; thread mode has always run the children this way.
+/// park/unpark) than it saves; thread mode has always run the children this way. It writes
+/// the log lines it held when it goes idle: run it with [`crate::logging::block_on`].
 /// [`EXIT_FAILURE`] when it cannot be built.
 pub fn runtime() -> Result<tokio::runtime::Runtime, Exit> {
-    tokio::runtime::Builder::new_current_thread()
+    crate::logging::idle_flushing(&mut tokio::runtime::Builder::new_current_thread())
         .enable_all()
         .build()
         .map_err(|e| {

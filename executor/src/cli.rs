@@ -214,7 +214,7 @@ fn start(task: Option<Arc<dyn crate::task::Task>>) -> Result<i32, Exit> {
     let runner =
         built.map_err(|e| bootstrap::start_error(perago_core::errors::DisplayChain(&e)))?;
     let runtime = bootstrap::runtime()?;
-    let code = runtime.block_on(async {
+    let code = perago_core::logging::block_on(&runtime, async {
         let stop = Arc::new(AtomicBool::new(false));
         let (wake_tx, wake_rx) = tokio::sync::mpsc::channel(1);
         let flag = Arc::clone(&stop);

@@ -534,7 +534,7 @@ where
     F: Future<Output = Ended>,
 {
     let mut builder = tokio::runtime::Builder::new_current_thread();
-    builder.enable_all();
+    perago_core::logging::idle_flushing(&mut builder).enable_all();
     if let Some(log) = log {
         // Blocking work (`spawn_blocking`) logs as its worker too.
         builder.on_thread_start(move || {
@@ -553,7 +553,7 @@ where
         }
     };
     let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        runtime.block_on(async {
+        perago_core::logging::block_on(&runtime, async {
             tokio::select! {
                 ended = work() => ended,
                 () = abort.notified() => Ended::Task(Err("aborted".to_owned())),

@@ -362,6 +362,42 @@ async fn a_completed_assignment_resets_the_restart_backoff() {
     );
 }
 
+/// A worker's runtime holds the lines it logs while it has work and writes them when it goes
+/// idle (core/src/logging/sink.rs): a task's lines reach the JSONL files and stderr while the
+/// runtime keeps running, not only when it exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_lines_reach_the_logs_when_the_runtime_goes_idle() {
+    let conductor = Conductor::start().await;
+    let task = TaskFixture::new("e2e.idle_logs", "cat\n", "");
+    conductor.register(&task).await;
+    let sup = SupervisorProc::start(&task, &conductor, 1, &[]);
+    let id = conductor.start_workflow(&task, json!({"n": 1})).await;
+    let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
+    let task_id = task_of(&wf)["taskId"].as_str().unwrap().to_owned();
+    let executor = task_of(&wf)["workerId"].as_str().unwrap().to_owned();
+    let broker = format!("{}Broker", task.prefix());
+    let has = |text: &str, message: &str| {
+        text.lines()
+            .any(|l| l.contains(message) && l.contains(task_id.as_str()))
+    };
+    for (worker, message) in [
+        (&broker, "\"message\":\"result reported\""),
+        (&executor, "\"message\":\"assignment completed\""),
+    ] {
+        eventually(
+            &format!("{message} in {worker}'s file"),
+            Duration::from_secs(10),
+            || async { has(&sup.jsonl_text(&task, worker), message).then_some(()) },
+        )
+        .await;
+    }
+    eventually("the report on stderr", Duration::from_secs(10), || async {
+        has(&sup.log_text(), "result reported").then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_worker_writes_jsonl_with_ids() {
     let conductor = Conductor::start().await;
