@@ -370,11 +370,35 @@ enum InputField {
 /// A polled task's fields but `inputData`, and where `inputData` is in its text.
 type Split = (Map<String, Value>, Option<std::ops::Range<usize>>);
 
+/// The top-level fields of a Conductor task that the runtime reads: [`PolledTask::split`] parses
+/// these and only checks the others (a task carries some 50, among them its whole
+/// `workflowTask` definition, and building maps of them all cost more than anything else the
+/// broker did with a task's JSON).
+pub const READ_FIELDS: [&str; 15] = [
+    "taskId",
+    "workflowInstanceId",
+    "taskType",
+    "taskDefName",
+    "status",
+    "retryCount",
+    "referenceTaskName",
+    "seq",
+    "iteration",
+    "retriedTaskId",
+    "responseTimeoutSeconds",
+    "startDelayInSeconds",
+    "startTime",
+    "externalInputPayloadStoragePath",
+    "outputData",
+];
+
 /// A task as a poll (or update-v2) returned it, checked as [`crate::json::check`] checks JSON:
-/// every field parsed but `inputData`, which is kept as the text it came as.
+/// the fields the runtime reads ([`READ_FIELDS`]) parsed, `inputData` kept as the text it came
+/// as.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolledTask {
-    /// The fields, `inputData` excepted.
+    /// The fields: after [`PolledTask::split`], those of [`READ_FIELDS`] that it has; after
+    /// [`PolledTask::from_value`], all but `inputData`.
     pub fields: Map<String, Value>,
     /// `inputData` (any JSON value), when present.
     pub input_data: Option<RawJson>,
@@ -390,7 +414,8 @@ impl PolledTask {
 
     /// Splits the JSON object `text`, checking it as parsing would (the same depth limit,
     /// syntax and number rules, the same errors), in about one pass: only the top level is
-    /// read, the small fields are parsed, and `inputData` is checked without being parsed.
+    /// read, the fields of [`READ_FIELDS`] are parsed, and the others and `inputData` are
+    /// checked without being parsed.
     pub fn split(text: &str) -> Result<Self, crate::json::JsonError> {
         let (fields, input) = Self::split_at(text)?;
         Ok(Self {
@@ -435,8 +460,10 @@ impl PolledTask {
                     // `value` is a slice of `text`.
                     let start = value.as_ptr() as usize - text.as_ptr() as usize;
                     input = Some(start..start + value.len());
-                } else {
+                } else if READ_FIELDS.contains(&key.as_str()) {
                     fields.insert(key, crate::json::from_str(value)?);
+                } else {
+                    crate::json::check(value)?;
                 }
             }
             Ok((fields, input))
@@ -702,6 +729,41 @@ mod tests {
             assert_eq!(serde_json::to_value(s).unwrap(), json!(s.as_str()));
         }
         assert_eq!(TaskStatus::parse("completed"), None);
+    }
+
+    /// A split parses only the fields the runtime reads; the others (a workflowTask of
+    /// hundreds of members) are checked, not kept: one that is broken fails the split as
+    /// parsing the whole task would, with the same error.
+    #[test]
+    fn a_split_keeps_the_fields_read_and_checks_the_rest() {
+        let mut task = polled();
+        task["workflowTask"] = json!({"name": "x", "inputParameters": {"a": [1, 2, {"b": null}]}});
+        task["outputData"] = json!({"kept": true});
+        let split = PolledTask::split(&task.to_string()).unwrap();
+        let mut kept: Vec<&str> = split.fields.keys().map(String::as_str).collect();
+        kept.sort_unstable();
+        let mut expected: Vec<&str> = READ_FIELDS
+            .iter()
+            .copied()
+            .filter(|f| task.get(f).is_some())
+            .collect();
+        expected.sort_unstable();
+        assert_eq!(kept, expected);
+        assert!(!kept.contains(&"workflowTask") && !kept.contains(&"pollCount"));
+        assert_eq!(split.fields["outputData"], json!({"kept": true}));
+        assert_eq!(
+            AttemptSnapshot::from_polled(split),
+            AttemptSnapshot::from_conductor(&task)
+        );
+        // A number no f64 holds, deep in a field nobody reads: refused as parsing refuses it.
+        let text = task.to_string().replace(r#""b":null"#, r#""b":1e999"#);
+        let parsed = serde_json::from_str::<Value>(&text)
+            .unwrap_err()
+            .to_string();
+        match PolledTask::split(&text) {
+            Err(crate::json::JsonError::Syntax(e)) => assert_eq!(e, parsed),
+            other => panic!("{other:?}"),
+        }
     }
 
     /// A polled task's input reaches the snapshot as the text Conductor sent, byte for byte.
