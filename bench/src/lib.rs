@@ -264,6 +264,7 @@ impl Bench {
         let (runtime, took) =
             Runtime::start(&self.o.binaries, &conductor.url(), TASK, body, jobs, env).await?;
         let (broker_idle, exec_idle) = runtime.rss();
+        let (broker_anon, exec_anon) = runtime.anon_rss();
         let cpu_before = runtime.cpu();
         let ids = conductor.start_many_padded(TASK, tasks, pad).await?;
         let (broker_busy, exec_busy) = runtime.rss();
@@ -305,6 +306,15 @@ impl Bench {
             self.figure("rss executor under load (max)", "MiB")
                 .runs
                 .push(max(&exec_busy));
+            // What RSS is made of besides the binary's pages (shared, and mapped 64 KiB
+            // around each page touched, so that a change of code layout moves RSS by half a
+            // MiB with no change of memory).
+            self.figure("rss anonymous broker idle", "MiB")
+                .runs
+                .push(broker_anon);
+            self.figure("rss anonymous executor idle (max)", "MiB")
+                .runs
+                .push(max(&exec_anon));
         }
         Ok(throughput(&times))
     }

@@ -1,7 +1,7 @@
 //! A perago runtime under test: the release supervisor, broker and executors as processes,
 //! started against the benchmark's devstack, measured from spawn to every slot attached.
 
-use crate::procs::{CpuByRole, descendants, perago_cpu, rss_mib};
+use crate::procs::{CpuByRole, anon_rss_mib, descendants, perago_cpu, rss_mib};
 use perago_proto::admin::v1::{SlotState, StatusRequest, admin_client::AdminClient};
 use std::{
     path::PathBuf,
@@ -150,13 +150,22 @@ impl Runtime {
 
     /// RSS in MiB of the broker and of each executor.
     pub(crate) fn rss(&self) -> (f64, Vec<f64>) {
+        self.memory(rss_mib)
+    }
+
+    /// Anonymous RSS in MiB of the broker and of each executor.
+    pub(crate) fn anon_rss(&self) -> (f64, Vec<f64>) {
+        self.memory(anon_rss_mib)
+    }
+
+    fn memory(&self, read: fn(u32) -> Option<f64>) -> (f64, Vec<f64>) {
         let mut broker = 0.0;
         let mut executors = Vec::new();
         for (pid, name) in descendants(self.child.id()) {
             match name.as_str() {
-                "perago-conductor-broker" => broker = rss_mib(pid).unwrap_or(0.0),
+                "perago-conductor-broker" => broker = read(pid).unwrap_or(0.0),
                 n if n.starts_with("perago-executor-") => {
-                    executors.extend(rss_mib(pid));
+                    executors.extend(read(pid));
                 }
                 _ => {}
             }

@@ -48,10 +48,22 @@ pub(crate) fn descendants(root: u32) -> Vec<(u32, String)> {
 
 /// Resident set size in MiB.
 pub(crate) fn rss_mib(pid: u32) -> Option<f64> {
+    status_mib(pid, "VmRSS:")
+}
+
+/// The anonymous part of a process's RSS in MiB (`RssAnon`: heap, stacks; not the binary's
+/// pages, which the page cache shares between every process of the binary, and of which
+/// the kernel maps up to 64 KiB around each page touched).
+pub(crate) fn anon_rss_mib(pid: u32) -> Option<f64> {
+    status_mib(pid, "RssAnon:")
+}
+
+/// A `kB` line of `/proc/<pid>/status`, in MiB.
+fn status_mib(pid: u32, key: &str) -> Option<f64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kib: f64 = status
         .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
+        .find(|l| l.starts_with(key))?
         .split_whitespace()
         .nth(1)?
         .parse()
