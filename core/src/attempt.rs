@@ -460,8 +460,8 @@ impl PolledTask {
                     // `value` is a slice of `text`.
                     let start = value.as_ptr() as usize - text.as_ptr() as usize;
                     input = Some(start..start + value.len());
-                } else if READ_FIELDS.contains(&key.as_str()) {
-                    fields.insert(key, crate::json::from_str(value)?);
+                } else if READ_FIELDS.contains(&&*key) {
+                    fields.insert(key.into_owned(), crate::json::from_str(value)?);
                 } else {
                     crate::json::check(value)?;
                 }

@@ -6,6 +6,7 @@
 
 use serde::de::Deserialize as _;
 use serde_json::Value;
+use std::borrow::Cow;
 
 /// The deepest nesting accepted: Conductor's own limit (Jackson's default `maxNestingDepth`).
 pub const MAX_DEPTH: usize = 1000;
@@ -308,10 +309,11 @@ pub fn kind(text: &str) -> Kind {
 /// Splits the JSON object `text` into its members, each value kept as its text (a slice of
 /// `text`): only the top level is read, by a scan that crosses strings at memchr's speed and
 /// parses nothing but the keys (checked as parsing checks them). A key given twice keeps its
-/// last value, as a parsed `Map` does. The values are not checked: `text` is valid JSON when
-/// it was checked before ([`check`], [`RawJson::skimmed`]), or when this succeeds and every
-/// value checks. An error here says only that the text is broken: [`check`] says how.
-pub fn members(text: &str) -> Result<Vec<(String, &str)>, JsonError> {
+/// last value, as a parsed `Map` does. A key is borrowed from `text` unless it has escapes.
+/// The values are not checked: `text` is valid JSON when it was checked before ([`check`],
+/// [`RawJson::skimmed`]), or when this succeeds and every value checks. An error here says
+/// only that the text is broken: [`check`] says how.
+pub fn members(text: &str) -> Result<Vec<(Cow<'_, str>, &str)>, JsonError> {
     let broken = |what: &str| JsonError::Syntax(format!("{what} (not a checked JSON object)"));
     let bytes = text.as_bytes();
     let skip_space = |mut i: usize| {
@@ -339,8 +341,11 @@ pub fn members(text: &str) -> Result<Vec<(String, &str)>, JsonError> {
         return Err(broken("expected an object"));
     }
     i = skip_space(i + 1);
-    let mut members: Vec<(String, &str)> = Vec::new();
-    let mut index = std::collections::HashMap::<String, usize>::new();
+    let mut members: Vec<(Cow<'_, str>, &str)> = Vec::new();
+    // Keys seen, as bits of a 256-bit filter: a key given twice is rare, and only a key whose
+    // bit is set is looked for among the earlier ones (a task has some 50 keys; hashing each
+    // into a map cost more than the rest of the scan).
+    let mut seen = [0u64; 4];
     if bytes.get(i) == Some(&b'}') {
         return Ok(members);
     }
@@ -351,10 +356,12 @@ pub fn members(text: &str) -> Result<Vec<(String, &str)>, JsonError> {
         let key_end = string_end(i)?;
         let raw_key = &text[i + 1..key_end - 1];
         let key = if raw_key.bytes().any(|b| b == b'\\' || b < 0x20) {
-            serde_json::from_str::<String>(&text[i..key_end])
-                .map_err(|e| JsonError::Syntax(crate::errors::chain(&e)))?
+            Cow::Owned(
+                serde_json::from_str::<String>(&text[i..key_end])
+                    .map_err(|e| JsonError::Syntax(crate::errors::chain(&e)))?,
+            )
         } else {
-            raw_key.to_owned()
+            Cow::Borrowed(raw_key)
         };
         i = skip_space(key_end);
         if bytes.get(i) != Some(&b':') {
@@ -379,12 +386,20 @@ pub fn members(text: &str) -> Result<Vec<(String, &str)>, JsonError> {
             i += 1;
         }
         let value = text[start..i].trim_end_matches(is_json_whitespace);
-        match index.get(&key) {
-            Some(&at) => members[at].1 = value,
-            None => {
-                index.insert(key.clone(), members.len());
-                members.push((key, value));
-            }
+        // FNV-1a of the key, to one of 256 bits.
+        let bit = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        }) >> 56;
+        let (word, mask) = ((bit / 64) as usize, 1u64 << (bit % 64));
+        let earlier = if seen[word] & mask == 0 {
+            seen[word] |= mask;
+            None
+        } else {
+            members.iter().position(|(k, _)| *k == key)
+        };
+        match earlier {
+            Some(at) => members[at].1 = value,
+            None => members.push((key, value)),
         }
         match bytes[i] {
             b',' => i = skip_space(i + 1),
@@ -597,13 +612,38 @@ mod tests {
         assert_eq!(
             members(text).unwrap(),
             vec![
-                ("a".to_owned(), r#""\u00e9""#),
-                ("b".to_owned(), "[ 1 ]"),
-                ("c\n".to_owned(), "null"),
+                (Cow::Borrowed("a"), r#""\u00e9""#),
+                (Cow::Borrowed("b"), "[ 1 ]"),
+                (Cow::Owned("c\n".to_owned()), "null"),
             ]
         );
         assert!(members("[1]").is_err());
         assert!(members("{\"a\": ").is_err());
+    }
+
+    /// Keys given more than once, among many (so that the filter's bits collide): each keeps
+    /// its first place and its last value, as a parsed `Map` does.
+    #[test]
+    fn repeated_keys_among_many_keep_their_place_and_last_value() {
+        let mut text = String::from("{");
+        for n in 0..600u32 {
+            // 0..199 three times, interleaved, each time with another value.
+            let key = (n * 7) % 200;
+            if n > 0 {
+                text.push(',');
+            }
+            text.push_str(&format!("\"k{key}\": {n}"));
+        }
+        text.push('}');
+        let parsed: serde_json::Map<String, Value> = serde_json::from_str(&text).unwrap();
+        let scanned: Vec<(String, Value)> = members(&text)
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| (k.into_owned(), serde_json::from_str(v).unwrap()))
+            .collect();
+        let expected: Vec<(String, Value)> = parsed.into_iter().collect();
+        assert_eq!(scanned.len(), 200);
+        assert_eq!(scanned, expected);
     }
 
     /// The scan splits as serde_json does.
@@ -630,7 +670,7 @@ mod tests {
             let mut scanned: Vec<(String, String)> = members(&text)
                 .unwrap()
                 .into_iter()
-                .map(|(k, v)| (k, v.to_owned()))
+                .map(|(k, v)| (k.into_owned(), v.to_owned()))
                 .collect();
             scanned.sort();
             assert_eq!(scanned, by_serde, "{}", &text[..text.len().min(80)]);

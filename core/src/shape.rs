@@ -83,15 +83,15 @@ pub fn parse_input<'a>(
         )
     })?;
     let member = |key: &str| members.iter().find(|(k, _)| k == key).map(|(_, v)| *v);
-    let mut unexpected: Vec<&String> = members
+    let mut unexpected: Vec<&str> = members
         .iter()
-        .map(|(k, _)| k)
-        .filter(|k| !expected.contains(&k.as_str()) && !TRACE_CONTEXT_KEYS.contains(&k.as_str()))
+        .map(|(k, _)| &**k)
+        .filter(|k| !expected.contains(k) && !TRACE_CONTEXT_KEYS.contains(k))
         .collect();
     unexpected.sort();
     if let Some(key) = unexpected.first() {
         return Err(input_error(
-            key.as_str(),
+            *key,
             format!("unexpected key; {}", expected_text()),
         ));
     }
