@@ -52,10 +52,10 @@ impl Profile {
             let n = u32::try_from(self.durations.len()).unwrap_or(u32::MAX);
             self.mean = Some(self.durations.iter().sum::<Duration>() / n);
             // Nearest rank: with fewer than 20 executions, the longest.
-            let mut sorted: Vec<Duration> = self.durations.iter().copied().collect();
-            sorted.sort_unstable();
-            let rank = (sorted.len() * 95).div_ceil(100);
-            self.p95 = Some(sorted[rank.saturating_sub(1)]);
+            let mut window: Vec<Duration> = self.durations.iter().copied().collect();
+            let rank = (window.len() * 95).div_ceil(100);
+            let (_, p95, _) = window.select_nth_unstable(rank.saturating_sub(1));
+            self.p95 = Some(*p95);
         }
         if peak > 0 {
             if self.peaks.len() == PROFILE_WINDOW {
