@@ -1,4 +1,5 @@
 use super::*;
+use serde_json::json;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _, symlink};
 
 fn header(execution_id: &str) -> Header {
@@ -289,6 +290,30 @@ fn only_the_same_attempt_still_in_progress_is_reported() {
     let mut garbled = task("IN_PROGRESS", 2);
     garbled["retryCount"] = json!("two");
     assert!(dropped(garbled).contains("not a task"));
+}
+
+/// The header line's text is the journal's format on disk: a journal a broker wrote before
+/// this one is replayed by it.
+#[test]
+fn a_header_line_is_written_as_the_format_says() {
+    let mut h = header("e-1");
+    assert_eq!(
+        h.to_line(12),
+        format!(
+            r#"{{"format":1,"bodyBytes":12,"taskType":{},"taskId":{},"workflowInstanceId":{},"retryCount":{},"executionId":"e-1","workerId":{},"status":{},"publishedCommit":null}}"#,
+            json!(h.task_type),
+            json!(h.task_id),
+            json!(h.workflow_instance_id),
+            h.retry_count,
+            json!(h.worker_id),
+            json!(h.status),
+        )
+    );
+    h.task_id = "t\"\n".into();
+    h.published_commit = Some("c0ffee".into());
+    let line = h.to_line(0);
+    assert!(line.contains(r#""taskId":"t\"\n""#), "{line}");
+    assert!(line.ends_with(r#""publishedCommit":"c0ffee"}"#), "{line}");
 }
 
 #[test]
