@@ -569,7 +569,9 @@ fn declares_a_body(status: StatusCode, headers: &reqwest::header::HeaderMap) -> 
 
 /// Reads an answer's body as it comes, at most `limit` bytes: the bytes, and whether that is
 /// all of it. An answer whose `Content-Length` is above `limit` is not read at all; nothing
-/// is allocated from what the server declares.
+/// is allocated from what the server declares. The chunks are kept as they came and copied
+/// once, into a buffer of their total size (growing one as they came copied a megabyte's
+/// answer again at each doubling).
 pub(super) async fn read_capped(
     mut resp: reqwest::Response,
     limit: usize,
@@ -580,16 +582,27 @@ pub(super) async fn read_capped(
     {
         return Ok((Vec::new(), false));
     }
-    let mut bytes = Vec::new();
+    let mut chunks = Vec::new();
+    let mut total = 0;
     while let Some(chunk) = resp.chunk().await? {
-        if chunk.len() > limit - bytes.len() {
-            let room = limit - bytes.len();
-            bytes.extend_from_slice(&chunk[..room]);
-            return Ok((bytes, false));
+        if chunk.len() > limit - total {
+            let room = limit - total;
+            chunks.push(chunk.slice(..room));
+            return Ok((joined(&chunks, limit), false));
         }
-        bytes.extend_from_slice(&chunk);
+        total += chunk.len();
+        chunks.push(chunk);
     }
-    Ok((bytes, true))
+    Ok((joined(&chunks, total), true))
+}
+
+/// `chunks` (`total` bytes in all) in one buffer.
+fn joined(chunks: &[impl AsRef<[u8]>], total: usize) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(total);
+    for chunk in chunks {
+        bytes.extend_from_slice(chunk.as_ref());
+    }
+    bytes
 }
 
 /// `base` (parsed) with `path` (its segments already percent-encoded) appended to its path:

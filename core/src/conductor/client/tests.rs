@@ -167,6 +167,33 @@ async fn queue_sizes_sends_the_name_so_that_spring_does_not_split_it() {
     );
 }
 
+/// An answer that comes in many chunks of many sizes is read whole, in order: the chunks are
+/// kept as they come and joined once.
+#[tokio::test]
+async fn an_answer_in_many_chunks_is_read_whole() {
+    let base = raw_server(|_, _| {
+        let body = format!(r#"{{"t": {}7}}"#, " ".repeat(300_000));
+        let mut out =
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                .to_vec();
+        let mut rest = body.as_bytes();
+        let mut size = 1;
+        while !rest.is_empty() {
+            let (chunk, after) = rest.split_at(size.min(rest.len()));
+            out.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+            out.extend_from_slice(chunk);
+            out.extend_from_slice(b"\r\n");
+            rest = after;
+            size = size * 3 % 65_537 + 1;
+        }
+        out.extend_from_slice(b"0\r\n\r\n");
+        out
+    })
+    .await;
+    let client = ConductorClient::new(&base).unwrap();
+    assert_eq!(client.queue_sizes("t").await.unwrap(), 7);
+}
+
 /// An answer without `Content-Length` that never ends is read up to the request's
 /// limit and refused, naming the request and the limit; the server is cut off there.
 #[tokio::test]
