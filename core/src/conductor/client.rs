@@ -569,9 +569,9 @@ fn declares_a_body(status: StatusCode, headers: &reqwest::header::HeaderMap) -> 
 
 /// Reads an answer's body as it comes, at most `limit` bytes: the bytes, and whether that is
 /// all of it. An answer whose `Content-Length` is above `limit` is not read at all; nothing
-/// is allocated from what the server declares. The chunks are kept as they came and copied
-/// once, into a buffer of their total size (growing one as they came copied a megabyte's
-/// answer again at each doubling).
+/// is allocated from what the server declares. The chunks are copied into one buffer as they
+/// come: kept as they came, a server sending one-byte chunks would make the list of them (and
+/// the read buffers each keeps alive) many times the cap.
 pub(super) async fn read_capped(
     mut resp: reqwest::Response,
     limit: usize,
@@ -582,27 +582,16 @@ pub(super) async fn read_capped(
     {
         return Ok((Vec::new(), false));
     }
-    let mut chunks = Vec::new();
-    let mut total = 0;
+    let mut bytes = Vec::new();
     while let Some(chunk) = resp.chunk().await? {
-        if chunk.len() > limit - total {
-            let room = limit - total;
-            chunks.push(chunk.slice(..room));
-            return Ok((joined(&chunks, limit), false));
+        if chunk.len() > limit - bytes.len() {
+            let room = limit - bytes.len();
+            bytes.extend_from_slice(&chunk[..room]);
+            return Ok((bytes, false));
         }
-        total += chunk.len();
-        chunks.push(chunk);
+        bytes.extend_from_slice(&chunk);
     }
-    Ok((joined(&chunks, total), true))
-}
-
-/// `chunks` (`total` bytes in all) in one buffer.
-fn joined(chunks: &[impl AsRef<[u8]>], total: usize) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(total);
-    for chunk in chunks {
-        bytes.extend_from_slice(chunk.as_ref());
-    }
-    bytes
+    Ok((bytes, true))
 }
 
 /// `base` (parsed) with `path` (its segments already percent-encoded) appended to its path:

@@ -167,8 +167,8 @@ async fn queue_sizes_sends_the_name_so_that_spring_does_not_split_it() {
     );
 }
 
-/// An answer that comes in many chunks of many sizes is read whole, in order: the chunks are
-/// kept as they come and joined once.
+/// An answer that comes in many chunks of many sizes, one byte among them, is read whole and
+/// in order.
 #[tokio::test]
 async fn an_answer_in_many_chunks_is_read_whole() {
     let base = raw_server(|_, _| {
