@@ -19,7 +19,9 @@
 //!     let name: String = std::env::var("PERAGO_TASK_NAME").map_err(bootstrap::config_error)?;
 //!     bootstrap::init_logging("perago-example", &name, "worker-1")?;
 //!     let runtime = bootstrap::runtime()?;
-//!     let done: Result<(), std::io::Error> = runtime.block_on(async { Ok(()) });
+//!     // Held log lines are written whenever the runtime goes idle, and when this returns.
+//!     let done: Result<(), std::io::Error> =
+//!         perago_core::logging::block_on(&runtime, async { Ok(()) });
 //!     Ok(done.map_or_else(|e| bootstrap::failed("example failed", &e), |()| EXIT_OK))
 //! }
 //! ```
