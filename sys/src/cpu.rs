@@ -68,20 +68,33 @@ mod tests {
 
     #[test]
     fn a_thread_is_charged_its_own_work_not_another_threads() {
+        // Spins until this thread's own clock has advanced by `d`, within a wall-clock bound
+        // (a loaded machine deschedules the spinner; a clock that never advanced would hang):
+        // whether the clock reached `d`.
         let spin = |d: Duration| {
-            let started = std::time::Instant::now();
+            let start = thread_cpu_time().unwrap();
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
             let mut x = 0u64;
-            while started.elapsed() < d {
-                x = std::hint::black_box(x.wrapping_add(1));
+            while thread_cpu_time().unwrap() - start < d {
+                if std::time::Instant::now() > deadline {
+                    return false;
+                }
+                for _ in 0..1000 {
+                    x = std::hint::black_box(x.wrapping_add(1));
+                }
             }
+            true
         };
         let before = thread_cpu_time().unwrap();
         let other = std::thread::spawn(move || spin(Duration::from_millis(60)));
-        other.join().unwrap();
+        assert!(other.join().unwrap(), "the other thread's clock advanced");
         let idle = thread_cpu_time().unwrap() - before;
-        spin(Duration::from_millis(30));
-        let busy = thread_cpu_time().unwrap() - before;
         assert!(idle < Duration::from_millis(20), "{idle:?}");
-        assert!(busy >= Duration::from_millis(20), "{busy:?}");
+        assert!(
+            spin(Duration::from_millis(30)),
+            "this thread's clock advanced"
+        );
+        let busy = thread_cpu_time().unwrap() - before;
+        assert!(busy >= Duration::from_millis(30), "{busy:?}");
     }
 }
