@@ -8,6 +8,8 @@
 //! - [`fd`]: descriptor flags (close-on-exec), descriptors handed over by number, pipe sizes and
 //!   states; [`fd::dir`] walks a folder tree from held descriptors (`openat`, `O_NOFOLLOW`).
 //! - [`signal`]: signals to a process or a process group, and their names.
+//! - [`fatal`]: a hook run once when a fatal signal (an abort, a crash) is about to end the
+//!   process.
 //! - [`reaper`]: the child subreaper, the children perago waits for itself ([`Managed`]), the
 //!   clean-up of what bodies leave behind ([`reaper::kill_adopted`]), and pidfds
 //!   ([`reaper::pidfd`]).
@@ -39,6 +41,7 @@
 
 pub mod cgroup;
 pub mod cpu;
+pub mod fatal;
 pub mod fd;
 pub mod guard;
 pub mod memory;

@@ -5,6 +5,7 @@ use super::FILE_NAME;
 use std::{
     fs::{self, File, OpenOptions},
     io::{self, Write as _},
+    os::fd::{AsFd, BorrowedFd},
     path::{Path, PathBuf},
     sync::atomic::{AtomicU64, Ordering},
 };
@@ -87,6 +88,13 @@ fn open_log(path: &Path) -> io::Result<File> {
         ));
     }
     Ok(file)
+}
+
+/// The file being written now (a signal handler's last write goes to it, unrotated).
+impl AsFd for RotatingFile {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
 }
 
 impl RotatingFile {

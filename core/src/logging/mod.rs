@@ -149,16 +149,23 @@ fn env_filter_or(default: &str) -> EnvFilter {
 /// folder log through the supervisor's subscriber, and so share it).
 fn stderr() -> Arc<LineBuffer> {
     static STDERR: OnceLock<Arc<LineBuffer>> = OnceLock::new();
-    Arc::clone(STDERR.get_or_init(|| LineBuffer::new(Output::Stderr)))
+    Arc::clone(STDERR.get_or_init(|| {
+        let buffer = LineBuffer::new(Output::Stderr);
+        sink::keep_for_fatal_signal(&buffer);
+        buffer
+    }))
 }
 
-/// A worker's layer: stderr and its JSONL file.
-fn worker_layer(config: &JsonlConfig) -> io::Result<WorkerLayer> {
+/// A worker's layer: stderr and its JSONL file. A file the process keeps for its whole life
+/// (`for_the_process`) is written on a fatal signal too; thread mode's workers come and go,
+/// and their files are not.
+fn worker_layer(config: &JsonlConfig, for_the_process: bool) -> io::Result<WorkerLayer> {
     let file = RotatingFile::open(&config.dir(), config.max_bytes, config.max_files)?;
-    Ok(WorkerLayer::new(
-        stderr(),
-        Some((&config.worker_id, LineBuffer::new(Output::File(file)))),
-    ))
+    let file = LineBuffer::new(Output::File(file));
+    if for_the_process {
+        sink::keep_for_fatal_signal(&file);
+    }
+    Ok(WorkerLayer::new(stderr(), Some((&config.worker_id, file))))
 }
 
 /// Installs a stderr subscriber: `RUST_LOG` if set, else `info`. Safe to call twice (the
@@ -204,13 +211,13 @@ pub fn worker_dispatch(config: &JsonlConfig) -> io::Result<tracing::Dispatch> {
     Ok(tracing::Dispatch::new(
         tracing_subscriber::registry()
             .with(env_filter())
-            .with(worker_layer(config)?),
+            .with(worker_layer(config, false)?),
     ))
 }
 
 /// Installs stderr logging plus this worker's JSONL file. Returns the file's folder.
 pub fn init_worker(config: &JsonlConfig) -> io::Result<PathBuf> {
-    let layer = worker_layer(config)?;
+    let layer = worker_layer(config, true)?;
     let _ = tracing_subscriber::registry()
         .with(env_filter())
         .with(layer)
@@ -300,6 +307,116 @@ mod tests {
             for line in lines {
                 assert_eq!(line["worker_id"], id);
                 assert_eq!(line["message"], format!("line of {id}"));
+            }
+        }
+    }
+
+    /// Set in the child of [`held_lines_are_written_when_a_fatal_signal_ends_the_process`]:
+    /// the log root, and how the child dies.
+    const FATAL_CHILD_ROOT: &str = "PERAGO_TEST_FATAL_CHILD_ROOT";
+    const FATAL_CHILD_HOW: &str = "PERAGO_TEST_FATAL_CHILD_HOW";
+
+    /// The child: holds an info line as a worker's runtime thread does, checks it is not yet
+    /// in the file, then dies as `how` says.
+    fn fatal_child(root: PathBuf, how: &str) -> ! {
+        let config = JsonlConfig {
+            root,
+            task: "t".into(),
+            worker_id: "w0001".into(),
+            max_bytes: DEFAULT_MAX_BYTES,
+            max_files: DEFAULT_MAX_FILES,
+        };
+        init_worker(&config).unwrap();
+        let _holding = hold_lines();
+        tracing::info!("held when the signal came");
+        let text = std::fs::read_to_string(config.dir().join(FILE_NAME)).unwrap();
+        if text.contains("held when the signal came") {
+            eprintln!("the line was not held");
+            std::process::exit(3);
+        }
+        match how {
+            "abort" => std::process::abort(),
+            "sent SIGSEGV" => {
+                perago_sys::signal::signal_process(std::process::id(), libc::SIGSEGV).unwrap();
+                // Delivered to some thread of this process; this one waits for the end.
+                loop {
+                    std::thread::park();
+                }
+            }
+            "stack overflow" => {
+                fn deeper(n: u64) -> u64 {
+                    let frame = std::hint::black_box([n; 64]);
+                    if frame[63] == u64::MAX {
+                        return 0;
+                    }
+                    frame[0] + deeper(std::hint::black_box(n + 1))
+                }
+                let _ = std::thread::Builder::new()
+                    .stack_size(128 * 1024)
+                    .spawn(|| deeper(0))
+                    .unwrap()
+                    .join();
+                std::process::exit(4)
+            }
+            other => panic!("unknown way to die: {other}"),
+        }
+    }
+
+    /// A line held by a runtime thread reaches the file and stderr when an abort, a crash or a
+    /// sent fatal signal ends the process, which still dies of that signal (and Rust's report
+    /// of a stack overflow is still printed). Each case runs in a child process: this test's
+    /// own binary, run for this test alone.
+    #[test]
+    fn held_lines_are_written_when_a_fatal_signal_ends_the_process() {
+        use std::os::unix::process::ExitStatusExt as _;
+        if let Some(root) = std::env::var_os(FATAL_CHILD_ROOT) {
+            let how = std::env::var(FATAL_CHILD_HOW).unwrap();
+            fatal_child(root.into(), &how);
+        }
+        for (how, signal) in [
+            ("abort", libc::SIGABRT),
+            ("sent SIGSEGV", libc::SIGSEGV),
+            ("stack overflow", libc::SIGABRT),
+        ] {
+            let root = tempfile::tempdir().unwrap();
+            let output = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "logging::tests::held_lines_are_written_when_a_fatal_signal_ends_the_process",
+                    "--exact",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(FATAL_CHILD_ROOT, root.path())
+                .env(FATAL_CHILD_HOW, how)
+                .env("RUST_LOG", "info")
+                .env("RUST_BACKTRACE", "0")
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(
+                output.status.signal(),
+                Some(signal),
+                "{how}: {:?}, stderr: {stderr}",
+                output.status
+            );
+            let file = root.path().join("t/worker_id=w0001").join(FILE_NAME);
+            let text = std::fs::read_to_string(&file).unwrap();
+            let lines: Vec<serde_json::Value> = text
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            assert_eq!(lines.len(), 1, "{how}: {text}");
+            assert_eq!(lines[0]["message"], "held when the signal came", "{how}");
+            assert_eq!(
+                stderr.matches("held when the signal came").count(),
+                1,
+                "{how}: stderr: {stderr}"
+            );
+            if how == "stack overflow" {
+                assert!(
+                    stderr.contains("has overflowed its stack"),
+                    "Rust's own report still comes: {stderr}"
+                );
             }
         }
     }

@@ -8,17 +8,22 @@
 //! A warning or an error, a line from any other thread (a Rust body on the blocking pool, say)
 //! and a buffer past [`HOLD_AT_MOST`] go out at once, after what the buffer held.
 //!
-//! What this costs: a process killed outright (SIGKILL, an abort, a crash) loses the lines it
-//! logged since its runtime last went idle, at most [`HOLD_AT_MOST`] bytes per output and never
-//! a warning or an error; a process that ends any other way (its drain, an error, a panic that
-//! unwinds through `block_on`) writes them first. A runtime under steady load goes idle
-//! between its wake-ups, so held lines reach the file within the same wake-up that logged them.
+//! What this costs: a process killed by SIGKILL loses the lines it logged since its runtime
+//! last went idle, at most [`HOLD_AT_MOST`] bytes per output and never a warning or an error.
+//! A process that ends any other way writes them first: its drain, an error, a panic that
+//! unwinds through `block_on`, and a fatal signal (an abort, a crash, SIGQUIT, systemd's
+//! watchdog SIGABRT), whose handler ([`flush_on_fatal_signal`]) writes every output it can
+//! take without waiting, before the signal ends the process as it would have. An output another
+//! thread was writing at that instant is skipped (that thread was writing its lines anyway). A
+//! runtime under steady load goes idle between its wake-ups, so held lines reach the file
+//! within the same wake-up that logged them.
 
 use super::file::RotatingFile;
 use std::{
     cell::{Cell, RefCell},
     io::{self, Write as _},
-    sync::{Arc, Mutex, PoisonError},
+    os::fd::{AsFd as _, BorrowedFd},
+    sync::{Arc, Mutex, OnceLock, PoisonError, TryLockError},
 };
 
 /// The most one output holds: past it, the buffer is written at once.
@@ -47,6 +52,17 @@ impl Output {
             Self::File(file) => file.write_lines_or_drop(lines, count),
             #[cfg(test)]
             Self::Memory(writes) => writes.push(lines.to_vec()),
+        }
+    }
+
+    /// Writes `lines` from a signal handler: to the descriptor itself, no lock, no rotation.
+    fn write_now(&self, lines: &[u8]) {
+        let write = |fd: BorrowedFd<'_>| perago_sys::fatal::write_all_now(fd, lines);
+        match self {
+            Self::Stderr => write(io::stderr().as_fd()),
+            Self::File(file) => write(file.as_fd()),
+            #[cfg(test)]
+            Self::Memory(_) => {}
         }
     }
 }
@@ -141,6 +157,56 @@ impl LineBuffer {
         match &self.state().out {
             Output::Memory(writes) => writes.clone(),
             _ => Vec::new(),
+        }
+    }
+}
+
+/// The outputs a fatal signal writes: a process's stderr and its worker's file, kept for the
+/// process's life. Four slots: a process has two.
+static KEPT_FOR_FATAL: [OnceLock<Arc<LineBuffer>>; 4] = [const { OnceLock::new() }; 4];
+
+/// Has a fatal signal write what `buffer` holds ([`flush_on_fatal_signal`]), and installs
+/// that handler if it is not yet. The buffer is kept for the process's life. Past the slots
+/// there are, a buffer is not kept, and the handler cannot be installed it is said on stderr:
+/// both only lose what a SIGKILL would.
+pub(crate) fn keep_for_fatal_signal(buffer: &Arc<LineBuffer>) {
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        if let Err(error) = perago_sys::fatal::on_fatal_signal(flush_on_fatal_signal) {
+            eprintln!(
+                "perago: cannot install the handler that writes held log lines on a fatal \
+                 signal: {}",
+                crate::errors::DisplayChain(&error)
+            );
+        }
+    });
+    for slot in &KEPT_FOR_FATAL {
+        if let Some(kept) = slot.get()
+            && Arc::ptr_eq(kept, buffer)
+        {
+            return;
+        }
+        if slot.set(Arc::clone(buffer)).is_ok() {
+            return;
+        }
+    }
+}
+
+/// Writes what every kept output holds, each with one write(2) and no rotation, skipping an
+/// output whose lock another thread holds. Runs inside a signal handler: no allocation, no
+/// waiting (see `perago_sys::fatal`).
+pub(crate) fn flush_on_fatal_signal() {
+    for buffer in KEPT_FOR_FATAL.iter().filter_map(OnceLock::get) {
+        let mut state = match buffer.state.try_lock() {
+            Ok(state) => state,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => continue,
+        };
+        if state.count > 0 {
+            state.out.write_now(&state.held);
+            // Written once, whatever comes next (clear frees nothing).
+            state.held.clear();
+            state.count = 0;
         }
     }
 }

@@ -1,0 +1,198 @@
+//! A last word before a fatal signal ends the process: [`on_fatal_signal`] runs a hook once
+//! when the process gets a signal that kills it without running any of its code (an abort, a
+//! crash, systemd's watchdog SIGABRT, a SIGQUIT), then hands the signal on to what handled it
+//! before (Rust's own stack-overflow report for SIGSEGV and SIGBUS), so the process still dies
+//! of that signal, with its core dump and exit status.
+//!
+//! The hook runs inside a signal handler, on whichever thread took the signal, perhaps while
+//! that thread was halfway through `malloc` or held a lock: it must be async-signal-safe. It
+//! may take a lock with `try_lock` (and skip what it cannot take), read memory and write with
+//! [`write_all_now`]; it must not allocate, format, wait for a lock or log.
+//!
+//! Pitfalls: the handler runs on the thread's alternate signal stack when it has one (Rust
+//! gives its threads a small one, a few KiB), so the hook must not need much stack. SIGKILL and
+//! SIGSTOP cannot be caught: what the hook would have saved is lost to them. A signal the
+//! process ignores (`SIG_IGN`) is left alone, and so is one the process handles (SIGTERM,
+//! SIGINT, SIGHUP, SIGCHLD: none of them is in the list).
+
+#![expect(
+    unsafe_code,
+    reason = "sigaction(2), raise(3) and write(2) from a signal handler"
+)]
+
+use std::{
+    io,
+    os::fd::{AsRawFd as _, BorrowedFd},
+    sync::{
+        OnceLock,
+        atomic::{AtomicU8, Ordering},
+    },
+};
+
+/// The signals whose default action ends the process at once and that a process of perago's
+/// does not handle itself.
+const SIGNALS: [libc::c_int; 8] = [
+    libc::SIGABRT,
+    libc::SIGBUS,
+    libc::SIGFPE,
+    libc::SIGILL,
+    libc::SIGQUIT,
+    libc::SIGSEGV,
+    libc::SIGSYS,
+    libc::SIGTRAP,
+];
+
+/// The hook; set once, read by the handler.
+static HOOK: OnceLock<fn()> = OnceLock::new();
+
+/// What each of [`SIGNALS`] did before the handler was installed.
+static PREVIOUS: [OnceLock<Previous>; SIGNALS.len()] = [const { OnceLock::new() }; SIGNALS.len()];
+
+/// The hook's progress: not run, running, done.
+static STATE: AtomicU8 = AtomicU8::new(NOT_RUN);
+const NOT_RUN: u8 = 0;
+const RUNNING: u8 = 1;
+const DONE: u8 = 2;
+
+/// A `sigaction` as read back from the kernel.
+struct Previous(libc::sigaction);
+
+// SAFETY: a `sigaction` is plain data (a handler address, flags, a mask), read only by the
+// handler after it is set once.
+unsafe impl Sync for Previous {}
+// SAFETY: as above.
+unsafe impl Send for Previous {}
+
+/// Runs `hook` once when a fatal signal arrives (see the module's note for what it may do),
+/// then lets the signal do what it did before. Later calls change nothing: the first hook
+/// stays. Errors come from `sigaction(2)`; signals installed before it stay installed.
+pub fn on_fatal_signal(hook: fn()) -> io::Result<()> {
+    if HOOK.set(hook).is_err() {
+        return Ok(());
+    }
+    for (index, &signal) in SIGNALS.iter().enumerate() {
+        // SAFETY: a zeroed `sigaction` is a valid one (SIG_DFL, no flags, empty mask), and
+        // sigemptyset(3) initialises the mask we pass.
+        let mut ours: libc::sigaction = unsafe { std::mem::zeroed() };
+        ours.sa_sigaction = on_signal as extern "C" fn(_, _, _) as libc::sighandler_t;
+        ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+        // SAFETY: as above.
+        unsafe { libc::sigemptyset(&raw mut ours.sa_mask) };
+        // SAFETY: as above.
+        let mut before: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: sigaction(2) reads `ours` and writes `before`; the handler it installs is
+        // async-signal-safe (see `on_signal`).
+        if unsafe { libc::sigaction(signal, &raw const ours, &raw mut before) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if before.sa_sigaction == libc::SIG_IGN {
+            // Ignored on purpose: it stays ignored.
+            // SAFETY: puts back what sigaction(2) just gave us.
+            unsafe { libc::sigaction(signal, &raw const before, std::ptr::null_mut()) };
+            continue;
+        }
+        let _ = PREVIOUS[index].set(Previous(before));
+    }
+    Ok(())
+}
+
+/// Writes all of `bytes` to `fd` with write(2), retrying when interrupted and giving up on any
+/// other error: made for a hook that runs in a signal handler (no allocation, no lock).
+pub fn write_all_now(fd: BorrowedFd<'_>, mut bytes: &[u8]) {
+    while !bytes.is_empty() {
+        // SAFETY: write(2) reads `bytes.len()` bytes of a live slice from a descriptor the
+        // caller holds open.
+        let wrote = unsafe { libc::write(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
+        match usize::try_from(wrote) {
+            Ok(0) => return,
+            Ok(n) => bytes = &bytes[n.min(bytes.len())..],
+            Err(_) if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
+}
+
+extern "C" fn on_signal(
+    signal: libc::c_int,
+    info: *mut libc::siginfo_t,
+    context: *mut libc::c_void,
+) {
+    // SAFETY: __errno_location(3) is this thread's errno; the hook's calls may change it, and
+    // the code the signal interrupted may be about to read it.
+    let errno = unsafe { *libc::__errno_location() };
+    run_hook_once();
+    hand_on(signal, info, context);
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// Runs the hook if no thread has; a thread that gets a fatal signal while another runs the
+/// hook waits a little for it, so the process does not die halfway through it.
+fn run_hook_once() {
+    match STATE.compare_exchange(NOT_RUN, RUNNING, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {
+            if let Some(hook) = HOOK.get() {
+                hook();
+            }
+            STATE.store(DONE, Ordering::Release);
+        }
+        Err(_) => {
+            for _ in 0..10_000 {
+                if STATE.load(Ordering::Acquire) == DONE {
+                    break;
+                }
+                // SAFETY: sched_yield(2) takes nothing.
+                unsafe { libc::sched_yield() };
+            }
+        }
+    }
+}
+
+/// Puts back what handled `signal` before and lets it act: a handler of its own is called
+/// (Rust's stack-overflow report); a default action is raised again, to be delivered when this
+/// handler returns (the signal is blocked until then), so the process dies of it even when the
+/// signal was sent rather than caused by a fault.
+fn hand_on(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
+    let previous = SIGNALS
+        .iter()
+        .position(|&s| s == signal)
+        .and_then(|index| PREVIOUS[index].get());
+    match previous {
+        Some(Previous(before)) => {
+            // SAFETY: sigaction(2) reads the action the kernel gave us at install.
+            unsafe { libc::sigaction(signal, before, std::ptr::null_mut()) };
+            let handler = before.sa_sigaction;
+            if handler != libc::SIG_DFL && handler != libc::SIG_IGN {
+                if before.sa_flags & libc::SA_SIGINFO != 0 {
+                    // SAFETY: the kernel reported this address as a three-argument handler
+                    // (SA_SIGINFO), which we call as the kernel would have.
+                    let handler: extern "C" fn(
+                        libc::c_int,
+                        *mut libc::siginfo_t,
+                        *mut libc::c_void,
+                    ) = unsafe { std::mem::transmute(handler) };
+                    handler(signal, info, context);
+                } else {
+                    // SAFETY: as above, a one-argument handler.
+                    let handler: extern "C" fn(libc::c_int) =
+                        unsafe { std::mem::transmute(handler) };
+                    handler(signal);
+                }
+            }
+        }
+        None => {
+            // SAFETY: a zeroed `sigaction` is SIG_DFL with no flags.
+            let default: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: sigaction(2) reads `default`.
+            unsafe { libc::sigaction(signal, &raw const default, std::ptr::null_mut()) };
+        }
+    }
+    // SAFETY: sigaction(2) with no new action only reads the current one into `now`.
+    let mut now: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::sigaction(signal, std::ptr::null(), &raw mut now) };
+    if now.sa_sigaction == libc::SIG_DFL {
+        // SAFETY: raise(3) is async-signal-safe.
+        unsafe { libc::raise(signal) };
+    }
+}
