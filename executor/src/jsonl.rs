@@ -31,7 +31,7 @@ use crate::command::{CommandSpec, SoftLimit};
 use perago_core::json::RawJson;
 use perago_sys::{
     Child, Managed,
-    fd::{pipe_state, readable_bytes, set_pipe_size},
+    fd::{pipe_states, readable_bytes, set_pipe_size},
     reaper::kill_adopted,
     signal::{SIGKILL, signal_group},
 };
@@ -122,16 +122,23 @@ impl Running {
             return Some(format!("exited ({status})"));
         }
         let stdout = self.stdout.get_ref().as_raw_fd();
-        let unread = self.stdout.buffer().len() + readable_bytes(stdout).unwrap_or_default();
+        // One poll for both ends; the bytes unread are counted only when there are some.
+        let [out, into] = pipe_states([stdout, self.stdin.as_raw_fd()]).unwrap_or_default();
+        let pending = if out.readable || out.hung_up {
+            readable_bytes(stdout).unwrap_or_default()
+        } else {
+            0
+        };
+        let unread = self.stdout.buffer().len() + pending;
         if unread > 0 {
             return Some(format!(
                 "wrote {unread} bytes on its stdout that no request asked for"
             ));
         }
-        if pipe_state(stdout).is_ok_and(|s| s.hung_up) {
+        if out.hung_up {
             return Some("closed its stdout".to_owned());
         }
-        if pipe_state(self.stdin.as_raw_fd()).is_ok_and(|s| s.broken) {
+        if into.broken {
             return Some("closed its stdin".to_owned());
         }
         None

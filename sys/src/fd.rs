@@ -98,24 +98,30 @@ pub struct PipeState {
 
 /// Polls `fd` once, without waiting (see [`PipeState`]).
 pub fn pipe_state(fd: RawFd) -> io::Result<PipeState> {
-    let mut pollfd = libc::pollfd {
+    pipe_states([fd]).map(|[state]| state)
+}
+
+/// Polls every one of `fds` with one `poll(2)`, without waiting (see [`PipeState`]).
+pub fn pipe_states<const N: usize>(fds: [RawFd; N]) -> io::Result<[PipeState; N]> {
+    let mut pollfds = fds.map(|fd| libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
-    };
-    // SAFETY: poll(2) reads and writes the one pollfd it is given, which lives on this stack;
+    });
+    let count = libc::nfds_t::try_from(N).map_err(io::Error::other)?;
+    // SAFETY: poll(2) reads and writes the `N` pollfds it is given, which live on this stack;
     // a zero timeout never waits.
-    if unsafe { libc::poll(&mut pollfd, 1, 0) } < 0 {
+    if unsafe { libc::poll(pollfds.as_mut_ptr(), count, 0) } < 0 {
         return Err(io::Error::last_os_error());
     }
-    if pollfd.revents & libc::POLLNVAL != 0 {
+    if pollfds.iter().any(|p| p.revents & libc::POLLNVAL != 0) {
         return Err(io::Error::from_raw_os_error(libc::EBADF));
     }
-    Ok(PipeState {
-        readable: pollfd.revents & libc::POLLIN != 0,
-        hung_up: pollfd.revents & libc::POLLHUP != 0,
-        broken: pollfd.revents & libc::POLLERR != 0,
-    })
+    Ok(pollfds.map(|p| PipeState {
+        readable: p.revents & libc::POLLIN != 0,
+        hung_up: p.revents & libc::POLLHUP != 0,
+        broken: p.revents & libc::POLLERR != 0,
+    }))
 }
 
 #[cfg(test)]
@@ -147,5 +153,45 @@ mod tests {
         let (read, write) = std::io::pipe().unwrap();
         drop(write);
         assert!(pipe_state(read.as_raw_fd()).unwrap().hung_up);
+    }
+
+    /// One poll tells each end's state, as a poll of each would.
+    #[test]
+    fn pipe_states_polls_several_ends_at_once() {
+        use std::io::Write as _;
+        let (quiet_read, quiet_write) = std::io::pipe().unwrap();
+        let (read, write) = std::io::pipe().unwrap();
+        (&write).write_all(b"x").unwrap();
+        drop(write);
+        let (lone_read, lone_write) = std::io::pipe().unwrap();
+        drop(lone_read);
+        let fds = [
+            quiet_read.as_raw_fd(),
+            read.as_raw_fd(),
+            lone_write.as_raw_fd(),
+            quiet_write.as_raw_fd(),
+        ];
+        let states = pipe_states(fds).unwrap();
+        assert_eq!(states, fds.map(|fd| pipe_state(fd).unwrap()));
+        assert_eq!(states[0], PipeState::default());
+        assert_eq!(
+            states[1],
+            PipeState {
+                readable: true,
+                hung_up: true,
+                broken: false
+            }
+        );
+        assert!(states[2].broken);
+        assert_eq!(states[3], PipeState::default());
+        // No process has this many descriptors open, and no other test can open it meanwhile.
+        let never_open = RawFd::MAX;
+        assert_eq!(
+            pipe_states([read.as_raw_fd(), never_open])
+                .unwrap_err()
+                .raw_os_error(),
+            Some(libc::EBADF),
+            "a descriptor that is not open, among them, fails the poll"
+        );
     }
 }

@@ -176,9 +176,7 @@ pub fn kill_adopted() -> usize {
 /// started directly are children of the thread that spawned the body (the main thread, whose
 /// runtime spawns commands, or the blocking thread a Rust body ran on: pass its id).
 pub fn kill_adopted_below(threads: &[u32]) -> usize {
-    if !has_children() {
-        return 0;
-    }
+    // `kill_adopted_where` asks `has_children` first: after most assignments there is none.
     let mut all = Vec::with_capacity(threads.len() + 1);
     all.push(std::process::id());
     all.extend_from_slice(threads);
