@@ -43,7 +43,7 @@ fn entry(read: Read) -> Entry {
 #[test]
 fn an_entry_is_written_read_back_and_settled_in_a_private_folder() {
     let root = tempfile::tempdir().unwrap();
-    let journal = Journal::open(root.path(), "orders.ship").unwrap();
+    let mut journal = Journal::open(root.path(), "orders.ship").unwrap();
     assert_eq!(journal.path(), root.path().join("journal/orders.ship"));
     assert_eq!(mode(&root.path().join("journal")), 0o700);
     assert_eq!(mode(journal.path()), 0o700);
@@ -84,19 +84,53 @@ fn an_entry_is_written_read_back_and_settled_in_a_private_folder() {
         "{reads:?}"
     );
     journal.remove(again);
-    // A settled file that held many bytes is emptied.
-    let big = header("e-4");
-    let mut big_body: Value = serde_json::from_slice(&body(&big)).unwrap();
-    big_body["outputData"]["result"]["pad"] = json!("x".repeat(200 << 10));
-    let w = journal
-        .record(&big, big_body.to_string().as_bytes(), false)
-        .unwrap();
+    // A settled file that held many bytes keeps them while the free files hold little, so
+    // the next big entry is written over pages the file has; past that bound it is emptied.
+    let big_entry = |id: &str, pad: usize| {
+        let h = header(id);
+        let mut b: Value = serde_json::from_slice(&body(&h)).unwrap();
+        b["outputData"]["result"]["pad"] = json!("x".repeat(pad));
+        (h, b.to_string().into_bytes())
+    };
+    let folder = journal.path().to_owned();
+    let sizes = || -> Vec<u64> {
+        let mut sizes: Vec<u64> = fs::read_dir(&folder)
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .collect();
+        sizes.sort_unstable();
+        sizes
+    };
+    let (h, b) = big_entry("e-4", 200 << 10);
+    let w = journal.record(&h, &b, false).unwrap();
     journal.remove(w);
-    let sizes: Vec<u64> = fs::read_dir(journal.path())
+    let kept = sizes();
+    assert!(kept[1] > 200 << 10, "{kept:?}");
+    assert_eq!(journal.read("1.entry".as_ref()).unwrap(), Read::Settled);
+    assert_eq!(journal.usage().free_bytes, kept.iter().sum::<u64>());
+    // A smaller big entry goes into the file that holds enough, and reads back whole.
+    let (h, b) = big_entry("e-5", 100 << 10);
+    let w = journal.record(&h, &b, false).unwrap();
+    assert_eq!(sizes(), kept, "written over the big file, none made");
+    let reads: Vec<Read> = journal
+        .names()
         .unwrap()
-        .map(|e| e.unwrap().metadata().unwrap().len())
+        .iter()
+        .map(|n| journal.read(n).unwrap())
         .collect();
-    assert!(sizes.iter().all(|&s| s < 64 << 10), "{sizes:?}");
+    assert!(
+        reads
+            .iter()
+            .any(|r| matches!(r, Read::Entry(e) if e.header == h)),
+        "{reads:?}"
+    );
+    // With the free files at their bound, the settled big file is emptied.
+    journal.max_free_bytes = 64 << 10;
+    journal.remove(w);
+    let emptied = sizes();
+    assert!(emptied.iter().all(|&s| s < 64 << 10), "{emptied:?}");
+    assert_eq!(journal.usage().free_bytes, emptied.iter().sum::<u64>());
+    assert_eq!(journal.usage().bytes, 0);
 }
 
 #[test]
