@@ -149,11 +149,17 @@ pub fn parse_args(args: &[String]) -> Result<Options, String> {
         return Err("--runs and --tasks must be at least 1".to_owned());
     }
     let [supervisor, broker, executor, task] = overrides;
+    // Absolute: the task binary is written into a manifest in a temporary directory, where a
+    // relative path would name another file (the supervisor resolves it against the manifest).
+    let absolute = |path: PathBuf| {
+        std::path::absolute(&path)
+            .map_err(|e| format!("{}: {}", path.display(), perago_core::errors::chain(&e)))
+    };
     options.binaries = Binaries {
-        supervisor: supervisor.unwrap_or_else(|| bin_dir.join("perago-supervisor")),
-        broker: broker.unwrap_or_else(|| bin_dir.join("perago-broker")),
-        executor: executor.unwrap_or_else(|| bin_dir.join("perago-executor")),
-        task: task.unwrap_or_else(|| bin_dir.join("perago-bench-task")),
+        supervisor: absolute(supervisor.unwrap_or_else(|| bin_dir.join("perago-supervisor")))?,
+        broker: absolute(broker.unwrap_or_else(|| bin_dir.join("perago-broker")))?,
+        executor: absolute(executor.unwrap_or_else(|| bin_dir.join("perago-executor")))?,
+        task: absolute(task.unwrap_or_else(|| bin_dir.join("perago-bench-task")))?,
     };
     Ok(options)
 }

@@ -303,6 +303,15 @@ impl ConductorHandle {
         self.conductor.with(|s| s.queues.size(task_type))
     }
 
+    /// Whether workflow `id` has ended (completed, failed, timed out or terminated); `None`
+    /// when there is no such workflow. Read in this process, without serializing the
+    /// workflow: a benchmark can wait for its workflows without loading the server it
+    /// measures (a workflow of 1 MiB tasks is several MiB of JSON over `GET /api/workflow`).
+    pub fn workflow_ended(&self, id: &str) -> Option<bool> {
+        self.conductor
+            .with(|s| s.workflows.get(id).map(|w| w.status.is_terminal()))
+    }
+
     /// The fault-injection rules, to set them without going through HTTP.
     pub fn faults(&self) -> &Faults {
         &self.faults
