@@ -315,6 +315,9 @@ pub async fn run(config: BrokerConfig, stop: impl Future<Output = ()>) -> Result
         // not held up waiting for window updates on the way.
         .initial_stream_window_size(SLOT_WINDOW)
         .initial_connection_window_size(SLOT_WINDOW)
+        // And comes in few frames: a 1 MiB completion is one frame, not 64 of h2's default
+        // 16 KiB, each framed, counted against the windows and buffered on its own.
+        .max_frame_size(perago_proto::SLOT_FRAME_BYTES)
         // Called for every request: marks its connection as no longer waiting for one.
         .trace_fn(incoming::mark_request)
         .add_service(health)

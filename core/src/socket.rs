@@ -68,6 +68,8 @@ pub async fn connect(socket: &Path) -> Result<Channel, tonic::transport::Error> 
     Endpoint::from_static("http://perago.broker")
         .initial_stream_window_size(window)
         .initial_connection_window_size(window)
+        // And comes in few frames (see `perago_proto::SLOT_FRAME_BYTES`).
+        .max_frame_size(perago_proto::SLOT_FRAME_BYTES)
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let path = path.clone();
             async move {

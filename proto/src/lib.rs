@@ -110,3 +110,9 @@ pub const MAX_TASK_PAYLOAD_BYTES: usize = 10 * 1024 * 1024;
 /// plus the attempt's other fields (tonic's default of 4 MiB would kill an executor on a
 /// 5 MiB input).
 pub const MAX_SLOT_MESSAGE_BYTES: usize = MAX_TASK_PAYLOAD_BYTES + 1024 * 1024;
+
+/// The largest HTTP/2 frame a perago socket's peer may send it (`SETTINGS_MAX_FRAME_SIZE`):
+/// 1 MiB, so a big assignment or completion crosses in a few frames instead of 16 KiB ones
+/// (h2's default, 64 frames per MiB, each framed, counted and buffered on its own). A peer may
+/// still send smaller ones; HTTP/2 allows at most 16 MiB − 1.
+pub const SLOT_FRAME_BYTES: u32 = 1024 * 1024;
