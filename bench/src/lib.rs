@@ -269,6 +269,7 @@ impl Bench {
         conductor.register(TASK).await?;
         let (runtime, took) =
             Runtime::start(&self.o.binaries, &conductor.url(), TASK, body, jobs, env).await?;
+        conductor.wait_polling(1, Duration::from_secs(60)).await?;
         let (broker_idle, exec_idle) = runtime.rss();
         let (broker_anon, exec_anon) = runtime.anon_rss();
         let cpu_before = runtime.cpu();
@@ -342,6 +343,11 @@ impl Bench {
         let script = workspace_root().join("bench/python/python_worker.py");
         let workers =
             PythonWorkers::start(&self.o.python, &script, &conductor.url(), TASK, processes)?;
+        // Its worker processes start after it says ready (a second of imports): measured from
+        // when each polls, as perago is from when its broker does.
+        conductor
+            .wait_polling(processes as usize, Duration::from_secs(60))
+            .await?;
         let cpu_before = workers.cpu();
         let ids = conductor.start_many_padded(TASK, tasks, pad).await?;
         let rss = workers.rss();

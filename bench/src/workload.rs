@@ -136,6 +136,28 @@ impl Conductor {
         Ok(ids)
     }
 
+    /// Waits until `pollers` polls wait on devstack at once: every worker of a runner whose
+    /// workers each keep one poll in flight is polling, its start-up done. Measured from
+    /// there, a runner whose processes take a second to import (conductor-python's do) is not
+    /// charged that second's CPU per task, nor measured from a later first poll than a runner
+    /// that polls at once while the workflows are still being started.
+    pub(crate) async fn wait_polling(
+        &self,
+        pollers: usize,
+        patience: Duration,
+    ) -> Result<(), String> {
+        let deadline = tokio::time::Instant::now() + patience;
+        while self.server.polls_waiting() < pollers {
+            if tokio::time::Instant::now() > deadline {
+                return Err(format!(
+                    "{pollers} polls were not waiting on devstack at once within {patience:?} (the runner did not start polling)"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        Ok(())
+    }
+
     /// Waits for every workflow (in start order, which is roughly completion order) and
     /// returns its task's timestamps. Fails if one does not complete within `patience`.
     ///
