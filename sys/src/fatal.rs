@@ -121,6 +121,7 @@ extern "C" fn on_signal(
     // the code the signal interrupted may be about to read it.
     let errno = unsafe { *libc::__errno_location() };
     run_hook_once();
+    put_back_every_action();
     hand_on(signal, info, context);
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
@@ -144,6 +145,22 @@ fn run_hook_once() {
                 // SAFETY: sched_yield(2) takes nothing.
                 unsafe { libc::sched_yield() };
             }
+        }
+    }
+}
+
+/// Puts back what handled each fatal signal before this module: once the hook has run, there is
+/// nothing left for these handlers to do. A signal the action handed on to raises (Rust's
+/// stack-overflow report calls abort(3), so SIGABRT on top of SIGSEGV) then acts at once instead
+/// of entering this handler again on the same alternate signal stack, whose 8 KiB two nested
+/// signal frames (each with the CPU's whole register state) and the report can overflow — the
+/// process would die of SIGSEGV instead of the abort.
+fn put_back_every_action() {
+    for (index, &signal) in SIGNALS.iter().enumerate() {
+        if let Some(Previous(before)) = PREVIOUS[index].get() {
+            // SAFETY: sigaction(2) reads the action the kernel gave us at install; it is
+            // async-signal-safe.
+            unsafe { libc::sigaction(signal, before, std::ptr::null_mut()) };
         }
     }
 }
