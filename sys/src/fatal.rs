@@ -165,7 +165,8 @@ fn put_back_every_action() {
     }
 }
 
-/// Puts back what handled `signal` before and lets it act: a handler of its own is called
+/// Lets what handled `signal` before act (a signal with none recorded gets its default action
+/// back here; the others `put_back_every_action` has put back): a handler of its own is called
 /// (Rust's stack-overflow report); a default action is raised again, to be delivered when this
 /// handler returns (the signal is blocked until then), so the process dies of it even when the
 /// signal was sent rather than caused by a fault.
@@ -176,8 +177,7 @@ fn hand_on(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::
         .and_then(|index| PREVIOUS[index].get());
     match previous {
         Some(Previous(before)) => {
-            // SAFETY: sigaction(2) reads the action the kernel gave us at install.
-            unsafe { libc::sigaction(signal, before, std::ptr::null_mut()) };
+            // `put_back_every_action` has made `before` the action again.
             let handler = before.sa_sigaction;
             if handler != libc::SIG_DFL && handler != libc::SIG_IGN {
                 if before.sa_flags & libc::SA_SIGINFO != 0 {
