@@ -150,7 +150,7 @@ impl Conductor {
         while self.server.polls_waiting() < pollers {
             if tokio::time::Instant::now() > deadline {
                 return Err(format!(
-                    "{pollers} polls were not waiting on devstack at once within {patience:?} (the runner did not start polling)"
+                    "{pollers} polls were not waiting on devstack at once within {patience:?} (the runner did not start polling, or its polls do not wait: the benchmark needs long polls, so not PERAGO_POLL_WAIT_MS=0 nor immediate queues)"
                 ));
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -162,7 +162,7 @@ impl Conductor {
     /// returns its task's timestamps. Fails if one does not complete within `patience`.
     ///
     /// While the workers run, the wait reads each workflow's state in this process
-    /// ([`ConductorHandle::workflow_ended`]); the workflows are read over HTTP (their task's
+    /// ([`ConductorHandle::workflow_running`]); the workflows are read over HTTP (their task's
     /// timestamps) only once they have all ended. A `GET /api/workflow` of a running one
     /// every few milliseconds would serialize its input and output (4 MiB per workflow of
     /// 1 MiB tasks) on the cores the workers under test run on, under devstack's state lock.
@@ -173,8 +173,9 @@ impl Conductor {
     ) -> Result<Vec<TaskTimes>, String> {
         let deadline = tokio::time::Instant::now() + patience;
         for id in ids {
-            // A workflow devstack does not know is read below, and fails there as before.
-            while self.server.workflow_ended(id) == Some(false) {
+            // A workflow devstack does not know, or one that stopped without completing, is
+            // read below and fails there.
+            while self.server.workflow_running(id) == Some(true) {
                 if tokio::time::Instant::now() > deadline {
                     return Err(format!(
                         "workflow {id} did not complete within {patience:?}"

@@ -21,6 +21,7 @@ use tracing::Instrument;
 use super::auth::{self, AuthState, DEFAULT_TOKEN_TTL};
 use super::clock::TimeScale;
 use super::fill::QueueSemantics;
+use super::model::WorkflowStatus;
 use super::payloads::{self, PayloadStorage, PayloadThresholds, Payloads};
 use super::routes;
 use super::store::Conductor;
@@ -303,13 +304,16 @@ impl ConductorHandle {
         self.conductor.with(|s| s.queues.size(task_type))
     }
 
-    /// Whether workflow `id` has ended (completed, failed, timed out or terminated); `None`
-    /// when there is no such workflow. Read in this process, without serializing the
-    /// workflow: a benchmark can wait for its workflows without loading the server it
-    /// measures (a workflow of 1 MiB tasks is several MiB of JSON over `GET /api/workflow`).
-    pub fn workflow_ended(&self, id: &str) -> Option<bool> {
-        self.conductor
-            .with(|s| s.workflows.get(id).map(|w| w.status.is_terminal()))
+    /// Whether workflow `id` is still RUNNING (not ended, nor paused); `None` when there is no
+    /// such workflow. Read in this process, without serializing the workflow: a benchmark can
+    /// wait for its workflows without loading the server it measures (a workflow of 1 MiB
+    /// tasks is several MiB of JSON over `GET /api/workflow`).
+    pub fn workflow_running(&self, id: &str) -> Option<bool> {
+        self.conductor.with(|s| {
+            s.workflows
+                .get(id)
+                .map(|w| w.status == WorkflowStatus::Running)
+        })
     }
 
     /// The fault-injection rules, to set them without going through HTTP.

@@ -153,6 +153,18 @@ impl Dev {
         reply.text
     }
 
+    /// Terminates a workflow with `reason`, as `DELETE /workflow/{id}` does.
+    pub(crate) async fn terminate(&self, workflow_id: &str, reason: &str) {
+        let reply = self
+            .send(
+                self.http
+                    .delete(format!("{}/workflow/{workflow_id}", self.api))
+                    .query(&[("reason", reason)]),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    }
+
     /// One batch poll of `count`, long-polling up to `timeout_ms`.
     pub(crate) async fn poll(&self, task_type: &str, count: usize, timeout_ms: u64) -> Vec<Value> {
         let reply = self

@@ -98,33 +98,27 @@ async fn workflow_without_output_parameters_outputs_its_last_task_output() {
 /// The in-process read a benchmark waits with: running until the last task completes, ended
 /// after, ended for a terminated one too, and unknown for an id devstack never gave.
 #[tokio::test]
-async fn workflow_ended_reads_the_state_in_process() {
+async fn workflow_running_reads_the_state_in_process() {
     let dev = Dev::start().await;
     dev.linear_workflow("chain", &["double", "increment"]).await;
     let workflow_id = dev.start_workflow("chain", json!({"x": 5})).await;
-    assert_eq!(dev.server.workflow_ended(&workflow_id), Some(false));
+    assert_eq!(dev.server.workflow_running(&workflow_id), Some(true));
     let first = dev.poll_one("double").await;
     dev.update(&first, "COMPLETED", json!({"x": 10})).await;
     assert_eq!(
-        dev.server.workflow_ended(&workflow_id),
-        Some(false),
+        dev.server.workflow_running(&workflow_id),
+        Some(true),
         "one task of two done"
     );
     let second = dev.poll_one("increment").await;
     dev.update(&second, "COMPLETED", json!({"x": 11})).await;
-    assert_eq!(dev.server.workflow_ended(&workflow_id), Some(true));
+    assert_eq!(dev.server.workflow_running(&workflow_id), Some(false));
     assert_eq!(dev.workflow(&workflow_id).await["status"], "COMPLETED");
 
     let terminated = dev.start_workflow("chain", json!({"x": 1})).await;
-    let reply = dev
-        .send(
-            dev.http
-                .delete(format!("{}/workflow/{terminated}?reason=enough", dev.api)),
-        )
-        .await;
-    assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(dev.server.workflow_ended(&terminated), Some(true));
-    assert_eq!(dev.server.workflow_ended("no-such-workflow"), None);
+    dev.terminate(&terminated, "enough").await;
+    assert_eq!(dev.server.workflow_running(&terminated), Some(false));
+    assert_eq!(dev.server.workflow_running("no-such-workflow"), None);
 }
 
 #[tokio::test]
@@ -132,13 +126,7 @@ async fn terminate_cancels_pending_tasks() {
     let dev = Dev::start().await;
     dev.linear_workflow("wf", &["work"]).await;
     let workflow_id = dev.start_workflow("wf", json!({"x": 1})).await;
-    let reply = dev
-        .send(
-            dev.http
-                .delete(format!("{}/workflow/{workflow_id}?reason=enough", dev.api)),
-        )
-        .await;
-    assert_eq!(reply.status, StatusCode::OK);
+    dev.terminate(&workflow_id, "enough").await;
     let workflow = dev.workflow(&workflow_id).await;
     assert_eq!(workflow["status"], "TERMINATED");
     assert_eq!(workflow["reasonForIncompletion"], "enough");
