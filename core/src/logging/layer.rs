@@ -75,17 +75,19 @@ pub(super) struct Fields {
 }
 
 impl Fields {
-    /// Adds a field: `json` writes its JSON value, `text` its text.
+    /// Adds a field: `text` writes its text, then `json` its JSON value (given the text just
+    /// written, for a value written the same in both).
     fn add(
         &mut self,
         field: &Field,
-        json: impl FnOnce(&mut Vec<u8>),
+        json: impl FnOnce(&mut Vec<u8>, &[u8]),
         text: impl FnOnce(&mut Vec<u8>),
     ) {
         let name = field.name();
         self.text.push(b' ');
         self.text.extend_from_slice(name.as_bytes());
         self.text.push(b'=');
+        let start = self.text.len();
         text(&mut self.text);
         if RESERVED.contains(&name) {
             return;
@@ -93,19 +95,21 @@ impl Fields {
         self.json.push(b',');
         push_json_str(&mut self.json, name);
         self.json.push(b':');
-        json(&mut self.json);
+        json(&mut self.json, &self.text[start..]);
         self.names.push(name);
         self.json_ends.push(self.json.len());
     }
 
     /// Adds a field written the same in JSON and text (a number, a boolean).
+    /// Rendered once, into the text, and copied from there into the JSON (no buffer of its
+    /// own).
     fn add_plain(&mut self, field: &Field, value: std::fmt::Arguments<'_>) {
-        let mut text = Vec::new();
-        let _ = VecWriter(&mut text).write_fmt(value);
         self.add(
             field,
-            |out| out.extend_from_slice(&text),
-            |out| out.extend_from_slice(&text),
+            |out, text| out.extend_from_slice(text),
+            |out| {
+                let _ = VecWriter(out).write_fmt(value);
+            },
         );
     }
 
@@ -137,7 +141,7 @@ impl Visit for Fields {
         } else {
             self.add(
                 field,
-                |out| push_json_str(out, value),
+                |out, _| push_json_str(out, value),
                 // Quoted, its control characters escaped (`Debug` of a str).
                 |out| {
                     let _ = write!(VecWriter(out), "{value:?}");
@@ -167,7 +171,7 @@ impl Visit for Fields {
             let _ = write!(rendered, "{value:?}");
             self.add(
                 field,
-                |out| push_json_str(out, &rendered),
+                |out, _| push_json_str(out, &rendered),
                 |out| push_text(out, &rendered),
             );
         }
