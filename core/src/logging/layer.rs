@@ -72,9 +72,30 @@ pub(super) struct Fields {
     json: Vec<u8>,
     json_ends: Vec<usize>,
     text: Vec<u8>,
+    /// Where a `Debug` or `Display` value is rendered before it is written as JSON and as text.
+    rendered: String,
 }
 
 impl Fields {
+    /// Empties the fields, keeping their buffers unless one grew past [`KEEP_AT_MOST`].
+    fn clear(&mut self) {
+        let big = self.message.capacity() > KEEP_AT_MOST
+            || self.json.capacity() > KEEP_AT_MOST
+            || self.text.capacity() > KEEP_AT_MOST
+            || self.rendered.capacity() > KEEP_AT_MOST
+            || self.names.capacity() > KEEP_AT_MOST / 8;
+        if big {
+            *self = Self::default();
+            return;
+        }
+        self.message.clear();
+        self.names.clear();
+        self.json.clear();
+        self.json_ends.clear();
+        self.text.clear();
+        self.rendered.clear();
+    }
+
     /// Adds a field: `text` writes its text, then `json` its JSON value (given the text just
     /// written, for a value written the same in both).
     fn add(
@@ -167,19 +188,38 @@ impl Visit for Fields {
             self.message.clear();
             let _ = write!(self.message, "{value:?}");
         } else {
-            let mut rendered = String::new();
+            let mut rendered = std::mem::take(&mut self.rendered);
+            rendered.clear();
             let _ = write!(rendered, "{value:?}");
             self.add(
                 field,
                 |out, _| push_json_str(out, &rendered),
                 |out| push_text(out, &rendered),
             );
+            self.rendered = rendered;
         }
     }
 }
 
 /// A span's fields, kept in its extensions: every event inside the span carries them.
 struct SpanFields(Fields);
+
+/// The most a buffer kept between events may hold: one that grew past it (a long message, a
+/// big value) is let go rather than kept for the thread's life.
+const KEEP_AT_MOST: usize = 16 * 1024;
+
+/// What a thread writes its events with, kept between events so that a line costs no
+/// allocation once the buffers have grown to fit: the event's fields and the line being
+/// written.
+#[derive(Default)]
+struct Scratch {
+    fields: Fields,
+    line: Vec<u8>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
 
 /// `2026-12-05T07:33:42.123456Z`: UTC, microseconds.
 pub(super) fn push_timestamp(out: &mut Vec<u8>, since_epoch: std::time::Duration) {
@@ -239,24 +279,24 @@ impl WorkerLayer {
         }
     }
 
-    /// The text line: time, level, the spans outermost first with their fields, the message,
-    /// the event's fields.
+    /// Writes the text line into `line`: time, level, the spans outermost first with their
+    /// fields, the message, the event's fields.
     fn text_line<S>(
         &self,
+        line: &mut Vec<u8>,
         event: &Event<'_>,
         fields: &Fields,
         since_epoch: std::time::Duration,
         ctx: &Context<'_, S>,
-    ) -> Vec<u8>
-    where
+    ) where
         S: Subscriber + for<'a> LookupSpan<'a>,
     {
-        let mut line = Vec::with_capacity(128 + fields.message.len() + fields.text.len());
+        line.reserve(128 + fields.message.len() + fields.text.len());
         let (level, colour) = level_text(*event.metadata().level());
         if self.ansi {
             line.extend_from_slice(b"\x1b[2m");
         }
-        push_timestamp(&mut line, since_epoch);
+        push_timestamp(line, since_epoch);
         if self.ansi {
             line.extend_from_slice(b"\x1b[0m ");
             line.extend_from_slice(colour.as_bytes());
@@ -286,24 +326,81 @@ impl WorkerLayer {
                 line.push(b' ');
             }
         }
-        push_text(&mut line, &fields.message);
+        push_text(line, &fields.message);
         line.extend_from_slice(&fields.text);
         line.push(b'\n');
-        line
     }
 
-    /// The JSON line: `ts_ms`, `level`, `worker_id`, `message`, then the fields in order.
-    fn json_line(worker_member: &[u8], level: Level, ts_ms: u128, fields: &Fields) -> Vec<u8> {
-        let mut line = Vec::with_capacity(96 + fields.message.len() + fields.json.len());
-        let _ = write!(VecWriter(&mut line), "{{\"ts_ms\":{ts_ms},\"level\":");
-        push_json_str(&mut line, level.as_str());
+    /// Writes the JSON line into `line`: `ts_ms`, `level`, `worker_id`, `message`, then the
+    /// fields in order.
+    fn json_line(
+        line: &mut Vec<u8>,
+        worker_member: &[u8],
+        level: Level,
+        ts_ms: u128,
+        fields: &Fields,
+    ) {
+        line.reserve(96 + fields.message.len() + fields.json.len());
+        let _ = write!(VecWriter(line), "{{\"ts_ms\":{ts_ms},\"level\":");
+        push_json_str(line, level.as_str());
         line.push(b',');
         line.extend_from_slice(worker_member);
         line.extend_from_slice(b",\"message\":");
-        push_json_str(&mut line, &fields.message);
+        push_json_str(line, &fields.message);
         line.extend_from_slice(&fields.json);
         line.extend_from_slice(b"}\n");
-        line
+    }
+
+    /// Writes `event`'s lines with `scratch`'s buffers, and leaves them empty.
+    fn write_event<S>(&self, event: &Event<'_>, ctx: &Context<'_, S>, scratch: &mut Scratch)
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        let Scratch { fields, line } = scratch;
+        fields.clear();
+        line.clear();
+        self.write_lines(event, ctx, fields, line);
+        // Emptied now too, so that a long line's buffers are let go at once.
+        fields.clear();
+        if line.capacity() > KEEP_AT_MOST {
+            *line = Vec::new();
+        }
+    }
+
+    /// Writes `event`'s text line, then its JSON line, reading its fields into `fields` and
+    /// each line into `line` in turn.
+    fn write_lines<S>(
+        &self,
+        event: &Event<'_>,
+        ctx: &Context<'_, S>,
+        fields: &mut Fields,
+        line: &mut Vec<u8>,
+    ) where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        event.record(fields);
+        let since_epoch = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let level = *event.metadata().level();
+        // A warning or an error is not held: it is what a crash must not take with it.
+        let urgent = level <= Level::WARN;
+        self.text_line(line, event, fields, since_epoch, ctx);
+        self.stderr.push(line, urgent);
+        let Some((worker_member, file)) = &self.jsonl else {
+            return;
+        };
+        // The fields of the spans the event is in, innermost first, each name once.
+        if let Some(scope) = ctx.event_scope(event) {
+            for span in scope {
+                if let Some(SpanFields(outer)) = span.extensions().get::<SpanFields>() {
+                    fields.inherit(outer);
+                }
+            }
+        }
+        line.clear();
+        Self::json_line(line, worker_member, level, since_epoch.as_millis(), fields);
+        file.push(line, urgent);
     }
 }
 
@@ -319,6 +416,8 @@ where
     ) {
         let mut fields = Fields::default();
         attrs.record(&mut fields);
+        // Kept for the span's life: not its rendering buffer.
+        fields.rendered = String::new();
         if let Some(span) = ctx.span(id) {
             span.extensions_mut().insert(SpanFields(fields));
         }
@@ -334,35 +433,25 @@ where
             && let Some(SpanFields(fields)) = span.extensions_mut().get_mut::<SpanFields>()
         {
             values.record(fields);
+            fields.rendered = String::new();
         }
     }
 
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
-        let mut fields = Fields::default();
-        event.record(&mut fields);
-        let since_epoch = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        let level = *event.metadata().level();
-        // A warning or an error is not held: it is what a crash must not take with it.
-        let urgent = level <= Level::WARN;
-        self.stderr
-            .push(&self.text_line(event, &fields, since_epoch, &ctx), urgent);
-        let Some((worker_member, file)) = &self.jsonl else {
-            return;
-        };
-        // The fields of the spans the event is in, innermost first, each name once.
-        if let Some(scope) = ctx.event_scope(event) {
-            for span in scope {
-                if let Some(SpanFields(outer)) = span.extensions().get::<SpanFields>() {
-                    fields.inherit(outer);
-                }
+        // The thread's buffers, unless they cannot be had: a thread being torn down, or one
+        // already writing an event (tracing does not hand this thread an event logged from
+        // inside a callback, a value's `Debug` say, so that is only a guard), writes with
+        // buffers of its own.
+        let written = SCRATCH.try_with(|scratch| match scratch.try_borrow_mut() {
+            Ok(mut scratch) => {
+                self.write_event(event, &ctx, &mut scratch);
+                true
             }
+            Err(_) => false,
+        });
+        if written != Ok(true) {
+            self.write_event(event, &ctx, &mut Scratch::default());
         }
-        file.push(
-            &Self::json_line(worker_member, level, since_epoch.as_millis(), &fields),
-            urgent,
-        );
     }
 }
 
@@ -563,5 +652,42 @@ mod tests {
             assert!(text.contains("three") && text.contains("four"), "{text}");
             drop(holding);
         });
+    }
+
+    /// A line after a long one carries nothing of it, and the thread does not keep the long
+    /// line's buffers.
+    #[test]
+    fn a_long_line_is_not_kept_by_the_thread() {
+        use tracing_subscriber::prelude::*;
+        let tmp = tempfile::tempdir().unwrap();
+        let subscriber = tracing_subscriber::registry().with(file_layer("w-1", tmp.path()));
+        let long = "x".repeat(4 * KEEP_AT_MOST);
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(big = %long, "{long}");
+            tracing::info!(small = 1u64, "short");
+            tracing::info!(big = %long, "{long}");
+        });
+        SCRATCH.with(|scratch| {
+            let scratch = scratch.borrow();
+            let fields = &scratch.fields;
+            for (what, capacity) in [
+                ("line", scratch.line.capacity()),
+                ("message", fields.message.capacity()),
+                ("json", fields.json.capacity()),
+                ("text", fields.text.capacity()),
+                ("rendered", fields.rendered.capacity()),
+            ] {
+                assert!(capacity <= KEEP_AT_MOST, "{what} keeps {capacity} bytes");
+            }
+        });
+        let text = fs::read_to_string(tmp.path().join("perago.jsonl")).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 3);
+        assert_eq!(lines[0]["big"].as_str().unwrap().len(), long.len());
+        assert_eq!(lines[1]["message"], "short");
+        assert_eq!(lines[1].get("big"), None);
     }
 }
