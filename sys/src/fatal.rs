@@ -17,15 +17,15 @@
 
 #![expect(
     unsafe_code,
-    reason = "sigaction(2), raise(3) and write(2) from a signal handler"
+    reason = "sigaction(2), raise(3) and write(2) from a signal handler; pointers a handler reads"
 )]
 
 use std::{
     io,
     os::fd::{AsRawFd as _, BorrowedFd},
     sync::{
-        OnceLock,
-        atomic::{AtomicU8, Ordering},
+        Arc, OnceLock,
+        atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering},
     },
 };
 
@@ -211,5 +211,156 @@ fn hand_on(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::
     if now.sa_sigaction == libc::SIG_DFL {
         // SAFETY: raise(3) is async-signal-safe.
         unsafe { libc::raise(signal) };
+    }
+}
+
+/// A fixed set of shared values that a fatal-signal hook reads without a lock or an
+/// allocation: [`SignalSafeSet::keep`] adds one for as long as the returned [`Membership`]
+/// lives; [`SignalSafeSet::for_each`], made for the hook, visits those in it. A slot holds a
+/// pointer from `Arc::into_raw`, or null.
+pub struct SignalSafeSet<T, const N: usize> {
+    slots: [AtomicPtr<T>; N],
+    /// Visits under way: a membership that ends meanwhile waits for them before it lets its
+    /// value go.
+    visiting: AtomicUsize,
+}
+
+impl<T, const N: usize> SignalSafeSet<T, N> {
+    /// An empty set (for a `static`).
+    pub const fn new() -> Self {
+        Self {
+            slots: [const { AtomicPtr::new(std::ptr::null_mut()) }; N],
+            visiting: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl<T, const N: usize> std::fmt::Debug for SignalSafeSet<T, N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kept = self
+            .slots
+            .iter()
+            .filter(|slot| !slot.load(Ordering::Relaxed).is_null())
+            .count();
+        f.debug_struct("SignalSafeSet")
+            .field("kept", &kept)
+            .field("slots", &N)
+            .finish()
+    }
+}
+
+impl<T, const N: usize> Default for SignalSafeSet<T, N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: Send + Sync, const N: usize> SignalSafeSet<T, N> {
+    /// Adds `value` until the membership is dropped; `None` when every slot is taken.
+    pub fn keep(&'static self, value: &Arc<T>) -> Option<Membership<T, N>> {
+        let raw = Arc::into_raw(Arc::clone(value)).cast_mut();
+        for (slot, kept) in self.slots.iter().enumerate() {
+            let free = std::ptr::null_mut();
+            if kept
+                .compare_exchange(free, raw, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                return Some(Membership { set: self, slot });
+            }
+        }
+        // SAFETY: `raw` came from `Arc::into_raw` above and was stored nowhere.
+        drop(unsafe { Arc::from_raw(raw) });
+        None
+    }
+
+    /// Calls `visit` with each value in the set. Async-signal-safe when `visit` is: it takes
+    /// no lock and allocates nothing.
+    pub fn for_each(&self, mut visit: impl FnMut(&T)) {
+        self.visiting.fetch_add(1, Ordering::SeqCst);
+        for slot in &self.slots {
+            let value = slot.load(Ordering::SeqCst);
+            if !value.is_null() {
+                // SAFETY: a pointer in a slot is a live `Arc`'s: the membership that empties
+                // the slot waits for this visit (counted above) before it lets the value go.
+                visit(unsafe { &*value });
+            }
+        }
+        self.visiting.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A value's place in a [`SignalSafeSet`]; dropped, the value leaves the set.
+pub struct Membership<T: 'static, const N: usize> {
+    set: &'static SignalSafeSet<T, N>,
+    slot: usize,
+}
+
+impl<T, const N: usize> std::fmt::Debug for Membership<T, N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Membership")
+            .field("slot", &self.slot)
+            .finish()
+    }
+}
+
+impl<T: 'static, const N: usize> Drop for Membership<T, N> {
+    fn drop(&mut self) {
+        let value = self.set.slots[self.slot].swap(std::ptr::null_mut(), Ordering::SeqCst);
+        // A visit counted before the swap may have read the pointer: the value outlives it (one
+        // counted after reads null). A visit is a signal handler's, which ends the process or
+        // returns; this waits for nothing else.
+        while self.set.visiting.load(Ordering::SeqCst) > 0 {
+            std::thread::yield_now();
+        }
+        if !value.is_null() {
+            // SAFETY: the slot held a pointer from `Arc::into_raw`, taken out once, by the
+            // swap above, and no visit reads it any more.
+            drop(unsafe { Arc::from_raw(value) });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A value is visited while its membership lives, and let go (the set's reference
+    /// dropped) when it ends; a full set refuses and keeps no reference; a freed slot is used
+    /// again.
+    #[test]
+    fn a_value_is_in_the_set_while_its_membership_lives() {
+        static SET: SignalSafeSet<String, 3> = SignalSafeSet::new();
+        let seen = || {
+            let mut seen = Vec::new();
+            SET.for_each(|value| seen.push(value.clone()));
+            seen.sort();
+            seen
+        };
+        let values: Vec<Arc<String>> = (0..4).map(|n| Arc::new(format!("v{n}"))).collect();
+        let mut kept: Vec<_> = values[..3].iter().map(|v| SET.keep(v).unwrap()).collect();
+        assert_eq!(seen(), ["v0", "v1", "v2"]);
+        assert_eq!(
+            Arc::strong_count(&values[1]),
+            2,
+            "the set holds a reference"
+        );
+        assert!(SET.keep(&values[3]).is_none(), "full");
+        assert_eq!(
+            Arc::strong_count(&values[3]),
+            1,
+            "a refused value is not held"
+        );
+        drop(kept.remove(1));
+        assert_eq!(
+            Arc::strong_count(&values[1]),
+            1,
+            "let go with its membership"
+        );
+        assert_eq!(seen(), ["v0", "v2"]);
+        kept.push(SET.keep(&values[3]).expect("the freed slot"));
+        assert_eq!(seen(), ["v0", "v2", "v3"]);
+        drop(kept);
+        assert!(seen().is_empty());
+        assert!(values.iter().all(|v| Arc::strong_count(v) == 1));
     }
 }
