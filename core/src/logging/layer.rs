@@ -263,6 +263,8 @@ pub(super) struct WorkerLayer {
     ansi: bool,
     /// `"worker_id":"<id>"` (escaped once) and the worker's JSONL file, when it has one.
     jsonl: Option<(Vec<u8>, Arc<LineBuffer>)>,
+    /// The JSONL file's registration with the fatal-signal handler, ended with the layer.
+    _kept: Option<super::sink::Kept>,
 }
 
 impl WorkerLayer {
@@ -276,6 +278,15 @@ impl WorkerLayer {
                 push_json_str(&mut member, worker_id);
                 (member, file)
             }),
+            _kept: None,
+        }
+    }
+
+    /// The layer, with the registration that has a fatal signal write its file's held lines.
+    pub(super) fn keeping(self, kept: Option<super::sink::Kept>) -> Self {
+        Self {
+            _kept: kept,
+            ..self
         }
     }
 
@@ -506,6 +517,7 @@ mod tests {
             stderr: Arc::clone(&stderr),
             ansi: false,
             jsonl: None,
+            _kept: None,
         };
         let subscriber = tracing_subscriber::registry().with(layer);
         tracing::subscriber::with_default(subscriber, || {

@@ -151,21 +151,20 @@ fn stderr() -> Arc<LineBuffer> {
     static STDERR: OnceLock<Arc<LineBuffer>> = OnceLock::new();
     Arc::clone(STDERR.get_or_init(|| {
         let buffer = LineBuffer::new(Output::Stderr);
-        sink::keep_for_fatal_signal(&buffer);
+        // Kept for the process's life, as the buffer is.
+        std::mem::forget(sink::keep_for_fatal_signal(&buffer));
         buffer
     }))
 }
 
-/// A worker's layer: stderr and its JSONL file. A file the process keeps for its whole life
-/// (`for_the_process`) is written on a fatal signal too; thread mode's workers come and go,
-/// and their files are not.
-fn worker_layer(config: &JsonlConfig, for_the_process: bool) -> io::Result<WorkerLayer> {
+/// A worker's layer: stderr and its JSONL file, whose held lines a fatal signal writes for
+/// as long as the layer lives (a process's for its life, a thread-mode worker's until its
+/// dispatcher is dropped).
+fn worker_layer(config: &JsonlConfig) -> io::Result<WorkerLayer> {
     let file = RotatingFile::open(&config.dir(), config.max_bytes, config.max_files)?;
     let file = LineBuffer::new(Output::File(file));
-    if for_the_process {
-        sink::keep_for_fatal_signal(&file);
-    }
-    Ok(WorkerLayer::new(stderr(), Some((&config.worker_id, file))))
+    let kept = sink::keep_for_fatal_signal(&file);
+    Ok(WorkerLayer::new(stderr(), Some((&config.worker_id, file))).keeping(kept))
 }
 
 /// Installs a stderr subscriber: `RUST_LOG` if set, else `info`. Safe to call twice (the
@@ -211,13 +210,13 @@ pub fn worker_dispatch(config: &JsonlConfig) -> io::Result<tracing::Dispatch> {
     Ok(tracing::Dispatch::new(
         tracing_subscriber::registry()
             .with(env_filter())
-            .with(worker_layer(config, false)?),
+            .with(worker_layer(config)?),
     ))
 }
 
 /// Installs stderr logging plus this worker's JSONL file. Returns the file's folder.
 pub fn init_worker(config: &JsonlConfig) -> io::Result<PathBuf> {
-    let layer = worker_layer(config, true)?;
+    let layer = worker_layer(config)?;
     let _ = tracing_subscriber::registry()
         .with(env_filter())
         .with(layer)
@@ -316,8 +315,9 @@ mod tests {
     const FATAL_CHILD_ROOT: &str = "PERAGO_TEST_FATAL_CHILD_ROOT";
     const FATAL_CHILD_HOW: &str = "PERAGO_TEST_FATAL_CHILD_HOW";
 
-    /// The child: holds an info line as a worker's runtime thread does, checks it is not yet
-    /// in the file, then dies as `how` says.
+    /// The child: holds an info line as a worker's runtime thread does (a process's, or a
+    /// thread-mode worker's with a dispatcher of its own), checks it is not yet in the file,
+    /// then dies as `how` says.
     fn fatal_child(root: PathBuf, how: &str) -> ! {
         let config = JsonlConfig {
             root,
@@ -326,7 +326,18 @@ mod tests {
             max_bytes: DEFAULT_MAX_BYTES,
             max_files: DEFAULT_MAX_FILES,
         };
-        init_worker(&config).unwrap();
+        // Thread mode: the worker's dispatcher is this thread's default, not the process's.
+        let thread_mode = how.strip_suffix(", in a thread-mode worker");
+        let _default = match thread_mode {
+            Some(_) => Some(tracing::dispatcher::set_default(
+                &worker_dispatch(&config).unwrap(),
+            )),
+            None => {
+                init_worker(&config).unwrap();
+                None
+            }
+        };
+        let how = thread_mode.unwrap_or(how);
         let _holding = hold_lines();
         tracing::info!("held when the signal came");
         let text = std::fs::read_to_string(config.dir().join(FILE_NAME)).unwrap();
@@ -363,7 +374,8 @@ mod tests {
     }
 
     /// A line held by a runtime thread reaches the file and stderr when an abort, a crash or a
-    /// sent fatal signal ends the process, which still dies of that signal (and Rust's report
+    /// sent fatal signal ends the process — a worker process's, and a thread-mode worker's —
+    /// which still dies of that signal (and Rust's report
     /// of a stack overflow is still printed). Each case runs in a child process: this test's
     /// own binary, run for this test alone.
     #[test]
@@ -377,6 +389,8 @@ mod tests {
             ("abort", libc::SIGABRT),
             ("sent SIGSEGV", libc::SIGSEGV),
             ("stack overflow", libc::SIGABRT),
+            ("abort, in a thread-mode worker", libc::SIGABRT),
+            ("sent SIGSEGV, in a thread-mode worker", libc::SIGSEGV),
         ] {
             let root = tempfile::tempdir().unwrap();
             let output = std::process::Command::new(std::env::current_exe().unwrap())

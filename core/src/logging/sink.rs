@@ -19,6 +19,7 @@
 //! within the same wake-up that logged them.
 
 use super::file::RotatingFile;
+use perago_sys::fatal::{Membership, SignalSafeSet};
 use std::{
     cell::{Cell, RefCell},
     io::{self, Write as _},
@@ -161,46 +162,55 @@ impl LineBuffer {
     }
 }
 
-/// The outputs a fatal signal writes: a process's stderr and its worker's file, kept for the
-/// process's life. Four slots: a process has two.
-static KEPT_FOR_FATAL: [OnceLock<Arc<LineBuffer>>; 4] = [const { OnceLock::new() }; 4];
+/// The outputs a fatal signal can write: past them, a buffer is not kept (said once on
+/// stderr), and loses on a fatal signal what it would on a SIGKILL.
+const KEPT_AT_MOST: usize = 1024;
 
-/// Has a fatal signal write what `buffer` holds ([`flush_on_fatal_signal`]), and installs
-/// that handler if it is not yet. The buffer is kept for the process's life. Past the slots
-/// there are, a buffer is not kept, and the handler cannot be installed it is said on stderr:
-/// both only lose what a SIGKILL would.
-pub(crate) fn keep_for_fatal_signal(buffer: &Arc<LineBuffer>) {
+/// The outputs a fatal signal writes: the process's stderr and every worker's file, each for
+/// as long as its [`Kept`] lives (a process keeps its worker's file for its life; thread
+/// mode's workers come and go).
+static KEPT_FOR_FATAL: SignalSafeSet<LineBuffer, KEPT_AT_MOST> = SignalSafeSet::new();
+
+/// An output registered with [`keep_for_fatal_signal`]: dropped, the output is no longer
+/// written on a fatal signal.
+pub(crate) type Kept = Membership<LineBuffer, KEPT_AT_MOST>;
+
+/// Has a fatal signal write what `buffer` holds ([`flush_on_fatal_signal`]) while the
+/// returned guard lives, and installs that handler if it is not yet. `None` when every slot
+/// is taken, said once on stderr, as is a handler that cannot be installed: both only lose
+/// what a SIGKILL would.
+pub(crate) fn keep_for_fatal_signal(buffer: &Arc<LineBuffer>) -> Option<Kept> {
     static INSTALLED: OnceLock<()> = OnceLock::new();
     INSTALLED.get_or_init(|| {
         if let Err(error) = perago_sys::fatal::on_fatal_signal(flush_on_fatal_signal) {
             eprintln!(
                 "perago: cannot install the handler that writes held log lines on a fatal \
-                 signal: {}",
-                crate::errors::DisplayChain(&error)
+                 signal: {error}"
             );
         }
     });
-    for slot in &KEPT_FOR_FATAL {
-        if let Some(kept) = slot.get()
-            && Arc::ptr_eq(kept, buffer)
-        {
-            return;
-        }
-        if slot.set(Arc::clone(buffer)).is_ok() {
-            return;
-        }
+    let kept = KEPT_FOR_FATAL.keep(buffer);
+    if kept.is_none() {
+        static SAID: OnceLock<()> = OnceLock::new();
+        SAID.get_or_init(|| {
+            eprintln!(
+                "perago: more than {KEPT_AT_MOST} log outputs; the lines held for the others \
+                 are not written on a fatal signal"
+            );
+        });
     }
+    kept
 }
 
 /// Writes what every kept output holds, each with one write(2) and no rotation, skipping an
 /// output whose lock another thread holds. Runs inside a signal handler: no allocation, no
 /// waiting (see `perago_sys::fatal`).
 pub(crate) fn flush_on_fatal_signal() {
-    for buffer in KEPT_FOR_FATAL.iter().filter_map(OnceLock::get) {
+    KEPT_FOR_FATAL.for_each(|buffer| {
         let mut state = match buffer.state.try_lock() {
             Ok(state) => state,
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => continue,
+            Err(TryLockError::WouldBlock) => return,
         };
         if state.count > 0 {
             state.out.write_now(&state.held);
@@ -208,7 +218,7 @@ pub(crate) fn flush_on_fatal_signal() {
             state.held.clear();
             state.count = 0;
         }
-    }
+    });
 }
 
 /// Writes the lines this thread holds, each buffer in one system call. A runtime thread that
