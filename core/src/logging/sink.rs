@@ -185,7 +185,8 @@ pub(crate) fn keep_for_fatal_signal(buffer: &Arc<LineBuffer>) -> Option<Kept> {
         if let Err(error) = perago_sys::fatal::on_fatal_signal(flush_on_fatal_signal) {
             eprintln!(
                 "perago: cannot install the handler that writes held log lines on a fatal \
-                 signal: {error}"
+                 signal: {}",
+                crate::errors::DisplayChain(&error)
             );
         }
     });
