@@ -274,7 +274,8 @@ impl<T: Send + Sync, const N: usize> SignalSafeSet<T, N> {
     }
 
     /// Calls `visit` with each value in the set. Async-signal-safe when `visit` is: it takes
-    /// no lock and allocates nothing.
+    /// no lock and allocates nothing. A membership of this set that ends meanwhile waits for
+    /// the visit, so `visit` must not end one itself (it would wait for itself).
     pub fn for_each(&self, mut visit: impl FnMut(&T)) {
         self.visiting.fetch_add(1, Ordering::SeqCst);
         for slot in &self.slots {
@@ -362,5 +363,52 @@ mod tests {
         drop(kept);
         assert!(seen().is_empty());
         assert!(values.iter().all(|v| Arc::strong_count(v) == 1));
+    }
+
+    /// A membership that ends while a visit is under way (a handler on another thread) does
+    /// not let its value go before the visit is done: the value the visit holds stays alive.
+    #[test]
+    fn a_membership_ending_during_a_visit_waits_for_it() {
+        use std::sync::atomic::AtomicBool;
+        static SET: SignalSafeSet<String, 2> = SignalSafeSet::new();
+        static VISITING: AtomicBool = AtomicBool::new(false);
+        static DROPPING: AtomicBool = AtomicBool::new(false);
+        static DROPPED: AtomicBool = AtomicBool::new(false);
+        let value = Arc::new("kept".to_owned());
+        let membership = SET.keep(&value).unwrap();
+        drop(value);
+        let dropper = std::thread::spawn(move || {
+            while !VISITING.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+            DROPPING.store(true, Ordering::SeqCst);
+            drop(membership);
+            DROPPED.store(true, Ordering::SeqCst);
+        });
+        let mut visited = Vec::new();
+        SET.for_each(|value| {
+            VISITING.store(true, Ordering::SeqCst);
+            while !DROPPING.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+            // Time for the other thread's drop to run to its end, were it not to wait.
+            for _ in 0..10_000 {
+                std::thread::yield_now();
+                if DROPPED.load(Ordering::SeqCst) {
+                    break;
+                }
+            }
+            assert!(
+                !DROPPED.load(Ordering::SeqCst),
+                "the membership ended during the visit"
+            );
+            visited.push(value.clone());
+        });
+        dropper.join().unwrap();
+        assert_eq!(visited, ["kept"]);
+        assert!(DROPPED.load(Ordering::SeqCst));
+        let mut left = 0;
+        SET.for_each(|_| left += 1);
+        assert_eq!(left, 0);
     }
 }

@@ -368,6 +368,7 @@ impl WorkerLayer {
         S: Subscriber + for<'a> LookupSpan<'a>,
     {
         let Scratch { fields, line } = scratch;
+        // Empty already, unless a panic cut the last event short.
         fields.clear();
         line.clear();
         self.write_lines(event, ctx, fields, line);
