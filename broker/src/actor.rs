@@ -552,9 +552,12 @@ impl Actor {
         let mut queue = std::collections::VecDeque::from(effects);
         while let Some(effect) = queue.pop_front() {
             if let Some(feedback) = self.perform_one(effect) {
-                queue.extend(self.handle_input(feedback).effects);
+                let more = self.handle_input(feedback).effects;
+                queue.extend(more);
             }
         }
+        // Empty now: its allocation serves the next transition.
+        self.machine.give_back(Vec::from(queue));
     }
 
     fn perform_one(&mut self, effect: Effect) -> Option<Input> {

@@ -122,6 +122,9 @@ pub(super) struct Held {
     pub(super) fetching: bool,
 }
 
+/// The most effects whose vector [`Machine::give_back`] keeps for the next transition.
+const KEPT_EFFECTS: usize = 64;
+
 /// The state machine.
 #[derive(Debug)]
 pub(crate) struct Machine {
@@ -427,6 +430,16 @@ impl Machine {
         Output {
             reply,
             effects: std::mem::take(&mut self.effects),
+        }
+    }
+
+    /// Takes back the vector of effects a transition returned, once they are performed, so the
+    /// next transition fills it again instead of allocating one (a task takes several
+    /// transitions). One that grew past [`KEPT_EFFECTS`] is let go.
+    pub(crate) fn give_back(&mut self, mut effects: Vec<Effect>) {
+        if self.effects.capacity() == 0 && effects.capacity() <= KEPT_EFFECTS {
+            effects.clear();
+            self.effects = effects;
         }
     }
 
