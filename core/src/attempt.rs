@@ -138,8 +138,26 @@ pub struct TaskRef {
     pub workflow_instance_id: String,
 }
 
-fn nonempty_str<'a>(task: &'a Map<String, Value>, field: &str) -> Option<&'a str> {
-    task.get(field)
+/// A task's top-level fields by name: its whole JSON object, or the [`TaskFields`] a poll kept.
+pub trait Fields {
+    /// The value of `field`, if the task has it.
+    fn field(&self, name: &str) -> Option<&Value>;
+}
+
+impl Fields for Map<String, Value> {
+    fn field(&self, name: &str) -> Option<&Value> {
+        self.get(name)
+    }
+}
+
+impl Fields for TaskFields {
+    fn field(&self, name: &str) -> Option<&Value> {
+        self.get(name)
+    }
+}
+
+fn nonempty_str<'a>(task: &'a (impl Fields + ?Sized), field: &str) -> Option<&'a str> {
+    task.field(field)
         .and_then(Value::as_str)
         .filter(|s| !s.is_empty())
 }
@@ -152,7 +170,7 @@ pub fn task_ref(task: &Value) -> Result<TaskRef, AttemptError> {
     task_ref_of(map)
 }
 
-fn task_ref_of(map: &Map<String, Value>) -> Result<TaskRef, AttemptError> {
+fn task_ref_of(map: &(impl Fields + ?Sized)) -> Result<TaskRef, AttemptError> {
     let task_id =
         nonempty_str(map, "taskId").ok_or(AttemptError::Unidentifiable { field: "taskId" })?;
     let workflow = nonempty_str(map, "workflowInstanceId").ok_or(AttemptError::Unidentifiable {
@@ -195,13 +213,13 @@ impl AttemptSnapshot {
 
     /// The mapping of a task's fields; `input` reads `inputData`, at its turn among the checks.
     fn from_fields(
-        map: &Map<String, Value>,
+        map: &impl Fields,
         input: impl FnOnce() -> InputField,
     ) -> Result<Self, AttemptError> {
         let ids = task_ref_of(map)?;
 
         let string = |field: &'static str| -> Result<String, AttemptError> {
-            match map.get(field) {
+            match map.field(field) {
                 None | Some(Value::Null) => Err(AttemptError::Missing { field }),
                 Some(Value::String(s)) => Ok(s.clone()),
                 Some(_) => Err(AttemptError::Invalid {
@@ -211,7 +229,7 @@ impl AttemptSnapshot {
             }
         };
         let integer = |field: &'static str| -> Result<Option<i64>, AttemptError> {
-            match map.get(field) {
+            match map.field(field) {
                 None | Some(Value::Null) => Ok(None),
                 Some(v) => v.as_i64().map(Some).ok_or(AttemptError::Invalid {
                     field,
@@ -268,7 +286,7 @@ impl AttemptSnapshot {
                 });
             }
         };
-        let retried_task_id = match map.get("retriedTaskId") {
+        let retried_task_id = match map.field("retriedTaskId") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if s.is_empty() => None,
             Some(Value::String(s)) => Some(s.clone()),
@@ -368,7 +386,7 @@ enum InputField {
 }
 
 /// A polled task's fields but `inputData`, and where `inputData` is in its text.
-type Split = (Map<String, Value>, Option<std::ops::Range<usize>>);
+type Split = (TaskFields, Option<std::ops::Range<usize>>);
 
 /// The top-level fields of a Conductor task that the runtime reads: [`PolledTask::split`] parses
 /// these and only checks the others (a task carries some 50, among them its whole
@@ -392,14 +410,62 @@ pub const READ_FIELDS: [&str; 15] = [
     "outputData",
 ];
 
+/// The fields of [`READ_FIELDS`] that a polled task has, each at its place in that list: one
+/// allocation per task, no map and no key of its own (boxed: a `Value` is 72 bytes, and a
+/// polled task is moved through vectors and channels).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TaskFields(Box<[Option<Value>; READ_FIELDS.len()]>);
+
+/// `fields["taskId"]`: the value, or null when the task does not have it (as indexing a
+/// `Value` answers).
+impl std::ops::Index<&str> for TaskFields {
+    type Output = Value;
+
+    fn index(&self, name: &str) -> &Value {
+        static NULL: Value = Value::Null;
+        self.get(name).unwrap_or(&NULL)
+    }
+}
+
+impl TaskFields {
+    fn place(name: &str) -> Option<usize> {
+        READ_FIELDS.iter().position(|read| *read == name)
+    }
+
+    /// The value of `name`, if the task has it (never one of a field not in [`READ_FIELDS`]).
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        self.0[Self::place(name)?].as_ref()
+    }
+
+    /// Sets `name` to `value` if it is one of [`READ_FIELDS`]; another field is not kept
+    /// (false).
+    pub fn set(&mut self, name: &str, value: Value) -> bool {
+        match Self::place(name) {
+            Some(at) => {
+                self.0[at] = Some(value);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The names of the fields it has, in the order of [`READ_FIELDS`].
+    pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        READ_FIELDS
+            .iter()
+            .zip(self.0.iter())
+            .filter(|(_, value)| value.is_some())
+            .map(|(name, _)| *name)
+    }
+}
+
 /// A task as a poll (or update-v2) returned it, checked as [`crate::json::check`] checks JSON:
 /// the fields the runtime reads ([`READ_FIELDS`]) parsed, `inputData` kept as the text it came
 /// as.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolledTask {
-    /// The fields: after [`PolledTask::split`], those of [`READ_FIELDS`] that it has; after
-    /// [`PolledTask::from_value`], all but `inputData`.
-    pub fields: Map<String, Value>,
+    /// Those of [`READ_FIELDS`] that it has.
+    pub fields: TaskFields,
     /// `inputData` (any JSON value), when present.
     pub input_data: Option<RawJson>,
 }
@@ -452,7 +518,7 @@ impl PolledTask {
             return Err(JsonError::TooDeep { depth });
         }
         let split = || -> Result<Split, JsonError> {
-            let mut fields = Map::new();
+            let mut fields = TaskFields::default();
             let mut input = None;
             for (key, value) in crate::json::members(text)? {
                 if key == "inputData" {
@@ -460,8 +526,8 @@ impl PolledTask {
                     // `value` is a slice of `text`.
                     let start = value.as_ptr() as usize - text.as_ptr() as usize;
                     input = Some(start..start + value.len());
-                } else if READ_FIELDS.contains(&&*key) {
-                    fields.insert(key.into_owned(), crate::json::from_str(value)?);
+                } else if let Some(at) = TaskFields::place(&key) {
+                    fields.0[at] = Some(crate::json::from_str(value)?);
                 } else {
                     crate::json::check(value)?;
                 }
@@ -473,15 +539,24 @@ impl PolledTask {
         split().map_err(|e| crate::json::check(text).err().unwrap_or(e))
     }
 
-    /// A task given as a `Value` (a JSON object; anything else has no fields).
+    /// A task given as a `Value` (a JSON object; anything else has no fields): its fields of
+    /// [`READ_FIELDS`] and its input, as [`PolledTask::split`] keeps them.
     pub fn from_value(task: Value) -> Self {
-        let Value::Object(mut fields) = task else {
+        let mut fields = TaskFields::default();
+        let Value::Object(map) = task else {
             return Self {
-                fields: Map::new(),
+                fields,
                 input_data: None,
             };
         };
-        let input_data = fields.remove("inputData").map(|v| RawJson::from_value(&v));
+        let mut input_data = None;
+        for (name, value) in map {
+            if name == "inputData" {
+                input_data = Some(RawJson::from_value(&value));
+            } else {
+                fields.set(&name, value);
+            }
+        }
         Self { fields, input_data }
     }
 
@@ -740,7 +815,7 @@ mod tests {
         task["workflowTask"] = json!({"name": "x", "inputParameters": {"a": [1, 2, {"b": null}]}});
         task["outputData"] = json!({"kept": true});
         let split = PolledTask::split(&task.to_string()).unwrap();
-        let mut kept: Vec<&str> = split.fields.keys().map(String::as_str).collect();
+        let mut kept: Vec<&str> = split.fields.names().collect();
         kept.sort_unstable();
         let mut expected: Vec<&str> = READ_FIELDS
             .iter()
@@ -750,7 +825,7 @@ mod tests {
         expected.sort_unstable();
         assert_eq!(kept, expected);
         assert!(!kept.contains(&"workflowTask") && !kept.contains(&"pollCount"));
-        assert_eq!(split.fields["outputData"], json!({"kept": true}));
+        assert_eq!(split.fields.get("outputData"), Some(&json!({"kept": true})));
         assert_eq!(
             AttemptSnapshot::from_polled(split),
             AttemptSnapshot::from_conductor(&task)
@@ -764,6 +839,31 @@ mod tests {
             Err(crate::json::JsonError::Syntax(e)) => assert_eq!(e, parsed),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A field given twice keeps its last value, as parsing the task into a map keeps it; a
+    /// field the runtime does not read is neither kept nor answered.
+    #[test]
+    fn the_fields_kept_answer_as_the_task_parsed() {
+        let text = r#"{"taskId": "t-1", "taskId": "t-2", "pollCount": 3, "seq": 4}"#;
+        let parsed: Value = serde_json::from_str(text).unwrap();
+        let mut fields = PolledTask::split(text).unwrap().fields;
+        assert_eq!(fields["taskId"], parsed["taskId"]);
+        assert_eq!(fields.get("taskId"), Some(&json!("t-2")));
+        assert_eq!(fields.names().collect::<Vec<_>>(), ["taskId", "seq"]);
+        assert_eq!(fields.get("pollCount"), None);
+        assert_eq!(fields["status"], Value::Null);
+        assert!(!fields.set("pollCount", json!(1)));
+        assert_eq!(fields.get("pollCount"), None);
+        assert!(fields.set("status", json!("IN_PROGRESS")));
+        assert_eq!(
+            fields.names().collect::<Vec<_>>(),
+            ["taskId", "status", "seq"]
+        );
+        assert_eq!(
+            PolledTask::from_value(parsed).fields.get("taskId"),
+            Some(&json!("t-2"))
+        );
     }
 
     /// A polled task's input reaches the snapshot as the text Conductor sent, byte for byte.

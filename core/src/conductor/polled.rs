@@ -1,6 +1,6 @@
 //! A task as a poll (or update-v2) returned it, checked as it is decoded.
 
-use crate::attempt::{PolledTask, TaskRef};
+use crate::attempt::{Fields, PolledTask, TaskRef};
 use serde_json::Value;
 use std::fmt;
 
@@ -34,8 +34,8 @@ pub struct TaskTypes {
 
 impl TaskTypes {
     /// The types named by a task's top-level fields.
-    pub fn of(fields: &serde_json::Map<String, Value>) -> Self {
-        let get = |field: &str| match fields.get(field) {
+    pub fn of(fields: &(impl Fields + ?Sized)) -> Self {
+        let get = |field: &str| match fields.field(field) {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if s.is_empty() => None,
             Some(Value::String(s)) => Some(s.clone()),

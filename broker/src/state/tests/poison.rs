@@ -294,7 +294,7 @@ fn loop_iterations_are_counted_apart() {
     // raw_task puts each id in its own workflow: keep one workflow for every attempt.
     let in_one = |p: Polled| match p {
         Polled::Task(mut t) => {
-            t.fields["workflowInstanceId"] = json!("wf-loop");
+            assert!(t.fields.set("workflowInstanceId", json!("wf-loop")));
             Polled::Task(t)
         }
         other => other,
@@ -305,7 +305,7 @@ fn loop_iterations_are_counted_apart() {
     assert_eq!(second.result.status(), ResultStatus::Failed);
     let retry = match in_one(iteration("i3", 2)) {
         Polled::Task(mut t) => {
-            t.fields.insert("retriedTaskId".into(), json!("i2"));
+            assert!(t.fields.set("retriedTaskId", json!("i2")));
             Polled::Task(t)
         }
         other => other,

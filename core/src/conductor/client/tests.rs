@@ -519,7 +519,7 @@ fn polled_tasks_are_checked_as_parsing_checks_them() {
     let Polled::Task(ok) = Polled::decode(&task("{\"n\": 1.50}")) else {
         panic!("a good task is decoded");
     };
-    assert_eq!(ok.fields["taskId"], "t-1");
+    assert_eq!(ok.fields.get("taskId"), Some(&serde_json::json!("t-1")));
     assert_eq!(
         ok.input_data.unwrap().as_str(),
         r#"{"params": {"n": 1.50}}"#
