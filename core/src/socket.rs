@@ -25,8 +25,8 @@ impl Drop for BoundSocket {
 }
 
 /// Binds `path`: refuses if a live server answers there or if its directory is open to anyone
-/// but its owner (the directory is 0700, so only the owner can reach the socket even in the
-/// instant before its own mode is set), removes a stale file (a dangling symlink too), binds
+/// but its owner (the directory is 0700, so only the owner can reach the socket whatever its
+/// own mode), removes a stale file (a dangling symlink too), binds
 /// and sets mode 0600.
 pub async fn bind(path: &Path) -> io::Result<(UnixListener, BoundSocket)> {
     if fs::symlink_metadata(path).is_ok() {
@@ -50,12 +50,34 @@ pub async fn bind(path: &Path) -> io::Result<(UnixListener, BoundSocket)> {
             ));
         }
     }
-    let listener = UnixListener::bind(path)?;
+    let listener = bind_owner_only(path)?;
     let guard = BoundSocket {
         path: path.to_owned(),
     };
+    // Already 0600 from `bind_owner_only`; said again by path in case a kernel took the mode
+    // from elsewhere.
     fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
     Ok((listener, guard))
+}
+
+/// A socket listening at `path` whose file is 0600 from the moment `bind` creates it: Linux
+/// gives the file the socket's own mode (less the umask), so the mode is set on the socket
+/// first. A client that finds the file (it can connect at once) never sees a wider mode.
+fn bind_owner_only(path: &Path) -> io::Result<UnixListener> {
+    use socket2::{Domain, SockAddr, Socket, Type};
+    use std::os::fd::OwnedFd;
+    // Close-on-exec, as socket2 makes every socket: no body inherits the listener.
+    let socket = Socket::new(Domain::UNIX, Type::STREAM, None)?;
+    let socket = fs::File::from(OwnedFd::from(socket));
+    socket.set_permissions(fs::Permissions::from_mode(0o600))?;
+    let socket = Socket::from(OwnedFd::from(socket));
+    socket.bind(&SockAddr::unix(path)?)?;
+    // What `UnixListener::bind` (mio) asks for.
+    socket.listen(1024)?;
+    socket.set_nonblocking(true)?;
+    UnixListener::from_std(std::os::unix::net::UnixListener::from(OwnedFd::from(
+        socket,
+    )))
 }
 
 /// A channel to the broker over its Unix socket.
@@ -119,5 +141,32 @@ mod tests {
         std::os::unix::fs::symlink(tmp.path().join("gone"), &path).unwrap();
         let (_listener, _guard) = bind(&path).await.unwrap();
         assert!(fs::symlink_metadata(&path).unwrap().file_type().is_socket());
+    }
+
+    /// The file is 0600 from the moment it exists: a client can connect as soon as `bind`
+    /// returns, before any later change of mode (with the umask's 0755 in between, a test that
+    /// connected and read the mode failed now and then). The listener serves and is not
+    /// inherited by what the process execs.
+    #[tokio::test]
+    async fn the_socket_file_is_created_0600() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o700)).unwrap();
+        let path = tmp.path().join("x.sock");
+        let listener = bind_owner_only(&path).unwrap();
+        let meta = fs::symlink_metadata(&path).unwrap();
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        let client = tokio::net::UnixStream::connect(&path).await.unwrap();
+        let (_served, _) = listener.accept().await.unwrap();
+        drop(client);
+        use std::os::fd::AsRawFd as _;
+        let fd = listener.as_raw_fd();
+        let flags = fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap();
+        let flags = flags
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .map(|f| u32::from_str_radix(f.trim(), 8).unwrap())
+            .unwrap();
+        assert_ne!(flags & 0o2000000, 0, "O_CLOEXEC: {flags:o}");
     }
 }
