@@ -505,6 +505,24 @@ impl SupervisorProc {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The log once it has `line` in it (a runtime writes its info lines when it goes idle,
+    /// so what it has just done can be seen before its line): fails showing the log when
+    /// `line` does not come within `timeout`.
+    pub(crate) async fn log_with(&self, line: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + patience(timeout);
+        loop {
+            let log = self.log_text();
+            if log.contains(line) {
+                return log;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {timeout:?} waiting for the log line {line:?}:\n{log}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Sends a signal by name (`TERM`, `INT`, `KILL`) to the supervisor.
     pub(crate) fn signal(&self, name: &str) {
         signal_pid(self.pid(), name);

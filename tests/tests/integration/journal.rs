@@ -211,11 +211,12 @@ async fn a_result_conductor_refused_until_the_runtime_died_is_reported_by_the_ne
         journal_entries(&root, &task).is_empty().then_some(())
     })
     .await;
-    let log = b.log_text();
-    assert!(
-        log.contains("journaled result reported: the attempt was still in progress"),
-        "{log}"
-    );
+    let log = b
+        .log_with(
+            "journaled result reported: the attempt was still in progress",
+            Duration::from_secs(5),
+        )
+        .await;
     // No line logs the result's content.
     assert!(
         !log.contains("\"n\":7") && !log.contains("\"n\": 7"),
@@ -280,11 +281,12 @@ async fn a_journaled_result_whose_attempt_was_retried_meanwhile_is_dropped() {
         journal_entries(&root, &task).is_empty().then_some(())
     })
     .await;
-    let log = b.log_text();
-    assert!(
-        log.contains("journaled result dropped, not reported: the attempt is TIMED_OUT now"),
-        "{log}"
-    );
+    let log = b
+        .log_with(
+            "journaled result dropped, not reported: the attempt is TIMED_OUT now",
+            Duration::from_secs(5),
+        )
+        .await;
     assert!(!log.contains("journaled result reported"), "{log}");
     b.signal("TERM");
     let status = b.wait_exit(Duration::from_secs(20)).await;

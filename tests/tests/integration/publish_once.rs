@@ -177,10 +177,7 @@ async fn a_retry_after_a_publication_that_landed_does_not_publish_again() {
         tasks[0]["referenceTaskName"]
     );
     assert_eq!(metadata["iteration"], "0");
-    assert!(
-        sup.log_text().contains("not publishing again"),
-        "{}",
-        sup.log_text()
-    );
+    sup.log_with("not publishing again", Duration::from_secs(5))
+        .await;
     assert_eq!(lakefs.client.list_branches(REPO).await.unwrap(), ["main"]);
 }
