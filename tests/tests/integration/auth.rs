@@ -337,12 +337,13 @@ async fn the_runtime_rides_out_a_token_route_answering_404() {
         "the runtime sent nothing without a token during the outage"
     );
     // Logged once at its start, once at its end.
-    let log = sup.log_text();
+    let log = sup
+        .log_with(
+            "the Conductor token endpoint issues tokens again",
+            Duration::from_secs(5),
+        )
+        .await;
     assert_eq!(log.matches("taking it as an outage").count(), 1, "{log}");
-    assert!(
-        log.contains("the Conductor token endpoint issues tokens again"),
-        "{log}"
-    );
 }
 
 /// Echoes its params.

@@ -1113,7 +1113,9 @@ async fn chaos_partial_outage_recovers_within_two_seconds_and_is_logged_once() {
         held > 0 && first_start < i64::MAX,
         "the outage must fall mid-run: {held} tasks ran across it"
     );
-    let log = sup.log_text();
+    let log = sup
+        .log_with("Conductor answers again", Duration::from_secs(5))
+        .await;
     let outages = log.matches("Conductor does not answer").count();
     let recoveries = log.matches("Conductor answers again").count();
     let first_completion_ms = first_completion - recovered_ms;

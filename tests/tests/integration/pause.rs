@@ -246,9 +246,10 @@ async fn a_pause_during_a_backlog_lets_running_tasks_finish_and_polls_nothing_mo
         let wf = conductor.wait_terminal(id, Duration::from_secs(30)).await;
         assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
     }
-    let log = sup.log_text();
-    assert!(log.contains("paused: no new task is polled"), "{log}");
-    assert!(log.contains("resumed: polling again"), "{log}");
+    sup.log_with("paused: no new task is polled", Duration::from_secs(5))
+        .await;
+    sup.log_with("resumed: polling again", Duration::from_secs(5))
+        .await;
 }
 
 /// `pause` and `resume` with nothing to talk to fail, saying why.

@@ -199,9 +199,9 @@ async fn a_killed_executor_fails_its_task_and_the_slot_restarts() {
     })
     .await;
     assert!(alive(replacement.pid));
-    let log = sup.log_text();
-    assert!(log.contains("restarting the slot"), "{log}");
-    assert!(log.contains("generation=2"), "{log}");
+    sup.log_with("restarting the slot", Duration::from_secs(5))
+        .await;
+    sup.log_with("generation=2", Duration::from_secs(5)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -259,13 +259,15 @@ async fn conductor_errors_are_retried_until_it_recovers() {
         let wf = conductor.wait_terminal(id, Duration::from_secs(60)).await;
         assert_eq!(wf["status"], "COMPLETED", "{wf:#}\n{}", sup.log_text());
     }
-    let log = sup.log_text();
-    assert!(log.contains("poll failed; backing off"), "{log}");
-    assert!(log.contains("polling recovered"), "{log}");
-    assert!(
-        log.contains("result update failed; retrying with backoff"),
-        "{log}"
-    );
+    sup.log_with("poll failed; backing off", Duration::from_secs(5))
+        .await;
+    sup.log_with("polling recovered", Duration::from_secs(5))
+        .await;
+    sup.log_with(
+        "result update failed; retrying with backoff",
+        Duration::from_secs(5),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
