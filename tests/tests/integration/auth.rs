@@ -364,7 +364,7 @@ printf '{"echo": %s, "leaked": "%s%s"}' "$params" "${CONDUCTOR_AUTH_KEY:-}" "${C
 "#;
     let task = TaskFixture::new("e2e.auth", body, "");
     conductor.register(&task).await;
-    let sup = SupervisorProc::start(
+    let mut sup = SupervisorProc::start(
         &task,
         &conductor,
         1,
@@ -392,6 +392,10 @@ printf '{"echo": %s, "leaked": "%s%s"}' "$params" "${CONDUCTOR_AUTH_KEY:-}" "${C
         })
         .await;
     }
+    // Read once the runtime has drained: every line it held is written by then.
+    sup.signal("TERM");
+    let status = sup.wait_exit(Duration::from_secs(20)).await;
+    assert!(status.success(), "{status}\n{}", sup.log_text());
     let log = sup.log_text();
     assert!(!log.contains(SECRET), "the secret is never logged");
 }
@@ -403,7 +407,7 @@ async fn the_runtime_with_credentials_runs_against_a_conductor_without_auth() {
     let conductor = Conductor::start().await;
     let task = TaskFixture::new("e2e.noauth", ECHO, "");
     conductor.register(&task).await;
-    let sup = SupervisorProc::start(
+    let mut sup = SupervisorProc::start(
         &task,
         &conductor,
         1,
@@ -416,6 +420,10 @@ async fn the_runtime_with_credentials_runs_against_a_conductor_without_auth() {
     let wf = conductor.wait_terminal(&id, Duration::from_secs(30)).await;
     assert_eq!(wf["status"], "COMPLETED", "{wf}\n{}", sup.log_text());
     assert_eq!(wf["output"]["result"]["echo"]["n"], 7, "{wf}");
+    // Read once the runtime has drained: every line it held is written by then.
+    sup.signal("TERM");
+    let status = sup.wait_exit(Duration::from_secs(20)).await;
+    assert!(status.success(), "{status}\n{}", sup.log_text());
     assert!(
         !sup.log_text().contains(SECRET),
         "the secret is never logged"

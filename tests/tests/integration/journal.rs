@@ -211,20 +211,21 @@ async fn a_result_conductor_refused_until_the_runtime_died_is_reported_by_the_ne
         journal_entries(&root, &task).is_empty().then_some(())
     })
     .await;
-    let log = b
-        .log_with(
-            "journaled result reported: the attempt was still in progress",
-            Duration::from_secs(5),
-        )
-        .await;
-    // No line logs the result's content.
+    b.log_with(
+        "journaled result reported: the attempt was still in progress",
+        Duration::from_secs(5),
+    )
+    .await;
+    b.signal("TERM");
+    let status = b.wait_exit(Duration::from_secs(20)).await;
+    assert!(status.success(), "{status}\n{}", b.log_text());
+    // No line logs the result's content (read once the runtime has drained: every line it
+    // held is written by then).
+    let log = b.log_text();
     assert!(
         !log.contains("\"n\":7") && !log.contains("\"n\": 7"),
         "{log}"
     );
-    b.signal("TERM");
-    let status = b.wait_exit(Duration::from_secs(20)).await;
-    assert!(status.success(), "{status}\n{}", b.log_text());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

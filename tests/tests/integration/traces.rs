@@ -77,7 +77,7 @@ async fn an_attempt_is_one_trace_under_the_inputs_traceparent_and_the_body_conti
     let conductor = Conductor::start().await;
     let task = TaskFixture::new("e2e.traced", ECHO_CONTEXT, "retry_count = 0");
     register_traced(&conductor, &task).await;
-    let sup = SupervisorProc::start_owned(&task, &conductor, 1, &otel_env(&endpoint, protocol));
+    let mut sup = SupervisorProc::start_owned(&task, &conductor, 1, &otel_env(&endpoint, protocol));
     let traceparent = format!("00-{PARENT_TRACE}-{PARENT_SPAN}-01");
     let id = conductor
         .start_with(
@@ -144,7 +144,11 @@ async fn an_attempt_is_one_trace_under_the_inputs_traceparent_and_the_body_conti
         wf["output"]["result"],
         json!({"traceparent": format!("00-{PARENT_TRACE}-{}-01", body.span_id), "tracestate": "vendor=1", "headers": "unset"})
     );
-    // Nothing leaks the headers.
+    // Nothing leaks the headers: read once the runtime has drained, when every line it held
+    // is written.
+    sup.signal("TERM");
+    let status = sup.wait_exit(Duration::from_secs(20)).await;
+    assert!(status.success(), "{status}\n{}", sup.log_text());
     let log = sup.log_text() + &sup.jsonl_text(&task, &format!("{}Broker", task.prefix()));
     assert!(
         log.contains("exporting a trace per attempt over OTLP"),
