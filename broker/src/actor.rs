@@ -552,8 +552,7 @@ impl Actor {
         let mut queue = std::collections::VecDeque::from(effects);
         while let Some(effect) = queue.pop_front() {
             if let Some(feedback) = self.perform_one(effect) {
-                let more = self.handle_input(feedback).effects;
-                queue.extend(more);
+                queue.extend(self.handle_input(feedback).effects);
             }
         }
         // Empty now: its allocation serves the next transition.
