@@ -36,6 +36,7 @@ mod publish_once;
 mod ready;
 mod recycle;
 mod reload;
+mod relocations;
 mod roll;
 mod runtime;
 mod scaler;

@@ -1,0 +1,11 @@
+//! Link flags for this package's binaries, the copies of the runtime's binaries that the tests
+//! run, linked as the packages that ship them link theirs: see
+//! `build-support/pack_relative_relocs.rs`.
+
+#![forbid(unsafe_code)]
+
+include!("../build-support/pack_relative_relocs.rs");
+
+fn main() {
+    pack_relative_relocs();
+}
