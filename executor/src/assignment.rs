@@ -3,6 +3,7 @@
 //! reason names the check first and ends with the tail of the failing command's stderr.
 
 use crate::{
+    body_thread::BodyThread,
     command::{self, CommandSpec, Ended, Finished, RunLimits, SoftLimit},
     jsonl::{JsonlBody, JsonlFailure},
     spans::{Open, SpanRecorder},
@@ -99,6 +100,8 @@ pub struct AssignmentRunner {
     /// The threads Rust bodies ran on since [`AssignmentRunner::take_body_threads`]: what
     /// they started directly is a child of that thread.
     body_threads: Arc<std::sync::Mutex<Vec<u32>>>,
+    /// The thread Rust bodies run on, started with the first (see [`BodyThread`]).
+    body_thread: Arc<std::sync::OnceLock<BodyThread>>,
     /// `body.user`, resolved: the workspace is handed to this uid and gid before the body.
     body_user: Option<(u32, u32)>,
     /// The peak memory of the last body run, as its memory cgroup counted it
@@ -319,6 +322,7 @@ impl AssignmentRunner {
             kill_grace: Duration::from_secs(10),
             poisoned: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             body_threads: Arc::default(),
+            body_thread: Arc::default(),
             workspace: None,
             body_user: user,
             body_peak: Arc::default(),
@@ -805,9 +809,9 @@ impl AssignmentRunner {
         )))
     }
 
-    /// Runs a Rust body on a blocking thread within the time limit. An overrun cannot be
-    /// stopped from outside the thread: it is reported, and the executor is marked to exit
-    /// after the completion so the supervisor replaces the process.
+    /// Runs a Rust body on the executor's body thread (started with the first) within the time
+    /// limit. An overrun cannot be stopped from outside the thread: it is reported, and the
+    /// executor is marked to exit after the completion so the supervisor replaces the process.
     async fn run_rust(
         &self,
         body: Arc<dyn Task>,
@@ -815,16 +819,25 @@ impl AssignmentRunner {
         params: Map<String, Value>,
         budget: &Budget,
     ) -> Result<Value, Failure> {
-        let threads = Arc::clone(&self.body_threads);
-        let work = tokio::task::spawn_blocking(move || {
-            if let Ok(mut threads) = threads.lock() {
-                let tid = perago_sys::reaper::current_tid();
-                if !threads.contains(&tid) {
-                    threads.push(tid);
-                }
+        let thread = match self.body_thread.get() {
+            Some(thread) => thread,
+            None => {
+                let started =
+                    BodyThread::start(tokio::runtime::Handle::current()).map_err(|e| {
+                        Failure::Retriable(Reason::new(format!(
+                            "cannot start the body's thread: {}",
+                            perago_core::errors::DisplayChain(&e)
+                        )))
+                    })?;
+                self.body_thread.get_or_init(|| started)
             }
-            body.run(&ctx, &params)
-        });
+        };
+        if let Ok(mut threads) = self.body_threads.lock()
+            && !threads.contains(&thread.tid())
+        {
+            threads.push(thread.tid());
+        }
+        let work = thread.run(move || body.run(&ctx, &params));
         let outcome = match budget.left() {
             None => work.await,
             Some(limit) => match tokio::time::timeout(limit, work).await {
@@ -840,23 +853,23 @@ impl AssignmentRunner {
             },
         };
         match outcome {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(TaskError::Retriable(m))) => Err(Failure::Retriable(Reason::new(m))),
-            Ok(Err(TaskError::Terminal(m))) => Err(Failure::Terminal(Reason::new(m))),
-            Err(e) => {
-                let message = e
-                    .try_into_panic()
-                    .ok()
-                    .and_then(|p| {
-                        p.downcast_ref::<&str>()
-                            .map(|s| (*s).to_owned())
-                            .or_else(|| p.downcast_ref::<String>().cloned())
-                    })
+            Ok(Ok(Ok(value))) => Ok(value),
+            Ok(Ok(Err(TaskError::Retriable(m)))) => Err(Failure::Retriable(Reason::new(m))),
+            Ok(Ok(Err(TaskError::Terminal(m)))) => Err(Failure::Terminal(Reason::new(m))),
+            Ok(Err(panic)) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "unknown panic".to_owned());
                 Err(Failure::Retriable(Reason::new(format!(
                     "body panicked: {message}"
                 ))))
             }
+            // The thread never drops a call unanswered while this runner holds it.
+            Err(_) => Err(Failure::Retriable(Reason::new(
+                "the body's thread ended before the body returned",
+            ))),
         }
     }
 

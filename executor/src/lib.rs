@@ -4,13 +4,15 @@
 //!
 //! Modules: [`slot`] (the slot client), [`assignment`] (one assignment, start to result),
 //! [`command`] (bodies and guardrails in their own process group with a time limit), the
-//! `jsonl` protocol, [`recycle`] (leaving after a number of assignments or above a memory
-//! size), [`task`] (the `Task` trait for Rust task binaries), [`workspace`] (the
-//! lakeFS workspace flow) and [`wire`] (slot-protocol conversions).
+//! `jsonl` protocol, `body_thread` (the thread Rust bodies run on), [`recycle`] (leaving after
+//! a number of assignments or above a memory size), [`task`] (the `Task` trait for Rust task
+//! binaries), [`workspace`] (the lakeFS workspace flow) and [`wire`] (slot-protocol
+//! conversions).
 
 #![forbid(unsafe_code)]
 
 pub mod assignment;
+mod body_thread;
 pub mod cli;
 pub mod command;
 #[cfg(test)]

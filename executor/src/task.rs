@@ -21,7 +21,8 @@
 //!
 //! Point the manifest's `body.executor` at the built binary. The supervisor starts it in place
 //! of `perago-executor`; everything around the body (input shape, schemas, guardrails, the slot
-//! protocol, logs) is the same. `run` is called on a blocking thread, one assignment at a time.
+//! protocol, logs) is the same. `run` is called on the executor's body thread, one assignment at
+//! a time (the thread is in the runtime's context: `tokio::runtime::Handle::current()` works).
 //! A body that overruns `task.timeout_seconds` is reported as FAILED, and the executor then
 //! exits so that the supervisor replaces the process (a thread cannot be stopped safely).
 

@@ -547,3 +547,66 @@ async fn a_body_ignoring_the_soft_limit_is_stopped_at_the_hard_limit() {
         "body timed out after 1s (task.timeout_seconds) and was stopped: stubborn"
     );
 }
+
+/// What a Rust body starts and leaves running is a child of the thread the body ran on: the
+/// runner names that thread (`take_body_threads`), so the slot finds and kills it after the
+/// assignment; the thread is the same for every assignment.
+#[tokio::test]
+async fn a_rust_bodys_leftover_child_is_found_below_its_thread() {
+    struct Leaves(String);
+    impl perago_executor::task::Task for Leaves {
+        fn run(
+            &self,
+            _ctx: &perago_executor::task::TaskContext,
+            _params: &serde_json::Map<String, Value>,
+        ) -> Result<Value, perago_executor::task::TaskError> {
+            let child = std::process::Command::new("sleep")
+                .arg(&self.0)
+                .spawn()
+                .map_err(|e| perago_executor::task::TaskError::retriable(e.to_string()))?;
+            Ok(json!({"pid": child.id()}))
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(
+        dir.path().join("task.toml"),
+        "[task]\nname = \"test.task\"\nkind = \"workspace-free\"\ntimeout_seconds = 5\n\
+         [body]\nexecutor = \"my-task\"\n",
+    )
+    .unwrap();
+    let manifest = Manifest::load(&dir.path().join("task.toml")).unwrap();
+    // A duration no other process uses, to find the child by.
+    let marker = format!("3001.{}", std::process::id());
+    let runner = AssignmentRunner::with_task(
+        Arc::new(manifest),
+        WORKER.to_owned(),
+        None,
+        Arc::new(Leaves(marker.clone())),
+    )
+    .unwrap();
+    let attempt = AttemptSnapshot::from_conductor(&json!({
+        "taskId": "task-1", "workflowInstanceId": "wf-1", "retryCount": 0,
+        "taskDefName": "test.task", "referenceTaskName": "ref", "seq": 1,
+        "status": "IN_PROGRESS", "inputData": {"params": {}}
+    }))
+    .unwrap();
+    let mut threads = Vec::new();
+    for n in 0..2 {
+        let r = runner.execute(&format!("exec-{n}"), &attempt).await;
+        let pid = output(&r)["result"]["pid"].as_u64().unwrap();
+        let found = runner.take_body_threads();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_ne!(
+            found[0],
+            std::process::id(),
+            "the body ran on its own thread"
+        );
+        threads.extend(found.clone());
+        assert_eq!(perago_sys::reaper::kill_adopted_below(&found), 1);
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "the leftover {pid} was killed and reaped"
+        );
+    }
+    assert_eq!(threads[0], threads[1], "one thread for every assignment");
+}

@@ -174,7 +174,7 @@ pub fn kill_adopted() -> usize {
 /// scan of every thread) and enough after an assignment. The kernel hands orphans to a child
 /// subreaper's first live thread, its main thread while the process runs; processes a body
 /// started directly are children of the thread that spawned the body (the main thread, whose
-/// runtime spawns commands, or the blocking thread a Rust body ran on: pass its id).
+/// runtime spawns commands, or the executor's body thread a Rust body ran on: pass its id).
 pub fn kill_adopted_below(threads: &[u32]) -> usize {
     // `kill_adopted_where` asks `has_children` first: after most assignments there is none.
     let mut all = Vec::with_capacity(threads.len() + 1);
