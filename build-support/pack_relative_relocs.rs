@@ -1,5 +1,6 @@
 // Shared by the build scripts of the packages whose binaries run as perago's processes
-// (`include!`d, so that each stays one file with no build dependency).
+// (`include!`d, so that each stays one file with no build dependency), and by the test that
+// checks the binaries (tests/tests/integration/relocations.rs), so both judge glibc alike.
 //
 // Packs the binaries' relative relocations into DT_RELR (`-z pack-relative-relocs`). A
 // position-independent Rust binary carries some 400 KiB of R_X86_64_RELATIVE entries: the loader
@@ -18,7 +19,7 @@
 // built without needs 2.34. To build for older hosts (Ubuntu 22.04, RHEL 9) on a newer one, set
 // PERAGO_PACK_RELOCS=0.
 
-fn pack_relative_relocs() {
+pub(crate) fn pack_relative_relocs() {
     println!("cargo:rerun-if-changed=../build-support/pack_relative_relocs.rs");
     println!("cargo:rerun-if-env-changed=PERAGO_PACK_RELOCS");
     let var = |name: &str| std::env::var(name).unwrap_or_default();
@@ -32,7 +33,7 @@ fn pack_relative_relocs() {
 
 /// Whether the build machine's glibc (`getconf GNU_LIBC_VERSION`: "glibc 2.36") is at least
 /// `major.minor`; false when that cannot be read.
-fn glibc_at_least(major: u32, minor: u32) -> bool {
+pub(crate) fn glibc_at_least(major: u32, minor: u32) -> bool {
     let Ok(out) = std::process::Command::new("getconf")
         .arg("GNU_LIBC_VERSION")
         .output()

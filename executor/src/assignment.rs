@@ -97,10 +97,8 @@ pub struct AssignmentRunner {
     post: Option<Program>,
     kill_grace: Duration,
     poisoned: Arc<std::sync::atomic::AtomicBool>,
-    /// The threads Rust bodies ran on since [`AssignmentRunner::take_body_threads`]: what
-    /// they started directly is a child of that thread.
-    body_threads: Arc<std::sync::Mutex<Vec<u32>>>,
-    /// The thread Rust bodies run on, started with the first (see [`BodyThread`]).
+    /// The thread Rust bodies run on, started with the first (see [`BodyThread`]): what a
+    /// body starts directly is a child of that thread.
     body_thread: Arc<std::sync::OnceLock<BodyThread>>,
     /// `body.user`, resolved: the workspace is handed to this uid and gid before the body.
     body_user: Option<(u32, u32)>,
@@ -321,7 +319,6 @@ impl AssignmentRunner {
             post,
             kill_grace: Duration::from_secs(10),
             poisoned: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-            body_threads: Arc::default(),
             body_thread: Arc::default(),
             workspace: None,
             body_user: user,
@@ -832,11 +829,6 @@ impl AssignmentRunner {
                 self.body_thread.get_or_init(|| started)
             }
         };
-        if let Ok(mut threads) = self.body_threads.lock()
-            && !threads.contains(&thread.tid())
-        {
-            threads.push(thread.tid());
-        }
         let work = thread.run(move || body.run(&ctx, &params));
         let outcome = match budget.left() {
             None => work.await,
@@ -931,13 +923,10 @@ impl AssignmentRunner {
         matches!(self.body, Body::Command(_))
     }
 
-    /// The threads Rust bodies ran on since the last call (see
+    /// The id of the thread Rust bodies run on, once one has run (see
     /// [`perago_sys::reaper::kill_adopted_below`]).
-    pub fn take_body_threads(&self) -> Vec<u32> {
-        self.body_threads
-            .lock()
-            .map(|mut threads| std::mem::take(&mut *threads))
-            .unwrap_or_default()
+    pub fn body_thread_id(&self) -> Option<u32> {
+        self.body_thread.get().map(BodyThread::tid)
     }
 
     /// True once a Rust body overran its time limit: the executor should exit after sending

@@ -7,7 +7,7 @@
 //! blocked on the mutex at once and had to be woken a second time. Here a call is put in a slot
 //! and the thread unparked: one wake, one wait. The result goes back through a oneshot, which
 //! wakes the runtime as the pool's join handle did. The thread's id is known once, so the
-//! slot's collection of what a body left running (`take_body_threads`) asks no system call.
+//! slot's collection of what a body left running (`body_thread_id`) asks no system call.
 //!
 //! A call that never returns holds the thread, as it held a pool thread: the executor is then
 //! poisoned and exits after the completion (see `AssignmentRunner::run_rust`), and a later call,

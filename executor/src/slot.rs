@@ -458,8 +458,8 @@ pub async fn serve(
                 // Whatever the body left running (orphans re-parented to this subreaper) ends
                 // with the assignment (a command body's run has seen to it already).
                 if !runner.collects_leftovers() {
-                    let threads = runner.take_body_threads();
-                    let killed = perago_sys::reaper::kill_adopted_below(&threads);
+                    let killed =
+                        perago_sys::reaper::kill_adopted_below(runner.body_thread_id().as_slice());
                     if killed > 0 {
                         span.in_scope(|| {
                             tracing::info!(

@@ -455,6 +455,33 @@ printf '{"held": "%s"}' "$(readlink /proc/$$/fd/$fd)"
     );
 }
 
+/// A runner whose body is the Rust task `task` (`body.executor` names a binary the runner
+/// never starts: the task is given); the folder holds its manifest.
+fn rust_runner(task: impl perago_executor::task::Task) -> (tempfile::TempDir, AssignmentRunner) {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(
+        dir.path().join("task.toml"),
+        "[task]\nname = \"test.task\"\nkind = \"workspace-free\"\ntimeout_seconds = 5\n\
+         [body]\nexecutor = \"my-task\"\n",
+    )
+    .unwrap();
+    let manifest = Manifest::load(&dir.path().join("task.toml")).unwrap();
+    let runner =
+        AssignmentRunner::with_task(Arc::new(manifest), WORKER.to_owned(), None, Arc::new(task))
+            .unwrap();
+    (dir, runner)
+}
+
+/// An attempt of `test.task` with empty params.
+fn empty_attempt() -> AttemptSnapshot {
+    AttemptSnapshot::from_conductor(&json!({
+        "taskId": "task-1", "workflowInstanceId": "wf-1", "retryCount": 0,
+        "taskDefName": "test.task", "referenceTaskName": "ref", "seq": 1,
+        "status": "IN_PROGRESS", "inputData": {"params": {}}
+    }))
+    .unwrap()
+}
+
 /// A Rust body's output is held to the same size limit as a command body's.
 #[tokio::test]
 async fn an_oversized_rust_task_output_fails_with_its_size() {
@@ -468,23 +495,8 @@ async fn an_oversized_rust_task_output_fails_with_its_size() {
             Ok(json!({"blob": "x".repeat(11 << 20)}))
         }
     }
-    let dir = tempfile::tempdir().unwrap();
-    fs::write(
-        dir.path().join("task.toml"),
-        "[task]\nname = \"test.task\"\nkind = \"workspace-free\"\ntimeout_seconds = 5\n\
-         [body]\nexecutor = \"my-task\"\n",
-    )
-    .unwrap();
-    let manifest = Manifest::load(&dir.path().join("task.toml")).unwrap();
-    let runner =
-        AssignmentRunner::with_task(Arc::new(manifest), WORKER.to_owned(), None, Arc::new(Big))
-            .unwrap();
-    let attempt = AttemptSnapshot::from_conductor(&json!({
-        "taskId": "task-1", "workflowInstanceId": "wf-1", "retryCount": 0,
-        "taskDefName": "test.task", "referenceTaskName": "ref", "seq": 1,
-        "status": "IN_PROGRESS", "inputData": {"params": {}}
-    }))
-    .unwrap();
+    let (_dir, runner) = rust_runner(Big);
+    let attempt = empty_attempt();
     let r = runner.execute("exec-1", &attempt).await;
     assert_eq!(
         reason(&r, ResultStatus::FailedWithTerminalError),
@@ -549,7 +561,7 @@ async fn a_body_ignoring_the_soft_limit_is_stopped_at_the_hard_limit() {
 }
 
 /// What a Rust body starts and leaves running is a child of the thread the body ran on: the
-/// runner names that thread (`take_body_threads`), so the slot finds and kills it after the
+/// runner names that thread (`body_thread_id`), so the slot finds and kills it after the
 /// assignment; the thread is the same for every assignment.
 #[tokio::test]
 async fn a_rust_bodys_leftover_child_is_found_below_its_thread() {
@@ -567,42 +579,23 @@ async fn a_rust_bodys_leftover_child_is_found_below_its_thread() {
             Ok(json!({"pid": child.id()}))
         }
     }
-    let dir = tempfile::tempdir().unwrap();
-    fs::write(
-        dir.path().join("task.toml"),
-        "[task]\nname = \"test.task\"\nkind = \"workspace-free\"\ntimeout_seconds = 5\n\
-         [body]\nexecutor = \"my-task\"\n",
-    )
-    .unwrap();
-    let manifest = Manifest::load(&dir.path().join("task.toml")).unwrap();
     // A duration no other process uses, to find the child by.
     let marker = format!("3001.{}", std::process::id());
-    let runner = AssignmentRunner::with_task(
-        Arc::new(manifest),
-        WORKER.to_owned(),
-        None,
-        Arc::new(Leaves(marker.clone())),
-    )
-    .unwrap();
-    let attempt = AttemptSnapshot::from_conductor(&json!({
-        "taskId": "task-1", "workflowInstanceId": "wf-1", "retryCount": 0,
-        "taskDefName": "test.task", "referenceTaskName": "ref", "seq": 1,
-        "status": "IN_PROGRESS", "inputData": {"params": {}}
-    }))
-    .unwrap();
+    let (_dir, runner) = rust_runner(Leaves(marker));
+    let attempt = empty_attempt();
     let mut threads = Vec::new();
     for n in 0..2 {
         let r = runner.execute(&format!("exec-{n}"), &attempt).await;
         let pid = output(&r)["result"]["pid"].as_u64().unwrap();
-        let found = runner.take_body_threads();
-        assert_eq!(found.len(), 1, "{found:?}");
+        let found = runner.body_thread_id();
+        assert!(found.is_some(), "no body thread after a Rust body ran");
         assert_ne!(
-            found[0],
-            std::process::id(),
+            found,
+            Some(std::process::id()),
             "the body ran on its own thread"
         );
-        threads.extend(found.clone());
-        assert_eq!(perago_sys::reaper::kill_adopted_below(&found), 1);
+        threads.extend(found);
+        assert_eq!(perago_sys::reaper::kill_adopted_below(found.as_slice()), 1);
         assert!(
             !Path::new(&format!("/proc/{pid}")).exists(),
             "the leftover {pid} was killed and reaped"

@@ -54,22 +54,17 @@ fn dynamic_entries(path: &str) -> Vec<(i64, u64)> {
         .collect()
 }
 
-/// The build machine's glibc as (major, minor), if it is glibc.
-fn glibc() -> Option<(u32, u32)> {
-    let out = std::process::Command::new("getconf")
-        .arg("GNU_LIBC_VERSION")
-        .output()
-        .ok()?;
-    let text = String::from_utf8(out.stdout).ok()?;
-    let (major, minor) = text.trim().strip_prefix("glibc ")?.split_once('.')?;
-    Some((major.parse().ok()?, minor.split('.').next()?.parse().ok()?))
+/// The build scripts' own gate (only `glibc_at_least` is called here).
+#[allow(dead_code)]
+mod build_support {
+    include!("../../../build-support/pack_relative_relocs.rs");
 }
 
 #[test]
 fn the_runtime_binaries_pack_their_relative_relocations_where_glibc_loads_them() {
     // PERAGO_PACK_RELOCS=0 at build time turns it off (binaries for older glibc hosts).
     let wanted = option_env!("PERAGO_PACK_RELOCS") != Some("0");
-    let packs = wanted && glibc().is_some_and(|v| v >= (2, 36));
+    let packs = wanted && build_support::glibc_at_least(2, 36);
     for path in [
         env!("CARGO_BIN_EXE_perago-supervisor-dup"),
         env!("CARGO_BIN_EXE_perago-broker-dup"),
@@ -79,10 +74,8 @@ fn the_runtime_binaries_pack_their_relative_relocations_where_glibc_loads_them()
         let entries = dynamic_entries(path);
         let relr = entries.iter().any(|&(tag, _)| tag == DT_RELR);
         assert_eq!(
-            relr,
-            packs,
-            "{path}: DT_RELR present: {relr}, glibc {:?}",
-            glibc()
+            relr, packs,
+            "{path}: DT_RELR present: {relr}, glibc 2.36 or newer and wanted: {packs}"
         );
         if packs {
             // What is left in the RELA table is the few relocations that name a symbol.
