@@ -11,9 +11,10 @@
 //
 // Only where the result is sure to load: a native build (the build machine's C library is the
 // one the binary is linked against and runs on) for glibc 2.36 or newer, whose loader is the
-// first to read DT_RELR. GNU ld marks such a binary as needing glibc's GLIBC_ABI_DT_RELR
-// version, so an older loader refuses it with a clear error rather than running it
-// unrelocated. Elsewhere (cross builds, musl, an older glibc, no `getconf`) nothing is added.
+// first to read DT_RELR. The linker (lld, Rust's default on x86_64 Linux, as GNU ld) marks
+// such a binary as needing glibc's GLIBC_ABI_DT_RELR version, so an older loader refuses it
+// with a clear error rather than running it unrelocated. Elsewhere (cross builds, musl, an
+// older glibc, no `getconf`) nothing is added.
 //
 // That mark is the price: a binary built here then needs glibc 2.36 where it runs, where one
 // built without needs 2.34. To build for older hosts (Ubuntu 22.04, RHEL 9) on a newer one, set

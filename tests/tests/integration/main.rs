@@ -18,6 +18,7 @@ mod harness;
 mod hostile_conductor;
 mod hostile_servers;
 mod hostile_tasks;
+mod hot_text;
 mod journal;
 mod jsonl_faults;
 mod lakefs_refs;
