@@ -51,15 +51,31 @@ mod tests {
 
     #[test]
     fn a_busy_process_is_charged_what_it_spent_and_a_gone_one_is_an_error() {
+        // Spins until the process's clock has advanced by 20 ms, within a wall-clock bound: a
+        // loaded machine deschedules the spinner (30 ms of wall time spun once read 18 ms of
+        // CPU on CI), and a clock that never advanced would hang.
         let me = std::process::id();
         let before = process_cpu_time(me).unwrap();
         let started = std::time::Instant::now();
         let mut x = 0u64;
-        while started.elapsed() < Duration::from_millis(30) {
-            x = std::hint::black_box(x.wrapping_add(1));
+        while process_cpu_time(me).unwrap() - before < Duration::from_millis(20) {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "the process's clock did not reach 20 ms in 20 s of spinning"
+            );
+            for _ in 0..1000 {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
         }
-        let spent = process_cpu_time(me).unwrap() - before;
-        assert!(spent >= Duration::from_millis(20), "{spent:?}");
+        // Not charged more than its threads could spend in that time (`cargo test` runs other
+        // tests' threads in this process beside the spinner).
+        let (spent, elapsed) = (process_cpu_time(me).unwrap() - before, started.elapsed());
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cores = u32::try_from(cores).unwrap_or(u32::MAX);
+        assert!(
+            spent <= elapsed * cores + Duration::from_millis(5),
+            "{spent:?} of CPU in {elapsed:?} on {cores} cores"
+        );
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();
         child.wait().unwrap();
