@@ -1,6 +1,6 @@
-// Shared by the build scripts of the packages whose binaries run as perago's processes
-// (`include!`d, as pack_relative_relocs.rs is), and by the test that checks the layout
-// (tests/tests/integration/hot_text.rs), so both build the same linker script.
+// Part of build-support/build.rs, the build script of the packages whose binaries run as
+// perago's processes (`include!`d, as pack_relative_relocs.rs is), and of the test that checks
+// the layout (tests/tests/integration/hot_text.rs), so both build the same linker script.
 //
 // Lays the functions the runtime runs out together, at the front of the binaries' code, in an
 // output section of their own (`.text.hot`). The kernel maps a binary's code on first touch 64

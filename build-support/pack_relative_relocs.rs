@@ -1,6 +1,7 @@
-// Shared by the build scripts of the packages whose binaries run as perago's processes
-// (`include!`d, so that each stays one file with no build dependency), and by the test that
-// checks the binaries (tests/tests/integration/relocations.rs), so both judge glibc alike.
+// Part of build-support/build.rs, the build script of the packages whose binaries run as
+// perago's processes (`include!`d, so that it stays one file with no build dependency), and of
+// the test that checks the binaries (tests/tests/integration/relocations.rs), so both judge
+// glibc alike.
 //
 // Packs the binaries' relative relocations into DT_RELR (`-z pack-relative-relocs`). A
 // position-independent Rust binary carries some 400 KiB of R_X86_64_RELATIVE entries: the loader
