@@ -19,6 +19,7 @@
 //! A connection's first request is noticed by [`mark_request`], which the server calls for
 //! every request (its `trace_fn`) with the connection's [`ConnInfo`] in the extensions.
 
+use perago_sys::socket::QuietUnixStream;
 use std::{
     collections::VecDeque,
     io,
@@ -32,7 +33,7 @@ use std::{
 };
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
-    net::{UnixListener, UnixStream},
+    net::UnixListener,
     sync::{OwnedSemaphorePermit, Semaphore, mpsc},
 };
 use tokio_stream::wrappers::ReceiverStream;
@@ -161,7 +162,7 @@ pub(crate) fn mark_request(request: &tonic::codegen::http::Request<()>) -> traci
 /// deadline while it has made no request; holds its place in the connection bound.
 #[derive(Debug)]
 pub(crate) struct Conn {
-    stream: UnixStream,
+    stream: QuietUnixStream,
     shared: Arc<Shared>,
     deadline: Pin<Box<tokio::time::Sleep>>,
     _permit: OwnedSemaphorePermit,
@@ -315,6 +316,16 @@ async fn accept_loop(listener: UnixListener, limits: Limits, tx: mpsc::Sender<io
             }
         };
         backoff = Duration::ZERO;
+        let peer_pid = stream.peer_cred().ok().and_then(|c| c.pid());
+        // Registered for reading only: an executor's read of an assignment does not wake the
+        // broker (see `perago_sys::socket`).
+        let stream = match QuietUnixStream::from_tokio(stream) {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot register an accepted connection; closing it");
+                continue;
+            }
+        };
         if bound.available_permits() > limits.connections / 2 {
             full_logged = false;
         }
@@ -323,7 +334,6 @@ async fn accept_loop(listener: UnixListener, limits: Limits, tx: mpsc::Sender<io
         }
         let state = Arc::new(ConnState::default());
         registry.push(&state);
-        let peer_pid = stream.peer_cred().ok().and_then(|c| c.pid());
         let conn = Conn {
             stream,
             shared: Arc::new(Shared {
@@ -344,6 +354,7 @@ async fn accept_loop(listener: UnixListener, limits: Limits, tx: mpsc::Sender<io
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::UnixStream;
     use tokio_stream::StreamExt as _;
     use tonic::transport::server::Connected as _;
 

@@ -96,6 +96,9 @@ pub async fn connect(socket: &Path) -> Result<Channel, tonic::transport::Error> 
             let path = path.clone();
             async move {
                 let stream = tokio::net::UnixStream::connect(path).await?;
+                // Registered for reading only: the broker's reads of what we send do not wake
+                // this process (see `perago_sys::socket`).
+                let stream = perago_sys::socket::QuietUnixStream::from_tokio(stream)?;
                 Ok::<_, std::io::Error>(TokioIo::new(stream))
             }
         }))

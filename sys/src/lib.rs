@@ -8,6 +8,8 @@
 //! - [`fd`]: descriptor flags (close-on-exec), descriptors handed over by number, pipe sizes and
 //!   states; [`fd::dir`] walks a folder tree from held descriptors (`openat`, `O_NOFOLLOW`).
 //! - [`signal`]: signals to a process or a process group, and their names.
+//! - [`socket`]: a Unix stream socket registered with tokio for reading only, until a write
+//!   waits (a peer's read does not wake the runtime).
 //! - [`fatal`]: a hook run once when a fatal signal (an abort, a crash) is about to end the
 //!   process.
 //! - [`reaper`]: the child subreaper, the children perago waits for itself ([`Managed`]), the
@@ -49,6 +51,7 @@ pub mod proc;
 pub mod reaper;
 pub mod rlimit;
 pub mod signal;
+pub mod socket;
 pub mod spawn;
 pub mod user;
 
