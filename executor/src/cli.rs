@@ -232,10 +232,26 @@ fn start(task: Option<Arc<dyn crate::task::Task>>) -> Result<i32, Exit> {
                 let _ = wake_tx.try_send(());
             }
         });
-        match serve(&identity, &runner, stop, wake_rx).await {
+        // The slot loop runs as a task of its own, not as the future the runtime blocks on:
+        // a wake-up of that future (each message the connection's task hands it) makes the
+        // runtime poll the kernel for events first (an `epoll_wait` per message), a task's
+        // wake-up only queues it.
+        let worker_id = identity.worker_id.clone();
+        let served = tokio::spawn(async move { serve(&identity, &runner, stop, wake_rx).await })
+            .await
+            .unwrap_or_else(|e| match e.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                // Only an abort or the runtime's shutdown cancels a task: neither happens while
+                // the runtime runs this.
+                Err(e) => unreachable!(
+                    "the slot loop's task was cancelled: {}",
+                    perago_core::errors::DisplayChain(&e)
+                ),
+            });
+        match served {
             Ok(Served::Stopped) => EXIT_OK,
             Ok(Served::Recycled(why)) => {
-                tracing::info!(worker_id = %identity.worker_id, "executor recycled ({why}); exiting for the next generation");
+                tracing::info!(worker_id = %worker_id, "executor recycled ({why}); exiting for the next generation");
                 perago_core::recycle::EXIT_RECYCLED
             }
             Err(e) => bootstrap::failed("slot loop ended", &perago_core::errors::DisplayChain(&e)),

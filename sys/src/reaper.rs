@@ -176,11 +176,14 @@ pub fn kill_adopted() -> usize {
 /// started directly are children of the thread that spawned the body (the main thread, whose
 /// runtime spawns commands, or the executor's body thread a Rust body ran on: pass its id).
 pub fn kill_adopted_below(threads: &[u32]) -> usize {
-    // `kill_adopted_where` asks `has_children` first: after most assignments there is none.
-    let mut all = Vec::with_capacity(threads.len() + 1);
-    all.push(std::process::id());
-    all.extend_from_slice(threads);
-    kill_adopted_where(|| children_of_threads(&all))
+    // `kill_adopted_where` asks `has_children` first: after most assignments there is none,
+    // and nothing else is asked (not even this process's id).
+    kill_adopted_where(|| {
+        let mut all = Vec::with_capacity(threads.len() + 1);
+        all.push(std::process::id());
+        all.extend_from_slice(threads);
+        children_of_threads(&all)
+    })
 }
 
 /// Whether this process has any child at all, live or zombie, of any of its threads: one
