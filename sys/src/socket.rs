@@ -74,11 +74,14 @@ impl QuietUnixStream {
         self.read.as_raw_fd()
     }
 
-    /// Runs `op` on the socket until it does not fail with `EINTR`; when it would block, waits
-    /// for writable space through the duplicate's registration and tries again.
+    /// Runs `op` (a write of `len` bytes) on the socket, retried on `EINTR`; when it would
+    /// block, waits for writable space through the duplicate's registration and tries again.
+    /// The registration stays while writes go through only in part (the buffer is full again,
+    /// as during a megabyte message) and goes with the first whole one.
     fn poll_write_with(
         &mut self,
         cx: &mut Context<'_>,
+        len: usize,
         mut op: impl FnMut(RawFd) -> io::Result<usize>,
     ) -> Poll<io::Result<usize>> {
         let fd = self.fd();
@@ -88,8 +91,14 @@ impl QuietUnixStream {
                 let Ok(result) = guard.try_io(|_| op(fd)) else {
                     continue;
                 };
-                drop(guard);
-                self.stop_waiting();
+                match result {
+                    // Full again: wait for the next edge rather than ask and hear EAGAIN.
+                    Ok(n) if n < len => guard.clear_ready(),
+                    _ => {
+                        drop(guard);
+                        self.stop_waiting();
+                    }
+                }
                 return Poll::Ready(result);
             }
             match op(fd) {
@@ -192,7 +201,7 @@ impl AsyncWrite for QuietUnixStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.get_mut().poll_write_with(cx, |fd| {
+        self.get_mut().poll_write_with(cx, buf.len(), |fd| {
             retrying(|| {
                 // SAFETY: send(2) reads `buf`, which is borrowed for the call.
                 unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) }
@@ -207,7 +216,8 @@ impl AsyncWrite for QuietUnixStream {
     ) -> Poll<io::Result<usize>> {
         // At most IOV_MAX slices per call (a shorter write is allowed to any caller).
         let bufs = &bufs[..bufs.len().min(1024)];
-        self.get_mut().poll_write_with(cx, |fd| {
+        let len = bufs.iter().map(|b| b.len()).sum();
+        self.get_mut().poll_write_with(cx, len, |fd| {
             // SAFETY: an all-zero msghdr is a valid one (no address, no control data).
             let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
             // `IoSlice` is ABI-compatible with `iovec` on Unix; sendmsg(2) only reads them.
@@ -362,8 +372,29 @@ mod tests {
                 "the duplicate's, not the socket's"
             );
 
+            // The reader takes what is buffered: the write goes on, in part (the rest does not
+            // fit), and the registration stays for the next part.
+            let mut taken = Vec::new();
+            peer.set_nonblocking(true).unwrap();
+            let mut chunk = vec![0; 1 << 16];
+            loop {
+                match peer.read(&mut chunk) {
+                    Ok(n) => taken.extend_from_slice(&chunk[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            peer.set_nonblocking(false).unwrap();
+            let n =
+                std::future::poll_fn(|cx| Pin::new(&mut ours).poll_write(cx, &payload[written..]))
+                    .await
+                    .unwrap();
+            assert!(0 < n && n < payload.len() - written, "{n}");
+            written += n;
+            assert!(ours.is_waiting_to_write(), "still full: still registered");
+
             let reader = std::thread::spawn(move || {
-                let mut got = Vec::new();
+                let mut got = taken;
                 peer.read_to_end(&mut got).unwrap();
                 got
             });
