@@ -56,7 +56,9 @@ pub(crate) struct Limits {
 
 impl Limits {
     /// The bounds for a descriptor limit of `nofile` and `slots` executors (each holds a
-    /// connection for its life, and there is room for all of them and a few more).
+    /// connection for its life, and there is room for all of them and a few more). A
+    /// connection holds two descriptors (see `perago_sys::socket::QuietUnixStream`): half of
+    /// what is not reserved.
     pub(crate) fn for_descriptors(nofile: u64, slots: u32) -> Self {
         let share = (nofile.saturating_sub(RESERVED_DESCRIPTORS) / 2).min(MAX_CONNECTIONS);
         let connections = share.max(u64::from(slots) + 16);
@@ -297,8 +299,14 @@ async fn accept_loop(listener: UnixListener, limits: Limits, tx: mpsc::Sender<io
             accepted = listener.accept() => accepted,
             () = tx.closed() => return,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        // Taken over registered for reading only (`perago_sys::socket`: an executor's read of
+        // an assignment does not wake the broker), with the descriptor that takes.
+        let accepted = accepted.and_then(|(stream, _)| {
+            let peer_pid = stream.peer_cred().ok().and_then(|c| c.pid());
+            Ok((QuietUnixStream::from_tokio(stream)?, peer_pid))
+        });
+        let (stream, peer_pid) = match accepted {
+            Ok(accepted) => accepted,
             Err(e) if out_of_resources(&e) => {
                 drop(permit);
                 registry.evict_oldest();
@@ -316,16 +324,6 @@ async fn accept_loop(listener: UnixListener, limits: Limits, tx: mpsc::Sender<io
             }
         };
         backoff = Duration::ZERO;
-        let peer_pid = stream.peer_cred().ok().and_then(|c| c.pid());
-        // Registered for reading only: an executor's read of an assignment does not wake the
-        // broker (see `perago_sys::socket`).
-        let stream = match QuietUnixStream::from_tokio(stream) {
-            Ok(stream) => stream,
-            Err(e) => {
-                tracing::warn!(error = %perago_core::errors::DisplayChain(&e), "cannot register an accepted connection; closing it");
-                continue;
-            }
-        };
         if bound.available_permits() > limits.connections / 2 {
             full_logged = false;
         }

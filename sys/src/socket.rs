@@ -11,18 +11,18 @@
 //! [`QuietUnixStream`] registers the socket for reading only. A write goes straight to the
 //! socket; only when it would block is a duplicate of the descriptor registered for writing
 //! (a separate epoll entry, since one descriptor is registered once), and it is taken out again
-//! once a write goes through. The duplicate is kept for the next time.
+//! once a write goes through whole. The duplicate is made with the stream and kept for its life.
 
 #![expect(
     unsafe_code,
-    reason = "recv(2), send(2), sendmsg(2), shutdown(2) and fcntl(F_DUPFD_CLOEXEC) on a socket \
-              this type owns, and registering its descriptors with tokio"
+    reason = "recv(2), send(2), sendmsg(2) and shutdown(2) on a socket this type owns, and \
+              registering its descriptors with tokio"
 )]
 
 use std::{
     io::{self, IoSlice},
     os::{
-        fd::{AsRawFd, FromRawFd as _, OwnedFd, RawFd},
+        fd::{AsRawFd, OwnedFd, RawFd},
         unix::net::UnixStream,
     },
     pin::Pin,
@@ -33,29 +33,39 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf, unix::AsyncFd};
 
 /// A connected Unix stream socket, registered with the current tokio runtime for reading only
 /// (see the module's notes). Reads, writes and shutdown behave as `tokio::net::UnixStream`'s; a
-/// write to a peer that has gone fails with `EPIPE` instead of raising `SIGPIPE`.
+/// write to a peer that has gone fails with `EPIPE` instead of raising `SIGPIPE`. It holds two
+/// descriptors of the socket for its life.
 #[derive(Debug)]
 pub struct QuietUnixStream {
     read: AsyncFd<OwnedFd>,
-    /// The duplicate registered for writable readiness while a write waits.
-    waiting: Option<AsyncFd<OwnedFd>>,
-    /// The duplicate between waits.
-    spare: Option<OwnedFd>,
+    write: Write,
+}
+
+/// The duplicate a write waits for space through.
+#[derive(Debug)]
+enum Write {
+    /// Not registered: no write waits.
+    Idle(OwnedFd),
+    /// Registered for writable readiness while a write waits.
+    Waiting(AsyncFd<OwnedFd>),
+    /// Only while it moves from one state to the other.
+    Moving,
 }
 
 impl QuietUnixStream {
     /// Takes over `stream` (made non-blocking). Must run inside a tokio runtime with I/O
-    /// enabled.
+    /// enabled. The duplicate is made here, so that a process out of descriptors fails here
+    /// (at accept or connect) and never halfway through a write.
     pub fn new(stream: UnixStream) -> io::Result<Self> {
         stream.set_nonblocking(true)?;
         let fd = OwnedFd::from(stream);
+        let duplicate = fd.try_clone()?;
         // SAFETY: an `OwnedFd` keeps its descriptor open, and the same one, while owned.
         let read = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
             .map_err(io::Error::from)?;
         Ok(Self {
             read,
-            waiting: None,
-            spare: None,
+            write: Write::Idle(duplicate),
         })
     }
 
@@ -65,9 +75,10 @@ impl QuietUnixStream {
     }
 
     /// Whether a write is waiting for space, i.e. the duplicate is registered for writable
-    /// readiness (tests).
-    pub fn is_waiting_to_write(&self) -> bool {
-        self.waiting.is_some()
+    /// readiness.
+    #[cfg(test)]
+    fn is_waiting_to_write(&self) -> bool {
+        matches!(self.write, Write::Waiting(_))
     }
 
     fn fd(&self) -> RawFd {
@@ -86,7 +97,7 @@ impl QuietUnixStream {
     ) -> Poll<io::Result<usize>> {
         let fd = self.fd();
         loop {
-            if let Some(waiting) = &self.waiting {
+            if let Write::Waiting(waiting) = &self.write {
                 let mut guard = ready!(waiting.poll_write_ready(cx))?;
                 let Ok(result) = guard.try_io(|_| op(fd)) else {
                     continue;
@@ -109,33 +120,28 @@ impl QuietUnixStream {
     }
 
     fn start_waiting(&mut self) -> io::Result<()> {
-        let dup = match self.spare.take() {
-            Some(dup) => dup,
-            None => dup_cloexec(self.fd())?,
+        let Write::Idle(duplicate) = std::mem::replace(&mut self.write, Write::Moving) else {
+            unreachable!("start_waiting while not idle");
         };
         // SAFETY: as in `new`: the `OwnedFd` keeps the duplicate open while registered.
-        let waiting = unsafe { AsyncFd::register_with_interest(dup, Interest::WRITABLE) }
-            .map_err(io::Error::from)?;
-        self.waiting = Some(waiting);
-        Ok(())
+        match unsafe { AsyncFd::register_with_interest(duplicate, Interest::WRITABLE) } {
+            Ok(waiting) => {
+                self.write = Write::Waiting(waiting);
+                Ok(())
+            }
+            Err(e) => {
+                let (duplicate, e) = e.into_parts();
+                self.write = Write::Idle(duplicate);
+                Err(e)
+            }
+        }
     }
 
     fn stop_waiting(&mut self) {
-        if let Some(waiting) = self.waiting.take() {
-            self.spare = Some(waiting.into_inner());
+        if let Write::Waiting(waiting) = std::mem::replace(&mut self.write, Write::Moving) {
+            self.write = Write::Idle(waiting.into_inner());
         }
     }
-}
-
-/// A close-on-exec duplicate of `fd`.
-fn dup_cloexec(fd: RawFd) -> io::Result<OwnedFd> {
-    // SAFETY: fcntl(F_DUPFD_CLOEXEC) makes a new descriptor; no memory is involved.
-    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
-    if dup < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `dup` was just made and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(dup) })
 }
 
 /// A system call's return value as `io::Result`, retried on `EINTR`.
