@@ -467,6 +467,17 @@ mod tests {
             i32::try_from(std::process::id()).ok(),
             "the connecting process"
         );
+        // Taken over registered for reading only (the client's own tokio stream is registered
+        // for writing too).
+        use std::os::fd::AsRawFd as _;
+        let fd = conn.stream.as_raw_fd();
+        let events: Vec<u32> = perago_sys::socket::epoll_registrations()
+            .unwrap()
+            .into_iter()
+            .filter_map(|(tfd, events)| (tfd == fd).then_some(events))
+            .collect();
+        assert_eq!(events.len(), 1, "{events:x?}");
+        assert_eq!(events[0] & 0x4, 0, "EPOLLOUT: {:x}", events[0]);
         let mut byte = [0u8; 1];
         let err = conn.read(&mut byte).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);

@@ -172,4 +172,36 @@ mod tests {
             .unwrap();
         assert_ne!(flags & 0o2000000, 0, "O_CLOEXEC: {flags:o}");
     }
+
+    /// A channel's connection is registered with the runtime for reading only: the broker's
+    /// reads of what an executor sends do not wake the executor (tokio's own stream would be
+    /// registered for writing too).
+    #[tokio::test]
+    async fn a_channel_listens_only_for_reading() {
+        const EPOLLOUT: u32 = 0x4;
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("broker.sock");
+        // The broker's end outside the runtime, so that only the channel's is registered.
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        // Holds the connection until the test's process ends (not joined: the channel's
+        // connection closes only when its task next runs on this test's runtime).
+        std::thread::spawn(move || {
+            use std::io::Read as _;
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut sink = Vec::new();
+            let _ = conn.read_to_end(&mut sink);
+        });
+        let channel = tokio::time::timeout(std::time::Duration::from_secs(10), connect(&path))
+            .await
+            .expect("connected in time")
+            .unwrap();
+        let registrations = perago_sys::socket::epoll_registrations().unwrap();
+        assert!(!registrations.is_empty());
+        let writing: Vec<_> = registrations
+            .iter()
+            .filter(|(_, e)| e & EPOLLOUT != 0)
+            .collect();
+        assert!(writing.is_empty(), "registered for writing: {writing:x?}");
+        drop(channel);
+    }
 }

@@ -144,6 +144,45 @@ impl QuietUnixStream {
     }
 }
 
+/// Every registration of this process's epoll instances, as (descriptor, events), from
+/// `/proc/self/fdinfo`: the kernel's own account of what wakes the runtime (tests read it to
+/// see that a stream is registered for reading only). An instance reached through two
+/// descriptors (tokio duplicates its own) is counted once; lines it cannot read are left out.
+pub fn epoll_registrations() -> io::Result<Vec<(RawFd, u32)>> {
+    let mut lines = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        let entry = entry?;
+        let Ok(target) = std::fs::read_link(entry.path()) else {
+            continue;
+        };
+        if target.to_str() != Some("anon_inode:[eventpoll]") {
+            continue;
+        }
+        let path = std::path::Path::new("/proc/self/fdinfo").join(entry.file_name());
+        let Ok(info) = std::fs::read_to_string(path) else {
+            continue;
+        };
+        lines.extend(
+            info.lines()
+                .filter(|l| l.starts_with("tfd:"))
+                .map(str::to_owned),
+        );
+    }
+    // `tfd: <fd> events: <hex> data: …`
+    Ok(lines
+        .iter()
+        .filter_map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match words[..] {
+                ["tfd:", fd, "events:", events, ..] => {
+                    Some((fd.parse().ok()?, u32::from_str_radix(events, 16).ok()?))
+                }
+                _ => None,
+            }
+        })
+        .collect())
+}
+
 /// A system call's return value as `io::Result`, retried on `EINTR`.
 fn retrying(mut call: impl FnMut() -> isize) -> io::Result<usize> {
     loop {
@@ -271,41 +310,10 @@ mod tests {
     const EPOLLIN: u32 = 0x1;
     const EPOLLOUT: u32 = 0x4;
 
-    /// Every registration of this process's epoll instances, as (descriptor, events), from
-    /// `/proc/self/fdinfo` (the kernel's own account of them). An instance reached through two
-    /// descriptors (tokio duplicates its own) is counted once.
-    fn all_registrations() -> Vec<(RawFd, u32)> {
-        let mut lines = std::collections::BTreeSet::new();
-        for entry in std::fs::read_dir("/proc/self/fd").unwrap() {
-            let entry = entry.unwrap();
-            let Ok(target) = std::fs::read_link(entry.path()) else {
-                continue;
-            };
-            if target.to_str() != Some("anon_inode:[eventpoll]") {
-                continue;
-            }
-            let path = std::path::Path::new("/proc/self/fdinfo").join(entry.file_name());
-            let Ok(info) = std::fs::read_to_string(path) else {
-                continue;
-            };
-            lines.extend(
-                info.lines()
-                    .filter(|l| l.starts_with("tfd:"))
-                    .map(str::to_owned),
-            );
-        }
-        let parse = |line: &String| {
-            let words: Vec<&str> = line.split_whitespace().collect();
-            assert_eq!(words.get(2), Some(&"events:"), "{line}");
-            let tfd: RawFd = words[1].parse().unwrap();
-            (tfd, u32::from_str_radix(words[3], 16).unwrap())
-        };
-        lines.iter().map(parse).collect()
-    }
-
     /// The events `fd` is registered for.
     fn registrations(fd: RawFd) -> Vec<u32> {
-        all_registrations()
+        epoll_registrations()
+            .unwrap()
             .into_iter()
             .filter(|(tfd, _)| *tfd == fd)
             .map(|(_, e)| e)
@@ -363,7 +371,8 @@ mod tests {
                 );
             }
             assert!(ours.is_waiting_to_write());
-            let writing: Vec<_> = all_registrations()
+            let writing: Vec<_> = epoll_registrations()
+                .unwrap()
                 .into_iter()
                 .filter(|(_, e)| e & EPOLLOUT != 0)
                 .collect();
@@ -406,7 +415,8 @@ mod tests {
             });
             ours.write_all(&payload[written..]).await.unwrap();
             assert!(!ours.is_waiting_to_write());
-            let writing: Vec<_> = all_registrations()
+            let writing: Vec<_> = epoll_registrations()
+                .unwrap()
                 .into_iter()
                 .filter(|(_, e)| e & EPOLLOUT != 0)
                 .collect();
